@@ -1,0 +1,94 @@
+//! [`TransportEvidence`]: the innermost middleware, which observes each attempt.
+
+use std::time::SystemTime;
+
+use http::Extensions;
+use reqwest::{Request, Response};
+use reqwest_middleware::{Middleware, Next};
+
+use super::{AttemptHistory, RequestEvidence, Transmission, classify_error};
+use crate::Origin;
+
+/// The transport step: register it last (innermost), right before the `reqwest::Client`.
+///
+/// For every attempt it writes a [`RequestEvidence`] into the extensions it is handed
+/// (so the middlewares outside it read it after `next.run`), into the response's own
+/// extensions, and appends it to the [`AttemptHistory`] in the caller's extensions.
+///
+/// ```
+/// use reqwest_middleware::ClientBuilder;
+/// use reqwest_resilience::TransportEvidence;
+///
+/// let client = ClientBuilder::new(reqwest::Client::new())
+///     .with(TransportEvidence::new())
+///     .build();
+/// # drop(client);
+/// ```
+#[derive(Debug, Clone, Default)]
+pub struct TransportEvidence {
+    _private: (),
+}
+
+impl TransportEvidence {
+    /// A transport step.
+    pub fn new() -> Self {
+        TransportEvidence { _private: () }
+    }
+}
+
+#[async_trait::async_trait]
+impl Middleware for TransportEvidence {
+    async fn handle(
+        &self,
+        req: Request,
+        extensions: &mut Extensions,
+        next: Next<'_>,
+    ) -> reqwest_middleware::Result<Response> {
+        let origin = Origin::from_url(req.url()).ok();
+        let attempt = extensions
+            .get::<AttemptHistory>()
+            .map_or(0, |h| h.len() as u32)
+            .saturating_add(1);
+        let started = tokio::time::Instant::now();
+        let result = next.run(req, extensions).await;
+        let mut evidence = match &result {
+            Ok(response) => {
+                let mut e = RequestEvidence::new(
+                    Transmission::ResponseReceived(response.status()),
+                    origin,
+                    attempt,
+                );
+                e.retry_after = response
+                    .headers()
+                    .get(http::header::RETRY_AFTER)
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| crate::retry_after::parse(v, SystemTime::now()));
+                e
+            }
+            Err(reqwest_middleware::Error::Reqwest(err)) => {
+                let c = classify_error(err);
+                let mut e = RequestEvidence::new(c.transmission, origin, attempt);
+                e.failure = Some(c.kind);
+                e.not_processed = c.not_processed;
+                e
+            }
+            // A middleware between this one and the client failed: nothing proves the
+            // request stayed local.
+            Err(reqwest_middleware::Error::Middleware(_)) => {
+                let mut e = RequestEvidence::new(Transmission::Unknown, origin, attempt);
+                e.failure = Some(super::FailureKind::Other);
+                e
+            }
+        };
+        evidence.elapsed = started.elapsed();
+        extensions
+            .get_or_insert_default::<AttemptHistory>()
+            .push(evidence.clone());
+        let result = result.map(|mut response| {
+            response.extensions_mut().insert(evidence.clone());
+            response
+        });
+        extensions.insert(evidence);
+        result
+    }
+}

@@ -1,0 +1,155 @@
+//! What was observed about each attempt: [`RequestEvidence`] and the attempt history.
+//!
+//! The transport step ([`TransportEvidence`], the innermost middleware) writes one
+//! [`RequestEvidence`] per attempt into the request's [`http::Extensions`]. Every other
+//! middleware of this crate decides from it: a retry is safe when the server cannot have
+//! acted on the attempt, or when acting twice is harmless, and only observed progress can
+//! tell which. The error type alone cannot: a timeout may mean the request never left, or
+//! that a payment went through and only the answer was lost.
+//!
+//! The rule that keeps this honest: [`Transmission::NotSent`] only when the failing stage
+//! proves no request byte can have reached a server. Everything else is
+//! [`Transmission::SentNoResponse`] or [`Transmission::Unknown`].
+
+mod classify;
+mod history;
+mod middleware;
+
+pub use classify::{Classification, classify_error};
+pub use history::{AttemptDecision, AttemptHistory, AttemptRecord};
+pub use middleware::TransportEvidence;
+
+use std::time::Duration;
+
+use http::StatusCode;
+
+use crate::Origin;
+
+/// How far an attempt got on the wire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Transmission {
+    /// Proven: no byte of the request can have reached a server (connect refused or
+    /// unreachable, DNS failure, TLS handshake failure, rejected locally by an open breaker
+    /// or a pause, a request that could not be built).
+    NotSent,
+    /// The request, or part of it, went out and no response head came back.
+    SentNoResponse,
+    /// The failure gives no proof either way.
+    Unknown,
+    /// A response head was received with this status.
+    ResponseReceived(StatusCode),
+}
+
+impl Transmission {
+    /// Whether a server may have acted on the request.
+    pub fn may_have_been_processed(self) -> bool {
+        !matches!(self, Transmission::NotSent)
+    }
+}
+
+/// What kind of failure ended an attempt that got no response.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum FailureKind {
+    /// TCP connect failed on every address (refused, unreachable, connect timeout).
+    Connect,
+    /// The host name could not be resolved.
+    Dns,
+    /// The TLS handshake failed for a reason other than the peer's certificate.
+    Tls,
+    /// The peer's certificate was rejected (untrusted, expired, wrong name). Never transient.
+    Certificate,
+    /// The connector cannot serve this request at all (e.g. `https` with no TLS backend
+    /// built in, a proxy misconfiguration). Never transient.
+    ConnectPermanent,
+    /// A timeout elapsed (reqwest's total or read timeout, or an I/O timeout).
+    Timeout,
+    /// The connection was reset by the peer.
+    Reset,
+    /// The connection was closed before a response head arrived.
+    Closed,
+    /// The peer broke the protocol: a malformed or truncated response head, an HTTP/2
+    /// stream or connection error.
+    Protocol,
+    /// Reading or writing a body failed.
+    Body,
+    /// The redirect policy stopped the request (e.g. a redirect loop).
+    Redirect,
+    /// The request could not be built (bad URL, bad header).
+    Builder,
+    /// The response body could not be decoded.
+    Decode,
+    /// An open circuit breaker rejected the request locally.
+    BreakerOpen,
+    /// A server-directed pause (`Retry-After` shared by the breaker registry) rejected the
+    /// request locally.
+    Paused,
+    /// A failure this crate does not recognise.
+    Other,
+}
+
+/// The server's proof that it did not process the request, so even a non-idempotent
+/// request may be sent again (once).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum NotProcessedProof {
+    /// HTTP/2 `RST_STREAM` with `REFUSED_STREAM` (RFC 9113 §8.7).
+    RefusedStream,
+    /// HTTP/2 `GOAWAY` whose last stream id is below this request's stream (RFC 9113 §6.8).
+    GoAway,
+}
+
+/// What the transport step observed about one attempt.
+///
+/// Read it from the request's extensions inside a middleware (after `next.run`), from
+/// a response's extensions, or from the [`AttemptHistory`] left in the caller's extensions.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RequestEvidence {
+    /// How far the attempt got.
+    pub transmission: Transmission,
+    /// Why it failed, when no response came back; `None` for a received response.
+    pub failure: Option<FailureKind>,
+    /// Set when the server proved it did not process the request.
+    pub not_processed: Option<NotProcessedProof>,
+    /// Where the request went; `None` only for a URL without an origin.
+    pub origin: Option<Origin>,
+    /// The attempt number within one logical request, starting at 1.
+    pub attempt: u32,
+    /// How long the attempt took, from handing the request on to the outcome.
+    pub elapsed: Duration,
+    /// The response's `Retry-After`, parsed and uncapped, if present and valid.
+    pub retry_after: Option<Duration>,
+}
+
+impl RequestEvidence {
+    /// Evidence of an attempt that ended with `transmission`, with no failure recorded.
+    pub fn new(transmission: Transmission, origin: Option<Origin>, attempt: u32) -> Self {
+        RequestEvidence {
+            transmission,
+            failure: None,
+            not_processed: None,
+            origin,
+            attempt,
+            elapsed: Duration::ZERO,
+            retry_after: None,
+        }
+    }
+
+    /// Evidence of a request rejected locally (breaker open, paused): `NotSent`.
+    pub fn rejected_locally(kind: FailureKind, origin: Option<Origin>, attempt: u32) -> Self {
+        RequestEvidence {
+            failure: Some(kind),
+            ..RequestEvidence::new(Transmission::NotSent, origin, attempt)
+        }
+    }
+
+    /// The status, when a response was received.
+    pub fn status(&self) -> Option<StatusCode> {
+        match self.transmission {
+            Transmission::ResponseReceived(s) => Some(s),
+            _ => None,
+        }
+    }
+}

@@ -1,1 +1,9 @@
-//! (being written)
+//! Per-origin circuit breakers (being written).
+
+mod config;
+mod policy;
+mod state;
+
+pub use config::{BreakerConfig, OpenGrowth, PauseMode};
+pub use policy::{AttemptClassifier, DefaultClassifier, Outcome, TripPolicy, WINDOW_BUCKETS};
+pub use state::{Breaker, BreakerState, RejectReason, Rejection, Ticket, Transition};

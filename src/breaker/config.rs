@@ -1,0 +1,285 @@
+//! [`BreakerConfig`]: every knob of a registry's breakers, with the design's defaults.
+
+use std::time::Duration;
+
+use super::policy::TripPolicy;
+use crate::ResilienceError;
+
+/// What a request does when its origin is paused by a server's `Retry-After`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
+pub enum PauseMode {
+    /// Sleep until the pause ends, then go on; fail fast instead when the pause would
+    /// end after the request's [`Deadline`](super::Deadline).
+    #[default]
+    Wait,
+    /// Fail at once with [`ResilienceError::Paused`] (and `NotSent` evidence).
+    FailFast,
+}
+
+/// Growth of the open period when a breaker trips again without having closed in between
+/// (HalfOpen → Open): `open_duration × factor^(trips − 1)`, capped at `max_open_duration`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+#[non_exhaustive]
+pub struct OpenGrowth {
+    /// The multiplier per repeated trip (at least 1).
+    pub factor: f64,
+    /// The cap on the grown open period.
+    pub max_open_duration: Duration,
+}
+
+impl OpenGrowth {
+    /// Grows by `factor` per repeated trip, up to `max_open_duration`.
+    pub fn new(factor: f64, max_open_duration: Duration) -> Self {
+        OpenGrowth {
+            factor,
+            max_open_duration,
+        }
+    }
+}
+
+/// The configuration shared by every breaker of a [`BreakerRegistry`](super::BreakerRegistry).
+///
+/// Defaults (from the design): trip after 5 consecutive failures, stay open 30 s, then
+/// admit 1 probe; no growth, no jitter; server pauses capped at 60 s and waited out;
+/// at most 10 000 origins.
+///
+/// ```
+/// use std::time::Duration;
+/// use reqwest_resilience::breaker::{BreakerConfig, OpenGrowth, PauseMode, TripPolicy};
+///
+/// let config = BreakerConfig::default()
+///     .policy(TripPolicy::failure_ratio(0.5, Duration::from_secs(30), 20))
+///     .open_duration(Duration::from_secs(5))
+///     .half_open_probes(2)
+///     .open_growth(OpenGrowth::new(2.0, Duration::from_secs(60)))
+///     .open_jitter(0.1)
+///     .pause_mode(PauseMode::FailFast)
+///     .max_origins(1_000);
+/// assert_eq!(config.open_duration, Duration::from_secs(5));
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct BreakerConfig {
+    /// When a Closed breaker trips.
+    pub policy: TripPolicy,
+    /// How long a tripped breaker stays Open before it admits probes (default 30 s).
+    pub open_duration: Duration,
+    /// Probes a HalfOpen breaker admits; this many successes close it, one failure
+    /// re-opens it (default 1).
+    pub half_open_probes: u32,
+    /// Growth of the open period on repeated trips (default none).
+    pub open_growth: Option<OpenGrowth>,
+    /// Proportional jitter on the open period, in `[0, 1)`: uniform in
+    /// `[d(1 − r), d(1 + r))`, applied after the growth cap (default 0: none). Spreads
+    /// the probes of many clients that tripped at the same moment.
+    pub open_jitter: f64,
+    /// The "retry in" given to a request that a HalfOpen breaker turns away because its
+    /// probes are all taken: the probe's answer is usually due within it (default 1 s).
+    pub half_open_retry_in: Duration,
+    /// The longest server-directed pause honoured; a longer `Retry-After` is clamped to
+    /// it (default 60 s, as the retry middleware).
+    pub max_pause: Duration,
+    /// What a request does while its origin is paused (default [`PauseMode::Wait`]).
+    pub pause_mode: PauseMode,
+    /// The most origins the registry tracks (default 10 000).
+    pub max_origins: usize,
+}
+
+impl Default for BreakerConfig {
+    fn default() -> Self {
+        BreakerConfig {
+            policy: TripPolicy::default(),
+            open_duration: Duration::from_secs(30),
+            half_open_probes: 1,
+            open_growth: None,
+            open_jitter: 0.0,
+            half_open_retry_in: Duration::from_secs(1),
+            max_pause: Duration::from_secs(60),
+            pause_mode: PauseMode::Wait,
+            max_origins: 10_000,
+        }
+    }
+}
+
+impl BreakerConfig {
+    /// Sets [`policy`](Self::policy).
+    pub fn policy(mut self, policy: TripPolicy) -> Self {
+        self.policy = policy;
+        self
+    }
+    /// Sets [`open_duration`](Self::open_duration).
+    pub fn open_duration(mut self, open_duration: Duration) -> Self {
+        self.open_duration = open_duration;
+        self
+    }
+    /// Sets [`half_open_probes`](Self::half_open_probes).
+    pub fn half_open_probes(mut self, probes: u32) -> Self {
+        self.half_open_probes = probes;
+        self
+    }
+    /// Sets [`open_growth`](Self::open_growth).
+    pub fn open_growth(mut self, growth: OpenGrowth) -> Self {
+        self.open_growth = Some(growth);
+        self
+    }
+    /// Sets [`open_jitter`](Self::open_jitter).
+    pub fn open_jitter(mut self, ratio: f64) -> Self {
+        self.open_jitter = ratio;
+        self
+    }
+    /// Sets [`half_open_retry_in`](Self::half_open_retry_in).
+    pub fn half_open_retry_in(mut self, retry_in: Duration) -> Self {
+        self.half_open_retry_in = retry_in;
+        self
+    }
+    /// Sets [`max_pause`](Self::max_pause).
+    pub fn max_pause(mut self, max_pause: Duration) -> Self {
+        self.max_pause = max_pause;
+        self
+    }
+    /// Sets [`pause_mode`](Self::pause_mode).
+    pub fn pause_mode(mut self, mode: PauseMode) -> Self {
+        self.pause_mode = mode;
+        self
+    }
+    /// Sets [`max_origins`](Self::max_origins).
+    pub fn max_origins(mut self, max_origins: usize) -> Self {
+        self.max_origins = max_origins;
+        self
+    }
+
+    /// Checks every field; the registry refuses an invalid configuration.
+    pub fn validate(&self) -> Result<(), ResilienceError> {
+        self.check().map_err(ResilienceError::InvalidConfig)
+    }
+
+    fn check(&self) -> Result<(), String> {
+        self.policy.validate()?;
+        if self.open_duration.is_zero() {
+            return Err("open_duration must be more than zero".into());
+        }
+        if self.half_open_probes == 0 {
+            return Err("half_open_probes must be at least 1".into());
+        }
+        if let Some(g) = self.open_growth {
+            if !(g.factor.is_finite() && g.factor >= 1.0) {
+                return Err(format!(
+                    "open growth factor must be finite and at least 1, got {}",
+                    g.factor
+                ));
+            }
+            if g.max_open_duration < self.open_duration {
+                return Err("open growth max_open_duration is below open_duration".into());
+            }
+        }
+        if !(self.open_jitter >= 0.0 && self.open_jitter < 1.0) {
+            return Err(format!(
+                "open_jitter must be in [0, 1), got {}",
+                self.open_jitter
+            ));
+        }
+        if self.half_open_retry_in.is_zero() {
+            // Zero would invite a retry loop spinning against a busy HalfOpen breaker.
+            return Err("half_open_retry_in must be more than zero".into());
+        }
+        if self.max_origins == 0 {
+            return Err("max_origins must be at least 1".into());
+        }
+        Ok(())
+    }
+
+    /// The open period after the `trips`-th trip in a row (1 = first trip), before jitter.
+    pub(crate) fn grown_open_duration(&self, trips: u32) -> Duration {
+        let base = self.open_duration;
+        let Some(g) = self.open_growth else {
+            return base;
+        };
+        let mut d = base;
+        // Repeated multiplication stops at the cap, so no power can overflow.
+        for _ in 1..trips {
+            if d >= g.max_open_duration || g.factor <= 1.0 {
+                break;
+            }
+            d = Duration::try_from_secs_f64(d.as_secs_f64() * g.factor)
+                .unwrap_or(g.max_open_duration);
+        }
+        d.min(g.max_open_duration)
+    }
+
+    /// The open period after the `trips`-th trip in a row, with jitter.
+    pub(crate) fn open_duration_for(&self, trips: u32) -> Duration {
+        let d = self.grown_open_duration(trips);
+        if self.open_jitter > 0.0 {
+            let r = self.open_jitter;
+            d.mul_f64(rand::random_range(1.0 - r..1.0 + r))
+        } else {
+            d
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: Duration = Duration::from_secs(1);
+
+    #[test]
+    fn defaults_are_the_designs() {
+        let c = BreakerConfig::default();
+        assert_eq!(c.policy, TripPolicy::ConsecutiveFailures { threshold: 5 });
+        assert_eq!(c.open_duration, 30 * S);
+        assert_eq!(c.half_open_probes, 1);
+        assert_eq!(c.max_pause, 60 * S);
+        assert_eq!(c.max_origins, 10_000);
+        assert_eq!(c.pause_mode, PauseMode::Wait);
+        assert!(c.validate().is_ok());
+    }
+
+    #[test]
+    fn growth_multiplies_per_repeated_trip_up_to_the_cap() {
+        let c = BreakerConfig::default()
+            .open_duration(S)
+            .open_growth(OpenGrowth::new(2.0, 10 * S));
+        let got: Vec<_> = (1..=6).map(|t| c.grown_open_duration(t)).collect();
+        assert_eq!(got, [S, 2 * S, 4 * S, 8 * S, 10 * S, 10 * S]);
+        assert_eq!(c.grown_open_duration(u32::MAX), 10 * S);
+        assert_eq!(BreakerConfig::default().grown_open_duration(9), 30 * S);
+    }
+
+    #[test]
+    fn jitter_stays_within_its_ratio() {
+        let c = BreakerConfig::default()
+            .open_duration(10 * S)
+            .open_jitter(0.2);
+        let mut seen_other_than_base = false;
+        for _ in 0..200 {
+            let d = c.open_duration_for(1);
+            assert!(d >= 8 * S && d < 12 * S, "{d:?}");
+            seen_other_than_base |= d != 10 * S;
+        }
+        assert!(seen_other_than_base);
+    }
+
+    #[test]
+    fn invalid_configs_are_typed_errors() {
+        let bad = [
+            BreakerConfig::default().open_duration(Duration::ZERO),
+            BreakerConfig::default().half_open_probes(0),
+            BreakerConfig::default().open_jitter(1.0),
+            BreakerConfig::default().open_jitter(f64::NAN),
+            BreakerConfig::default().max_origins(0),
+            BreakerConfig::default().half_open_retry_in(Duration::ZERO),
+            BreakerConfig::default().open_growth(OpenGrowth::new(0.5, 60 * S)),
+            BreakerConfig::default().open_growth(OpenGrowth::new(2.0, S)),
+            BreakerConfig::default().policy(TripPolicy::consecutive_failures(0)),
+        ];
+        for c in bad {
+            assert!(
+                matches!(c.validate(), Err(ResilienceError::InvalidConfig(_))),
+                "{c:?}"
+            );
+        }
+    }
+}

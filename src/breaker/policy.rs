@@ -1,0 +1,510 @@
+//! When a breaker trips ([`TripPolicy`]) and how an attempt counts ([`Outcome`],
+//! [`AttemptClassifier`]).
+
+use std::time::Duration;
+
+use http::StatusCode;
+use reqwest::Response;
+use tokio::time::Instant;
+
+use crate::evidence::{FailureKind, RequestEvidence, Transmission};
+
+/// How one attempt counts towards its origin's breaker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Outcome {
+    /// The origin answered as a healthy server does (2xx, 3xx).
+    Success,
+    /// The origin is unhealthy or overloaded (5xx, 401, 429, a transport failure).
+    Failure,
+    /// Says nothing about the origin's health (other 4xx: the caller's own bug must not
+    /// trip a breaker that other callers share). A neutral probe frees its slot.
+    Neutral,
+}
+
+/// When a Closed breaker trips open.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum TripPolicy {
+    /// Trips after `threshold` failures in a row; a success resets the count, a neutral
+    /// outcome leaves it as it is. The seed's policy (default threshold 5).
+    ConsecutiveFailures {
+        /// Failures in a row that trip the breaker (at least 1).
+        threshold: u32,
+    },
+    /// Trips when, over the last `sampling_window`, at least `minimum_throughput` attempts
+    /// were counted and the share of failures among them reached `ratio` (Polly's
+    /// advanced circuit breaker, resilience4j's time-based sliding window).
+    ///
+    /// The window is kept as [`WINDOW_BUCKETS`] buckets of `sampling_window / 10` each, so
+    /// memory is fixed whatever the traffic; attempts leave the window a bucket at a time.
+    FailureRatio {
+        /// The failure share that trips the breaker, in `(0, 1]`.
+        ratio: f64,
+        /// How far back attempts are counted (at least 10 ms).
+        sampling_window: Duration,
+        /// Attempts the window must hold before the ratio may trip it (at least 1).
+        minimum_throughput: u32,
+    },
+}
+
+impl TripPolicy {
+    /// Trips after `threshold` consecutive failures.
+    pub fn consecutive_failures(threshold: u32) -> TripPolicy {
+        TripPolicy::ConsecutiveFailures { threshold }
+    }
+
+    /// Trips when the failure share over `sampling_window` reaches `ratio`, once at least
+    /// `minimum_throughput` attempts were counted in the window.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use reqwest_resilience::breaker::TripPolicy;
+    ///
+    /// // Polly's defaults: 10% failures over 30 s, at least 100 calls.
+    /// let policy = TripPolicy::failure_ratio(0.1, Duration::from_secs(30), 100);
+    /// # drop(policy);
+    /// ```
+    pub fn failure_ratio(
+        ratio: f64,
+        sampling_window: Duration,
+        minimum_throughput: u32,
+    ) -> TripPolicy {
+        TripPolicy::FailureRatio {
+            ratio,
+            sampling_window,
+            minimum_throughput,
+        }
+    }
+
+    pub(crate) fn validate(&self) -> Result<(), String> {
+        match *self {
+            TripPolicy::ConsecutiveFailures { threshold } => {
+                if threshold == 0 {
+                    return Err("consecutive-failures threshold must be at least 1".into());
+                }
+            }
+            TripPolicy::FailureRatio {
+                ratio,
+                sampling_window,
+                minimum_throughput,
+            } => {
+                if !(ratio > 0.0 && ratio <= 1.0) {
+                    return Err(format!("failure ratio must be in (0, 1], got {ratio}"));
+                }
+                if sampling_window < MIN_SAMPLING_WINDOW {
+                    return Err(format!(
+                        "sampling window must be at least {MIN_SAMPLING_WINDOW:?}, got {sampling_window:?}"
+                    ));
+                }
+                if minimum_throughput == 0 {
+                    return Err("minimum throughput must be at least 1".into());
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Default for TripPolicy {
+    fn default() -> Self {
+        TripPolicy::consecutive_failures(5)
+    }
+}
+
+/// The number of buckets a [`TripPolicy::FailureRatio`] window is cut into.
+pub const WINDOW_BUCKETS: usize = 10;
+
+// Slot numbers at or past this restart the window's epoch (49 days of 1 ms buckets).
+const SLOT_LIMIT: u32 = u32::MAX - 1;
+
+/// Below this a bucket would be shorter than a millisecond: timer noise, not a window.
+const MIN_SAMPLING_WINDOW: Duration = Duration::from_millis(10);
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Bucket {
+    // 1-based index of the bucket's time slice since the window's epoch; 0 = never used.
+    // u32 keeps a bucket at 12 bytes; the epoch is moved before it could overflow.
+    slot: u32,
+    successes: u32,
+    failures: u32,
+}
+
+/// What the policy remembers between attempts while Closed. Fixed size whatever the
+/// traffic: a counter and a ring of [`WINDOW_BUCKETS`] buckets.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct PolicyState {
+    consecutive_failures: u32,
+    epoch: Instant,
+    buckets: [Bucket; WINDOW_BUCKETS],
+}
+
+impl PolicyState {
+    pub(crate) fn new(now: Instant) -> Self {
+        PolicyState {
+            consecutive_failures: 0,
+            epoch: now,
+            buckets: [Bucket::default(); WINDOW_BUCKETS],
+        }
+    }
+
+    /// Forgets everything: the breaker (re-)entered Closed at `now`.
+    pub(crate) fn reset(&mut self, now: Instant) {
+        *self = PolicyState::new(now);
+    }
+
+    pub(crate) fn consecutive_failures(&self) -> u32 {
+        self.consecutive_failures
+    }
+
+    /// `(attempts, failures)` counted in the window at `now`; zeros under the
+    /// consecutive-failures policy.
+    pub(crate) fn window_counts(&self, policy: &TripPolicy, now: Instant) -> (u32, u32) {
+        let TripPolicy::FailureRatio {
+            sampling_window, ..
+        } = *policy
+        else {
+            return (0, 0);
+        };
+        let current = self.slot(sampling_window, now);
+        self.buckets
+            .iter()
+            .filter(|b| {
+                b.slot != 0 && b.slot <= current && current - b.slot < WINDOW_BUCKETS as u32
+            })
+            .fold((0u32, 0u32), |(calls, failures), b| {
+                (
+                    calls.saturating_add(b.successes).saturating_add(b.failures),
+                    failures.saturating_add(b.failures),
+                )
+            })
+    }
+
+    /// Counts `outcome`; returns whether the policy now says "trip".
+    pub(crate) fn record(&mut self, policy: &TripPolicy, outcome: Outcome, now: Instant) -> bool {
+        match outcome {
+            Outcome::Neutral => return false,
+            Outcome::Success => self.consecutive_failures = 0,
+            Outcome::Failure => {
+                self.consecutive_failures = self.consecutive_failures.saturating_add(1)
+            }
+        }
+        match *policy {
+            TripPolicy::ConsecutiveFailures { threshold } => {
+                outcome == Outcome::Failure && self.consecutive_failures >= threshold
+            }
+            TripPolicy::FailureRatio {
+                ratio,
+                sampling_window,
+                minimum_throughput,
+            } => {
+                let mut slot = self.slot(sampling_window, now);
+                if slot >= SLOT_LIMIT {
+                    // Years of a tiny window: start a new epoch, keeping this attempt.
+                    self.buckets = [Bucket::default(); WINDOW_BUCKETS];
+                    self.epoch = now;
+                    slot = 1;
+                }
+                let bucket = &mut self.buckets[(slot % WINDOW_BUCKETS as u32) as usize];
+                if bucket.slot != slot {
+                    *bucket = Bucket {
+                        slot,
+                        ..Bucket::default()
+                    };
+                }
+                match outcome {
+                    Outcome::Success => bucket.successes = bucket.successes.saturating_add(1),
+                    _ => bucket.failures = bucket.failures.saturating_add(1),
+                }
+                if outcome != Outcome::Failure {
+                    return false;
+                }
+                let (calls, failures) = self.window_counts(policy, now);
+                calls >= minimum_throughput && f64::from(failures) >= ratio * f64::from(calls)
+            }
+        }
+    }
+
+    fn slot(&self, sampling_window: Duration, now: Instant) -> u32 {
+        let width = (sampling_window.as_nanos() / WINDOW_BUCKETS as u128).max(1);
+        let since = now.saturating_duration_since(self.epoch).as_nanos();
+        u32::try_from(since / width)
+            .map_or(SLOT_LIMIT, |s| s.saturating_add(1))
+            .min(SLOT_LIMIT)
+    }
+}
+
+/// Decides how an attempt counts towards its origin's breaker. Replace the default
+/// ([`DefaultClassifier`]) with
+/// [`CircuitBreakerMiddleware::with_classifier`](super::CircuitBreakerMiddleware::with_classifier).
+///
+/// `evidence` is the [`RequestEvidence`] the transport step left for this attempt, or
+/// `None` when no [`TransportEvidence`](crate::TransportEvidence) runs inside the breaker.
+///
+/// ```
+/// use reqwest_resilience::RequestEvidence;
+/// use reqwest_resilience::breaker::{AttemptClassifier, Outcome};
+///
+/// /// Counts only 503s as failures.
+/// struct OnlyUnavailable;
+///
+/// impl AttemptClassifier for OnlyUnavailable {
+///     fn classify(
+///         &self,
+///         evidence: Option<&RequestEvidence>,
+///         result: &reqwest_middleware::Result<reqwest::Response>,
+///     ) -> Outcome {
+///         let _ = evidence;
+///         match result {
+///             Ok(r) if r.status() == 503 => Outcome::Failure,
+///             Ok(_) => Outcome::Success,
+///             Err(_) => Outcome::Neutral,
+///         }
+///     }
+/// }
+/// ```
+pub trait AttemptClassifier: Send + Sync + 'static {
+    /// How the attempt counts.
+    fn classify(
+        &self,
+        evidence: Option<&RequestEvidence>,
+        result: &reqwest_middleware::Result<Response>,
+    ) -> Outcome;
+}
+
+/// The design's classification: 5xx, 401, 429 and transport failures are failures; 2xx
+/// and 3xx successes; other 4xx neutral. A rejection by another breaker or a pause
+/// (`NotSent`, [`FailureKind::BreakerOpen`] / [`FailureKind::Paused`]) and a request that
+/// could not be built say nothing about the origin: neutral.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct DefaultClassifier;
+
+impl DefaultClassifier {
+    /// How a response status counts.
+    pub fn classify_status(status: StatusCode) -> Outcome {
+        if status.is_server_error()
+            || status == StatusCode::UNAUTHORIZED
+            || status == StatusCode::TOO_MANY_REQUESTS
+        {
+            Outcome::Failure
+        } else if status.is_client_error() {
+            Outcome::Neutral
+        } else {
+            // 1xx never reaches a client as a final status; 2xx and 3xx are healthy.
+            Outcome::Success
+        }
+    }
+}
+
+impl AttemptClassifier for DefaultClassifier {
+    fn classify(
+        &self,
+        evidence: Option<&RequestEvidence>,
+        result: &reqwest_middleware::Result<Response>,
+    ) -> Outcome {
+        if let Some(e) = evidence {
+            if let Transmission::ResponseReceived(status) = e.transmission {
+                return DefaultClassifier::classify_status(status);
+            }
+            return match e.failure {
+                Some(
+                    FailureKind::BreakerOpen
+                    | FailureKind::Paused
+                    | FailureKind::Builder
+                    | FailureKind::Redirect
+                    | FailureKind::Decode,
+                ) => Outcome::Neutral,
+                _ => Outcome::Failure,
+            };
+        }
+        match result {
+            Ok(response) => DefaultClassifier::classify_status(response.status()),
+            Err(reqwest_middleware::Error::Reqwest(e)) if e.is_builder() || e.is_redirect() => {
+                Outcome::Neutral
+            }
+            Err(_) => Outcome::Failure,
+        }
+    }
+}
+
+impl<F> AttemptClassifier for F
+where
+    F: Fn(Option<&RequestEvidence>, &reqwest_middleware::Result<Response>) -> Outcome
+        + Send
+        + Sync
+        + 'static,
+{
+    fn classify(
+        &self,
+        evidence: Option<&RequestEvidence>,
+        result: &reqwest_middleware::Result<Response>,
+    ) -> Outcome {
+        self(evidence, result)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: Duration = Duration::from_millis(1);
+
+    #[test]
+    fn statuses_classify_as_the_design_says() {
+        for (code, want) in [
+            (200, Outcome::Success),
+            (204, Outcome::Success),
+            (301, Outcome::Success),
+            (304, Outcome::Success),
+            (400, Outcome::Neutral),
+            (401, Outcome::Failure),
+            (403, Outcome::Neutral),
+            (404, Outcome::Neutral),
+            (409, Outcome::Neutral),
+            (429, Outcome::Failure),
+            (500, Outcome::Failure),
+            (502, Outcome::Failure),
+            (503, Outcome::Failure),
+            (504, Outcome::Failure),
+        ] {
+            let status = StatusCode::from_u16(code).unwrap();
+            assert_eq!(DefaultClassifier::classify_status(status), want, "{code}");
+        }
+    }
+
+    #[test]
+    fn evidence_without_response_classifies_by_failure_kind() {
+        let c = DefaultClassifier;
+        let ok: reqwest_middleware::Result<Response> =
+            Ok(http::Response::new(reqwest::Body::from("")).into());
+        for (kind, want) in [
+            (FailureKind::Connect, Outcome::Failure),
+            (FailureKind::Timeout, Outcome::Failure),
+            (FailureKind::Reset, Outcome::Failure),
+            (FailureKind::BreakerOpen, Outcome::Neutral),
+            (FailureKind::Paused, Outcome::Neutral),
+            (FailureKind::Builder, Outcome::Neutral),
+        ] {
+            let mut e = RequestEvidence::new(Transmission::Unknown, None, 1);
+            e.failure = Some(kind);
+            assert_eq!(c.classify(Some(&e), &ok), want, "{kind:?}");
+        }
+        // Evidence outranks the result: the response's own 200 is not looked at.
+        let e = RequestEvidence::new(
+            Transmission::ResponseReceived(StatusCode::SERVICE_UNAVAILABLE),
+            None,
+            1,
+        );
+        assert_eq!(c.classify(Some(&e), &ok), Outcome::Failure);
+        assert_eq!(c.classify(None, &ok), Outcome::Success);
+    }
+
+    #[test]
+    fn consecutive_policy_trips_at_threshold_and_success_resets() {
+        let policy = TripPolicy::consecutive_failures(3);
+        let now = Instant::now();
+        let mut s = PolicyState::new(now);
+        assert!(!s.record(&policy, Outcome::Failure, now));
+        assert!(!s.record(&policy, Outcome::Failure, now));
+        assert!(!s.record(&policy, Outcome::Success, now));
+        assert_eq!(s.consecutive_failures(), 0);
+        assert!(!s.record(&policy, Outcome::Failure, now));
+        assert!(!s.record(&policy, Outcome::Failure, now));
+        assert!(!s.record(&policy, Outcome::Neutral, now));
+        assert_eq!(s.consecutive_failures(), 2);
+        assert!(s.record(&policy, Outcome::Failure, now));
+    }
+
+    #[test]
+    fn ratio_policy_needs_minimum_throughput_before_tripping() {
+        let policy = TripPolicy::failure_ratio(0.5, Duration::from_secs(10), 4);
+        let now = Instant::now();
+        let mut s = PolicyState::new(now);
+        // 3 failures out of 3: 100% but below the minimum of 4 attempts.
+        for _ in 0..3 {
+            assert!(!s.record(&policy, Outcome::Failure, now));
+        }
+        assert_eq!(s.window_counts(&policy, now), (3, 3));
+        assert!(s.record(&policy, Outcome::Failure, now));
+    }
+
+    #[test]
+    fn ratio_policy_compares_failure_share_with_ratio() {
+        let policy = TripPolicy::failure_ratio(0.5, Duration::from_secs(10), 4);
+        let now = Instant::now();
+        let mut s = PolicyState::new(now);
+        for _ in 0..3 {
+            assert!(!s.record(&policy, Outcome::Success, now));
+        }
+        assert!(!s.record(&policy, Outcome::Failure, now)); // 1/4
+        assert!(!s.record(&policy, Outcome::Failure, now)); // 2/5
+        assert!(s.record(&policy, Outcome::Failure, now)); // 3/6 = 0.5
+        assert_eq!(s.window_counts(&policy, now), (6, 3));
+    }
+
+    #[test]
+    fn ratio_window_forgets_attempts_a_bucket_at_a_time() {
+        let policy = TripPolicy::failure_ratio(0.5, Duration::from_secs(10), 2);
+        let t0 = Instant::now();
+        let mut s = PolicyState::new(t0);
+        assert!(!s.record(&policy, Outcome::Failure, t0));
+        assert_eq!(s.window_counts(&policy, t0 + 9999 * MS), (1, 1));
+        // Bucket 1 covers [0 s, 1 s); at 10 s it has left the 10-bucket window.
+        assert_eq!(
+            s.window_counts(&policy, t0 + Duration::from_secs(10)),
+            (0, 0)
+        );
+        // A failure at 10.5 s is alone in the window: below the minimum throughput.
+        assert!(!s.record(&policy, Outcome::Failure, t0 + 10_500 * MS));
+        assert!(s.record(&policy, Outcome::Failure, t0 + 10_600 * MS));
+    }
+
+    #[test]
+    fn ratio_window_reuses_a_stale_bucket_slot() {
+        let policy = TripPolicy::failure_ratio(1.0, Duration::from_secs(1), 100);
+        let t0 = Instant::now();
+        let mut s = PolicyState::new(t0);
+        for _ in 0..5 {
+            s.record(&policy, Outcome::Failure, t0);
+        }
+        // 1 s later the same ring position holds a new slice: the old counts are gone.
+        let t1 = t0 + Duration::from_secs(1);
+        s.record(&policy, Outcome::Success, t1);
+        assert_eq!(s.window_counts(&policy, t1), (1, 0));
+    }
+
+    #[test]
+    fn invalid_policies_are_rejected() {
+        assert!(TripPolicy::consecutive_failures(0).validate().is_err());
+        assert!(
+            TripPolicy::failure_ratio(0.0, Duration::from_secs(1), 1)
+                .validate()
+                .is_err()
+        );
+        assert!(
+            TripPolicy::failure_ratio(1.5, Duration::from_secs(1), 1)
+                .validate()
+                .is_err()
+        );
+        assert!(
+            TripPolicy::failure_ratio(f64::NAN, Duration::from_secs(1), 1)
+                .validate()
+                .is_err()
+        );
+        assert!(
+            TripPolicy::failure_ratio(0.5, Duration::from_millis(1), 1)
+                .validate()
+                .is_err()
+        );
+        assert!(
+            TripPolicy::failure_ratio(0.5, Duration::from_secs(1), 0)
+                .validate()
+                .is_err()
+        );
+        assert!(
+            TripPolicy::failure_ratio(0.5, Duration::from_secs(1), 1)
+                .validate()
+                .is_ok()
+        );
+        assert!(TripPolicy::consecutive_failures(1).validate().is_ok());
+    }
+}

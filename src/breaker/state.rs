@@ -1,0 +1,685 @@
+//! The pure state machine of one origin's breaker: no I/O, no locks, time passed in.
+//!
+//! ```text
+//!            policy trips                 open period over
+//!  Closed ─────────────────▶ Open ─────────────────────────▶ HalfOpen
+//!    ▲                        ▲                                 │
+//!    │                        └──────── a probe fails ──────────┤
+//!    └──────────── `half_open_probes` probes succeed ───────────┘
+//! ```
+//!
+//! `isolate` forces [`BreakerState::Isolated`] until `reset`; a server-directed pause is
+//! kept beside the state and turns every request away until it ends, whatever the state.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::config::BreakerConfig;
+use super::policy::{Outcome, PolicyState};
+
+/// The state of one origin's breaker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum BreakerState {
+    /// Requests flow; outcomes are counted by the trip policy.
+    Closed,
+    /// Requests are rejected locally until the open period ends.
+    Open,
+    /// A limited number of probes are let through to test the origin.
+    HalfOpen,
+    /// Forced open by [`BreakerRegistry::isolate`](super::BreakerRegistry::isolate) until
+    /// [`reset`](super::BreakerRegistry::reset): rejects everything, never probes.
+    Isolated,
+}
+
+/// A change of state, reported to the registry's listener.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Transition {
+    /// The state left.
+    pub from: BreakerState,
+    /// The state entered.
+    pub to: BreakerState,
+    /// When it happened.
+    pub at: Instant,
+    /// For a transition to Open: how long it stays open.
+    pub open_for: Option<Duration>,
+}
+
+/// The right to send one attempt, handed out by [`Breaker::try_acquire`]; give it back
+/// with [`Breaker::record`] or [`Breaker::release`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ticket {
+    generation: u32,
+    probe: bool,
+}
+
+impl Ticket {
+    /// Whether this attempt is a HalfOpen probe.
+    pub fn is_probe(&self) -> bool {
+        self.probe
+    }
+}
+
+/// Why a request was turned away.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum RejectReason {
+    /// The breaker is Open.
+    Open,
+    /// The breaker is HalfOpen and all its probes are taken.
+    ProbesBusy,
+    /// The breaker was isolated by hand.
+    Isolated,
+    /// The origin is paused by a server's `Retry-After`.
+    Paused,
+}
+
+/// A request turned away by [`Breaker::try_acquire`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Rejection {
+    /// Why.
+    pub reason: RejectReason,
+    /// The breaker's state at that moment.
+    pub state: BreakerState,
+    /// When trying again may succeed: the end of the open period or the pause, the
+    /// configured `half_open_retry_in` while probes are busy; `None` when isolated.
+    pub retry_in: Option<Duration>,
+}
+
+/// One origin's breaker. Every method takes the registry's [`BreakerConfig`] (kept once
+/// per registry, not per breaker) and the current time.
+///
+/// Size: see [`Breaker::SIZE`]; nothing is allocated on the heap.
+#[derive(Debug, Clone)]
+pub struct Breaker {
+    state: BreakerState,
+    // Bumped on every transition: a ticket from an older state is stale and its outcome
+    // is not counted (an in-flight Closed request that fails after the breaker tripped
+    // must not count against the HalfOpen probe).
+    generation: u32,
+    // Trips since the breaker was last Closed: drives the growth of the open period.
+    trips: u32,
+    probes_in_flight: u32,
+    probe_successes: u32,
+    since: Instant,
+    open_until: Instant,
+    paused_until: Option<Instant>,
+    last_used: Instant,
+    rejections: u64,
+    policy: PolicyState,
+}
+
+impl Breaker {
+    /// `size_of::<Breaker>()`: the memory of one breaker, all inline.
+    pub const SIZE: usize = std::mem::size_of::<Breaker>();
+
+    /// A Closed breaker.
+    pub fn new(now: Instant) -> Self {
+        Breaker {
+            state: BreakerState::Closed,
+            generation: 0,
+            trips: 0,
+            probes_in_flight: 0,
+            probe_successes: 0,
+            since: now,
+            open_until: now,
+            paused_until: None,
+            last_used: now,
+            rejections: 0,
+            policy: PolicyState::new(now),
+        }
+    }
+
+    /// The state as last updated (an Open breaker whose period is over still says Open
+    /// until the next [`try_acquire`](Self::try_acquire) moves it to HalfOpen).
+    pub fn state(&self) -> BreakerState {
+        self.state
+    }
+
+    /// Asks to send one attempt at `now`. Moves Open to HalfOpen when the open period is
+    /// over (the transition is returned too).
+    pub fn try_acquire(
+        &mut self,
+        config: &BreakerConfig,
+        now: Instant,
+    ) -> (Result<Ticket, Rejection>, Option<Transition>) {
+        self.last_used = now;
+        let mut transition = None;
+        if let Some(until) = self.paused_until {
+            if now < until && self.state != BreakerState::Isolated {
+                return (
+                    Err(self.reject(RejectReason::Paused, Some(until - now))),
+                    None,
+                );
+            }
+            self.paused_until = None;
+        }
+        if self.state == BreakerState::Open && now >= self.open_until {
+            transition = Some(self.enter(BreakerState::HalfOpen, now, None));
+        }
+        let result = match self.state {
+            BreakerState::Closed => Ok(self.ticket(false)),
+            BreakerState::HalfOpen => {
+                if self.probes_in_flight + self.probe_successes < config.half_open_probes {
+                    self.probes_in_flight += 1;
+                    Ok(self.ticket(true))
+                } else {
+                    Err(self.reject(RejectReason::ProbesBusy, Some(config.half_open_retry_in)))
+                }
+            }
+            BreakerState::Open => {
+                let retry_in = self.open_until - now;
+                Err(self.reject(RejectReason::Open, Some(retry_in)))
+            }
+            BreakerState::Isolated => Err(self.reject(RejectReason::Isolated, None)),
+        };
+        (result, transition)
+    }
+
+    /// Counts the outcome of the attempt `ticket` was given for.
+    pub fn record(
+        &mut self,
+        config: &BreakerConfig,
+        ticket: Ticket,
+        outcome: Outcome,
+        now: Instant,
+    ) -> Option<Transition> {
+        self.last_used = now;
+        if ticket.generation != self.generation {
+            return None;
+        }
+        match self.state {
+            BreakerState::Closed => {
+                if self.policy.record(&config.policy, outcome, now) {
+                    return Some(self.trip(config, now));
+                }
+                None
+            }
+            BreakerState::HalfOpen if ticket.probe => {
+                self.probes_in_flight = self.probes_in_flight.saturating_sub(1);
+                match outcome {
+                    Outcome::Failure => Some(self.trip(config, now)),
+                    Outcome::Success => {
+                        self.probe_successes += 1;
+                        (self.probe_successes >= config.half_open_probes)
+                            .then(|| self.enter(BreakerState::Closed, now, None))
+                    }
+                    Outcome::Neutral => None,
+                }
+            }
+            _ => None,
+        }
+    }
+
+    /// Gives back a ticket whose attempt ended with no outcome (its future was dropped):
+    /// a probe's slot is freed for another request.
+    pub fn release(&mut self, ticket: Ticket) {
+        if ticket.probe && ticket.generation == self.generation {
+            self.probes_in_flight = self.probes_in_flight.saturating_sub(1);
+        }
+    }
+
+    /// Turns every request away until `until` (a server-directed pause). An existing
+    /// later pause is kept: pauses only ever grow. Returns whether the pause grew.
+    pub fn pause_until(&mut self, until: Instant) -> bool {
+        if self.paused_until.is_some_and(|p| p >= until) {
+            return false;
+        }
+        self.paused_until = Some(until);
+        true
+    }
+
+    /// Forces the breaker open until [`reset`](Self::reset).
+    pub fn isolate(&mut self, now: Instant) -> Option<Transition> {
+        (self.state != BreakerState::Isolated)
+            .then(|| self.enter(BreakerState::Isolated, now, None))
+    }
+
+    /// Closes the breaker and forgets its counts, trips and pause.
+    pub fn reset(&mut self, now: Instant) -> Option<Transition> {
+        self.paused_until = None;
+        self.trips = 0;
+        if self.state == BreakerState::Closed {
+            self.policy.reset(now);
+            return None;
+        }
+        Some(self.enter(BreakerState::Closed, now, None))
+    }
+
+    fn trip(&mut self, config: &BreakerConfig, now: Instant) -> Transition {
+        self.trips = self.trips.saturating_add(1);
+        let open_for = config.open_duration_for(self.trips);
+        self.open_until = now + open_for;
+        self.enter(BreakerState::Open, now, Some(open_for))
+    }
+
+    fn enter(&mut self, to: BreakerState, now: Instant, open_for: Option<Duration>) -> Transition {
+        let from = self.state;
+        self.state = to;
+        self.generation = self.generation.wrapping_add(1);
+        self.since = now;
+        self.probes_in_flight = 0;
+        self.probe_successes = 0;
+        if to == BreakerState::Closed {
+            self.trips = 0;
+            self.policy.reset(now);
+        }
+        Transition {
+            from,
+            to,
+            at: now,
+            open_for,
+        }
+    }
+
+    fn ticket(&self, probe: bool) -> Ticket {
+        Ticket {
+            generation: self.generation,
+            probe,
+        }
+    }
+
+    fn reject(&mut self, reason: RejectReason, retry_in: Option<Duration>) -> Rejection {
+        self.rejections = self.rejections.saturating_add(1);
+        Rejection {
+            reason,
+            state: self.state,
+            retry_in,
+        }
+    }
+
+    /// When the current state began.
+    pub fn since(&self) -> Instant {
+        self.since
+    }
+
+    /// When the breaker was last asked or told anything.
+    pub fn last_used(&self) -> Instant {
+        self.last_used
+    }
+
+    /// When an Open breaker's period ends (meaningless in other states).
+    pub fn open_until(&self) -> Instant {
+        self.open_until
+    }
+
+    /// The end of the server-directed pause, if one is set (it may be over).
+    pub fn paused_until(&self) -> Option<Instant> {
+        self.paused_until
+    }
+
+    /// Trips since the breaker was last Closed.
+    pub fn trips(&self) -> u32 {
+        self.trips
+    }
+
+    /// Probes admitted in this HalfOpen period whose outcome is not in yet.
+    pub fn probes_in_flight(&self) -> u32 {
+        self.probes_in_flight
+    }
+
+    /// Failures in a row counted while Closed.
+    pub fn consecutive_failures(&self) -> u32 {
+        self.policy.consecutive_failures()
+    }
+
+    /// `(attempts, failures)` in the failure-ratio window at `now` (zeros under the
+    /// consecutive-failures policy).
+    pub fn window_counts(&self, config: &BreakerConfig, now: Instant) -> (u32, u32) {
+        self.policy.window_counts(&config.policy, now)
+    }
+
+    /// Requests turned away since the breaker was created.
+    pub fn rejections(&self) -> u64 {
+        self.rejections
+    }
+
+    /// Whether the registry may forget this breaker at `now` without losing anything a
+    /// caller relies on: Closed (or Open with its period over) and not paused.
+    pub(crate) fn is_evictable(&self, now: Instant) -> bool {
+        let paused = self.paused_until.is_some_and(|p| now < p);
+        let open_over = self.state == BreakerState::Open && now >= self.open_until;
+        !paused && (self.state == BreakerState::Closed || open_over)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::breaker::config::OpenGrowth;
+    use crate::breaker::policy::TripPolicy;
+
+    const S: Duration = Duration::from_secs(1);
+
+    fn config() -> BreakerConfig {
+        BreakerConfig::default()
+            .policy(TripPolicy::consecutive_failures(3))
+            .open_duration(10 * S)
+    }
+
+    /// Sends one attempt at `now` and records `outcome`.
+    fn attempt(b: &mut Breaker, c: &BreakerConfig, outcome: Outcome) -> Option<Transition> {
+        let now = Instant::now();
+        let (ticket, _) = b.try_acquire(c, now);
+        b.record(c, ticket.expect("admitted"), outcome, now)
+    }
+
+    fn trip(b: &mut Breaker, c: &BreakerConfig) {
+        for _ in 0..3 {
+            attempt(b, c, Outcome::Failure);
+        }
+        assert_eq!(b.state(), BreakerState::Open);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn closed_stays_closed_below_threshold_and_on_neutral_outcomes() {
+        let c = config();
+        let mut b = Breaker::new(Instant::now());
+        attempt(&mut b, &c, Outcome::Failure);
+        attempt(&mut b, &c, Outcome::Failure);
+        for _ in 0..100 {
+            assert_eq!(attempt(&mut b, &c, Outcome::Neutral), None);
+        }
+        assert_eq!(b.state(), BreakerState::Closed);
+        assert_eq!(b.consecutive_failures(), 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn closed_to_open_on_threshold_with_open_period() {
+        let c = config();
+        let t0 = Instant::now();
+        let mut b = Breaker::new(t0);
+        attempt(&mut b, &c, Outcome::Failure);
+        attempt(&mut b, &c, Outcome::Failure);
+        let t = attempt(&mut b, &c, Outcome::Failure).expect("tripped");
+        assert_eq!(
+            (t.from, t.to, t.at, t.open_for),
+            (BreakerState::Closed, BreakerState::Open, t0, Some(10 * S))
+        );
+        assert_eq!(b.open_until(), t0 + 10 * S);
+        assert_eq!(b.trips(), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn open_rejects_with_time_until_probe() {
+        let c = config();
+        let mut b = Breaker::new(Instant::now());
+        trip(&mut b, &c);
+        tokio::time::advance(4 * S).await;
+        let (r, t) = b.try_acquire(&c, Instant::now());
+        assert_eq!(t, None);
+        assert_eq!(
+            r,
+            Err(Rejection {
+                reason: RejectReason::Open,
+                state: BreakerState::Open,
+                retry_in: Some(6 * S)
+            })
+        );
+        assert_eq!(b.rejections(), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn open_to_half_open_when_period_is_over_admits_one_probe() {
+        let c = config();
+        let mut b = Breaker::new(Instant::now());
+        trip(&mut b, &c);
+        tokio::time::advance(10 * S).await;
+        let now = Instant::now();
+        let (r, t) = b.try_acquire(&c, now);
+        let ticket = r.expect("probe admitted");
+        assert!(ticket.is_probe());
+        let t = t.expect("transition");
+        assert_eq!((t.from, t.to), (BreakerState::Open, BreakerState::HalfOpen));
+        assert_eq!(b.probes_in_flight(), 1);
+        let (r2, t2) = b.try_acquire(&c, now);
+        assert_eq!(t2, None);
+        assert_eq!(
+            r2,
+            Err(Rejection {
+                reason: RejectReason::ProbesBusy,
+                state: BreakerState::HalfOpen,
+                retry_in: Some(S)
+            })
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn half_open_to_closed_on_probe_success() {
+        let c = config();
+        let mut b = Breaker::new(Instant::now());
+        trip(&mut b, &c);
+        tokio::time::advance(10 * S).await;
+        let t = attempt(&mut b, &c, Outcome::Success).expect("closed");
+        assert_eq!(
+            (t.from, t.to, t.open_for),
+            (BreakerState::HalfOpen, BreakerState::Closed, None)
+        );
+        assert_eq!(b.trips(), 0);
+        assert_eq!(b.consecutive_failures(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn half_open_to_open_on_probe_failure() {
+        let c = config();
+        let mut b = Breaker::new(Instant::now());
+        trip(&mut b, &c);
+        tokio::time::advance(10 * S).await;
+        let t = attempt(&mut b, &c, Outcome::Failure).expect("re-opened");
+        assert_eq!(
+            (t.from, t.to, t.open_for),
+            (BreakerState::HalfOpen, BreakerState::Open, Some(10 * S))
+        );
+        assert_eq!(b.trips(), 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn half_open_neutral_probe_frees_its_slot() {
+        let c = config();
+        let mut b = Breaker::new(Instant::now());
+        trip(&mut b, &c);
+        tokio::time::advance(10 * S).await;
+        assert_eq!(attempt(&mut b, &c, Outcome::Neutral), None);
+        assert_eq!(b.state(), BreakerState::HalfOpen);
+        assert_eq!(b.probes_in_flight(), 0);
+        assert!(attempt(&mut b, &c, Outcome::Success).is_some());
+        assert_eq!(b.state(), BreakerState::Closed);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn released_probe_frees_its_slot() {
+        let c = config();
+        let mut b = Breaker::new(Instant::now());
+        trip(&mut b, &c);
+        tokio::time::advance(10 * S).await;
+        let now = Instant::now();
+        let ticket = b.try_acquire(&c, now).0.unwrap();
+        assert!(b.try_acquire(&c, now).0.is_err());
+        b.release(ticket);
+        assert_eq!(b.probes_in_flight(), 0);
+        assert!(b.try_acquire(&c, now).0.unwrap().is_probe());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn several_probes_must_all_succeed_to_close() {
+        let c = config().half_open_probes(3);
+        let mut b = Breaker::new(Instant::now());
+        trip(&mut b, &c);
+        tokio::time::advance(10 * S).await;
+        let now = Instant::now();
+        let tickets: Vec<_> = (0..3).map(|_| b.try_acquire(&c, now).0.unwrap()).collect();
+        assert_eq!(
+            b.try_acquire(&c, now).0.unwrap_err().reason,
+            RejectReason::ProbesBusy
+        );
+        assert_eq!(b.record(&c, tickets[0], Outcome::Success, now), None);
+        assert_eq!(b.record(&c, tickets[1], Outcome::Success, now), None);
+        // A finished success still holds its place: no fourth probe.
+        assert_eq!(
+            b.try_acquire(&c, now).0.unwrap_err().reason,
+            RejectReason::ProbesBusy
+        );
+        let t = b.record(&c, tickets[2], Outcome::Success, now).unwrap();
+        assert_eq!(t.to, BreakerState::Closed);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn stale_ticket_outcomes_are_ignored() {
+        let c = config();
+        let mut b = Breaker::new(Instant::now());
+        let now = Instant::now();
+        let old = b.try_acquire(&c, now).0.unwrap();
+        trip(&mut b, &c);
+        tokio::time::advance(10 * S).await;
+        let now = Instant::now();
+        let probe = b.try_acquire(&c, now).0.unwrap();
+        // The Closed-era request that fails late changes nothing.
+        assert_eq!(b.record(&c, old, Outcome::Failure, now), None);
+        b.release(old);
+        assert_eq!(b.state(), BreakerState::HalfOpen);
+        assert_eq!(b.probes_in_flight(), 1);
+        assert_eq!(
+            b.record(&c, probe, Outcome::Success, now).unwrap().to,
+            BreakerState::Closed
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn full_flow_closed_open_half_open_open_half_open_closed() {
+        let c = config().open_growth(OpenGrowth::new(2.0, 60 * S));
+        let mut b = Breaker::new(Instant::now());
+        let mut path = vec![b.state()];
+        let mut open_periods = Vec::new();
+        let mut step = |b: &mut Breaker, outcome| {
+            let now = Instant::now();
+            let (r, t) = b.try_acquire(&c, now);
+            let mut ts: Vec<Transition> = t.into_iter().collect();
+            ts.extend(b.record(&c, r.unwrap(), outcome, now));
+            ts
+        };
+        let mut log = |ts: Vec<Transition>, path: &mut Vec<BreakerState>| {
+            for t in ts {
+                path.push(t.to);
+                open_periods.extend(t.open_for);
+            }
+        };
+        for _ in 0..3 {
+            let ts = step(&mut b, Outcome::Failure);
+            log(ts, &mut path);
+        }
+        tokio::time::advance(10 * S).await;
+        let ts = step(&mut b, Outcome::Failure);
+        log(ts, &mut path);
+        // Grown: the second trip in a row stays open 20 s.
+        tokio::time::advance(19 * S).await;
+        assert_eq!(
+            b.try_acquire(&c, Instant::now()).0.unwrap_err().retry_in,
+            Some(S)
+        );
+        tokio::time::advance(S).await;
+        let ts = step(&mut b, Outcome::Success);
+        log(ts, &mut path);
+        assert_eq!(
+            path,
+            [
+                BreakerState::Closed,
+                BreakerState::Open,
+                BreakerState::HalfOpen,
+                BreakerState::Open,
+                BreakerState::HalfOpen,
+                BreakerState::Closed
+            ]
+        );
+        assert_eq!(open_periods, [10 * S, 20 * S]);
+        assert_eq!(b.trips(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn ratio_policy_trips_and_recloses_under_paused_clock() {
+        let c = BreakerConfig::default()
+            .policy(TripPolicy::failure_ratio(0.5, 10 * S, 4))
+            .open_duration(5 * S);
+        let mut b = Breaker::new(Instant::now());
+        attempt(&mut b, &c, Outcome::Success);
+        attempt(&mut b, &c, Outcome::Success);
+        attempt(&mut b, &c, Outcome::Failure);
+        assert_eq!(b.state(), BreakerState::Closed);
+        // The successes age out of the window; the failure at 0 s too.
+        tokio::time::advance(10 * S).await;
+        assert_eq!(b.window_counts(&c, Instant::now()), (0, 0));
+        attempt(&mut b, &c, Outcome::Success);
+        attempt(&mut b, &c, Outcome::Failure);
+        attempt(&mut b, &c, Outcome::Success);
+        assert_eq!(b.state(), BreakerState::Closed);
+        let t = attempt(&mut b, &c, Outcome::Failure).expect("2 of 4 = 0.5 trips");
+        assert_eq!(t.to, BreakerState::Open);
+        tokio::time::advance(5 * S).await;
+        assert_eq!(
+            attempt(&mut b, &c, Outcome::Success).unwrap().to,
+            BreakerState::Closed
+        );
+        // Closing forgets the window.
+        assert_eq!(b.window_counts(&c, Instant::now()), (0, 0));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn pause_rejects_every_request_until_it_ends() {
+        let c = config();
+        let mut b = Breaker::new(Instant::now());
+        assert!(b.pause_until(Instant::now() + 5 * S));
+        // A shorter pause does not shorten it.
+        assert!(!b.pause_until(Instant::now() + 2 * S));
+        tokio::time::advance(2 * S).await;
+        let r = b.try_acquire(&c, Instant::now()).0.unwrap_err();
+        assert_eq!(
+            (r.reason, r.state, r.retry_in),
+            (RejectReason::Paused, BreakerState::Closed, Some(3 * S))
+        );
+        tokio::time::advance(3 * S).await;
+        assert!(b.try_acquire(&c, Instant::now()).0.is_ok());
+        assert_eq!(b.paused_until(), None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn isolate_rejects_without_retry_in_until_reset() {
+        let c = config();
+        let mut b = Breaker::new(Instant::now());
+        let t = b.isolate(Instant::now()).unwrap();
+        assert_eq!(
+            (t.from, t.to),
+            (BreakerState::Closed, BreakerState::Isolated)
+        );
+        assert_eq!(b.isolate(Instant::now()), None);
+        tokio::time::advance(3600 * S).await;
+        let r = b.try_acquire(&c, Instant::now()).0.unwrap_err();
+        assert_eq!((r.reason, r.retry_in), (RejectReason::Isolated, None));
+        let t = b.reset(Instant::now()).unwrap();
+        assert_eq!(
+            (t.from, t.to),
+            (BreakerState::Isolated, BreakerState::Closed)
+        );
+        assert!(b.try_acquire(&c, Instant::now()).0.is_ok());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn reset_closes_an_open_breaker_and_clears_the_pause() {
+        let c = config();
+        let mut b = Breaker::new(Instant::now());
+        trip(&mut b, &c);
+        b.pause_until(Instant::now() + 30 * S);
+        assert_eq!(b.reset(Instant::now()).unwrap().to, BreakerState::Closed);
+        assert_eq!(b.paused_until(), None);
+        assert_eq!(b.trips(), 0);
+        assert!(b.try_acquire(&c, Instant::now()).0.is_ok());
+        assert_eq!(b.reset(Instant::now()), None);
+    }
+
+    #[test]
+    fn breaker_is_small() {
+        // Stated in the registry docs; a change here must update them.
+        assert!(Breaker::SIZE <= 256, "{}", Breaker::SIZE);
+    }
+}

@@ -11,17 +11,29 @@ use std::fmt;
 pub enum ResilienceError {
     /// A configuration was rejected when it was built.
     InvalidConfig(String),
+    /// No bearer token could be had for the request (`BearerAuth`). The token source's
+    /// own error is kept as `source()`; the secret never appears.
+    Token(crate::auth::TokenError),
 }
 
 impl fmt::Display for ResilienceError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             ResilienceError::InvalidConfig(why) => write!(f, "invalid configuration: {why}"),
+            ResilienceError::Token(_) => f.write_str("no bearer token for the request"),
         }
     }
 }
 
-impl std::error::Error for ResilienceError {}
+impl std::error::Error for ResilienceError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            ResilienceError::Token(e) => Some(e),
+            #[allow(unreachable_patterns)]
+            _ => None,
+        }
+    }
+}
 
 impl ResilienceError {
     /// Finds a `ResilienceError` inside a middleware error, if there is one.

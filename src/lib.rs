@@ -13,6 +13,7 @@ pub mod retry;
 pub mod retry_after;
 pub mod stack;
 
+pub use auth::{AccessToken, TokenManager, TokenSource};
 pub use error::ResilienceError;
 pub use evidence::{
     AttemptDecision, AttemptHistory, AttemptRecord, FailureKind, NotProcessedProof,

@@ -1,1 +1,10 @@
-//! (being written)
+//! Bearer tokens: a [`TokenSource`] fetches an [`AccessToken`], a [`TokenManager`] caches
+//! it and refreshes it with one fetch at a time, and the [`BearerAuth`] middleware attaches
+//! it to the requests for the origins it is configured for, healing a `401` with one
+//! refresh and one replay.
+
+mod manager;
+mod token;
+
+pub use manager::{TokenManager, TokenManagerBuilder};
+pub use token::{AccessToken, SharedSourceError, TokenError, TokenErrorKind, TokenSource};

@@ -1,0 +1,2 @@
+//! Token benchmarks (being written).
+fn main() {}

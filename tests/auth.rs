@@ -1,0 +1,451 @@
+//! Bearer tokens: the `TokenManager`'s single flight, refresh ahead, failures,
+//! cancellation and redaction.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+use reqwest_resilience::auth::{TokenError, TokenErrorKind, TokenManagerBuilder};
+use reqwest_resilience::{AccessToken, TokenManager};
+use tokio::sync::Semaphore;
+use tokio::time::Instant;
+
+const HOUR: Duration = Duration::from_secs(3600);
+
+/// The error a test source fails with.
+#[derive(Debug)]
+struct IdpDown(usize);
+
+impl std::fmt::Display for IdpDown {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "identity provider down (call {})", self.0)
+    }
+}
+
+impl std::error::Error for IdpDown {}
+
+/// How a scripted source answers its n-th call (0-based).
+#[derive(Clone, Copy)]
+enum Answer {
+    /// `token-n`, valid for the duration.
+    Token(Duration),
+    /// `token-n` after sleeping.
+    SlowToken(Duration, Duration),
+    Fail,
+    Hang,
+    Panic,
+}
+
+/// A manager builder whose source answers from a script (the last answer repeats) and
+/// counts its calls.
+fn scripted(script: Vec<Answer>) -> (TokenManagerBuilder, Arc<AtomicUsize>) {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let counter = Arc::clone(&calls);
+    let source = move || {
+        let n = counter.fetch_add(1, Ordering::SeqCst);
+        let answer = script[n.min(script.len() - 1)];
+        async move {
+            match answer {
+                Answer::Token(life) => Ok(AccessToken::new(format!("token-{n}")).expires_in(life)),
+                Answer::SlowToken(delay, life) => {
+                    tokio::time::sleep(delay).await;
+                    Ok(AccessToken::new(format!("token-{n}")).expires_in(life))
+                }
+                Answer::Fail => Err(IdpDown(n)),
+                Answer::Hang => std::future::pending().await,
+                Answer::Panic => panic!("source panicked on purpose"),
+            }
+        }
+    };
+    (TokenManager::builder(source), calls)
+}
+
+async fn settle() {
+    // Lets spawned fetch tasks run without moving the paused clock.
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+}
+
+fn tokio_multi_thread() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_time()
+        .build()
+        .unwrap()
+}
+
+#[test]
+fn ten_thousand_concurrent_callers_share_one_fetch_repeated_100_times() {
+    const CALLERS: usize = 10_000;
+    const ROUNDS: usize = 100;
+    let runtime = tokio_multi_thread();
+    runtime.block_on(async {
+        tokio::time::timeout(Duration::from_secs(120), async {
+            for round in 0..ROUNDS {
+                // The fetch is held until every caller has called `token()`, so the
+                // callers pile up on the flight instead of finding a cached token.
+                let gate = Arc::new(Semaphore::new(0));
+                let fetches = Arc::new(AtomicUsize::new(0));
+                let manager = {
+                    let gate = Arc::clone(&gate);
+                    let fetches = Arc::clone(&fetches);
+                    TokenManager::new(move || {
+                        let gate = Arc::clone(&gate);
+                        let n = fetches.fetch_add(1, Ordering::SeqCst);
+                        async move {
+                            let _permit = gate.acquire().await.expect("gate open");
+                            Ok::<_, IdpDown>(AccessToken::new(format!("round-token-{n}")))
+                        }
+                    })
+                };
+                let entered = Arc::new(AtomicUsize::new(0));
+                let mut tasks = tokio::task::JoinSet::new();
+                for _ in 0..CALLERS {
+                    let manager = manager.clone();
+                    let entered = Arc::clone(&entered);
+                    tasks.spawn(async move {
+                        let token = manager.token();
+                        entered.fetch_add(1, Ordering::SeqCst);
+                        token.await
+                    });
+                }
+                while entered.load(Ordering::SeqCst) < CALLERS {
+                    tokio::task::yield_now().await;
+                }
+                gate.add_permits(1);
+                let mut first: Option<AccessToken> = None;
+                let mut results = 0;
+                while let Some(joined) = tasks.join_next().await {
+                    let token = joined.expect("task").expect("token");
+                    match &first {
+                        None => first = Some(token),
+                        Some(first) => assert!(first.same_token(&token), "round {round}"),
+                    }
+                    results += 1;
+                }
+                assert_eq!(results, CALLERS);
+                assert_eq!(fetches.load(Ordering::SeqCst), 1, "round {round}");
+                assert_eq!(first.unwrap().secret(), "round-token-0");
+            }
+        })
+        .await
+        .expect("rounds finish in time");
+    });
+}
+
+#[tokio::test(start_paused = true)]
+async fn refresh_ahead_serves_the_valid_token_while_a_slow_fetch_runs() {
+    let (builder, calls) = scripted(vec![
+        Answer::Token(HOUR),
+        Answer::SlowToken(Duration::from_secs(10), HOUR),
+    ]);
+    let manager = builder.refresh_jitter(0.0).build();
+    let first = manager.token().await.unwrap();
+    assert_eq!(first.secret(), "token-0");
+
+    // One second into the 5-minute window before expiry.
+    tokio::time::advance(HOUR - Duration::from_secs(299)).await;
+    let started = Instant::now();
+    for _ in 0..100 {
+        let token = manager.token().await.unwrap();
+        assert!(token.same_token(&first));
+    }
+    assert_eq!(Instant::now(), started, "no caller waited for the refresh");
+    settle().await;
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        2,
+        "exactly one refresh started"
+    );
+
+    tokio::time::advance(Duration::from_secs(5)).await;
+    assert!(manager.token().await.unwrap().same_token(&first));
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+
+    tokio::time::advance(Duration::from_secs(5)).await;
+    settle().await;
+    let refreshed = manager.token().await.unwrap();
+    assert_eq!(refreshed.secret(), "token-1");
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn refresh_ahead_window_is_half_the_lifetime_for_short_tokens() {
+    let (builder, calls) = scripted(vec![Answer::Token(Duration::from_secs(60))]);
+    let manager = builder.refresh_jitter(0.0).build();
+    manager.token().await.unwrap();
+    tokio::time::advance(Duration::from_secs(29)).await;
+    manager.token().await.unwrap();
+    settle().await;
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        1,
+        "29 s into 60 s: not yet due"
+    );
+    tokio::time::advance(Duration::from_secs(1)).await;
+    assert_eq!(manager.token().await.unwrap().secret(), "token-0");
+    settle().await;
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        2,
+        "30 s into 60 s: refreshed ahead"
+    );
+    assert_eq!(manager.token().await.unwrap().secret(), "token-1");
+}
+
+#[tokio::test(start_paused = true)]
+async fn failed_refresh_ahead_keeps_the_valid_token_and_waits_the_spacing() {
+    let (builder, calls) = scripted(vec![Answer::Token(HOUR), Answer::Fail]);
+    let manager = builder.refresh_jitter(0.0).build();
+    let first = manager.token().await.unwrap();
+    tokio::time::advance(HOUR - Duration::from_secs(200)).await;
+    assert!(manager.token().await.unwrap().same_token(&first));
+    settle().await;
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+
+    // The refresh failed: the token is kept and no attempt comes for 30 s.
+    tokio::time::advance(Duration::from_secs(29)).await;
+    for _ in 0..50 {
+        assert!(manager.token().await.unwrap().same_token(&first));
+    }
+    settle().await;
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+
+    tokio::time::advance(Duration::from_secs(1)).await;
+    assert!(manager.token().await.unwrap().same_token(&first));
+    settle().await;
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        3,
+        "next attempt after the spacing"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn failure_without_a_token_reaches_every_waiter_then_backs_off() {
+    let (builder, calls) = scripted(vec![Answer::SlowToken(Duration::ZERO, HOUR), Answer::Fail]);
+    // Call 0 is used up so that the failing calls start at 1.
+    let manager = builder.build();
+    let used = manager.token().await.unwrap();
+    assert!(manager.invalidate_if_current(&used));
+
+    let mut waiters = tokio::task::JoinSet::new();
+    for _ in 0..50 {
+        let manager = manager.clone();
+        waiters.spawn(async move { manager.token().await });
+    }
+    let mut errors: Vec<TokenError> = Vec::new();
+    while let Some(joined) = waiters.join_next().await {
+        errors.push(joined.unwrap().expect_err("no token to be had"));
+    }
+    assert_eq!(errors.len(), 50);
+    assert_eq!(calls.load(Ordering::SeqCst), 2, "one fetch for 50 waiters");
+    for e in &errors {
+        assert!(e.same_failure(&errors[0]));
+        assert_eq!(e.kind(), TokenErrorKind::Fetch);
+        let source = std::error::Error::source(e).unwrap();
+        assert_eq!(source.downcast_ref::<IdpDown>().unwrap().0, 1);
+    }
+    let failed_at = Instant::now();
+    assert_eq!(
+        errors[0].retry_at(),
+        Some(failed_at + Duration::from_secs(1))
+    );
+
+    // During the backoff the same error comes back at once, without a fetch.
+    let again = manager.token().await.unwrap_err();
+    assert!(again.same_failure(&errors[0]));
+    assert_eq!(Instant::now(), failed_at);
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+
+    // After it the next call fetches again; a second failure doubles the backoff.
+    tokio::time::advance(Duration::from_secs(1)).await;
+    let second = manager.token().await.unwrap_err();
+    assert!(!second.same_failure(&errors[0]));
+    assert_eq!(calls.load(Ordering::SeqCst), 3);
+    assert_eq!(
+        second.retry_at(),
+        Some(Instant::now() + Duration::from_secs(2))
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn next_call_after_the_backoff_gets_a_token_once_the_source_recovers() {
+    let (builder, calls) = scripted(vec![Answer::Fail, Answer::Fail, Answer::Token(HOUR)]);
+    let manager = builder
+        .failure_backoff(Duration::from_secs(2), Duration::from_secs(8))
+        .build();
+    let e1 = manager.token().await.unwrap_err();
+    assert_eq!(e1.retry_at(), Some(Instant::now() + Duration::from_secs(2)));
+    tokio::time::advance(Duration::from_secs(2)).await;
+    let e2 = manager.token().await.unwrap_err();
+    assert_eq!(e2.retry_at(), Some(Instant::now() + Duration::from_secs(4)));
+    tokio::time::advance(Duration::from_secs(3)).await;
+    assert!(manager.token().await.unwrap_err().same_failure(&e2));
+    tokio::time::advance(Duration::from_secs(1)).await;
+    assert_eq!(manager.token().await.unwrap().secret(), "token-2");
+    assert_eq!(calls.load(Ordering::SeqCst), 3);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_hanging_fetch_times_out_for_every_waiter() {
+    let (builder, calls) = scripted(vec![Answer::Hang, Answer::Token(HOUR)]);
+    let manager = builder.fetch_timeout(Duration::from_secs(5)).build();
+    let started = Instant::now();
+    let mut waiters = tokio::task::JoinSet::new();
+    for _ in 0..20 {
+        let manager = manager.clone();
+        waiters.spawn(async move { manager.token().await });
+    }
+    let mut timeouts = 0;
+    while let Some(joined) = waiters.join_next().await {
+        let e = joined.unwrap().unwrap_err();
+        assert_eq!(e.kind(), TokenErrorKind::Timeout);
+        timeouts += 1;
+    }
+    assert_eq!(timeouts, 20);
+    assert_eq!(Instant::now() - started, Duration::from_secs(5));
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    tokio::time::advance(Duration::from_secs(1)).await;
+    assert_eq!(manager.token().await.unwrap().secret(), "token-1");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_panicking_source_is_an_aborted_error_and_the_next_fetch_runs() {
+    let (builder, calls) = scripted(vec![Answer::Panic, Answer::Token(HOUR)]);
+    let manager = builder.build();
+    let e = manager.token().await.unwrap_err();
+    assert_eq!(e.kind(), TokenErrorKind::Aborted);
+    assert!(manager.token().await.unwrap_err().same_failure(&e));
+    tokio::time::advance(Duration::from_secs(1)).await;
+    assert_eq!(manager.token().await.unwrap().secret(), "token-1");
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+}
+
+/// Polls `fut` `polls` times with a no-op waker, advancing the clock one second between
+/// polls so the fetch moves through its await points, then drops it.
+async fn poll_then_drop<F: std::future::Future>(fut: F, polls: usize) -> bool {
+    let mut fut = std::pin::pin!(fut);
+    let mut cx = Context::from_waker(Waker::noop());
+    for _ in 0..polls {
+        if let Poll::Ready(_) = fut.as_mut().poll(&mut cx) {
+            return true;
+        }
+        tokio::time::advance(Duration::from_secs(1)).await;
+        settle().await;
+    }
+    false
+}
+
+#[tokio::test(start_paused = true)]
+async fn dropping_the_caller_that_started_the_fetch_at_any_point_strands_nobody() {
+    // The fetch has three await points (a sleep of 3 s is three 1 s advances).
+    for polls in 0..=4 {
+        let (builder, calls) = scripted(vec![Answer::SlowToken(Duration::from_secs(3), HOUR)]);
+        let manager = builder.build();
+        let finished_before_drop = poll_then_drop(manager.token(), polls).await;
+        assert!(!finished_before_drop, "polls={polls}");
+
+        let mut waiters = tokio::task::JoinSet::new();
+        for _ in 0..10 {
+            let manager = manager.clone();
+            waiters.spawn(async move { manager.token().await });
+        }
+        let outcome = tokio::time::timeout(Duration::from_secs(60), async {
+            let mut got = 0;
+            while let Some(joined) = waiters.join_next().await {
+                assert_eq!(joined.unwrap().unwrap().secret(), "token-0");
+                got += 1;
+            }
+            got
+        })
+        .await
+        .expect("nobody waits forever");
+        assert_eq!(outcome, 10, "polls={polls}");
+        assert_eq!(calls.load(Ordering::SeqCst), 1, "polls={polls}");
+    }
+}
+
+#[test]
+fn concurrent_invalidations_of_one_token_cause_one_refresh() {
+    tokio_multi_thread().block_on(async {
+        let (builder, calls) = scripted(vec![Answer::Token(HOUR)]);
+        let manager = builder.build();
+        let old = manager.token().await.unwrap();
+        let invalidated = Arc::new(AtomicUsize::new(0));
+        let mut tasks = tokio::task::JoinSet::new();
+        for _ in 0..200 {
+            let manager = manager.clone();
+            let old = old.clone();
+            let invalidated = Arc::clone(&invalidated);
+            tasks.spawn(async move {
+                if manager.invalidate_if_current(&old) {
+                    invalidated.fetch_add(1, Ordering::SeqCst);
+                }
+                manager.token().await.unwrap()
+            });
+        }
+        let mut new_tokens = Vec::new();
+        while let Some(joined) = tasks.join_next().await {
+            new_tokens.push(joined.unwrap());
+        }
+        assert_eq!(invalidated.load(Ordering::SeqCst), 1);
+        assert_eq!(calls.load(Ordering::SeqCst), 2);
+        assert!(new_tokens.iter().all(|t| t.secret() == "token-1"));
+        assert!(
+            !manager.invalidate_if_current(&old),
+            "old token is no longer current"
+        );
+    });
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_expired_token_is_refetched_and_current_reports_only_valid_tokens() {
+    let (builder, calls) = scripted(vec![Answer::Token(Duration::from_secs(10))]);
+    let manager = builder.refresh_ahead(Duration::ZERO).build();
+    assert!(manager.current().is_none());
+    let first = manager.token().await.unwrap();
+    assert!(manager.current().unwrap().same_token(&first));
+    tokio::time::advance(Duration::from_secs(10)).await;
+    assert!(manager.current().is_none());
+    assert_eq!(manager.token().await.unwrap().secret(), "token-1");
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn a_secret_a_header_cannot_carry_is_a_typed_error() {
+    let manager =
+        TokenManager::new(|| async { Ok::<_, IdpDown>(AccessToken::new("bad\r\nsecret")) });
+    let e = manager.token().await.unwrap_err();
+    assert_eq!(e.kind(), TokenErrorKind::InvalidSecret);
+    assert!(!format!("{e} {e:?}").contains("secret"));
+}
+
+#[tokio::test]
+async fn debug_of_manager_token_and_errors_never_shows_the_secret() {
+    const SECRET: &str = "sk-live-0123456789";
+    let manager = TokenManager::new(|| async { Ok::<_, IdpDown>(AccessToken::new(SECRET)) });
+    let token = manager.token().await.unwrap();
+    let header = token.authorization_header().unwrap().clone();
+    let mut headers = http::HeaderMap::new();
+    headers.insert(http::header::AUTHORIZATION, header);
+    let builder = TokenManager::builder(|| async { Ok::<_, IdpDown>(AccessToken::new(SECRET)) });
+    let error = reqwest_resilience::ResilienceError::Token(
+        TokenManager::new(|| async { Err::<AccessToken, _>(IdpDown(0)) })
+            .token()
+            .await
+            .unwrap_err(),
+    );
+    for shown in [
+        format!("{token:?}"),
+        format!("{manager:?}"),
+        format!("{headers:?}"),
+        format!("{builder:?}"),
+        format!("{error:?} {error}"),
+    ] {
+        assert!(!shown.contains(SECRET), "{shown}");
+    }
+    assert!(format!("{manager:?}").contains("<redacted>"));
+}

@@ -14,6 +14,26 @@ pub enum ResilienceError {
     /// No bearer token could be had for the request (`BearerAuth`). The token source's
     /// own error is kept as `source()`; the secret never appears.
     Token(crate::auth::TokenError),
+    /// The origin's circuit breaker turned the request away; it was not sent
+    /// (`Transmission::NotSent`). `retry_in` is when it will probe again (Open), when a
+    /// probe's answer is due (HalfOpen with its probes taken), or `None` when it was
+    /// isolated by hand and no probe is scheduled.
+    BreakerOpen {
+        /// The origin whose breaker rejected the request.
+        origin: crate::Origin,
+        /// The breaker's state.
+        state: crate::breaker::BreakerState,
+        /// When trying again may succeed.
+        retry_in: Option<std::time::Duration>,
+    },
+    /// The origin is paused by a server's `Retry-After` for every caller of the breaker
+    /// registry; the request was not sent (`Transmission::NotSent`).
+    Paused {
+        /// The paused origin.
+        origin: crate::Origin,
+        /// Time left in the pause.
+        retry_in: std::time::Duration,
+    },
 }
 
 impl fmt::Display for ResilienceError {
@@ -21,6 +41,21 @@ impl fmt::Display for ResilienceError {
         match self {
             ResilienceError::InvalidConfig(why) => write!(f, "invalid configuration: {why}"),
             ResilienceError::Token(_) => f.write_str("no bearer token for the request"),
+            ResilienceError::BreakerOpen {
+                origin,
+                state,
+                retry_in,
+            } => match retry_in {
+                Some(d) => write!(
+                    f,
+                    "circuit breaker for {origin} is {state:?}: not sent, retry in {d:?}"
+                ),
+                None => write!(f, "circuit breaker for {origin} is {state:?}: not sent"),
+            },
+            ResilienceError::Paused { origin, retry_in } => write!(
+                f,
+                "{origin} is paused by the server's Retry-After: not sent, retry in {retry_in:?}"
+            ),
         }
     }
 }
@@ -36,6 +71,15 @@ impl std::error::Error for ResilienceError {
 }
 
 impl ResilienceError {
+    /// For a local rejection by a breaker or a pause, when trying again may succeed.
+    pub fn retry_in(&self) -> Option<std::time::Duration> {
+        match self {
+            ResilienceError::BreakerOpen { retry_in, .. } => *retry_in,
+            ResilienceError::Paused { retry_in, .. } => Some(*retry_in),
+            _ => None,
+        }
+    }
+
     /// Finds a `ResilienceError` inside a middleware error, if there is one.
     pub fn from_middleware_error(err: &reqwest_middleware::Error) -> Option<&ResilienceError> {
         match err {

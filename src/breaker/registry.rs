@@ -1,0 +1,546 @@
+//! [`BreakerRegistry`]: one breaker per [`Origin`], shared by every client handed the same
+//! registry.
+//!
+//! # Layout and cost
+//!
+//! The origins are spread over up to 16 shards, each a `RwLock<HashMap<Origin,
+//! Arc<Entry>>>`: the hot path takes one shard's read lock to clone the entry's `Arc`,
+//! then that origin's own mutex to ask its [`Breaker`]. No lock covers the whole
+//! registry, and two origins only meet on a shard's read lock (shared, never held across
+//! an await). A new origin takes its shard's write lock once.
+//!
+//! # Bounds
+//!
+//! At most [`BreakerConfig::max_origins`] breakers, split evenly over the shards. When a
+//! new origin finds its shard full, the shard forgets its least recently used evictable
+//! breakers (an eighth of the shard at once, so the scan is amortised): evictable means
+//! Closed (or Open with its period over), not paused, and not held by any request in
+//! flight. An Open, HalfOpen, Isolated or paused breaker is never forgotten while it
+//! matters. If a shard holds nothing evictable, the new origin gets a breaker that is
+//! not stored (its requests pass as if Closed) and [`BreakerRegistry::overflowed`] counts it.
+//!
+//! Memory per origin: one [`Breaker`] ([`Breaker::SIZE`] bytes, nothing on the heap) in an
+//! `Arc<Mutex<_>>`, plus the map slot (the [`Origin`] key and the `Arc`) and the origin's
+//! text; [`BreakerRegistry::BYTES_PER_ORIGIN`] adds up the fixed part.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::hash::{BuildHasher, RandomState};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::config::BreakerConfig;
+use super::policy::Outcome;
+use super::state::{Breaker, BreakerState, RejectReason, Ticket, Transition};
+use crate::{Origin, ResilienceError};
+
+const MAX_SHARDS: usize = 16;
+
+type Listener = Arc<dyn Fn(&BreakerEvent) + Send + Sync>;
+
+/// A breaker changed state (handed to the listener given to
+/// [`BreakerRegistry::with_listener`], and logged under the `tracing` feature).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct BreakerEvent {
+    /// Whose breaker.
+    pub origin: Origin,
+    /// The state left.
+    pub from: BreakerState,
+    /// The state entered.
+    pub to: BreakerState,
+    /// When.
+    pub at: Instant,
+    /// For a transition to Open: how long it stays open.
+    pub open_for: Option<Duration>,
+}
+
+/// One origin's breaker as seen by [`BreakerRegistry::snapshot`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct BreakerSnapshot {
+    /// Whose breaker.
+    pub origin: Origin,
+    /// Its state (an Open breaker whose period is over shows as HalfOpen).
+    pub state: BreakerState,
+    /// How long it has been in that state.
+    pub time_in_state: Duration,
+    /// Failures in a row while Closed.
+    pub consecutive_failures: u32,
+    /// Attempts in the failure-ratio window (0 under the consecutive-failures policy).
+    pub window_attempts: u32,
+    /// Failures in the failure-ratio window.
+    pub window_failures: u32,
+    /// Trips since it was last Closed.
+    pub trips: u32,
+    /// HalfOpen probes in flight.
+    pub probes_in_flight: u32,
+    /// Requests it turned away since it was created.
+    pub rejections: u64,
+    /// Time left until the next probe, when Open.
+    pub probe_in: Option<Duration>,
+    /// Time left in a server-directed pause, if one is on.
+    pub paused_for: Option<Duration>,
+}
+
+/// A request that its origin's breaker turned away; it was not sent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct BreakerRejection {
+    /// Whose breaker.
+    pub origin: Origin,
+    /// Why.
+    pub reason: RejectReason,
+    /// The breaker's state.
+    pub state: BreakerState,
+    /// When trying again may succeed (`None`: isolated by hand, no probe is scheduled).
+    pub retry_in: Option<Duration>,
+}
+
+impl From<BreakerRejection> for ResilienceError {
+    fn from(r: BreakerRejection) -> Self {
+        match (r.reason, r.retry_in) {
+            (RejectReason::Paused, Some(retry_in)) => ResilienceError::Paused {
+                origin: r.origin,
+                retry_in,
+            },
+            _ => ResilienceError::BreakerOpen {
+                origin: r.origin,
+                state: r.state,
+                retry_in: r.retry_in,
+            },
+        }
+    }
+}
+
+struct Entry {
+    breaker: Mutex<Breaker>,
+}
+
+struct Shard {
+    map: RwLock<HashMap<Origin, Arc<Entry>>>,
+    capacity: usize,
+}
+
+struct Inner {
+    config: BreakerConfig,
+    hasher: RandomState,
+    shards: Box<[Shard]>,
+    len: AtomicUsize,
+    overflowed: AtomicU64,
+    listener: Option<Listener>,
+}
+
+/// One circuit breaker per [`Origin`], shared by every client given a clone of it.
+///
+/// Cloning is cheap (one `Arc`); two clones are the same registry, two registries built
+/// separately share nothing. See the [module docs](self) for the layout, the bounds and the
+/// memory per origin.
+///
+/// ```
+/// use reqwest_resilience::Origin;
+/// use reqwest_resilience::breaker::{BreakerConfig, BreakerRegistry, BreakerState, Outcome};
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let registry = BreakerRegistry::new(BreakerConfig::default())?;
+/// let origin = Origin::parse("https://api.example.com")?;
+/// for _ in 0..5 {
+///     registry.acquire(&origin)?.record(Outcome::Failure);
+/// }
+/// assert_eq!(registry.state(&origin), Some(BreakerState::Open));
+/// let rejected = registry.acquire(&origin).unwrap_err();
+/// assert_eq!(rejected.retry_in, Some(std::time::Duration::from_secs(30)));
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct BreakerRegistry {
+    inner: Arc<Inner>,
+}
+
+impl fmt::Debug for BreakerRegistry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BreakerRegistry")
+            .field("config", &self.inner.config)
+            .field("len", &self.len())
+            .field("listener", &self.inner.listener.is_some())
+            .finish()
+    }
+}
+
+impl Default for BreakerRegistry {
+    fn default() -> Self {
+        BreakerRegistry::build(BreakerConfig::default(), None)
+    }
+}
+
+impl BreakerRegistry {
+    /// The fixed memory of one tracked origin, in bytes: the `Arc<Entry>` allocation
+    /// (counts + mutex + [`Breaker`]) and the map slot (key, value, control byte). The
+    /// origin's text (about 16 bytes plus its length) comes on top.
+    pub const BYTES_PER_ORIGIN: usize = 2 * std::mem::size_of::<usize>()
+        + std::mem::size_of::<Entry>()
+        + std::mem::size_of::<(Origin, Arc<()>)>()
+        + 1;
+
+    /// A registry whose breakers follow `config`; an invalid configuration is a
+    /// [`ResilienceError::InvalidConfig`].
+    pub fn new(config: BreakerConfig) -> Result<Self, ResilienceError> {
+        config.validate()?;
+        Ok(BreakerRegistry::build(config, None))
+    }
+
+    /// Like [`new`](Self::new), and calls `listener` on every state change, outside any
+    /// lock (it may call back into the registry).
+    pub fn with_listener(
+        config: BreakerConfig,
+        listener: impl Fn(&BreakerEvent) + Send + Sync + 'static,
+    ) -> Result<Self, ResilienceError> {
+        config.validate()?;
+        Ok(BreakerRegistry::build(config, Some(Arc::new(listener))))
+    }
+
+    fn build(config: BreakerConfig, listener: Option<Listener>) -> Self {
+        let shards = config.max_origins.clamp(1, MAX_SHARDS);
+        let (per, extra) = (config.max_origins / shards, config.max_origins % shards);
+        let shards = (0..shards)
+            .map(|i| Shard {
+                map: RwLock::new(HashMap::new()),
+                capacity: per + usize::from(i < extra),
+            })
+            .collect();
+        BreakerRegistry {
+            inner: Arc::new(Inner {
+                config,
+                hasher: RandomState::new(),
+                shards,
+                len: AtomicUsize::new(0),
+                overflowed: AtomicU64::new(0),
+                listener,
+            }),
+        }
+    }
+
+    /// The configuration every breaker follows.
+    pub fn config(&self) -> &BreakerConfig {
+        &self.inner.config
+    }
+
+    /// Whether `self` and `other` are clones of one registry.
+    pub fn same_registry(&self, other: &BreakerRegistry) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+
+    /// Asks `origin`'s breaker to let one attempt through.
+    ///
+    /// The [`BreakerPermit`] must be given its outcome with [`BreakerPermit::record`];
+    /// dropped without one, it frees its HalfOpen probe slot.
+    pub fn acquire(&self, origin: &Origin) -> Result<BreakerPermit, BreakerRejection> {
+        let entry = self.entry(origin);
+        let (result, transition) =
+            lock(&entry.breaker).try_acquire(&self.inner.config, Instant::now());
+        self.emit(origin, transition);
+        match result {
+            Ok(ticket) => Ok(BreakerPermit {
+                registry: self.clone(),
+                origin: origin.clone(),
+                entry,
+                ticket: Some(ticket),
+            }),
+            Err(r) => Err(BreakerRejection {
+                origin: origin.clone(),
+                reason: r.reason,
+                state: r.state,
+                retry_in: r.retry_in,
+            }),
+        }
+    }
+
+    /// Pauses `origin` for every caller of this registry for `duration`, clamped to
+    /// [`BreakerConfig::max_pause`]; a pause already running longer is kept. Returns the
+    /// pause applied (zero: none).
+    pub fn pause(&self, origin: &Origin, duration: Duration) -> Duration {
+        let duration = duration.min(self.inner.config.max_pause);
+        if duration.is_zero() {
+            return Duration::ZERO;
+        }
+        let entry = self.entry(origin);
+        let grew = lock(&entry.breaker).pause_until(Instant::now() + duration);
+        trace_pause(origin, duration, grew);
+        duration
+    }
+
+    /// Forces `origin`'s breaker open (rejecting everything, with no `retry_in`) until
+    /// [`reset`](Self::reset). Returns false if it could not be kept because every
+    /// breaker of its shard is busy (see the [module docs](self)).
+    pub fn isolate(&self, origin: &Origin) -> bool {
+        let entry = self.entry(origin);
+        let t = lock(&entry.breaker).isolate(Instant::now());
+        self.emit(origin, t);
+        self.peek(origin).is_some()
+    }
+
+    /// Closes `origin`'s breaker and clears its counts and pause. Unknown origins are
+    /// left alone.
+    pub fn reset(&self, origin: &Origin) {
+        if let Some(entry) = self.peek(origin) {
+            let t = lock(&entry.breaker).reset(Instant::now());
+            self.emit(origin, t);
+        }
+    }
+
+    /// `origin`'s state, if the registry tracks it (an Open breaker whose period is over
+    /// says HalfOpen).
+    pub fn state(&self, origin: &Origin) -> Option<BreakerState> {
+        let entry = self.peek(origin)?;
+        let b = lock(&entry.breaker);
+        Some(effective_state(&b, Instant::now()))
+    }
+
+    /// Every tracked breaker, sorted by origin.
+    pub fn snapshot(&self) -> Vec<BreakerSnapshot> {
+        let now = Instant::now();
+        let mut out = Vec::with_capacity(self.len());
+        for shard in self.inner.shards.iter() {
+            let entries: Vec<(Origin, Arc<Entry>)> = read(&shard.map)
+                .iter()
+                .map(|(o, e)| (o.clone(), e.clone()))
+                .collect();
+            for (origin, entry) in entries {
+                let b = lock(&entry.breaker);
+                let state = effective_state(&b, now);
+                let (window_attempts, window_failures) = b.window_counts(&self.inner.config, now);
+                let since = if state == b.state() {
+                    b.since()
+                } else {
+                    b.open_until()
+                };
+                out.push(BreakerSnapshot {
+                    origin,
+                    state,
+                    time_in_state: now.saturating_duration_since(since),
+                    consecutive_failures: b.consecutive_failures(),
+                    window_attempts,
+                    window_failures,
+                    trips: b.trips(),
+                    probes_in_flight: b.probes_in_flight(),
+                    rejections: b.rejections(),
+                    probe_in: (state == BreakerState::Open).then(|| b.open_until() - now),
+                    paused_for: b.paused_until().filter(|&p| p > now).map(|p| p - now),
+                });
+            }
+        }
+        out.sort_by(|a, b| a.origin.cmp(&b.origin));
+        out
+    }
+
+    /// The number of origins tracked.
+    pub fn len(&self) -> usize {
+        self.inner.len.load(Ordering::Relaxed)
+    }
+
+    /// Whether no origin is tracked.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// How many times a new origin found its shard full of breakers that could not be
+    /// forgotten, and was served by an untracked breaker.
+    pub fn overflowed(&self) -> u64 {
+        self.inner.overflowed.load(Ordering::Relaxed)
+    }
+
+    fn shard(&self, origin: &Origin) -> &Shard {
+        let shards = &self.inner.shards;
+        let i = self.inner.hasher.hash_one(origin) as usize % shards.len();
+        &shards[i]
+    }
+
+    fn peek(&self, origin: &Origin) -> Option<Arc<Entry>> {
+        read(&self.shard(origin).map).get(origin).cloned()
+    }
+
+    fn entry(&self, origin: &Origin) -> Arc<Entry> {
+        let shard = self.shard(origin);
+        if let Some(e) = read(&shard.map).get(origin) {
+            return e.clone();
+        }
+        let now = Instant::now();
+        let mut map = write(&shard.map);
+        if let Some(e) = map.get(origin) {
+            return e.clone();
+        }
+        if map.len() >= shard.capacity {
+            let evicted = evict(&mut map, shard.capacity, now);
+            self.inner.len.fetch_sub(evicted, Ordering::Relaxed);
+        }
+        let entry = Arc::new(Entry {
+            breaker: Mutex::new(Breaker::new(now)),
+        });
+        if map.len() < shard.capacity {
+            map.insert(origin.clone(), entry.clone());
+            self.inner.len.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.inner.overflowed.fetch_add(1, Ordering::Relaxed);
+        }
+        entry
+    }
+
+    fn emit(&self, origin: &Origin, transition: Option<Transition>) {
+        let Some(t) = transition else { return };
+        #[cfg(feature = "tracing")]
+        tracing::info!(
+            origin = %origin,
+            from = ?t.from,
+            to = ?t.to,
+            open_for = ?t.open_for,
+            "circuit breaker state change"
+        );
+        if let Some(listener) = &self.inner.listener {
+            listener(&BreakerEvent {
+                origin: origin.clone(),
+                from: t.from,
+                to: t.to,
+                at: t.at,
+                open_for: t.open_for,
+            });
+        }
+    }
+
+    #[cfg(test)]
+    fn map_capacity(&self) -> usize {
+        self.inner
+            .shards
+            .iter()
+            .map(|s| read(&s.map).capacity())
+            .sum()
+    }
+}
+
+/// The right to send one attempt to an origin, from [`BreakerRegistry::acquire`].
+///
+/// # Cancel safety
+///
+/// Dropping the permit without [`record`](Self::record) (for instance because the future
+/// that held it across the request was dropped) gives its slot back: a HalfOpen probe
+/// slot is freed for the next request, and nothing is counted.
+#[must_use = "record the outcome, or the attempt is not counted"]
+pub struct BreakerPermit {
+    registry: BreakerRegistry,
+    origin: Origin,
+    entry: Arc<Entry>,
+    ticket: Option<Ticket>,
+}
+
+impl fmt::Debug for BreakerPermit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BreakerPermit")
+            .field("origin", &self.origin)
+            .field("probe", &self.is_probe())
+            .finish()
+    }
+}
+
+impl BreakerPermit {
+    /// Whether this attempt is a HalfOpen probe.
+    pub fn is_probe(&self) -> bool {
+        self.ticket.is_some_and(|t| t.is_probe())
+    }
+
+    /// The origin the permit is for.
+    pub fn origin(&self) -> &Origin {
+        &self.origin
+    }
+
+    /// Counts the attempt's outcome.
+    pub fn record(self, outcome: Outcome) {
+        self.record_with_pause(outcome, None);
+    }
+
+    /// Counts the outcome and, in the same step, pauses the origin for `pause` (clamped
+    /// to `max_pause`), so no other caller slips in between.
+    pub(crate) fn record_with_pause(mut self, outcome: Outcome, pause: Option<Duration>) {
+        let Some(ticket) = self.ticket.take() else {
+            return;
+        };
+        let config = &self.registry.inner.config;
+        let now = Instant::now();
+        let pause = pause
+            .map(|p| p.min(config.max_pause))
+            .filter(|p| !p.is_zero());
+        let (transition, grew) = {
+            let mut b = lock(&self.entry.breaker);
+            let grew = pause.map(|p| b.pause_until(now + p));
+            (b.record(config, ticket, outcome, now), grew)
+        };
+        if let (Some(p), Some(grew)) = (pause, grew) {
+            trace_pause(&self.origin, p, grew);
+        }
+        self.registry.emit(&self.origin, transition);
+    }
+}
+
+impl Drop for BreakerPermit {
+    fn drop(&mut self) {
+        if let Some(ticket) = self.ticket.take() {
+            lock(&self.entry.breaker).release(ticket);
+        }
+    }
+}
+
+fn effective_state(b: &Breaker, now: Instant) -> BreakerState {
+    if b.state() == BreakerState::Open && now >= b.open_until() {
+        BreakerState::HalfOpen
+    } else {
+        b.state()
+    }
+}
+
+/// Removes up to an eighth of the shard: the least recently used breakers that nothing
+/// depends on. Returns how many went.
+fn evict(map: &mut HashMap<Origin, Arc<Entry>>, capacity: usize, now: Instant) -> usize {
+    let target = (capacity / 8).max(1);
+    let mut candidates: Vec<(Instant, Origin)> = map
+        .iter()
+        .filter_map(|(origin, entry)| {
+            // Our write lock keeps new clones out; one holder means no request in flight.
+            if Arc::strong_count(entry) != 1 {
+                return None;
+            }
+            let b = entry.breaker.try_lock().ok()?;
+            b.is_evictable(now).then(|| (b.last_used(), origin.clone()))
+        })
+        .collect();
+    if candidates.len() > target {
+        candidates.select_nth_unstable_by_key(target, |c| c.0);
+        candidates.truncate(target);
+    }
+    for (_, origin) in &candidates {
+        map.remove(origin);
+    }
+    candidates.len()
+}
+
+#[cfg_attr(not(feature = "tracing"), allow(unused_variables))]
+fn trace_pause(origin: &Origin, duration: Duration, grew: bool) {
+    #[cfg(feature = "tracing")]
+    if grew {
+        tracing::info!(origin = %origin, pause = ?duration, "origin paused by Retry-After");
+    }
+}
+
+// A panic elsewhere while a lock was held leaves counts that are still consistent (every
+// update is a few plain stores), so a poisoned lock is used as it is, never a panic here.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn read<T>(l: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
+    l.read().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn write<T>(l: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
+    l.write().unwrap_or_else(PoisonError::into_inner)
+}

@@ -34,6 +34,9 @@ pub enum ResilienceError {
         /// Time left in the pause.
         retry_in: std::time::Duration,
     },
+    /// The retry middleware stopped after a failed attempt: how many attempts, why it
+    /// stopped, and the last error as `source()` (see [`RetryError`](crate::retry::RetryError)).
+    Retry(crate::retry::RetryError),
 }
 
 impl fmt::Display for ResilienceError {
@@ -56,6 +59,7 @@ impl fmt::Display for ResilienceError {
                 f,
                 "{origin} is paused by the server's Retry-After: not sent, retry in {retry_in:?}"
             ),
+            ResilienceError::Retry(e) => fmt::Display::fmt(e, f),
         }
     }
 }
@@ -64,6 +68,8 @@ impl std::error::Error for ResilienceError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             ResilienceError::Token(e) => Some(e),
+            // The retry error's own cause, so `source()` reaches the `reqwest::Error`.
+            ResilienceError::Retry(e) => std::error::Error::source(e),
             #[allow(unreachable_patterns)]
             _ => None,
         }

@@ -14,9 +14,11 @@ pub mod retry_after;
 pub mod stack;
 
 pub use auth::{AccessToken, TokenManager, TokenSource};
+pub use backoff::{Backoff, Jitter};
 pub use error::ResilienceError;
 pub use evidence::{
     AttemptDecision, AttemptHistory, AttemptRecord, FailureKind, NotProcessedProof,
     RequestEvidence, Transmission, TransportEvidence,
 };
 pub use origin::Origin;
+pub use retry::{RetryBudget, RetryMiddleware};

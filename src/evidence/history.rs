@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use super::RequestEvidence;
+use crate::retry::{RetryReason, StopReason};
 
 /// What a middleware decided after an attempt.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -13,12 +14,12 @@ pub enum AttemptDecision {
         /// The sleep taken before the next attempt.
         delay: Duration,
         /// Why it was retried.
-        reason: String,
+        reason: RetryReason,
     },
     /// No further attempt was made.
     Stop {
         /// Why it stopped.
-        reason: String,
+        reason: StopReason,
     },
 }
 

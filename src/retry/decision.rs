@@ -1,0 +1,407 @@
+//! The retry decision table ([`DefaultStrategy`]) behind a trait users can replace
+//! ([`RetryStrategy`]), and the typed reasons recorded after each attempt.
+//!
+//! The table answers only "is another attempt safe and useful?" from the evidence, the
+//! failure kind and the request's idempotency. Retry count, `Retry-After`, budget and
+//! deadline are the middleware's mechanism and apply on top of any strategy.
+
+use std::fmt;
+
+use http::{HeaderMap, Method, StatusCode};
+
+use crate::evidence::{FailureKind, RequestEvidence, Transmission};
+
+/// Why an attempt is followed by another.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum RetryReason {
+    /// Proven not sent (connect refused, DNS, TLS handshake): safe for any method.
+    NotSent,
+    /// Rejected locally by an open circuit breaker or a server-directed pause; retried after
+    /// the breaker's own "retry in".
+    BreakerRejected,
+    /// The server proved it did not process the request (HTTP/2 `REFUSED_STREAM` or
+    /// `GOAWAY`): safe for any method, once.
+    NotProcessed,
+    /// An idempotent request got no response (reset, timeout, closed, unknown).
+    Transient,
+    /// A retryable status (408, 429, 500, 502, 503, 504).
+    Status(StatusCode),
+}
+
+/// Why no further attempt is made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum StopReason {
+    /// The response is final: a success, a redirect, or a status the table does not retry.
+    FinalResponse(StatusCode),
+    /// A retryable status on a non-idempotent request without `Retry-After`: the server
+    /// may have acted on it.
+    StatusNotSafe(StatusCode),
+    /// A failure that retrying cannot fix (certificate, builder, redirect, decode, a
+    /// connector that cannot serve the request).
+    Permanent(FailureKind),
+    /// A non-idempotent request that may have reached the server (sent, no response).
+    MayHaveBeenProcessed,
+    /// The server's not-processed proof was already used for one retry.
+    NotProcessedRetryUsed,
+    /// The maximum number of retries was reached (or retries are disabled for this
+    /// request).
+    RetriesExhausted,
+    /// The retry budget refused another retry: the server is failing for many requests.
+    BudgetExhausted,
+    /// The next delay would end past the deadline.
+    DeadlineExceeded,
+    /// `Retry-After` asked for longer than the configured cap and the policy is to give up.
+    RetryAfterTooLong,
+    /// A circuit breaker rejected the request and did not say when to retry.
+    BreakerRejected,
+    /// The request body is a stream that cannot be replayed: sent once.
+    BodyNotClonable,
+}
+
+impl fmt::Display for RetryReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RetryReason::NotSent => f.write_str("the request was not sent"),
+            RetryReason::BreakerRejected => f.write_str("a circuit breaker rejected it"),
+            RetryReason::NotProcessed => f.write_str("the server did not process it"),
+            RetryReason::Transient => f.write_str("an idempotent request got no response"),
+            RetryReason::Status(s) => write!(f, "retryable status {}", s.as_u16()),
+        }
+    }
+}
+
+impl fmt::Display for StopReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StopReason::FinalResponse(s) => write!(f, "final status {}", s.as_u16()),
+            StopReason::StatusNotSafe(s) => write!(
+                f,
+                "status {} on a non-idempotent request without Retry-After",
+                s.as_u16()
+            ),
+            StopReason::Permanent(k) => write!(f, "permanent failure ({k:?})"),
+            StopReason::MayHaveBeenProcessed => {
+                f.write_str("a non-idempotent request may have been processed")
+            }
+            StopReason::NotProcessedRetryUsed => {
+                f.write_str("the not-processed proof was already used once")
+            }
+            StopReason::RetriesExhausted => f.write_str("retries exhausted"),
+            StopReason::BudgetExhausted => f.write_str("retry budget exhausted"),
+            StopReason::DeadlineExceeded => f.write_str("the deadline would pass"),
+            StopReason::RetryAfterTooLong => f.write_str("Retry-After exceeds the cap"),
+            StopReason::BreakerRejected => {
+                f.write_str("a circuit breaker rejected it without a retry time")
+            }
+            StopReason::BodyNotClonable => f.write_str("the body cannot be replayed"),
+        }
+    }
+}
+
+/// What a [`RetryStrategy`] concluded about one attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Verdict {
+    /// Another attempt is safe and may help.
+    Retry(RetryReason),
+    /// No further attempt.
+    Stop(StopReason),
+}
+
+/// What a strategy sees about the attempt that just ended.
+#[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
+pub struct AttemptContext<'a> {
+    /// What the transport step observed.
+    pub evidence: &'a RequestEvidence,
+    /// The request method.
+    pub method: &'a Method,
+    /// Whether the request is idempotent (method, `Idempotency-Key`, or the per-request
+    /// [`Idempotent`](super::Idempotent) marker).
+    pub idempotent: bool,
+    /// Attempts made so far, counting this one (1 after the first).
+    pub attempt: u32,
+    /// Retries already taken on a [`RetryReason::NotProcessed`] verdict.
+    pub not_processed_retries: u32,
+}
+
+/// Decides whether an attempt may be followed by another. Implement it to replace the
+/// built-in table ([`DefaultStrategy`]); delegate to it for the cases you do not change.
+///
+/// ```
+/// use reqwest_resilience::retry::{AttemptContext, DefaultStrategy, RetryStrategy, StopReason, Verdict};
+///
+/// /// Like the default, but never retries a 500.
+/// struct No500;
+///
+/// impl RetryStrategy for No500 {
+///     fn decide(&self, ctx: &AttemptContext<'_>) -> Verdict {
+///         match ctx.evidence.status() {
+///             Some(s) if s.as_u16() == 500 => Verdict::Stop(StopReason::FinalResponse(s)),
+///             _ => DefaultStrategy.decide(ctx),
+///         }
+///     }
+/// }
+/// ```
+pub trait RetryStrategy: Send + Sync + 'static {
+    /// The verdict for the attempt described by `ctx`.
+    fn decide(&self, ctx: &AttemptContext<'_>) -> Verdict;
+}
+
+/// The decision table of the design:
+///
+/// | evidence | idempotent | non-idempotent |
+/// |---|---|---|
+/// | `NotSent`, transient kind | retry | retry |
+/// | sent, server proved not processed | retry | retry once |
+/// | `SentNoResponse` / `Unknown` | retry | never |
+/// | 408, 500, 502, 503, 504 | retry | only with `Retry-After` |
+/// | 429 | retry | retry |
+/// | other statuses | no | no |
+/// | certificate, builder, redirect, decode, permanent connect | no | no |
+#[derive(Debug, Clone, Copy, Default)]
+pub struct DefaultStrategy;
+
+impl RetryStrategy for DefaultStrategy {
+    fn decide(&self, ctx: &AttemptContext<'_>) -> Verdict {
+        let ev = ctx.evidence;
+        if let Transmission::ResponseReceived(status) = ev.transmission {
+            return decide_status(status, ctx.idempotent, ev.retry_after.is_some());
+        }
+        if let Some(kind) = ev.failure.filter(|k| is_permanent(*k)) {
+            return Verdict::Stop(StopReason::Permanent(kind));
+        }
+        match ev.transmission {
+            Transmission::NotSent => match ev.failure {
+                Some(FailureKind::BreakerOpen | FailureKind::Paused) => {
+                    Verdict::Retry(RetryReason::BreakerRejected)
+                }
+                _ => Verdict::Retry(RetryReason::NotSent),
+            },
+            _ if ev.not_processed.is_some() && ctx.not_processed_retries == 0 => {
+                Verdict::Retry(RetryReason::NotProcessed)
+            }
+            _ if ctx.idempotent => Verdict::Retry(RetryReason::Transient),
+            _ if ev.not_processed.is_some() => Verdict::Stop(StopReason::NotProcessedRetryUsed),
+            _ => Verdict::Stop(StopReason::MayHaveBeenProcessed),
+        }
+    }
+}
+
+fn decide_status(status: StatusCode, idempotent: bool, has_retry_after: bool) -> Verdict {
+    match status.as_u16() {
+        // Throttled: the server refused the work, so it did not act on it.
+        429 => Verdict::Retry(RetryReason::Status(status)),
+        408 | 500 | 502 | 503 | 504 if idempotent || has_retry_after => {
+            Verdict::Retry(RetryReason::Status(status))
+        }
+        408 | 500 | 502 | 503 | 504 => Verdict::Stop(StopReason::StatusNotSafe(status)),
+        _ => Verdict::Stop(StopReason::FinalResponse(status)),
+    }
+}
+
+/// Failure kinds no retry can fix.
+fn is_permanent(kind: FailureKind) -> bool {
+    matches!(
+        kind,
+        FailureKind::Certificate
+            | FailureKind::Builder
+            | FailureKind::Redirect
+            | FailureKind::Decode
+            | FailureKind::ConnectPermanent
+    )
+}
+
+/// Whether a request is idempotent by its method (RFC 9110 §9.2.2) or carries an
+/// `Idempotency-Key` header. The per-request [`Idempotent`](super::Idempotent) marker
+/// overrides this in the middleware.
+pub fn is_idempotent(method: &Method, headers: &HeaderMap) -> bool {
+    matches!(
+        *method,
+        Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE | Method::PUT | Method::DELETE
+    ) || headers.contains_key("idempotency-key")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::evidence::NotProcessedProof;
+
+    fn evidence(t: Transmission, kind: Option<FailureKind>) -> RequestEvidence {
+        let mut e = RequestEvidence::new(t, None, 1);
+        e.failure = kind;
+        e
+    }
+
+    fn decide(ev: &RequestEvidence, method: Method, not_processed_retries: u32) -> Verdict {
+        let idempotent = is_idempotent(&method, &HeaderMap::new());
+        DefaultStrategy.decide(&AttemptContext {
+            evidence: ev,
+            method: &method,
+            idempotent,
+            attempt: 1,
+            not_processed_retries,
+        })
+    }
+
+    fn status(code: u16) -> Transmission {
+        Transmission::ResponseReceived(StatusCode::from_u16(code).unwrap())
+    }
+
+    #[test]
+    fn idempotency_follows_rfc_9110_and_the_idempotency_key_header() {
+        let none = HeaderMap::new();
+        for m in [
+            Method::GET,
+            Method::HEAD,
+            Method::OPTIONS,
+            Method::TRACE,
+            Method::PUT,
+            Method::DELETE,
+        ] {
+            assert!(is_idempotent(&m, &none), "{m}");
+        }
+        assert!(!is_idempotent(&Method::POST, &none));
+        assert!(!is_idempotent(&Method::PATCH, &none));
+        let mut keyed = HeaderMap::new();
+        keyed.insert("Idempotency-Key", "abc".parse().unwrap());
+        assert!(is_idempotent(&Method::POST, &keyed));
+    }
+
+    #[test]
+    fn row_not_sent_transient_retries_any_method() {
+        for kind in [FailureKind::Connect, FailureKind::Dns, FailureKind::Tls] {
+            let ev = evidence(Transmission::NotSent, Some(kind));
+            assert_eq!(
+                decide(&ev, Method::POST, 0),
+                Verdict::Retry(RetryReason::NotSent)
+            );
+            assert_eq!(
+                decide(&ev, Method::GET, 0),
+                Verdict::Retry(RetryReason::NotSent)
+            );
+        }
+        let ev = evidence(Transmission::NotSent, Some(FailureKind::BreakerOpen));
+        assert_eq!(
+            decide(&ev, Method::POST, 0),
+            Verdict::Retry(RetryReason::BreakerRejected)
+        );
+    }
+
+    #[test]
+    fn row_not_processed_proof_retries_non_idempotent_once() {
+        let mut ev = evidence(Transmission::SentNoResponse, Some(FailureKind::Protocol));
+        ev.not_processed = Some(NotProcessedProof::RefusedStream);
+        assert_eq!(
+            decide(&ev, Method::POST, 0),
+            Verdict::Retry(RetryReason::NotProcessed)
+        );
+        assert_eq!(
+            decide(&ev, Method::POST, 1),
+            Verdict::Stop(StopReason::NotProcessedRetryUsed)
+        );
+        assert_eq!(
+            decide(&ev, Method::GET, 1),
+            Verdict::Retry(RetryReason::Transient)
+        );
+    }
+
+    #[test]
+    fn row_sent_no_response_retries_only_idempotent() {
+        for t in [Transmission::SentNoResponse, Transmission::Unknown] {
+            for kind in [
+                FailureKind::Reset,
+                FailureKind::Timeout,
+                FailureKind::Closed,
+                FailureKind::Other,
+            ] {
+                let ev = evidence(t, Some(kind));
+                assert_eq!(
+                    decide(&ev, Method::PUT, 0),
+                    Verdict::Retry(RetryReason::Transient)
+                );
+                assert_eq!(
+                    decide(&ev, Method::POST, 0),
+                    Verdict::Stop(StopReason::MayHaveBeenProcessed)
+                );
+                assert_eq!(
+                    decide(&ev, Method::PATCH, 0),
+                    Verdict::Stop(StopReason::MayHaveBeenProcessed)
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn row_retryable_statuses_need_idempotency_or_retry_after() {
+        for code in [408, 500, 502, 503, 504] {
+            let s = StatusCode::from_u16(code).unwrap();
+            let mut ev = evidence(status(code), None);
+            assert_eq!(
+                decide(&ev, Method::GET, 0),
+                Verdict::Retry(RetryReason::Status(s))
+            );
+            assert_eq!(
+                decide(&ev, Method::POST, 0),
+                Verdict::Stop(StopReason::StatusNotSafe(s))
+            );
+            ev.retry_after = Some(std::time::Duration::from_secs(1));
+            assert_eq!(
+                decide(&ev, Method::POST, 0),
+                Verdict::Retry(RetryReason::Status(s))
+            );
+        }
+    }
+
+    #[test]
+    fn row_429_retries_any_method() {
+        let ev = evidence(status(429), None);
+        let s = StatusCode::TOO_MANY_REQUESTS;
+        assert_eq!(
+            decide(&ev, Method::POST, 0),
+            Verdict::Retry(RetryReason::Status(s))
+        );
+        assert_eq!(
+            decide(&ev, Method::GET, 0),
+            Verdict::Retry(RetryReason::Status(s))
+        );
+    }
+
+    #[test]
+    fn row_other_statuses_are_final() {
+        for code in [200, 201, 204, 301, 304, 400, 401, 403, 404, 409, 501, 505] {
+            let s = StatusCode::from_u16(code).unwrap();
+            let mut ev = evidence(status(code), None);
+            ev.retry_after = Some(std::time::Duration::from_secs(1));
+            assert_eq!(
+                decide(&ev, Method::GET, 0),
+                Verdict::Stop(StopReason::FinalResponse(s))
+            );
+        }
+    }
+
+    #[test]
+    fn row_permanent_failures_never_retry_even_when_not_sent() {
+        for kind in [
+            FailureKind::Certificate,
+            FailureKind::Builder,
+            FailureKind::Redirect,
+            FailureKind::Decode,
+            FailureKind::ConnectPermanent,
+        ] {
+            for t in [
+                Transmission::NotSent,
+                Transmission::SentNoResponse,
+                Transmission::Unknown,
+            ] {
+                let ev = evidence(t, Some(kind));
+                assert_eq!(
+                    decide(&ev, Method::GET, 0),
+                    Verdict::Stop(StopReason::Permanent(kind))
+                );
+            }
+        }
+    }
+}

@@ -1,0 +1,741 @@
+//! [`RetryMiddleware`]: the retry loop (mechanism), separate from the decision
+//! ([`RetryStrategy`]) and the arithmetic ([`Backoff`], [`RetryBudget`]).
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use http::Extensions;
+use reqwest::{Request, Response};
+use reqwest_middleware::{Middleware, Next};
+use tokio::time::Instant;
+
+use super::{
+    AttemptContext, Deadline, DefaultStrategy, Idempotent, MaxRetries, RetryBudget, RetryError,
+    RetryOutcome, RetryReason, RetryStrategy, StopReason, Verdict, is_idempotent,
+};
+use crate::backoff::{Backoff, RandomSource, ThreadRandom};
+use crate::evidence::{
+    AttemptDecision, AttemptHistory, FailureKind, RequestEvidence, Transmission,
+};
+use crate::{Origin, ResilienceError};
+
+/// What to do with a `Retry-After` longer than the cap.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum RetryAfterPolicy {
+    /// Wait the cap instead (the default).
+    #[default]
+    Clamp,
+    /// Do not retry: return the response as received.
+    GiveUp,
+}
+
+/// Retries failed attempts with backoff and jitter, honouring `Retry-After`, deciding retry
+/// safety from the transport step's evidence, spending a shared [`RetryBudget`] and
+/// respecting a total deadline.
+///
+/// Register it outermost, with [`TransportEvidence`](crate::TransportEvidence) innermost.
+/// Defaults: 3 retries, [`Backoff::default`] (1 s, ×2, cap 30 s, ±10 % jitter),
+/// `Retry-After` capped at 60 s (clamped), [`RetryBudget::default`], no deadline,
+/// [`DefaultStrategy`], final errors wrapped in [`ResilienceError::Retry`].
+///
+/// Clones share the configuration and the budget.
+///
+/// ```
+/// use std::time::Duration;
+/// use reqwest_resilience::{Backoff, Jitter, RetryMiddleware};
+///
+/// let retry = RetryMiddleware::builder()
+///     .max_retries(5)
+///     .backoff(Backoff::builder().base(Duration::from_millis(200)).jitter(Jitter::Full).build()?)
+///     .total_deadline(Duration::from_secs(10))
+///     .build()?;
+/// # drop(retry);
+/// # Ok::<(), reqwest_resilience::ResilienceError>(())
+/// ```
+///
+/// # Final outcome
+///
+/// A response (successful, final, or the last retryable one) is returned unchanged. A final
+/// error is `reqwest_middleware::Error::Middleware` holding [`ResilienceError::Retry`]
+/// ([`RetryError`]: attempts, stop reason, and the last error as `source()`), because a bare
+/// `reqwest::Error` cannot say how many attempts were made or why retrying stopped, and a
+/// caller using `send()` has no other place to learn it. `is_timeout()` stays answerable
+/// through [`RetryError::is_timeout`] or [`find_reqwest_error`](super::find_reqwest_error).
+/// Callers whose code matches on `reqwest_middleware::Error::Reqwest` can keep it with
+/// [`wrap_errors(false)`](RetryMiddlewareBuilder::wrap_errors): the last error is then
+/// returned as it came, and the stop reason only goes to [`RetryOutcome`] in the extensions.
+///
+/// # Cancel safety
+///
+/// Dropping the future stops the retry loop at once (during an attempt or a sleep). Nothing
+/// is left behind except a retry already taken from the budget.
+#[derive(Clone)]
+pub struct RetryMiddleware {
+    config: Arc<Config>,
+}
+
+struct Config {
+    max_retries: u32,
+    delays: Delays,
+    retry_after_cap: Duration,
+    retry_after_policy: RetryAfterPolicy,
+    budget: Option<RetryBudget>,
+    deadline: Option<Duration>,
+    strategy: Arc<dyn RetryStrategy>,
+    random: Arc<dyn RandomSource>,
+    wrap_errors: bool,
+}
+
+/// Where backoff delays come from.
+#[derive(Clone)]
+pub(super) enum Delays {
+    Backoff(Backoff),
+    /// An external policy (the `retry_policies` adapter): `(start, retries so far)` to a
+    /// delay, or `None` to stop.
+    #[cfg_attr(not(feature = "retry-policies"), allow(dead_code))]
+    External(Arc<dyn Fn(SystemTime, u32) -> Option<Duration> + Send + Sync>),
+}
+
+impl Default for RetryMiddleware {
+    fn default() -> Self {
+        RetryMiddleware::new()
+    }
+}
+
+impl RetryMiddleware {
+    /// A retry middleware with the defaults.
+    pub fn new() -> Self {
+        RetryMiddleware::builder()
+            .build()
+            .unwrap_or_else(|_| unreachable!("the defaults are valid"))
+    }
+
+    /// A builder starting from the defaults.
+    pub fn builder() -> RetryMiddlewareBuilder {
+        RetryMiddlewareBuilder {
+            max_retries: None,
+            delays: Delays::Backoff(Backoff::default()),
+            retry_after_cap: Duration::from_secs(60),
+            retry_after_policy: RetryAfterPolicy::Clamp,
+            budget: Some(RetryBudget::default()),
+            deadline: None,
+            strategy: Arc::new(DefaultStrategy),
+            random: Arc::new(ThreadRandom),
+            wrap_errors: true,
+        }
+    }
+
+    /// The budget this middleware spends, shared with its clones.
+    pub fn budget(&self) -> Option<&RetryBudget> {
+        self.config.budget.as_ref()
+    }
+}
+
+impl fmt::Debug for RetryMiddleware {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let c = &self.config;
+        f.debug_struct("RetryMiddleware")
+            .field("max_retries", &c.max_retries)
+            .field(
+                "backoff",
+                &match &c.delays {
+                    Delays::Backoff(b) => Some(b),
+                    Delays::External(_) => None,
+                },
+            )
+            .field("retry_after_cap", &c.retry_after_cap)
+            .field("retry_after_policy", &c.retry_after_policy)
+            .field("budget", &c.budget)
+            .field("deadline", &c.deadline)
+            .field("wrap_errors", &c.wrap_errors)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Builds a [`RetryMiddleware`]; see its documentation for the defaults.
+pub struct RetryMiddlewareBuilder {
+    max_retries: Option<u32>,
+    delays: Delays,
+    retry_after_cap: Duration,
+    retry_after_policy: RetryAfterPolicy,
+    budget: Option<RetryBudget>,
+    deadline: Option<Duration>,
+    strategy: Arc<dyn RetryStrategy>,
+    random: Arc<dyn RandomSource>,
+    wrap_errors: bool,
+}
+
+impl fmt::Debug for RetryMiddlewareBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RetryMiddlewareBuilder")
+            .field("max_retries", &self.max_retries)
+            .field("retry_after_cap", &self.retry_after_cap)
+            .field("deadline", &self.deadline)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RetryMiddlewareBuilder {
+    /// Retries after the first attempt (default 3; 0 disables retrying).
+    pub fn max_retries(mut self, max_retries: u32) -> Self {
+        self.max_retries = Some(max_retries);
+        self
+    }
+
+    /// The backoff between attempts (default [`Backoff::default`]).
+    pub fn backoff(mut self, backoff: Backoff) -> Self {
+        self.delays = Delays::Backoff(backoff);
+        self
+    }
+
+    pub(super) fn delays(mut self, delays: Delays) -> Self {
+        self.delays = delays;
+        self
+    }
+
+    /// The longest `Retry-After` honoured (default 60 s), and what to do beyond it.
+    pub fn retry_after_cap(mut self, cap: Duration, policy: RetryAfterPolicy) -> Self {
+        self.retry_after_cap = cap;
+        self.retry_after_policy = policy;
+        self
+    }
+
+    /// The retry budget (default [`RetryBudget::default`]). Pass a clone of one budget to
+    /// several middlewares to share it.
+    pub fn budget(mut self, budget: RetryBudget) -> Self {
+        self.budget = Some(budget);
+        self
+    }
+
+    /// No retry budget: every retry the strategy allows is taken.
+    pub fn no_budget(mut self) -> Self {
+        self.budget = None;
+        self
+    }
+
+    /// A total deadline per logical request (default none): no retry whose delay would end
+    /// past it. The per-request [`Deadline`] extension replaces it.
+    pub fn total_deadline(mut self, total: Duration) -> Self {
+        self.deadline = Some(total);
+        self
+    }
+
+    /// Replaces the decision table.
+    pub fn strategy(mut self, strategy: impl RetryStrategy) -> Self {
+        self.strategy = Arc::new(strategy);
+        self
+    }
+
+    /// The random source for jitter (default the thread-local generator); use
+    /// [`SeededRandom`](crate::backoff::SeededRandom) for reproducible tests.
+    pub fn random_source(mut self, random: Arc<dyn RandomSource>) -> Self {
+        self.random = random;
+        self
+    }
+
+    /// Whether a final error is wrapped in [`ResilienceError::Retry`] (default `true`) or
+    /// returned as the last attempt produced it.
+    pub fn wrap_errors(mut self, wrap: bool) -> Self {
+        self.wrap_errors = wrap;
+        self
+    }
+
+    /// Checks the configuration.
+    ///
+    /// # Errors
+    ///
+    /// [`ResilienceError::InvalidConfig`] when the `Retry-After` cap exceeds one day.
+    pub fn build(self) -> Result<RetryMiddleware, ResilienceError> {
+        if self.retry_after_cap > Duration::from_secs(24 * 60 * 60) {
+            return Err(ResilienceError::InvalidConfig(
+                "retry_after_cap must not exceed one day".to_owned(),
+            ));
+        }
+        let max_retries = self.max_retries.unwrap_or(match self.delays {
+            Delays::Backoff(_) => 3,
+            // An external policy carries its own retry limit.
+            Delays::External(_) => u32::MAX,
+        });
+        Ok(RetryMiddleware {
+            config: Arc::new(Config {
+                max_retries,
+                delays: self.delays,
+                retry_after_cap: self.retry_after_cap,
+                retry_after_policy: self.retry_after_policy,
+                budget: self.budget,
+                deadline: self.deadline,
+                strategy: self.strategy,
+                random: self.random,
+                wrap_errors: self.wrap_errors,
+            }),
+        })
+    }
+}
+
+/// What happens after an attempt.
+enum Step {
+    Retry {
+        delay: Duration,
+        reason: RetryReason,
+    },
+    Stop(StopReason),
+}
+
+/// The per-logical-request state of the loop.
+struct LoopState {
+    started_system: SystemTime,
+    deadline: Option<Instant>,
+    max_retries: u32,
+    retries: u32,
+    previous_delay: Option<Duration>,
+}
+
+impl Config {
+    /// Turns a `Retry` verdict into a delay, or the reason it cannot be taken. Pure except
+    /// for the budget withdrawal, which comes last so that a refused retry costs nothing.
+    fn plan(
+        &self,
+        reason: RetryReason,
+        evidence: &RequestEvidence,
+        retry_in: Option<Duration>,
+        can_replay: bool,
+        state: &LoopState,
+        now: Instant,
+    ) -> Step {
+        if state.retries >= state.max_retries {
+            return Step::Stop(StopReason::RetriesExhausted);
+        }
+        if !can_replay {
+            return Step::Stop(StopReason::BodyNotClonable);
+        }
+        let delay = match self.delay_for(reason, evidence, retry_in, state) {
+            Ok(d) => d,
+            Err(stop) => return Step::Stop(stop),
+        };
+        if let Some(deadline) = state.deadline {
+            if now.checked_add(delay).is_none_or(|wake| wake > deadline) {
+                return Step::Stop(StopReason::DeadlineExceeded);
+            }
+        }
+        if let Some(budget) = &self.budget {
+            if !budget.try_withdraw() {
+                return Step::Stop(StopReason::BudgetExhausted);
+            }
+        }
+        Step::Retry { delay, reason }
+    }
+
+    fn delay_for(
+        &self,
+        reason: RetryReason,
+        evidence: &RequestEvidence,
+        retry_in: Option<Duration>,
+        state: &LoopState,
+    ) -> Result<Duration, StopReason> {
+        if reason == RetryReason::BreakerRejected {
+            // The breaker's "retry in" comes with its error (`ResilienceError::retry_in`) or
+            // as `retry_after` on its evidence. Retrying into an open breaker before it says
+            // so would be a tight loop.
+            return retry_in
+                .or(evidence.retry_after)
+                .ok_or(StopReason::BreakerRejected);
+        }
+        if let (RetryReason::Status(_), Some(after)) = (reason, evidence.retry_after) {
+            // 0 or a past date gives no wait of its own: the backoff applies.
+            if !after.is_zero() {
+                if after <= self.retry_after_cap {
+                    return Ok(after);
+                }
+                return match self.retry_after_policy {
+                    RetryAfterPolicy::Clamp => Ok(self.retry_after_cap),
+                    RetryAfterPolicy::GiveUp => Err(StopReason::RetryAfterTooLong),
+                };
+            }
+        }
+        match &self.delays {
+            Delays::Backoff(b) => {
+                Ok(b.delay(state.retries, state.previous_delay, self.random.as_ref()))
+            }
+            Delays::External(policy) => {
+                policy(state.started_system, state.retries).ok_or(StopReason::RetriesExhausted)
+            }
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl Middleware for RetryMiddleware {
+    async fn handle(
+        &self,
+        req: Request,
+        extensions: &mut Extensions,
+        next: Next<'_>,
+    ) -> reqwest_middleware::Result<Response> {
+        let c = &*self.config;
+        let started = Instant::now();
+        let deadline = match extensions.get::<Deadline>() {
+            Some(d) => d.resolve(started),
+            None => c.deadline.and_then(|d| started.checked_add(d)),
+        };
+        let idempotent = extensions
+            .get::<Idempotent>()
+            .map_or_else(|| is_idempotent(req.method(), req.headers()), |i| i.0);
+        let method = req.method().clone();
+        let mut state = LoopState {
+            started_system: SystemTime::now(),
+            deadline,
+            max_retries: extensions
+                .get::<MaxRetries>()
+                .map_or(c.max_retries, |m| m.0),
+            retries: 0,
+            previous_delay: None,
+        };
+        if let Some(budget) = &c.budget {
+            budget.deposit();
+        }
+        let mut not_processed_retries = 0;
+        let mut req = req;
+        loop {
+            let attempt = state.retries + 1;
+            // Cloning only when a retry is still possible keeps streaming bodies (and
+            // `MaxRetries(0)`) on the single-send path.
+            let spare = if state.retries < state.max_retries {
+                req.try_clone()
+            } else {
+                None
+            };
+            // Evidence from the previous attempt must not be mistaken for this one's.
+            extensions.remove::<RequestEvidence>();
+            let result = next.clone().run(req, extensions).await;
+
+            let evidence = match extensions.get::<RequestEvidence>() {
+                Some(e) => e.clone(),
+                None => {
+                    let e = fallback_evidence(&result, attempt);
+                    warn_no_evidence_once();
+                    extensions
+                        .get_or_insert_default::<AttemptHistory>()
+                        .push(e.clone());
+                    e
+                }
+            };
+            let verdict = c.strategy.decide(&AttemptContext {
+                evidence: &evidence,
+                method: &method,
+                idempotent,
+                attempt,
+                not_processed_retries,
+            });
+            let step = match verdict {
+                Verdict::Stop(reason) => Step::Stop(reason),
+                Verdict::Retry(reason) => {
+                    let retry_in = result
+                        .as_ref()
+                        .err()
+                        .and_then(ResilienceError::from_middleware_error)
+                        .and_then(ResilienceError::retry_in);
+                    c.plan(
+                        reason,
+                        &evidence,
+                        retry_in,
+                        spare.is_some(),
+                        &state,
+                        Instant::now(),
+                    )
+                }
+            };
+            record(extensions, &step, attempt, &method);
+
+            let (delay, reason, next_req) = match (step, spare) {
+                (Step::Retry { delay, reason }, Some(next_req)) => (delay, reason, next_req),
+                (Step::Stop(stop), _) => return finish(c, result, attempt, stop, extensions),
+                // `plan` never retries without a replayable request.
+                (Step::Retry { .. }, None) => {
+                    return finish(c, result, attempt, StopReason::BodyNotClonable, extensions);
+                }
+            };
+            let wake = Instant::now() + delay;
+            if let Ok(response) = result {
+                // Reading a small body lets its connection be reused; never past the wake.
+                let _ = tokio::time::timeout_at(wake, drain(response)).await;
+            }
+            tokio::time::sleep_until(wake).await;
+            if reason == RetryReason::NotProcessed {
+                not_processed_retries += 1;
+            }
+            state.previous_delay = Some(delay);
+            state.retries += 1;
+            req = next_req;
+        }
+    }
+}
+
+fn finish(
+    c: &Config,
+    result: reqwest_middleware::Result<Response>,
+    attempts: u32,
+    stop: StopReason,
+    extensions: &mut Extensions,
+) -> reqwest_middleware::Result<Response> {
+    let outcome = RetryOutcome { attempts, stop };
+    extensions.insert(outcome);
+    match result {
+        Ok(mut response) => {
+            response.extensions_mut().insert(outcome);
+            Ok(response)
+        }
+        Err(e) if c.wrap_errors => Err(reqwest_middleware::Error::middleware(
+            ResilienceError::Retry(RetryError::new(attempts, stop, e)),
+        )),
+        Err(e) => Err(e),
+    }
+}
+
+/// Writes the decision into the history and, with `tracing`, emits one event.
+fn record(extensions: &mut Extensions, step: &Step, attempt: u32, method: &http::Method) {
+    let decision = match *step {
+        Step::Retry { delay, reason } => AttemptDecision::Retry { delay, reason },
+        Step::Stop(reason) => AttemptDecision::Stop { reason },
+    };
+    if let Some(history) = extensions.get_mut::<AttemptHistory>() {
+        history.decide_last(decision);
+    }
+    #[cfg(feature = "tracing")]
+    match *step {
+        Step::Retry { delay, reason } => tracing::info!(
+            target: "reqwest_resilience::retry",
+            attempt,
+            %method,
+            delay_ms = delay.as_millis() as u64,
+            %reason,
+            "retrying"
+        ),
+        Step::Stop(reason) => tracing::debug!(
+            target: "reqwest_resilience::retry",
+            attempt,
+            %method,
+            %reason,
+            "not retrying"
+        ),
+    }
+    #[cfg(not(feature = "tracing"))]
+    let _ = (attempt, method);
+}
+
+/// Evidence when the transport step is not installed: a response speaks for itself; an
+/// error proves nothing about transmission, though some kinds are known never to help.
+fn fallback_evidence(
+    result: &reqwest_middleware::Result<Response>,
+    attempt: u32,
+) -> RequestEvidence {
+    match result {
+        Ok(response) => {
+            let mut e = RequestEvidence::new(
+                Transmission::ResponseReceived(response.status()),
+                Origin::from_url(response.url()).ok(),
+                attempt,
+            );
+            e.retry_after = response
+                .headers()
+                .get(http::header::RETRY_AFTER)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| crate::retry_after::parse(v, SystemTime::now()));
+            e
+        }
+        Err(err) => {
+            let reqwest_err = super::find_reqwest_error(err);
+            let origin = reqwest_err
+                .and_then(|e| e.url())
+                .and_then(|u| Origin::from_url(u).ok());
+            let kind = match reqwest_err {
+                Some(e) if e.is_builder() => FailureKind::Builder,
+                Some(e) if e.is_redirect() => FailureKind::Redirect,
+                Some(e) if e.is_decode() => FailureKind::Decode,
+                Some(e) if e.is_timeout() => FailureKind::Timeout,
+                _ => FailureKind::Other,
+            };
+            let mut e = RequestEvidence::new(Transmission::Unknown, origin, attempt);
+            e.failure = Some(kind);
+            e
+        }
+    }
+}
+
+fn warn_no_evidence_once() {
+    #[cfg(feature = "tracing")]
+    {
+        static WARNED: std::sync::Once = std::sync::Once::new();
+        WARNED.call_once(|| {
+            tracing::warn!(
+                target: "reqwest_resilience::retry",
+                "no RequestEvidence after an attempt: install TransportEvidence as the \
+                 innermost middleware; failures are treated as Unknown (only idempotent \
+                 requests are retried)"
+            );
+        });
+    }
+}
+
+/// Reads up to 64 KiB of a response that will be retried, so HTTP/1 can reuse its
+/// connection; a longer body is dropped (which closes the connection instead).
+async fn drain(mut response: Response) {
+    const LIMIT: u64 = 64 * 1024;
+    if response.content_length().is_some_and(|n| n > LIMIT) {
+        return;
+    }
+    let mut read = 0u64;
+    while let Ok(Some(chunk)) = response.chunk().await {
+        read += chunk.len() as u64;
+        if read > LIMIT {
+            return;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::StatusCode;
+
+    fn config(builder: RetryMiddlewareBuilder) -> Arc<Config> {
+        builder.build().unwrap().config
+    }
+
+    fn state(retries: u32, max_retries: u32, deadline: Option<Instant>) -> LoopState {
+        LoopState {
+            started_system: SystemTime::now(),
+            deadline,
+            max_retries,
+            retries,
+            previous_delay: None,
+        }
+    }
+
+    fn response(code: u16, retry_after: Option<Duration>) -> RequestEvidence {
+        let mut e = RequestEvidence::new(
+            Transmission::ResponseReceived(StatusCode::from_u16(code).unwrap()),
+            None,
+            1,
+        );
+        e.retry_after = retry_after;
+        e
+    }
+
+    fn no_jitter() -> RetryMiddlewareBuilder {
+        RetryMiddleware::builder()
+            .backoff(
+                Backoff::builder()
+                    .jitter(crate::Jitter::None)
+                    .build()
+                    .unwrap(),
+            )
+            .no_budget()
+    }
+
+    fn delay_of(step: Step) -> Result<Duration, StopReason> {
+        match step {
+            Step::Retry { delay, .. } => Ok(delay),
+            Step::Stop(r) => Err(r),
+        }
+    }
+
+    const S503: RetryReason = RetryReason::Status(StatusCode::SERVICE_UNAVAILABLE);
+
+    #[tokio::test(start_paused = true)]
+    async fn plan_uses_backoff_then_stops_at_max_retries() {
+        let c = config(no_jitter());
+        let ev = response(503, None);
+        let now = Instant::now();
+        let got: Vec<_> = (0..4)
+            .map(|n| delay_of(c.plan(S503, &ev, None, true, &state(n, 3, None), now)))
+            .collect();
+        let s = Duration::from_secs;
+        assert_eq!(
+            got,
+            [
+                Ok(s(1)),
+                Ok(s(2)),
+                Ok(s(4)),
+                Err(StopReason::RetriesExhausted)
+            ]
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn plan_prefers_retry_after_and_caps_it() {
+        let now = Instant::now();
+        let st = state(0, 3, None);
+        let clamp = config(no_jitter());
+        let give_up =
+            config(no_jitter().retry_after_cap(Duration::from_secs(60), RetryAfterPolicy::GiveUp));
+        let s = Duration::from_secs;
+        let plan =
+            |c: &Config, ra| delay_of(c.plan(S503, &response(503, ra), None, true, &st, now));
+        assert_eq!(plan(&clamp, Some(s(7))), Ok(s(7)));
+        assert_eq!(plan(&clamp, Some(s(120))), Ok(s(60)));
+        assert_eq!(plan(&clamp, Some(Duration::ZERO)), Ok(s(1)), "0 → backoff");
+        assert_eq!(
+            plan(&give_up, Some(s(120))),
+            Err(StopReason::RetryAfterTooLong)
+        );
+        assert_eq!(plan(&give_up, Some(s(60))), Ok(s(60)));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn plan_cuts_a_sleep_that_would_pass_the_deadline() {
+        let c = config(no_jitter());
+        let now = Instant::now();
+        let ev = response(503, None);
+        let deadline = Some(now + Duration::from_millis(1999));
+        assert_eq!(
+            delay_of(c.plan(S503, &ev, None, true, &state(0, 3, deadline), now)),
+            Ok(Duration::from_secs(1))
+        );
+        assert_eq!(
+            delay_of(c.plan(S503, &ev, None, true, &state(1, 3, deadline), now)),
+            Err(StopReason::DeadlineExceeded)
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn plan_waits_for_the_breaker_or_returns_at_once() {
+        let c = config(no_jitter());
+        let now = Instant::now();
+        let ev = RequestEvidence::rejected_locally(FailureKind::BreakerOpen, None, 1);
+        let st = state(0, 3, None);
+        let r = RetryReason::BreakerRejected;
+        assert_eq!(
+            delay_of(c.plan(r, &ev, Some(Duration::from_secs(5)), true, &st, now)),
+            Ok(Duration::from_secs(5))
+        );
+        assert_eq!(
+            delay_of(c.plan(r, &ev, None, true, &st, now)),
+            Err(StopReason::BreakerRejected)
+        );
+        let short = state(0, 3, Some(now + Duration::from_secs(2)));
+        assert_eq!(
+            delay_of(c.plan(r, &ev, Some(Duration::from_secs(5)), true, &short, now)),
+            Err(StopReason::DeadlineExceeded)
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn plan_refuses_unreplayable_bodies_and_an_empty_budget() {
+        let now = Instant::now();
+        let ev = response(503, None);
+        let st = state(0, 3, None);
+        let c = config(no_jitter());
+        assert_eq!(
+            delay_of(c.plan(S503, &ev, None, false, &st, now)),
+            Err(StopReason::BodyNotClonable)
+        );
+        let budget = RetryBudget::new(Duration::from_secs(10), 0, 0.0).unwrap();
+        let c = config(no_jitter().budget(budget));
+        assert_eq!(
+            delay_of(c.plan(S503, &ev, None, true, &st, now)),
+            Err(StopReason::BudgetExhausted)
+        );
+    }
+}

@@ -13,7 +13,7 @@ pub mod retry;
 pub mod retry_after;
 pub mod stack;
 
-pub use auth::{AccessToken, TokenManager, TokenSource};
+pub use auth::{AccessToken, BearerAuth, TokenManager, TokenSource};
 pub use backoff::{Backoff, Jitter};
 pub use error::ResilienceError;
 pub use evidence::{

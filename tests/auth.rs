@@ -1,5 +1,8 @@
 //! Bearer tokens: the `TokenManager`'s single flight, refresh ahead, failures,
-//! cancellation and redaction.
+//! cancellation and redaction; `BearerAuth` against loopback servers (401 replay, origin
+//! scoping, redirects).
+
+mod support;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -448,4 +451,343 @@ async fn debug_of_manager_token_and_errors_never_shows_the_secret() {
         assert!(!shown.contains(SECRET), "{shown}");
     }
     assert!(format!("{manager:?}").contains("<redacted>"));
+}
+
+// ---------------------------------------------------------------------------------------
+// BearerAuth against loopback servers (real clock: pure I/O, every test under a timeout).
+// ---------------------------------------------------------------------------------------
+
+use http::Extensions;
+use reqwest_middleware::{ClientBuilder, ClientWithMiddleware, Middleware, Next};
+use reqwest_resilience::auth::{BearerAuthBuilder, ChallengeAction};
+use reqwest_resilience::{BearerAuth, Origin, ResilienceError};
+use support::{Action, FaultServer};
+
+const IO_LIMIT: Duration = Duration::from_secs(30);
+
+fn origin_of(server: &FaultServer) -> Origin {
+    Origin::parse(&server.url("/")).unwrap()
+}
+
+fn client_with(auth: BearerAuth, inner: Option<Arc<dyn Middleware>>) -> ClientWithMiddleware {
+    let http = reqwest::Client::builder().no_proxy().build().unwrap();
+    let mut builder = ClientBuilder::new(http).with(auth);
+    if let Some(inner) = inner {
+        builder = builder.with_arc(inner);
+    }
+    builder.build()
+}
+
+fn auth_for(manager: TokenManager, server: &FaultServer) -> BearerAuthBuilder {
+    BearerAuth::builder(manager)
+        .origin(origin_of(server))
+        .allow_http_on_loopback()
+}
+
+/// Accepts only `Bearer token-1`; anything else gets a 401 with a challenge.
+fn accepts_token_1(_: usize, req: &support::RecordedRequest) -> Action {
+    if req.header("authorization") == Some("Bearer token-1") {
+        Action::ok("welcome")
+    } else {
+        Action::status(401).header("www-authenticate", r#"Bearer error="invalid_token""#)
+    }
+}
+
+/// Sits between `BearerAuth` and the client: holds every `401` until `n` of them arrived,
+/// so that all requests were sent with the old token before any of them is healed, and
+/// records the `Debug` of each request it forwards.
+struct HoldFirst401s {
+    barrier: tokio::sync::Barrier,
+    debug_of_requests: std::sync::Mutex<Vec<String>>,
+}
+
+#[async_trait::async_trait]
+impl Middleware for HoldFirst401s {
+    async fn handle(
+        &self,
+        req: reqwest::Request,
+        extensions: &mut Extensions,
+        next: Next<'_>,
+    ) -> reqwest_middleware::Result<reqwest::Response> {
+        self.debug_of_requests
+            .lock()
+            .unwrap()
+            .push(format!("{req:?}"));
+        let response = next.run(req, extensions).await?;
+        if response.status() == 401 {
+            self.barrier.wait().await;
+        }
+        Ok(response)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_401s_for_an_old_token_cause_one_refresh_and_one_replay_each() {
+    const N: usize = 16;
+    tokio::time::timeout(IO_LIMIT, async {
+        let server = FaultServer::start(accepts_token_1).await;
+        let (builder, calls) = scripted(vec![Answer::Token(HOUR)]);
+        let manager = builder.build();
+        assert_eq!(manager.token().await.unwrap().secret(), "token-0");
+        let hold = Arc::new(HoldFirst401s {
+            barrier: tokio::sync::Barrier::new(N),
+            debug_of_requests: Default::default(),
+        });
+        let client = client_with(
+            auth_for(manager.clone(), &server).build().unwrap(),
+            Some(hold.clone()),
+        );
+        let mut requests = tokio::task::JoinSet::new();
+        for i in 0..N {
+            let client = client.clone();
+            let url = server.url(&format!("/item/{i}"));
+            requests.spawn(async move {
+                let res = client
+                    .post(url)
+                    .body(format!("payload {i}"))
+                    .send()
+                    .await
+                    .unwrap();
+                (res.status().as_u16(), res.text().await.unwrap())
+            });
+        }
+        while let Some(joined) = requests.join_next().await {
+            assert_eq!(joined.unwrap(), (200, "welcome".to_string()));
+        }
+        assert_eq!(calls.load(Ordering::SeqCst), 2, "one refresh for {N} 401s");
+        let seen = server.requests();
+        assert_eq!(seen.len(), 2 * N);
+        for i in 0..N {
+            let path = format!("/item/{i}");
+            let sent: Vec<_> = seen.iter().filter(|r| r.path == path).collect();
+            assert_eq!(sent.len(), 2, "{path}: sent once, replayed once");
+            assert_eq!(sent[0].header("authorization"), Some("Bearer token-0"));
+            assert_eq!(sent[1].header("authorization"), Some("Bearer token-1"));
+            let body = format!("payload {i}").into_bytes();
+            assert!(
+                sent.iter().all(|r| r.body == body),
+                "{path}: body replayed intact"
+            );
+        }
+        let debugs = hold.debug_of_requests.lock().unwrap();
+        assert_eq!(debugs.len(), 2 * N);
+        assert!(
+            debugs
+                .iter()
+                .all(|d| !d.contains("token-0") && !d.contains("token-1"))
+        );
+    })
+    .await
+    .expect("test finishes");
+}
+
+#[tokio::test]
+async fn a_second_401_is_returned_as_is() {
+    tokio::time::timeout(IO_LIMIT, async {
+        let server = FaultServer::always(Action::status(401)).await;
+        let (builder, calls) = scripted(vec![Answer::Token(HOUR)]);
+        let client = client_with(auth_for(builder.build(), &server).build().unwrap(), None);
+        let res = client.get(server.url("/x")).send().await.unwrap();
+        assert_eq!(res.status(), 401);
+        assert_eq!(
+            server.requests_seen(),
+            2,
+            "sent once, replayed once, no more"
+        );
+        assert_eq!(calls.load(Ordering::SeqCst), 2);
+        let auths: Vec<_> = server
+            .requests()
+            .iter()
+            .map(|r| r.header("authorization").map(str::to_owned))
+            .collect();
+        assert_eq!(
+            auths,
+            [
+                Some("Bearer token-0".to_owned()),
+                Some("Bearer token-1".to_owned())
+            ]
+        );
+    })
+    .await
+    .expect("test finishes");
+}
+
+#[tokio::test]
+async fn a_streamed_body_is_not_replayed_but_the_next_request_gets_a_new_token() {
+    tokio::time::timeout(IO_LIMIT, async {
+        let server = FaultServer::start(accepts_token_1).await;
+        let (builder, calls) = scripted(vec![Answer::Token(HOUR)]);
+        let client = client_with(auth_for(builder.build(), &server).build().unwrap(), None);
+        let path = std::env::temp_dir().join(format!("auth-stream-{}.txt", std::process::id()));
+        std::fs::write(&path, b"streamed").unwrap();
+        let file = tokio::fs::File::open(&path).await.unwrap();
+        let res = client
+            .put(server.url("/upload"))
+            .body(reqwest::Body::from(file))
+            .send()
+            .await
+            .unwrap();
+        let _ = std::fs::remove_file(&path);
+        assert_eq!(res.status(), 401);
+        assert_eq!(server.requests_seen(), 1, "a stream is sent once");
+        let res = client.get(server.url("/next")).send().await.unwrap();
+        assert_eq!(res.status(), 200);
+        assert_eq!(server.requests_seen(), 2);
+        assert_eq!(calls.load(Ordering::SeqCst), 2);
+    })
+    .await
+    .expect("test finishes");
+}
+
+#[tokio::test]
+async fn the_hook_sees_www_authenticate_and_can_decline_the_replay() {
+    tokio::time::timeout(IO_LIMIT, async {
+        let challenge = r#"Bearer error="insufficient_scope", scope="admin""#;
+        let server =
+            FaultServer::always(Action::status(401).header("www-authenticate", challenge)).await;
+        let (builder, calls) = scripted(vec![Answer::Token(HOUR)]);
+        let seen = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+        let auth = {
+            let seen = Arc::clone(&seen);
+            auth_for(builder.build(), &server)
+                .on_unauthorized(move |c| {
+                    let values: Vec<String> = c
+                        .www_authenticate()
+                        .map(|v| v.to_str().unwrap().to_owned())
+                        .collect();
+                    let scope = values.iter().any(|v| v.contains("insufficient_scope"));
+                    seen.lock().unwrap().extend(values);
+                    if scope {
+                        ChallengeAction::ReturnResponse
+                    } else {
+                        ChallengeAction::RefreshAndReplay
+                    }
+                })
+                .build()
+                .unwrap()
+        };
+        let client = client_with(auth, None);
+        let res = client.get(server.url("/admin")).send().await.unwrap();
+        assert_eq!(res.status(), 401);
+        assert_eq!(*seen.lock().unwrap(), [challenge.to_owned()]);
+        assert_eq!(server.requests_seen(), 1, "declined: no replay");
+        assert_eq!(calls.load(Ordering::SeqCst), 1, "declined: no refresh");
+    })
+    .await
+    .expect("test finishes");
+}
+
+#[tokio::test]
+async fn another_origin_gets_no_authorization_and_an_existing_header_is_left_alone() {
+    tokio::time::timeout(IO_LIMIT, async {
+        let covered = FaultServer::always(Action::ok("a")).await;
+        let other = FaultServer::always(Action::ok("b")).await;
+        let (builder, calls) = scripted(vec![Answer::Token(HOUR)]);
+        let client = client_with(auth_for(builder.build(), &covered).build().unwrap(), None);
+
+        client.get(other.url("/x")).send().await.unwrap();
+        assert_eq!(
+            calls.load(Ordering::SeqCst),
+            0,
+            "no token fetched for another origin"
+        );
+        client
+            .get(covered.url("/own"))
+            .header("authorization", "Basic dXNlcjpwdw==")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(
+            calls.load(Ordering::SeqCst),
+            0,
+            "own header: no token fetched"
+        );
+        client.get(covered.url("/y")).send().await.unwrap();
+
+        assert_eq!(other.requests()[0].header("authorization"), None);
+        let covered_seen = covered.requests();
+        assert_eq!(
+            covered_seen[0].header("authorization"),
+            Some("Basic dXNlcjpwdw==")
+        );
+        assert_eq!(
+            covered_seen[1].header("authorization"),
+            Some("Bearer token-0")
+        );
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
+    })
+    .await
+    .expect("test finishes");
+}
+
+#[tokio::test]
+async fn a_cross_origin_redirect_does_not_carry_the_token_but_a_same_origin_one_does() {
+    tokio::time::timeout(IO_LIMIT, async {
+        // Two ports on one loopback address are two origins.
+        let elsewhere = FaultServer::always(Action::ok("elsewhere")).await;
+        let target = elsewhere.url("/landing");
+        let covered = FaultServer::start(move |_, req| match req.path.as_str() {
+            "/away" => Action::status(302).header("location", &target),
+            "/here" => Action::status(302).header("location", "/final"),
+            _ => Action::ok("final"),
+        })
+        .await;
+        let (builder, _calls) = scripted(vec![Answer::Token(HOUR)]);
+        let client = client_with(auth_for(builder.build(), &covered).build().unwrap(), None);
+
+        let res = client.get(covered.url("/away")).send().await.unwrap();
+        assert_eq!(res.text().await.unwrap(), "elsewhere");
+        assert_eq!(
+            covered.requests()[0].header("authorization"),
+            Some("Bearer token-0")
+        );
+        assert_eq!(elsewhere.requests_seen(), 1);
+        assert_eq!(elsewhere.requests()[0].header("authorization"), None);
+
+        let res = client.get(covered.url("/here")).send().await.unwrap();
+        assert_eq!(res.text().await.unwrap(), "final");
+        let seen = covered.requests();
+        assert_eq!(seen.len(), 3);
+        assert_eq!(seen[2].path, "/final");
+        assert_eq!(seen[2].header("authorization"), Some("Bearer token-0"));
+    })
+    .await
+    .expect("test finishes");
+}
+
+#[tokio::test]
+async fn without_a_token_the_request_is_not_sent_and_the_error_is_typed() {
+    tokio::time::timeout(IO_LIMIT, async {
+        let server = FaultServer::always(Action::ok("never")).await;
+        let (builder, calls) = scripted(vec![Answer::Fail]);
+        let client = client_with(auth_for(builder.build(), &server).build().unwrap(), None);
+        let err = client.get(server.url("/x")).send().await.unwrap_err();
+        let Some(ResilienceError::Token(token_error)) =
+            ResilienceError::from_middleware_error(&err)
+        else {
+            panic!("expected a token error, got {err:?}");
+        };
+        assert_eq!(token_error.kind(), TokenErrorKind::Fetch);
+        let source = std::error::Error::source(token_error).unwrap();
+        assert_eq!(source.downcast_ref::<IdpDown>().unwrap().0, 0);
+        assert_eq!(server.requests_seen(), 0);
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
+    })
+    .await
+    .expect("test finishes");
+}
+
+#[tokio::test]
+async fn debug_of_bearer_auth_never_shows_the_secret() {
+    const SECRET: &str = "sk-live-abcdef";
+    let manager = TokenManager::new(|| async { Ok::<_, IdpDown>(AccessToken::new(SECRET)) });
+    manager.token().await.unwrap();
+    let builder = BearerAuth::builder(manager.clone())
+        .origin(Origin::parse("https://api.example.com").unwrap());
+    let shown_builder = format!("{builder:?}");
+    let auth = builder.build().unwrap();
+    for shown in [format!("{auth:?}"), shown_builder] {
+        assert!(!shown.contains(SECRET), "{shown}");
+        assert!(shown.contains("https://api.example.com:443"), "{shown}");
+    }
 }

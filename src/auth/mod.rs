@@ -4,7 +4,9 @@
 //! refresh and one replay.
 
 mod manager;
+mod middleware;
 mod token;
 
 pub use manager::{TokenManager, TokenManagerBuilder};
+pub use middleware::{BearerAuth, BearerAuthBuilder, Challenge, ChallengeAction};
 pub use token::{AccessToken, SharedSourceError, TokenError, TokenErrorKind, TokenSource};

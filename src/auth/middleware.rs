@@ -1,0 +1,414 @@
+//! [`BearerAuth`]: the middleware that attaches the token and heals a `401` once.
+
+use std::fmt;
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use http::{Extensions, HeaderValue, StatusCode, header};
+use reqwest::{Request, Response, Url};
+use reqwest_middleware::{Middleware, Next};
+
+use super::manager::TokenManager;
+use super::token::{AccessToken, TokenError, TokenErrorKind};
+use crate::{Origin, ResilienceError};
+
+/// Attaches `Authorization: Bearer <token>` from a [`TokenManager`] to the requests sent
+/// to the origins it is configured for, and heals a `401` with one refresh and one replay.
+///
+/// - **Scope**: only requests whose [`Origin`] is in the configured set get the header;
+///   by default only `https` origins can be configured (opt in to plain `http` with
+///   [`BearerAuthBuilder::allow_http_on_loopback`] or [`BearerAuthBuilder::allow_http`]).
+///   A request that already carries an `Authorization` header is left alone.
+/// - **Secrecy**: the header value is marked sensitive (`http` prints it as `Sensitive`),
+///   and no `Debug`, `Display`, error or log event of this crate contains the token.
+///   On a redirect to another origin, reqwest itself drops `Authorization`.
+/// - **`401`**: the token that was sent is invalidated only if it is still the current
+///   one (so N concurrent `401`s cause one refresh), a token is fetched (or the refresh
+///   another request started is joined), and the request is replayed once if its body can
+///   be cloned (a streaming body cannot: the `401` is returned, and the next request
+///   gets the new token). A second `401` is
+///   returned as it is. A hook can look at the `401` (its `WWW-Authenticate` challenge)
+///   first and decline the replay ([`BearerAuthBuilder::on_unauthorized`]).
+/// - **Errors**: when no token can be had, the request is not sent and the call fails
+///   with [`ResilienceError::Token`] inside `reqwest_middleware::Error::Middleware`.
+///
+/// Place it inside the retry and breaker middlewares, outside `TransportEvidence`.
+///
+/// ```
+/// use std::time::Duration;
+/// use reqwest_middleware::ClientBuilder;
+/// use reqwest_resilience::{AccessToken, BearerAuth, Origin, TokenManager};
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let tokens = TokenManager::new(|| async {
+///     Ok::<_, std::io::Error>(AccessToken::new("s3cr3t").expires_in(Duration::from_secs(3600)))
+/// });
+/// let auth = BearerAuth::builder(tokens)
+///     .origin(Origin::parse("https://api.example.com")?)
+///     .build()?;
+/// let client = ClientBuilder::new(reqwest::Client::new()).with(auth).build();
+/// # drop(client);
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct BearerAuth {
+    manager: TokenManager,
+    origins: Arc<[Origin]>,
+    on_unauthorized: Option<UnauthorizedHook>,
+}
+
+type UnauthorizedHook = Arc<dyn Fn(&Challenge<'_>) -> ChallengeAction + Send + Sync>;
+
+/// A `401 Unauthorized` answered to a request that carried this middleware's token, shown
+/// to the hook set with [`BearerAuthBuilder::on_unauthorized`].
+pub struct Challenge<'a> {
+    origin: &'a Origin,
+    response: &'a Response,
+}
+
+impl<'a> Challenge<'a> {
+    /// The origin that answered `401`.
+    pub fn origin(&self) -> &'a Origin {
+        self.origin
+    }
+
+    /// The `WWW-Authenticate` values of the response (RFC 9110 §11.6.1), e.g.
+    /// `Bearer error="insufficient_scope"` or a claims challenge.
+    pub fn www_authenticate(&self) -> impl Iterator<Item = &'a HeaderValue> + 'a {
+        self.response
+            .headers()
+            .get_all(header::WWW_AUTHENTICATE)
+            .iter()
+    }
+
+    /// All headers of the `401` response.
+    pub fn headers(&self) -> &'a http::HeaderMap {
+        self.response.headers()
+    }
+}
+
+impl fmt::Debug for Challenge<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Challenge")
+            .field("origin", self.origin)
+            .field(
+                "www_authenticate",
+                &self.www_authenticate().collect::<Vec<_>>(),
+            )
+            .finish()
+    }
+}
+
+/// What [`BearerAuth`] does after a `401`, as decided by the hook.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum ChallengeAction {
+    /// Invalidate the token if it is still current, refresh, replay once. The default.
+    #[default]
+    RefreshAndReplay,
+    /// Return the `401` as it is (a new token would not help, e.g. `insufficient_scope`).
+    ReturnResponse,
+}
+
+/// Which origins may receive the token over plain `http`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum HttpPolicy {
+    Never,
+    Loopback,
+    Any,
+}
+
+/// Settings of a [`BearerAuth`], from [`BearerAuth::builder`].
+pub struct BearerAuthBuilder {
+    manager: TokenManager,
+    origins: Vec<Origin>,
+    http: HttpPolicy,
+    on_unauthorized: Option<UnauthorizedHook>,
+}
+
+impl BearerAuth {
+    /// A builder; at least one origin must be added.
+    pub fn builder(manager: TokenManager) -> BearerAuthBuilder {
+        BearerAuthBuilder {
+            manager,
+            origins: Vec::new(),
+            http: HttpPolicy::Never,
+            on_unauthorized: None,
+        }
+    }
+
+    /// The token manager this middleware draws from.
+    pub fn manager(&self) -> &TokenManager {
+        &self.manager
+    }
+
+    /// Whether a request to `url` gets the token (ignoring any header already present).
+    pub fn covers(&self, url: &Url) -> bool {
+        // Compared field by field so that the hot path allocates nothing; the `url` crate
+        // already lower-cases the scheme and the host of http(s) URLs.
+        let (Some(host), Some(port)) = (url.host_str(), url.port_or_known_default()) else {
+            return false;
+        };
+        self.origins.iter().any(|o| {
+            o.port() == port
+                && o.scheme().eq_ignore_ascii_case(url.scheme())
+                && o.host().eq_ignore_ascii_case(host)
+        })
+    }
+
+    fn challenge_action(&self, origin: &Origin, response: &Response) -> ChallengeAction {
+        match &self.on_unauthorized {
+            Some(hook) => hook(&Challenge { origin, response }),
+            None => ChallengeAction::RefreshAndReplay,
+        }
+    }
+}
+
+impl BearerAuthBuilder {
+    /// Adds an origin whose requests get the token.
+    pub fn origin(mut self, origin: Origin) -> Self {
+        if !self.origins.contains(&origin) {
+            self.origins.push(origin);
+        }
+        self
+    }
+
+    /// Allows `http` origins whose host is a loopback address (`127.0.0.0/8`, `[::1]`,
+    /// `localhost`): for tests and local sidecars, where nothing crosses a network.
+    pub fn allow_http_on_loopback(mut self) -> Self {
+        if self.http == HttpPolicy::Never {
+            self.http = HttpPolicy::Loopback;
+        }
+        self
+    }
+
+    /// Allows any `http` origin. The token then crosses the network in clear text: only
+    /// for networks you trust completely.
+    pub fn allow_http(mut self) -> Self {
+        self.http = HttpPolicy::Any;
+        self
+    }
+
+    /// Sets a hook that sees every `401` answered to a request carrying the token (with
+    /// its `WWW-Authenticate` challenge) and decides whether to refresh and replay.
+    /// Without a hook the answer is always [`ChallengeAction::RefreshAndReplay`].
+    ///
+    /// ```
+    /// use reqwest_resilience::auth::{BearerAuthBuilder, ChallengeAction};
+    ///
+    /// fn skip_scope_errors(builder: BearerAuthBuilder) -> BearerAuthBuilder {
+    ///     builder.on_unauthorized(|challenge| {
+    ///         let scope = challenge.www_authenticate().any(|v| {
+    ///             v.to_str().is_ok_and(|v| v.contains("insufficient_scope"))
+    ///         });
+    ///         if scope { ChallengeAction::ReturnResponse } else { ChallengeAction::RefreshAndReplay }
+    ///     })
+    /// }
+    /// ```
+    pub fn on_unauthorized<F>(mut self, hook: F) -> Self
+    where
+        F: Fn(&Challenge<'_>) -> ChallengeAction + Send + Sync + 'static,
+    {
+        self.on_unauthorized = Some(Arc::new(hook));
+        self
+    }
+
+    /// The middleware.
+    ///
+    /// # Errors
+    ///
+    /// [`ResilienceError::InvalidConfig`] when no origin was added, an origin's scheme is
+    /// neither `https` nor `http`, or an `http` origin was added without the matching
+    /// opt-in.
+    pub fn build(self) -> Result<BearerAuth, ResilienceError> {
+        if self.origins.is_empty() {
+            return Err(ResilienceError::InvalidConfig(
+                "BearerAuth needs at least one origin".into(),
+            ));
+        }
+        for origin in &self.origins {
+            match origin.scheme() {
+                "https" => {}
+                "http" => match self.http {
+                    HttpPolicy::Any => {}
+                    HttpPolicy::Loopback if is_loopback(origin) => {}
+                    HttpPolicy::Loopback => {
+                        return Err(ResilienceError::InvalidConfig(format!(
+                            "BearerAuth: {origin} is plain http and not loopback; \
+                             use https or allow_http()"
+                        )));
+                    }
+                    HttpPolicy::Never => {
+                        return Err(ResilienceError::InvalidConfig(format!(
+                            "BearerAuth: {origin} is plain http; use https, or opt in with \
+                             allow_http_on_loopback() or allow_http()"
+                        )));
+                    }
+                },
+                other => {
+                    return Err(ResilienceError::InvalidConfig(format!(
+                        "BearerAuth: scheme {other:?} of {origin} is not http(s)"
+                    )));
+                }
+            }
+        }
+        Ok(BearerAuth {
+            manager: self.manager,
+            origins: self.origins.into(),
+            on_unauthorized: self.on_unauthorized,
+        })
+    }
+}
+
+fn is_loopback(origin: &Origin) -> bool {
+    let host = origin.host();
+    if host == "localhost" {
+        return true;
+    }
+    let bare = host.trim_start_matches('[').trim_end_matches(']');
+    bare.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
+}
+
+fn attach(req: &mut Request, token: &AccessToken) -> Result<(), reqwest_middleware::Error> {
+    // The manager only caches tokens that have a header; this is defence in depth.
+    let value = token
+        .authorization_header()
+        .cloned()
+        .ok_or_else(|| token_error(TokenError::new(TokenErrorKind::InvalidSecret, None, None)))?;
+    req.headers_mut().insert(header::AUTHORIZATION, value);
+    Ok(())
+}
+
+fn token_error(e: TokenError) -> reqwest_middleware::Error {
+    reqwest_middleware::Error::middleware(ResilienceError::Token(e))
+}
+
+#[async_trait::async_trait]
+impl Middleware for BearerAuth {
+    async fn handle(
+        &self,
+        mut req: Request,
+        extensions: &mut Extensions,
+        next: Next<'_>,
+    ) -> reqwest_middleware::Result<Response> {
+        if req.headers().contains_key(header::AUTHORIZATION) || !self.covers(req.url()) {
+            return next.run(req, extensions).await;
+        }
+        let token = self.manager.token().await.map_err(token_error)?;
+        let replay = req.try_clone();
+        attach(&mut req, &token)?;
+        let response = next.clone().run(req, extensions).await?;
+        if response.status() != StatusCode::UNAUTHORIZED {
+            return Ok(response);
+        }
+        // After a redirect to another origin the 401 comes from a server that never saw
+        // the token (reqwest strips it): nothing to heal.
+        let origin = match Origin::from_url(response.url()) {
+            Ok(origin) if self.covers(response.url()) => origin,
+            _ => return Ok(response),
+        };
+        if self.challenge_action(&origin, &response) == ChallengeAction::ReturnResponse {
+            return Ok(response);
+        }
+        #[cfg(feature = "tracing")]
+        tracing::debug!(%origin, replay = replay.is_some(), "401 with a bearer token; refreshing");
+        // Whether this call or a concurrent one forgets the token, the next `token()`
+        // starts or joins the single refresh.
+        self.manager.invalidate_if_current(&token);
+        // A streamed body cannot be sent twice: the caller gets the 401, and its next
+        // request gets a fresh token.
+        let Some(mut replay) = replay else {
+            return Ok(response);
+        };
+        drop(response);
+        let fresh = self.manager.token().await.map_err(token_error)?;
+        attach(&mut replay, &fresh)?;
+        next.run(replay, extensions).await
+    }
+}
+
+impl fmt::Debug for BearerAuth {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BearerAuth")
+            .field("origins", &self.origins)
+            .field("manager", &self.manager)
+            .field("on_unauthorized", &self.on_unauthorized.is_some())
+            .finish()
+    }
+}
+
+impl fmt::Debug for BearerAuthBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BearerAuthBuilder")
+            .field("origins", &self.origins)
+            .field("http", &self.http)
+            .field("manager", &self.manager)
+            .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn manager() -> TokenManager {
+        TokenManager::new(|| async { Ok::<_, std::io::Error>(AccessToken::new("t")) })
+    }
+
+    #[test]
+    fn plain_http_origins_need_an_explicit_opt_in() {
+        let local = Origin::parse("http://127.0.0.1:8080").unwrap();
+        let remote = Origin::parse("http://api.example.com").unwrap();
+        let built = |b: BearerAuthBuilder| b.build().map(|_| ()).map_err(|e| e.to_string());
+        assert!(built(BearerAuth::builder(manager()).origin(local.clone())).is_err());
+        assert!(
+            built(
+                BearerAuth::builder(manager())
+                    .origin(local.clone())
+                    .allow_http_on_loopback()
+            )
+            .is_ok()
+        );
+        assert!(
+            built(
+                BearerAuth::builder(manager())
+                    .origin(remote.clone())
+                    .allow_http_on_loopback()
+            )
+            .is_err()
+        );
+        assert!(built(BearerAuth::builder(manager()).origin(remote).allow_http()).is_ok());
+        assert!(built(BearerAuth::builder(manager())).is_err());
+        let ftp = Origin::parse("ftp://files.example.com").unwrap();
+        assert!(built(BearerAuth::builder(manager()).origin(ftp).allow_http()).is_err());
+    }
+
+    #[test]
+    fn loopback_hosts_are_recognised() {
+        for (url, loopback) in [
+            ("http://127.0.0.1:1", true),
+            ("http://127.9.9.9:1", true),
+            ("http://[::1]:1", true),
+            ("http://localhost:1", true),
+            ("http://10.0.0.1:1", false),
+            ("http://localhost.example.com:1", false),
+        ] {
+            assert_eq!(is_loopback(&Origin::parse(url).unwrap()), loopback, "{url}");
+        }
+    }
+
+    #[test]
+    fn covers_matches_scheme_host_and_port_exactly() {
+        let auth = BearerAuth::builder(manager())
+            .origin(Origin::parse("https://API.example.com").unwrap())
+            .build()
+            .unwrap();
+        let covers = |u: &str| auth.covers(&Url::parse(u).unwrap());
+        assert!(covers("https://api.example.com/v1"));
+        assert!(covers("https://api.EXAMPLE.com:443/v1"));
+        assert!(!covers("http://api.example.com/v1"));
+        assert!(!covers("https://api.example.com:8443/v1"));
+        assert!(!covers("https://evil.example.com/v1"));
+        assert!(!covers("https://api.example.com.evil.net/v1"));
+    }
+}

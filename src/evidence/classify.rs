@@ -1,4 +1,70 @@
 //! From a `reqwest::Error` to evidence, by walking its `source()` chain.
+//!
+//! The chain of a failed send is `reqwest::Error → hyper_util::client::legacy::Error →
+//! hyper::Error → h2::Error | std::io::Error`, or, for a connect failure,
+//! `reqwest::Error → hyper_util::client::legacy::Error (is_connect) → the connector's error`
+//! (hyper-util's `ConnectError`, reqwest's DNS error, a TLS library's error inside an
+//! `io::Error`). [`classify_error`] first collects what each layer says into [`Facts`], then
+//! [`decide`] applies the rules below in order. The first rule that matches wins.
+//!
+//! | # | fact | transmission | kind | why |
+//! |---|---|---|---|---|
+//! | 1 | reqwest `is_builder` | `NotSent` | `Builder` | the request was never handed to a connection |
+//! | 2 | reqwest `is_redirect` | `Unknown` | `Redirect` | a server answered (with a redirect), but this error carries no status |
+//! | 3 | hyper-util `is_connect` | `NotSent` | see below | the connector failed, so no connection existed to write the request on |
+//! | 4 | h2 `RST_STREAM(REFUSED_STREAM)` from the peer | `SentNoResponse` + [`NotProcessedProof::RefusedStream`] | `Protocol` | RFC 9113 §8.7: the stream was refused before any processing |
+//! | 5 | h2 `GOAWAY` received from the peer, surfaced on our stream | `SentNoResponse` + [`NotProcessedProof::GoAway`] | `Protocol` | see "GOAWAY" below |
+//! | 6 | hyper `is_canceled` | `NotSent` | from the inner error, else `Closed` | hyper hands a request back as canceled only when it never started writing it |
+//! | 7 | a timeout (hyper `is_timeout`, io `TimedOut`, reqwest's own timer) | `Unknown` | `Timeout` | a timer says nothing about how far the request got |
+//! | 8 | io `ConnectionReset` / `ConnectionAborted` / `BrokenPipe` | `SentNoResponse` | `Reset` | the connection existed and broke while the request was in flight |
+//! | 9 | hyper `is_incomplete_message`, io `UnexpectedEof` | `SentNoResponse` | `Closed` | hyper wrote the request and met EOF before a complete response head |
+//! | 10 | hyper `is_parse` | `Unknown` | `Protocol` | garbage can arrive before the request is written (a server that speaks first), so it proves nothing about our bytes |
+//! | 11 | reqwest `is_body` | `Unknown` | `Body` | a body failed part way: part of the request may be out |
+//! | 12 | any other h2 error | `SentNoResponse` if the peer sent it, else `Unknown` | `Protocol` | a stream the peer reset existed on the wire |
+//! | 13 | reqwest `is_decode` | `Unknown` | `Decode` | only raised after a response, which the caller already has |
+//! | 14 | anything else | `Unknown` | `Other` | no proof either way |
+//!
+//! The kind of a connect failure (rule 3): reqwest's `is_dns` → `Dns`; a TLS peer
+//! certificate rejected → `Certificate`; an "invalid URL" from the connector (a scheme the
+//! connector cannot serve, e.g. `https` with no TLS backend built in) → `ConnectPermanent`;
+//! an `io::Error` of a TCP kind (refused, reset, unreachable, timed out) or hyper-util's
+//! "tcp …" error → `Connect`; an `io::Error` of kind `InvalidData` (how rustls reports a
+//! failed handshake) or a message naming TLS/SSL/a handshake → `Tls`; else `Other`.
+//!
+//! # Why text is matched for certificates
+//!
+//! The certificate error is a type of whichever TLS crate reqwest was built with (rustls's
+//! `Error::InvalidCertificate`, openssl's verify error behind native-tls), and this crate
+//! leaves the choice of backend to its users, so it cannot downcast to them. It matches the
+//! chain's `Display`/`Debug` text instead: `invalid peer certificate` / `InvalidCertificate`
+//! (rustls), `certificate verify failed` (OpenSSL, native-tls on Linux), and
+//! `peer sent no certificates`. The text only chooses the *kind*; the transmission of any
+//! connect failure is `NotSent` whatever the text says, so a changed message can only
+//! demote `Certificate` to `Tls`, never make a sent request look unsent.
+//!
+//! # GOAWAY (rule 5)
+//!
+//! `h2` (0.4) fails a stream with a *remote* `GOAWAY` error in exactly two places: when the
+//! peer's `GOAWAY` names a last-stream-id below that stream (`Streams::recv_go_away` fails
+//! every locally initiated stream with `id > last_stream_id`), and when a stream is opened
+//! after the `GOAWAY` arrived (`ensure_no_conn_error`). Either way the server did not process
+//! it (RFC 9113 §6.8). A stream at or below the last-stream-id that the server then abandons
+//! is failed differently, with `BrokenPipe` when the connection ends, and gets no proof.
+//! The `GOAWAY`'s error code does not matter for the proof; reqwest's own retry treats only
+//! `NO_ERROR` as retryable, which is its policy, not evidence.
+//!
+//! # Multi-address connects
+//!
+//! hyper-util (0.1.21, `ConnectingTcpRemote::connect`) tries each resolved address in turn
+//! and, when all fail, returns only the *first* address's error. The evidence therefore
+//! cannot keep every address's failure; what it records is still true of every address:
+//! `NotSent` (the connector returns an error only when no address produced a connection) and
+//! `Connect`, a kind that does not claim *how* the addresses failed (refused, unreachable or
+//! timed out are all `Connect`), so one address refusing and another timing out is never
+//! reported as "refused".
+
+use std::error::Error as StdError;
+use std::io;
 
 use super::{FailureKind, NotProcessedProof, Transmission};
 
@@ -14,12 +80,453 @@ pub struct Classification {
     pub not_processed: Option<NotProcessedProof>,
 }
 
-/// Classifies a failed attempt (provisional: refined with the fault matrix).
+impl Classification {
+    fn new(transmission: Transmission, kind: FailureKind) -> Self {
+        Classification {
+            transmission,
+            kind,
+            not_processed: None,
+        }
+    }
+}
+
+/// Classifies a failed attempt from the error `reqwest` returned for it.
+///
+/// Conservative by construction: [`Transmission::NotSent`] only when a layer proves that no
+/// request byte left (see the rules in the [module docs](self)).
+///
+/// ```no_run
+/// # async fn demo() {
+/// use reqwest_resilience::{FailureKind, Transmission, evidence::classify_error};
+///
+/// // Nothing listens on port 9 of the loopback interface here.
+/// let err = reqwest::get("http://127.0.0.1:9/").await.unwrap_err();
+/// let c = classify_error(&err);
+/// assert_eq!(c.transmission, Transmission::NotSent);
+/// assert_eq!(c.kind, FailureKind::Connect);
+/// # }
+/// ```
 pub fn classify_error(err: &reqwest::Error) -> Classification {
-    let _ = err;
-    Classification {
-        transmission: Transmission::Unknown,
-        kind: FailureKind::Other,
-        not_processed: None,
+    decide(&Facts::collect(err))
+}
+
+/// How a connect failure looked, as far as the chain tells.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct ConnectFacts {
+    dns: bool,
+    certificate: bool,
+    invalid_url: bool,
+    tcp: bool,
+    tls: bool,
+}
+
+/// What the layers of one error chain say, before any rule is applied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct Facts {
+    builder: bool,
+    redirect: bool,
+    body: bool,
+    decode: bool,
+    /// `Some` when hyper-util says the connector failed.
+    connect: Option<ConnectFacts>,
+    h2_refused_stream: bool,
+    h2_remote_go_away: bool,
+    h2_other: Option<bool>, // Some(remote?)
+    canceled: bool,
+    timeout: bool,
+    reset: bool,
+    closed: bool,
+    parse: bool,
+}
+
+impl Facts {
+    fn collect(err: &reqwest::Error) -> Facts {
+        let mut f = Facts {
+            builder: err.is_builder(),
+            redirect: err.is_redirect(),
+            body: err.is_body(),
+            decode: err.is_decode(),
+            // reqwest's own timer (`TimedOut`, a private type) and any timeout beneath it.
+            timeout: err.is_timeout(),
+            ..Facts::default()
+        };
+        let mut source = err.source();
+        while let Some(e) = source {
+            if let Some(e) = e.downcast_ref::<hyper_util::client::legacy::Error>() {
+                if e.is_connect() {
+                    f.connect = Some(connect_facts(err));
+                }
+            } else if let Some(e) = e.downcast_ref::<hyper::Error>() {
+                f.canceled |= e.is_canceled();
+                f.timeout |= e.is_timeout();
+                f.closed |= e.is_incomplete_message();
+                f.parse |= e.is_parse();
+            } else if let Some(e) = e.downcast_ref::<h2::Error>() {
+                let reason = e.reason();
+                if e.is_reset() && e.is_remote() && reason == Some(h2::Reason::REFUSED_STREAM) {
+                    f.h2_refused_stream = true;
+                } else if e.is_go_away() && e.is_remote() {
+                    f.h2_remote_go_away = true;
+                } else if !e.is_io() {
+                    f.h2_other = Some(e.is_remote());
+                }
+                if let Some(io) = e.get_io() {
+                    f.note_io(io);
+                }
+            } else if let Some(io) = e.downcast_ref::<io::Error>() {
+                f.note_io(io);
+            }
+            source = e.source();
+        }
+        f
+    }
+
+    fn note_io(&mut self, io: &io::Error) {
+        for kind in io_kinds(io) {
+            self.note_io_kind(kind);
+        }
+    }
+
+    fn note_io_kind(&mut self, kind: io::ErrorKind) {
+        match kind {
+            io::ErrorKind::TimedOut => self.timeout = true,
+            io::ErrorKind::ConnectionReset
+            | io::ErrorKind::ConnectionAborted
+            | io::ErrorKind::BrokenPipe => self.reset = true,
+            io::ErrorKind::UnexpectedEof => self.closed = true,
+            _ => {}
+        }
+    }
+}
+
+/// Reads the kind of a connect failure from the chain (see the module docs).
+fn connect_facts(err: &reqwest::Error) -> ConnectFacts {
+    let mut c = ConnectFacts {
+        dns: err.is_dns(),
+        ..ConnectFacts::default()
+    };
+    let mut source = err.source();
+    while let Some(e) = source {
+        let text = format!("{e} {e:?}");
+        c.certificate |= is_certificate_text(&text);
+        // hyper-util's HttpConnector: "invalid URL, scheme is not http" and friends.
+        c.invalid_url |= text.contains("invalid URL");
+        let kinds = e
+            .downcast_ref::<io::Error>()
+            .map(io_kinds)
+            .unwrap_or_default();
+        for kind in kinds {
+            match kind {
+                io::ErrorKind::ConnectionRefused
+                | io::ErrorKind::ConnectionReset
+                | io::ErrorKind::ConnectionAborted
+                | io::ErrorKind::HostUnreachable
+                | io::ErrorKind::NetworkUnreachable
+                | io::ErrorKind::NetworkDown
+                | io::ErrorKind::AddrNotAvailable
+                | io::ErrorKind::NotConnected
+                | io::ErrorKind::TimedOut => c.tcp = true,
+                // rustls reports every handshake failure as `InvalidData`.
+                io::ErrorKind::InvalidData => c.tls = true,
+                _ => {}
+            }
+        }
+        // hyper-util's ConnectError messages: "tcp connect error", "tcp open error", …
+        c.tcp |= e.to_string().starts_with("tcp ");
+        let lower = text.to_ascii_lowercase();
+        c.tls |= ["tls", "ssl", "handshake"]
+            .iter()
+            .any(|w| lower.contains(w));
+        source = e.source();
+    }
+    // reqwest's connect timeout wraps its private `TimedOut`, found by `is_timeout`.
+    c.tcp |= err.is_timeout();
+    c
+}
+
+/// The kinds of an `io::Error` and of the `io::Error`s wrapped inside it.
+///
+/// `io::Error::source()` skips the error it wraps (it returns the *inner* error's source),
+/// and TLS connectors nest one `io::Error` in another (rustls's `InvalidData` inside
+/// hyper-rustls's `Other`), so the wrapped errors are reached through `get_ref`.
+fn io_kinds(io: &io::Error) -> Vec<io::ErrorKind> {
+    let mut kinds = vec![io.kind()];
+    let mut inner = io.get_ref();
+    // Bounded: a chain deeper than this is not one any connector builds.
+    for _ in 0..8 {
+        let Some(e) = inner.and_then(|e| e.downcast_ref::<io::Error>()) else {
+            break;
+        };
+        kinds.push(e.kind());
+        inner = e.get_ref();
+    }
+    kinds
+}
+
+fn is_certificate_text(text: &str) -> bool {
+    const NEEDLES: [&str; 5] = [
+        "invalid peer certificate",  // rustls::Error::InvalidCertificate, Display
+        "InvalidCertificate",        // rustls, Debug
+        "certificate verify failed", // OpenSSL (native-tls on Linux)
+        "peer sent no certificates", // rustls::Error::NoCertificatesPresented
+        "NoCertificatesPresented",
+    ];
+    NEEDLES.iter().any(|n| text.contains(n))
+}
+
+/// Applies the rules of the module docs, in order.
+pub(crate) fn decide(f: &Facts) -> Classification {
+    use FailureKind as K;
+    use Transmission as T;
+    if f.builder {
+        return Classification::new(T::NotSent, K::Builder);
+    }
+    if f.redirect {
+        return Classification::new(T::Unknown, K::Redirect);
+    }
+    if let Some(c) = f.connect {
+        let kind = if c.dns {
+            K::Dns
+        } else if c.certificate {
+            K::Certificate
+        } else if c.invalid_url {
+            K::ConnectPermanent
+        } else if c.tcp {
+            K::Connect
+        } else if c.tls {
+            K::Tls
+        } else {
+            K::Other
+        };
+        return Classification::new(T::NotSent, kind);
+    }
+    if f.h2_refused_stream {
+        return Classification {
+            not_processed: Some(NotProcessedProof::RefusedStream),
+            ..Classification::new(T::SentNoResponse, K::Protocol)
+        };
+    }
+    if f.h2_remote_go_away {
+        return Classification {
+            not_processed: Some(NotProcessedProof::GoAway),
+            ..Classification::new(T::SentNoResponse, K::Protocol)
+        };
+    }
+    if f.canceled {
+        let kind = if f.reset {
+            K::Reset
+        } else if f.timeout {
+            K::Timeout
+        } else {
+            K::Closed
+        };
+        return Classification::new(T::NotSent, kind);
+    }
+    if f.timeout {
+        return Classification::new(T::Unknown, K::Timeout);
+    }
+    if f.reset {
+        return Classification::new(T::SentNoResponse, K::Reset);
+    }
+    if f.closed {
+        return Classification::new(T::SentNoResponse, K::Closed);
+    }
+    if f.parse {
+        return Classification::new(T::Unknown, K::Protocol);
+    }
+    if f.body {
+        return Classification::new(T::Unknown, K::Body);
+    }
+    if let Some(remote) = f.h2_other {
+        let t = if remote {
+            T::SentNoResponse
+        } else {
+            T::Unknown
+        };
+        return Classification::new(t, K::Protocol);
+    }
+    if f.decode {
+        return Classification::new(T::Unknown, K::Decode);
+    }
+    Classification::new(T::Unknown, K::Other)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use FailureKind as K;
+    use Transmission as T;
+
+    fn c(t: Transmission, k: FailureKind) -> Classification {
+        Classification::new(t, k)
+    }
+
+    #[test]
+    fn nothing_recognised_is_unknown_other() {
+        assert_eq!(decide(&Facts::default()), c(T::Unknown, K::Other));
+    }
+
+    #[test]
+    fn connect_failures_are_not_sent_with_a_refined_kind() {
+        let connect = |cf: ConnectFacts| Facts {
+            connect: Some(cf),
+            // A connect timeout also sets the generic timeout fact: connect still wins.
+            timeout: true,
+            ..Facts::default()
+        };
+        let dns = ConnectFacts {
+            dns: true,
+            tcp: true,
+            ..Default::default()
+        };
+        assert_eq!(decide(&connect(dns)), c(T::NotSent, K::Dns));
+        let cert = ConnectFacts {
+            certificate: true,
+            tls: true,
+            ..Default::default()
+        };
+        assert_eq!(decide(&connect(cert)), c(T::NotSent, K::Certificate));
+        let url = ConnectFacts {
+            invalid_url: true,
+            ..Default::default()
+        };
+        assert_eq!(decide(&connect(url)), c(T::NotSent, K::ConnectPermanent));
+        let tcp = ConnectFacts {
+            tcp: true,
+            tls: true,
+            ..Default::default()
+        };
+        assert_eq!(decide(&connect(tcp)), c(T::NotSent, K::Connect));
+        let tls = ConnectFacts {
+            tls: true,
+            ..Default::default()
+        };
+        assert_eq!(decide(&connect(tls)), c(T::NotSent, K::Tls));
+        assert_eq!(
+            decide(&connect(ConnectFacts::default())),
+            c(T::NotSent, K::Other)
+        );
+    }
+
+    #[test]
+    fn builder_errors_are_not_sent_and_redirects_unknown() {
+        let f = Facts {
+            builder: true,
+            ..Facts::default()
+        };
+        assert_eq!(decide(&f), c(T::NotSent, K::Builder));
+        let f = Facts {
+            redirect: true,
+            ..Facts::default()
+        };
+        assert_eq!(decide(&f), c(T::Unknown, K::Redirect));
+    }
+
+    #[test]
+    fn h2_proofs_outrank_the_io_error_beside_them() {
+        let f = Facts {
+            h2_refused_stream: true,
+            reset: true,
+            ..Facts::default()
+        };
+        let got = decide(&f);
+        assert_eq!(got.transmission, T::SentNoResponse);
+        assert_eq!(got.not_processed, Some(NotProcessedProof::RefusedStream));
+        let f = Facts {
+            h2_remote_go_away: true,
+            ..Facts::default()
+        };
+        assert_eq!(decide(&f).not_processed, Some(NotProcessedProof::GoAway));
+    }
+
+    #[test]
+    fn other_h2_errors_carry_no_proof() {
+        let f = Facts {
+            h2_other: Some(true),
+            ..Facts::default()
+        };
+        assert_eq!(decide(&f), c(T::SentNoResponse, K::Protocol));
+        let f = Facts {
+            h2_other: Some(false),
+            ..Facts::default()
+        };
+        assert_eq!(decide(&f), c(T::Unknown, K::Protocol));
+    }
+
+    #[test]
+    fn a_canceled_request_is_not_sent() {
+        let f = Facts {
+            canceled: true,
+            closed: true,
+            ..Facts::default()
+        };
+        assert_eq!(decide(&f), c(T::NotSent, K::Closed));
+        let f = Facts {
+            canceled: true,
+            reset: true,
+            ..Facts::default()
+        };
+        assert_eq!(decide(&f), c(T::NotSent, K::Reset));
+    }
+
+    #[test]
+    fn timeouts_are_unknown_even_beside_a_reset() {
+        let f = Facts {
+            timeout: true,
+            reset: true,
+            closed: true,
+            ..Facts::default()
+        };
+        assert_eq!(decide(&f), c(T::Unknown, K::Timeout));
+    }
+
+    #[test]
+    fn resets_closes_and_parse_errors() {
+        let f = Facts {
+            reset: true,
+            closed: true,
+            ..Facts::default()
+        };
+        assert_eq!(decide(&f), c(T::SentNoResponse, K::Reset));
+        let f = Facts {
+            closed: true,
+            ..Facts::default()
+        };
+        assert_eq!(decide(&f), c(T::SentNoResponse, K::Closed));
+        let f = Facts {
+            parse: true,
+            ..Facts::default()
+        };
+        assert_eq!(decide(&f), c(T::Unknown, K::Protocol));
+    }
+
+    #[test]
+    fn body_and_decode_errors_are_unknown() {
+        let f = Facts {
+            body: true,
+            ..Facts::default()
+        };
+        assert_eq!(decide(&f), c(T::Unknown, K::Body));
+        let f = Facts {
+            decode: true,
+            ..Facts::default()
+        };
+        assert_eq!(decide(&f), c(T::Unknown, K::Decode));
+    }
+
+    #[test]
+    fn certificate_text_from_rustls_and_openssl() {
+        assert!(is_certificate_text(
+            "invalid peer certificate: UnknownIssuer"
+        ));
+        assert!(is_certificate_text(
+            "Custom { kind: InvalidData, error: InvalidCertificate(Expired) }"
+        ));
+        assert!(is_certificate_text(
+            "error:0A000086:SSL routines:tls_post_process_server_certificate:certificate verify failed"
+        ));
+        assert!(!is_certificate_text(
+            "received corrupt message of type InvalidContentType"
+        ));
     }
 }

@@ -69,6 +69,12 @@ pub enum Action {
     /// Close the connection without reading anything (only meaningful from the accept hook;
     /// from the script, the request was already read, so it acts as `ReadThenClose`).
     CloseWithoutReading,
+    /// Wait until the first request bytes arrive, then close without reading them. Closing
+    /// a socket with unread data makes the kernel send RST (RFC 1122 §4.2.2.13), so the
+    /// client deterministically sees its request go out and the connection reset, and the
+    /// server never counts a request. (`CloseWithoutReading` from the accept hook races the
+    /// client's write instead.)
+    CloseWhenDataArrives,
     /// Having read the request, close the connection (FIN) without a byte of response.
     ReadThenClose,
     /// Having read the request, reset the connection (`SO_LINGER` 0, so close sends RST).
@@ -77,7 +83,9 @@ pub enum Action {
     HalfHead,
     /// Never answer; hold the socket open until the server is dropped.
     Stall,
-    /// Write these bytes, then close.
+    /// Write these bytes, then close. From the accept hook, the server first reads the
+    /// client's first bytes (e.g. a TLS ClientHello) so the garbage *answers* them, and after
+    /// writing it waits for the client to close, so no RST overtakes the garbage.
     Garbage(Vec<u8>),
     /// Wait (on tokio's clock, so a paused clock applies), then do the inner action.
     Delay(Duration, Box<Action>),
@@ -239,6 +247,7 @@ impl FaultServer {
                 conns.spawn(async move {
                     let mut stream = stream;
                     match on_accept(index) {
+                        Some(Action::Garbage(bytes)) => answer_first_bytes(stream, &bytes).await,
                         Some(action) => apply_terminal(&mut stream, action).await,
                         None => serve_http1(stream, index, &c, &*script).await,
                     }
@@ -344,6 +353,10 @@ async fn apply_terminal(stream: &mut TcpStream, action: Action) {
             unreachable!("Respond is only valid after a request was read")
         }
         Action::CloseWithoutReading | Action::ReadThenClose => {}
+        Action::CloseWhenDataArrives => {
+            let mut probe = [0u8; 1];
+            let _ = stream.peek(&mut probe).await;
+        }
         Action::ReadThenReset => {
             // Zero linger turns the close into an RST.
             let _ = stream.set_zero_linger();
@@ -362,6 +375,18 @@ async fn apply_terminal(stream: &mut TcpStream, action: Action) {
             Box::pin(apply_terminal(stream, *inner)).await
         }
     }
+}
+
+/// Reads the client's first bytes, answers them with `bytes`, and closes gracefully.
+async fn answer_first_bytes(mut stream: TcpStream, bytes: &[u8]) {
+    let mut buf = [0u8; 16 * 1024];
+    if !matches!(stream.read(&mut buf).await, Ok(n) if n > 0) {
+        return;
+    }
+    let _ = stream.write_all(bytes).await;
+    let _ = stream.shutdown().await;
+    // Drain until the client closes: unread data at close would turn the FIN into an RST.
+    while matches!(stream.read(&mut buf).await, Ok(n) if n > 0) {}
 }
 
 /// Reads one request. `Ok(None)` on EOF before any byte of a new request.

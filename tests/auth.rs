@@ -791,3 +791,250 @@ async fn debug_of_bearer_auth_never_shows_the_secret() {
         assert!(shown.contains("https://api.example.com:443"), "{shown}");
     }
 }
+
+// ---------------------------------------------------------------------------------------
+// OAuth 2.0 token sources against a loopback token endpoint (feature `oauth2`).
+// ---------------------------------------------------------------------------------------
+
+#[cfg(feature = "oauth2")]
+mod oauth2 {
+    use super::*;
+    use reqwest_resilience::auth::{ClientAuth, OAuth2Error, OAuth2ErrorCode, OAuth2Source};
+
+    fn form(req: &support::RecordedRequest) -> Vec<(String, String)> {
+        url::form_urlencoded::parse(&req.body)
+            .into_owned()
+            .collect()
+    }
+
+    fn json(status: u16, body: &str) -> Action {
+        Action::status(status)
+            .header("content-type", "application/json")
+            .body(body.as_bytes())
+    }
+
+    #[tokio::test]
+    async fn client_credentials_grant_posts_the_form_with_basic_auth_and_maps_expires_in() {
+        tokio::time::timeout(IO_LIMIT, async {
+            let endpoint = FaultServer::always(json(
+                200,
+                r#"{"access_token":"at-1","token_type":"Bearer","expires_in":3600}"#,
+            ))
+            .await;
+            let source =
+                OAuth2Source::client_credentials(endpoint.url("/oauth2/token"), "svc:a", "s3cr&t")
+                    .scope("orders.read orders.write")
+                    .param("audience", "https://api.example.com")
+                    .allow_http_on_loopback()
+                    .build()
+                    .unwrap();
+            let manager = TokenManager::new(source);
+            let before = Instant::now();
+            let token = manager.token().await.unwrap();
+            let after = Instant::now();
+            assert_eq!(token.secret(), "at-1");
+            let expiry = token.expiry().unwrap();
+            assert!(expiry >= before + HOUR && expiry <= after + HOUR);
+
+            let seen = endpoint.requests();
+            assert_eq!(seen.len(), 1);
+            let req = &seen[0];
+            assert_eq!(
+                (req.method.as_str(), req.path.as_str()),
+                ("POST", "/oauth2/token")
+            );
+            assert_eq!(
+                req.header("content-type"),
+                Some("application/x-www-form-urlencoded")
+            );
+            // RFC 6749 §2.3.1: id and secret form-encoded, then Basic.
+            assert_eq!(
+                req.header("authorization"),
+                Some("Basic c3ZjJTNBYTpzM2NyJTI2dA==")
+            );
+            let pairs = form(req);
+            let expected: Vec<(String, String)> = [
+                ("grant_type", "client_credentials"),
+                ("scope", "orders.read orders.write"),
+                ("audience", "https://api.example.com"),
+            ]
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+            assert_eq!(pairs, expected);
+        })
+        .await
+        .expect("test finishes");
+    }
+
+    #[tokio::test]
+    async fn client_secret_post_puts_the_credentials_in_the_body() {
+        tokio::time::timeout(IO_LIMIT, async {
+            let endpoint = FaultServer::always(json(
+                200,
+                r#"{"access_token":"at-2","token_type":"bearer"}"#,
+            ))
+            .await;
+            let source = OAuth2Source::client_credentials(endpoint.url("/t"), "svc", "pw")
+                .client_auth(ClientAuth::RequestBody)
+                .allow_http_on_loopback()
+                .build()
+                .unwrap();
+            let token = TokenManager::new(source).token().await.unwrap();
+            assert_eq!(token.secret(), "at-2");
+            assert_eq!(token.expiry(), None, "no expires_in: no expiry");
+            let req = &endpoint.requests()[0];
+            assert_eq!(req.header("authorization"), None);
+            let pairs = form(req);
+            assert!(pairs.contains(&("client_id".into(), "svc".into())));
+            assert!(pairs.contains(&("client_secret".into(), "pw".into())));
+        })
+        .await
+        .expect("test finishes");
+    }
+
+    #[tokio::test]
+    async fn refresh_token_grant_sends_the_refresh_token_and_follows_its_rotation() {
+        tokio::time::timeout(IO_LIMIT, async {
+            let endpoint = FaultServer::start(|i, _| {
+                json(
+                    200,
+                    &format!(
+                        r#"{{"access_token":"at-{i}","token_type":"Bearer","expires_in":"60","refresh_token":"rt-{}"}}"#,
+                        i + 2
+                    ),
+                )
+            })
+            .await;
+            let source = OAuth2Source::refresh_token(endpoint.url("/token"), "app", "rt-1")
+                .allow_http_on_loopback()
+                .build()
+                .unwrap();
+            let shown = format!("{source:?}");
+            assert!(!shown.contains("rt-1"), "{shown}");
+            let manager = TokenManager::new(source);
+            let first = manager.token().await.unwrap();
+            assert_eq!(first.secret(), "at-0");
+            assert!(first.expiry().is_some());
+            assert!(manager.invalidate_if_current(&first));
+            assert_eq!(manager.token().await.unwrap().secret(), "at-1");
+
+            let grants: Vec<Vec<(String, String)>> = endpoint.requests().iter().map(form).collect();
+            let pair = |k: &str, v: &str| (k.to_string(), v.to_string());
+            assert_eq!(
+                grants[0],
+                [pair("grant_type", "refresh_token"), pair("refresh_token", "rt-1"), pair("client_id", "app")]
+            );
+            assert_eq!(
+                grants[1],
+                [pair("grant_type", "refresh_token"), pair("refresh_token", "rt-2"), pair("client_id", "app")]
+            );
+        })
+        .await
+        .expect("test finishes");
+    }
+
+    #[tokio::test]
+    async fn an_error_response_becomes_a_typed_oauth2_error() {
+        tokio::time::timeout(IO_LIMIT, async {
+            let endpoint = FaultServer::always(json(
+                400,
+                r#"{"error":"invalid_grant","error_description":"refresh token revoked"}"#,
+            ))
+            .await;
+            let source = OAuth2Source::refresh_token(endpoint.url("/token"), "app", "rt-old")
+                .allow_http_on_loopback()
+                .build()
+                .unwrap();
+            let manager = TokenManager::new(source);
+            let error = manager.token().await.unwrap_err();
+            assert_eq!(error.kind(), TokenErrorKind::Fetch);
+            let source = std::error::Error::source(&error).unwrap();
+            match source.downcast_ref::<OAuth2Error>().unwrap() {
+                OAuth2Error::Server {
+                    status,
+                    code,
+                    description,
+                    uri,
+                } => {
+                    assert_eq!(status.as_u16(), 400);
+                    assert_eq!(*code, OAuth2ErrorCode::InvalidGrant);
+                    assert_eq!(description.as_deref(), Some("refresh token revoked"));
+                    assert_eq!(*uri, None);
+                }
+                other => panic!("expected a server error, got {other:?}"),
+            }
+            assert!(!format!("{error:?} {source}").contains("rt-old"));
+            assert_eq!(endpoint.requests_seen(), 1);
+        })
+        .await
+        .expect("test finishes");
+    }
+
+    #[tokio::test]
+    async fn unusable_responses_are_typed_errors_that_do_not_echo_the_body() {
+        tokio::time::timeout(IO_LIMIT, async {
+            let cases: Vec<(Action, &str)> = vec![
+                (
+                    json(200, r#"{"access_token":98765432,"token_type":"Bearer"}"#),
+                    "invalid",
+                ),
+                (
+                    json(200, r#"{"access_token":"at-x","token_type":"DPoP"}"#),
+                    "dpop",
+                ),
+                (
+                    json(200, r#"{"access_token":"at-y","expires_in":-5}"#),
+                    "invalid",
+                ),
+                (json(200, "not json 98765432"), "invalid"),
+                (Action::status(503).body(b"<html>down</html>"), "status"),
+            ];
+            for (answer, expected) in cases {
+                let endpoint = FaultServer::always(answer).await;
+                let source = OAuth2Source::client_credentials(endpoint.url("/t"), "svc", "pw")
+                    .allow_http_on_loopback()
+                    .build()
+                    .unwrap();
+                let error = source_error(source).await;
+                let kind = match &error {
+                    OAuth2Error::InvalidResponse(_) => "invalid",
+                    OAuth2Error::UnsupportedTokenType(t) if t == "DPoP" => "dpop",
+                    OAuth2Error::UnexpectedStatus { status } if status.as_u16() == 503 => "status",
+                    other => panic!("unexpected {other:?}"),
+                };
+                assert_eq!(kind, expected);
+                let shown = format!("{error} {error:?}");
+                assert!(
+                    !shown.contains("98765432") && !shown.contains("at-"),
+                    "{shown}"
+                );
+            }
+        })
+        .await
+        .expect("test finishes");
+    }
+
+    async fn source_error(source: OAuth2Source) -> OAuth2Error {
+        use reqwest_resilience::TokenSource;
+        source.fetch().await.unwrap_err()
+    }
+
+    #[test]
+    fn plain_http_token_endpoints_are_refused_unless_loopback_and_allowed() {
+        let build = |url: &str, allow: bool| {
+            let b = OAuth2Source::client_credentials(url, "svc", "pw");
+            let b = if allow { b.allow_http_on_loopback() } else { b };
+            b.build().map(|_| ())
+        };
+        assert!(build("https://login.example.com/token", false).is_ok());
+        assert!(build("http://login.example.com/token", true).is_err());
+        assert!(build("http://127.0.0.1:9/token", false).is_err());
+        assert!(build("http://127.0.0.1:9/token", true).is_ok());
+        assert!(build("not a url", true).is_err());
+        let source = OAuth2Source::client_credentials("https://l.example.com/t", "svc", "hunter2")
+            .build()
+            .unwrap();
+        assert!(!format!("{source:?}").contains("hunter2"));
+    }
+}

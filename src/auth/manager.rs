@@ -222,26 +222,27 @@ impl TokenManager {
     fn lookup(&self) -> Lookup {
         let mut state = self.shared.lock();
         let now = Instant::now();
-        if let Some(current) = &state.current {
-            if current.token.is_valid_at(now) {
-                let token = current.token.clone();
-                let ahead_due = current.refresh_at.is_some_and(|at| now >= at)
-                    && state.flight.is_none()
-                    && state.ahead_not_before.is_none_or(|at| now >= at);
-                if ahead_due {
-                    // The receiver is dropped: callers keep the valid token meanwhile.
-                    let _ = self.start_flight(&mut state);
-                }
-                return Lookup::Ready(Ok(token));
+        if let Some(current) = &state.current
+            && current.token.is_valid_at(now)
+        {
+            let token = current.token.clone();
+            let ahead_due = current.refresh_at.is_some_and(|at| now >= at)
+                && state.flight.is_none()
+                && state.ahead_not_before.is_none_or(|at| now >= at);
+            if ahead_due {
+                // The receiver is dropped: callers keep the valid token meanwhile. (A
+                // failure to spawn, outside a runtime, leaves the valid token in use.)
+                let _ = self.start_flight(&mut state);
             }
+            return Lookup::Ready(Ok(token));
         }
         if let Some(flight) = &state.flight {
             return Lookup::Wait(flight.result.clone());
         }
-        if let Some(failure) = &state.failure {
-            if failure.retry_at().is_some_and(|at| now < at) {
-                return Lookup::Ready(Err(failure.clone()));
-            }
+        if let Some(failure) = &state.failure
+            && failure.retry_at().is_some_and(|at| now < at)
+        {
+            return Lookup::Ready(Err(failure.clone()));
         }
         match self.start_flight(&mut state) {
             Ok(rx) => Lookup::Wait(rx),

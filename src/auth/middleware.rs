@@ -260,7 +260,7 @@ impl BearerAuthBuilder {
     }
 }
 
-fn is_loopback(origin: &Origin) -> bool {
+pub(super) fn is_loopback(origin: &Origin) -> bool {
     let host = origin.host();
     if host == "localhost" {
         return true;

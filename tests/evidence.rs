@@ -329,12 +329,26 @@ async fn row10_untrusted_self_signed_certificate_is_not_sent_certificate() {
     let server = TlsServer::start().await;
     let client = with_evidence(raw_client().build().unwrap());
     let (result, history) = send(&client, post(&client, &server.url("/pay"))).await;
-    assert!(result.is_err());
+    let err = format!("{:?}", result.unwrap_err());
+    assert!(err.contains("InvalidCertificate"), "{err}");
     let e = only_attempt(&history);
     assert_failure(&e, Transmission::NotSent, FailureKind::Certificate, None);
     assert_eq!(server.connections(), 1);
     assert_eq!(server.handshakes(), 0);
     assert_eq!(server.requests_seen(), 0);
+}
+
+#[tokio::test]
+async fn row10_control_the_same_server_trusted_answers() {
+    let server = TlsServer::start().await;
+    let cert = reqwest::Certificate::from_pem(support::tls::CERT_PEM).unwrap();
+    let client = with_evidence(raw_client().tls_certs_only([cert]).build().unwrap());
+    let (result, history) = send(&client, post(&client, &server.url("/pay"))).await;
+    assert_eq!(result.unwrap().status(), StatusCode::OK);
+    let e = only_attempt(&history);
+    assert_eq!(e.transmission, Transmission::ResponseReceived(StatusCode::OK));
+    assert_eq!(server.handshakes(), 1);
+    assert_eq!(server.requests_seen(), 1);
 }
 
 // ---- row 11 ------------------------------------------------------------------------------

@@ -6,10 +6,14 @@
 //! ```text
 //! openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 36500 \
 //!   -subj "/CN=localhost" -addext "subjectAltName=DNS:localhost,IP:127.0.0.1" \
+//!   -addext "basicConstraints=critical,CA:FALSE" \
 //!   -keyout self-signed-key.pem -out self-signed-cert.pem
 //! ```
 //!
-//! and are checked in: a test key, worthless outside these tests.
+//! `CA:FALSE` makes it a plain leaf, so a client rejects it because it chains to no trusted
+//! root, as a real self-signed server certificate is rejected, and not because a CA
+//! certificate was used as an end entity. Both files are checked in: a test key, worthless
+//! outside these tests.
 
 use std::net::SocketAddr;
 use std::sync::Arc;

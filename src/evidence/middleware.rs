@@ -14,6 +14,20 @@ use crate::Origin;
 /// For every attempt it writes a [`RequestEvidence`] into the extensions it is handed
 /// (so the middlewares outside it read it after `next.run`), into the response's own
 /// extensions, and appends it to the [`AttemptHistory`] in the caller's extensions.
+/// What the evidence says for each kind of failure, and why, is documented with
+/// [`classify_error`](super::classify_error).
+///
+/// # reqwest's own retries
+///
+/// reqwest 0.13's `Client` retries HTTP/2 protocol NACKs by itself (`RST_STREAM` with
+/// `REFUSED_STREAM`, and `GOAWAY` with `NO_ERROR`; `ClientBuilder::retry`, by default two
+/// replays without backoff) inside `execute`, below every middleware. Those replays are
+/// invisible here: one attempt in the history can stand for up to three requests on the
+/// wire, and its evidence describes the last one. The server's proof survives: when reqwest
+/// gives up, the error still carries the `REFUSED_STREAM` / `GOAWAY`, so the attempt is
+/// `SentNoResponse` with [`NotProcessedProof`](super::NotProcessedProof), and a retry
+/// middleware above may send it once more. Build the client with
+/// `.retry(reqwest::retry::never())` to make every request on the wire an attempt of its own.
 ///
 /// ```
 /// use reqwest_middleware::ClientBuilder;
@@ -81,6 +95,16 @@ impl Middleware for TransportEvidence {
             }
         };
         evidence.elapsed = started.elapsed();
+        #[cfg(feature = "tracing")]
+        tracing::debug!(
+            origin = evidence.origin.as_ref().map(|o| o.as_str()),
+            attempt = evidence.attempt,
+            transmission = ?evidence.transmission,
+            failure = ?evidence.failure,
+            not_processed = ?evidence.not_processed,
+            elapsed = ?evidence.elapsed,
+            "attempt observed"
+        );
         extensions
             .get_or_insert_default::<AttemptHistory>()
             .push(evidence.clone());

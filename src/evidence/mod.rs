@@ -52,7 +52,9 @@ impl Transmission {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum FailureKind {
-    /// TCP connect failed on every address (refused, unreachable, connect timeout).
+    /// TCP connect failed on every address (refused, unreachable, connect timeout). The kind
+    /// does not say *how* each address failed: hyper-util reports only the first address's
+    /// error, so "refused" is never claimed for all of them.
     Connect,
     /// The host name could not be resolved.
     Dns,
@@ -65,12 +67,14 @@ pub enum FailureKind {
     ConnectPermanent,
     /// A timeout elapsed (reqwest's total or read timeout, or an I/O timeout).
     Timeout,
-    /// The connection was reset by the peer.
+    /// The connection was reset by the peer (or broke: `BrokenPipe`, `ConnectionAborted`).
     Reset,
-    /// The connection was closed before a response head arrived.
+    /// The connection was closed before a complete response head arrived. hyper reports a
+    /// truncated head and no response at all alike ("incomplete message"), so both are
+    /// `Closed`.
     Closed,
-    /// The peer broke the protocol: a malformed or truncated response head, an HTTP/2
-    /// stream or connection error.
+    /// The peer broke the protocol: a malformed response head, an HTTP/2 stream or
+    /// connection error (including `REFUSED_STREAM` and `GOAWAY`).
     Protocol,
     /// Reading or writing a body failed.
     Body,

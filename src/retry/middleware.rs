@@ -314,15 +314,15 @@ impl Config {
             Ok(d) => d,
             Err(stop) => return Step::Stop(stop),
         };
-        if let Some(deadline) = state.deadline {
-            if now.checked_add(delay).is_none_or(|wake| wake > deadline) {
-                return Step::Stop(StopReason::DeadlineExceeded);
-            }
+        if let Some(deadline) = state.deadline
+            && now.checked_add(delay).is_none_or(|wake| wake > deadline)
+        {
+            return Step::Stop(StopReason::DeadlineExceeded);
         }
-        if let Some(budget) = &self.budget {
-            if !budget.try_withdraw() {
-                return Step::Stop(StopReason::BudgetExhausted);
-            }
+        if let Some(budget) = &self.budget
+            && !budget.try_withdraw()
+        {
+            return Step::Stop(StopReason::BudgetExhausted);
         }
         Step::Retry { delay, reason }
     }
@@ -408,19 +408,22 @@ impl Middleware for RetryMiddleware {
             };
             // Evidence from the previous attempt must not be mistaken for this one's.
             extensions.remove::<RequestEvidence>();
+            let recorded_before = extensions.get::<AttemptHistory>().map_or(0, |h| h.len());
             let result = next.clone().run(req, extensions).await;
 
             let evidence = match extensions.get::<RequestEvidence>() {
                 Some(e) => e.clone(),
                 None => {
-                    let e = fallback_evidence(&result, attempt);
                     warn_no_evidence_once();
-                    extensions
-                        .get_or_insert_default::<AttemptHistory>()
-                        .push(e.clone());
-                    e
+                    fallback_evidence(&result, attempt)
                 }
             };
+            // A local rejection (breaker, pause) or a missing transport step leaves no
+            // record: add one, so the decision below lands on this attempt.
+            let history = extensions.get_or_insert_default::<AttemptHistory>();
+            if history.len() == recorded_before {
+                history.push(evidence.clone());
+            }
             let verdict = c.strategy.decide(&AttemptContext {
                 evidence: &evidence,
                 method: &method,

@@ -1,0 +1,876 @@
+//! The retry middleware against real loopback servers, with tokio's clock paused.
+//!
+//! Paused clock + real sockets: tokio auto-advances to the next timer whenever the runtime
+//! is idle, which turns the retry sleeps into exact virtual time. The clients here set no
+//! reqwest timeout and no pool idle timer (except the one test about timeouts), so the only
+//! timers are the middleware's own sleeps and the elapsed virtual time is exactly their sum.
+
+mod support;
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use http::Extensions;
+use reqwest_middleware::{ClientBuilder, ClientWithMiddleware, Middleware, Next};
+use reqwest_resilience::backoff::SeededRandom;
+use reqwest_resilience::retry::{
+    Deadline, Idempotent, MaxRetries, RetryAfterPolicy, RetryError, RetryOutcome, RetryReason,
+    StopReason, find_reqwest_error,
+};
+use reqwest_resilience::{
+    AttemptDecision, AttemptHistory, Backoff, FailureKind, Jitter, Origin, RequestEvidence,
+    ResilienceError, RetryBudget, RetryMiddleware, Transmission, TransportEvidence,
+};
+use support::{Action, FaultServer, refused_port};
+use tokio::time::Instant;
+
+const S: fn(u64) -> Duration = Duration::from_secs;
+
+/// 1 s, 2 s, 4 s … without jitter, no budget, 3 retries.
+fn plain() -> reqwest_resilience::retry::RetryMiddlewareBuilder {
+    RetryMiddleware::builder()
+        .backoff(Backoff::builder().jitter(Jitter::None).build().unwrap())
+        .no_budget()
+}
+
+fn reqwest_client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .no_proxy()
+        // No idle-pool timer: with a paused clock it would be the "next timer" tokio jumps to.
+        .pool_idle_timeout(None)
+        .build()
+        .unwrap()
+}
+
+fn client(retry: RetryMiddleware) -> ClientWithMiddleware {
+    ClientBuilder::new(reqwest_client())
+        .with(retry)
+        .with(TransportEvidence::new())
+        .build()
+}
+
+/// Sends `request` with caller-side extensions, returning the outcome, the extensions and
+/// the virtual time it took.
+async fn send(
+    client: &ClientWithMiddleware,
+    request: reqwest_middleware::RequestBuilder,
+    extensions: Extensions,
+) -> (
+    reqwest_middleware::Result<reqwest::Response>,
+    Extensions,
+    Duration,
+) {
+    let mut request = request;
+    // `with_extension` values live in the builder; `send()` would take them the same way.
+    let mut ext = std::mem::take(request.extensions());
+    ext.extend(extensions);
+    let req = request.build().unwrap();
+    let t0 = Instant::now();
+    let result = tokio::time::timeout(
+        Duration::from_secs(3600),
+        client.execute_with_extensions(req, &mut ext),
+    )
+    .await
+    .expect("the request finished");
+    (result, ext, t0.elapsed())
+}
+
+fn outcome(ext: &Extensions) -> RetryOutcome {
+    *ext.get::<RetryOutcome>()
+        .expect("a RetryOutcome in the caller's extensions")
+}
+
+fn decisions(ext: &Extensions) -> Vec<AttemptDecision> {
+    ext.get::<AttemptHistory>()
+        .expect("an attempt history")
+        .attempts()
+        .iter()
+        .map(|r| r.decision.clone().expect("a decision after every attempt"))
+        .collect()
+}
+
+fn evidence(ext: &Extensions) -> Vec<(Transmission, Option<FailureKind>)> {
+    ext.get::<AttemptHistory>()
+        .expect("an attempt history")
+        .attempts()
+        .iter()
+        .map(|r| (r.evidence.transmission, r.evidence.failure))
+        .collect()
+}
+
+fn retry_error(err: &reqwest_middleware::Error) -> &RetryError {
+    match ResilienceError::from_middleware_error(err) {
+        Some(ResilienceError::Retry(e)) => e,
+        other => panic!("expected ResilienceError::Retry, got {other:?} from {err:?}"),
+    }
+}
+
+/// The time taken is the recorded sleeps: tokio's timer has 1 ms ticks, so each sleep ends
+/// on the first tick at or after its deadline.
+fn assert_slept(took: Duration, delays: &[Duration]) {
+    let sum: Duration = delays.iter().sum();
+    let slack = Duration::from_millis(delays.len() as u64);
+    assert!(
+        took >= sum && took <= sum + slack,
+        "took {took:?} for {delays:?}"
+    );
+}
+
+fn retry(delay: Duration, reason: RetryReason) -> AttemptDecision {
+    AttemptDecision::Retry { delay, reason }
+}
+
+fn stop(reason: StopReason) -> AttemptDecision {
+    AttemptDecision::Stop { reason }
+}
+
+const R503: RetryReason = RetryReason::Status(http::StatusCode::SERVICE_UNAVAILABLE);
+
+// ---------------------------------------------------------------------------------------
+// Delays
+
+#[tokio::test(start_paused = true)]
+async fn get_503_is_retried_after_exactly_1_2_4_seconds_then_the_last_503_is_returned() {
+    let server = FaultServer::always(Action::status(503)).await;
+    let c = client(plain().build().unwrap());
+    let (res, ext, took) = send(&c, c.get(server.url("/")), Extensions::new()).await;
+    let res = res.unwrap();
+    assert_eq!(res.status(), 503);
+    assert_eq!(server.requests_seen(), 4);
+    assert_eq!(took, S(7));
+    assert_eq!(
+        decisions(&ext),
+        [
+            retry(S(1), R503),
+            retry(S(2), R503),
+            retry(S(4), R503),
+            stop(StopReason::RetriesExhausted)
+        ]
+    );
+    let expected = outcome(&ext);
+    assert_eq!(expected.attempts, 4);
+    assert_eq!(expected.resend_count(), 3);
+    assert_eq!(expected.stop, StopReason::RetriesExhausted);
+    assert_eq!(res.extensions().get::<RetryOutcome>(), Some(&expected));
+}
+
+#[tokio::test(start_paused = true)]
+async fn success_after_two_503s_reports_three_attempts_on_the_response() {
+    let server = FaultServer::sequence(
+        vec![Action::status(503), Action::status(503)],
+        Action::ok("done"),
+    )
+    .await;
+    let c = client(
+        plain()
+            .backoff(
+                Backoff::builder()
+                    .base(Duration::from_millis(100))
+                    .factor(3.0)
+                    .jitter(Jitter::None)
+                    .build()
+                    .unwrap(),
+            )
+            .build()
+            .unwrap(),
+    );
+    let res = tokio::time::timeout(S(60), c.get(server.url("/")).send())
+        .await
+        .unwrap()
+        .unwrap();
+    let o = *res.extensions().get::<RetryOutcome>().unwrap();
+    assert_eq!((res.status().as_u16(), o.attempts), (200, 3));
+    assert_eq!(o.stop, StopReason::FinalResponse(http::StatusCode::OK));
+    assert_eq!(res.text().await.unwrap(), "done");
+    assert_eq!(server.requests_seen(), 3);
+}
+
+#[tokio::test(start_paused = true)]
+async fn seeded_proportional_jitter_keeps_each_sleep_within_ten_percent() {
+    let server = FaultServer::always(Action::status(503)).await;
+    let c = client(
+        RetryMiddleware::builder()
+            .no_budget()
+            .random_source(Arc::new(SeededRandom::new(42)))
+            .build()
+            .unwrap(),
+    );
+    let (_, ext, took) = send(&c, c.get(server.url("/")), Extensions::new()).await;
+    let delays: Vec<Duration> = decisions(&ext)
+        .into_iter()
+        .filter_map(|d| match d {
+            AttemptDecision::Retry { delay, .. } => Some(delay),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(delays.len(), 3);
+    for (d, nominal) in delays.iter().zip([1.0, 2.0, 4.0]) {
+        let secs = d.as_secs_f64();
+        assert!(secs >= nominal * 0.9 && secs < nominal * 1.1, "{d:?}");
+    }
+    assert_slept(took, &delays);
+}
+
+// ---------------------------------------------------------------------------------------
+// Retry-After
+
+/// A server answering the first request with `status` and `Retry-After: value`, then 200.
+async fn retry_after_server(
+    status: u16,
+    value: impl Fn() -> String + Send + Sync + 'static,
+) -> FaultServer {
+    FaultServer::start(move |i, _| {
+        if i == 0 {
+            Action::status(status).header("retry-after", &value())
+        } else {
+            Action::ok("ok")
+        }
+    })
+    .await
+}
+
+/// Sends `request`, expects a 200 on the second attempt, and returns the sleep taken.
+async fn sleep_taken_before_success(
+    c: &ClientWithMiddleware,
+    request: reqwest_middleware::RequestBuilder,
+    server: &FaultServer,
+) -> Duration {
+    let (res, ext, took) = send(c, request, Extensions::new()).await;
+    assert_eq!(res.unwrap().status(), 200);
+    assert_eq!(server.requests_seen(), 2);
+    assert_eq!(outcome(&ext).attempts, 2);
+    match decisions(&ext)[0] {
+        AttemptDecision::Retry { delay, .. } => assert_slept(took, &[delay]),
+        ref other => panic!("{other:?}"),
+    }
+    took
+}
+
+#[tokio::test(start_paused = true)]
+async fn retry_after_seconds_on_a_post_429_is_the_sleep_taken() {
+    let server = retry_after_server(429, || "3".into()).await;
+    let c = client(plain().build().unwrap());
+    let took = sleep_taken_before_success(&c, c.post(server.url("/")).body("x"), &server).await;
+    assert_eq!(took, S(3));
+}
+
+#[tokio::test(start_paused = true)]
+async fn retry_after_imf_date_on_503_is_the_sleep_taken() {
+    let server =
+        retry_after_server(503, || httpdate::fmt_http_date(SystemTime::now() + S(6))).await;
+    let c = client(plain().build().unwrap());
+    let took = sleep_taken_before_success(&c, c.get(server.url("/")), &server).await;
+    // An HTTP date has whole seconds: 6 s ahead, minus the sub-second part of "now".
+    assert!(took > S(4) && took <= S(6), "{took:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn retry_after_numeric_zone_date_on_429_is_the_sleep_taken() {
+    let server = retry_after_server(429, || {
+        // The same instant written as local time at +0800.
+        let local = SystemTime::now() + S(6) + S(8 * 3600);
+        httpdate::fmt_http_date(local).replace(" GMT", " +0800")
+    })
+    .await;
+    let c = client(plain().build().unwrap());
+    let took = sleep_taken_before_success(&c, c.get(server.url("/")), &server).await;
+    assert!(took > S(4) && took <= S(6), "{took:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn retry_after_120_seconds_is_clamped_to_60() {
+    let server = retry_after_server(503, || "120".into()).await;
+    let c = client(plain().build().unwrap());
+    let took = sleep_taken_before_success(&c, c.get(server.url("/")), &server).await;
+    assert_eq!(took, S(60));
+}
+
+#[tokio::test(start_paused = true)]
+async fn retry_after_120_seconds_with_give_up_returns_the_503_at_once() {
+    let server = retry_after_server(503, || "120".into()).await;
+    let c = client(
+        plain()
+            .retry_after_cap(S(60), RetryAfterPolicy::GiveUp)
+            .build()
+            .unwrap(),
+    );
+    let (res, ext, took) = send(&c, c.get(server.url("/")), Extensions::new()).await;
+    let res = res.unwrap();
+    assert_eq!(res.status(), 503);
+    assert_eq!(res.headers()["retry-after"], "120");
+    assert_eq!((server.requests_seen(), took), (1, Duration::ZERO));
+    assert_eq!(outcome(&ext).stop, StopReason::RetryAfterTooLong);
+}
+
+#[tokio::test(start_paused = true)]
+async fn retry_after_garbage_is_ignored_and_the_backoff_applies() {
+    let server = retry_after_server(503, || "soon, maybe".into()).await;
+    let c = client(plain().build().unwrap());
+    let took = sleep_taken_before_success(&c, c.get(server.url("/")), &server).await;
+    assert_eq!(took, S(1));
+}
+
+#[tokio::test(start_paused = true)]
+async fn retry_after_zero_and_past_dates_fall_back_to_the_backoff() {
+    for value in ["0", "Wed, 21 Oct 2015 07:28:00 GMT"] {
+        let server = retry_after_server(429, move || value.into()).await;
+        let c = client(plain().build().unwrap());
+        let took = sleep_taken_before_success(&c, c.get(server.url("/")), &server).await;
+        assert_eq!(took, S(1), "{value}");
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// The decision table, one row per test, each against a server that counts executions.
+
+#[tokio::test(start_paused = true)]
+async fn post_after_read_then_close_is_executed_exactly_once() {
+    let server = FaultServer::sequence(vec![Action::ReadThenClose], Action::ok("again")).await;
+    let c = client(plain().build().unwrap());
+    let (res, ext, took) = send(
+        &c,
+        c.post(server.url("/pay")).body("€10"),
+        Extensions::new(),
+    )
+    .await;
+    let err = res.unwrap_err();
+    assert_eq!(server.requests_seen(), 1);
+    assert_eq!(took, Duration::ZERO);
+    let e = retry_error(&err);
+    assert_eq!(
+        (e.attempts(), e.stop_reason()),
+        (1, StopReason::MayHaveBeenProcessed)
+    );
+    assert_eq!(evidence(&ext)[0].0, Transmission::SentNoResponse);
+}
+
+#[tokio::test(start_paused = true)]
+async fn post_to_a_refused_port_is_retried_until_the_server_comes_up() {
+    let port = refused_port();
+    // The server appears on that port during the first backoff sleep.
+    let starter = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        FaultServer::try_start_on(
+            [127, 0, 0, 1].into(),
+            port,
+            |_| None,
+            |_, _| Action::ok("created"),
+        )
+        .await
+        .expect("rebind the refused port")
+    });
+    let c = client(plain().build().unwrap());
+    let url = format!("http://127.0.0.1:{port}/jobs");
+    let (res, ext, took) = send(&c, c.post(url).body("job"), Extensions::new()).await;
+    let server = starter.await.unwrap();
+    let res = res.unwrap();
+    assert_eq!(res.status(), 200);
+    assert_eq!(
+        server.requests_seen(),
+        1,
+        "the POST was executed exactly once"
+    );
+    assert_eq!(took, S(1));
+    assert_eq!(
+        evidence(&ext),
+        [
+            (Transmission::NotSent, Some(FailureKind::Connect)),
+            (Transmission::ResponseReceived(http::StatusCode::OK), None)
+        ]
+    );
+    assert_eq!(decisions(&ext)[0], retry(S(1), RetryReason::NotSent));
+}
+
+#[tokio::test(start_paused = true)]
+async fn post_to_a_port_that_stays_refused_gives_up_with_a_connect_error() {
+    let c = client(plain().max_retries(2).build().unwrap());
+    let url = format!("http://127.0.0.1:{}/jobs", refused_port());
+    let (res, _, took) = send(&c, c.post(url).body("job"), Extensions::new()).await;
+    let err = res.unwrap_err();
+    let e = retry_error(&err);
+    assert_eq!(
+        (e.attempts(), e.stop_reason()),
+        (3, StopReason::RetriesExhausted)
+    );
+    assert!(e.is_connect());
+    assert!(find_reqwest_error(&err).is_some_and(|r| r.is_connect()));
+    assert_eq!(took, S(3));
+}
+
+#[tokio::test(start_paused = true)]
+async fn put_after_reset_is_retried() {
+    let server = FaultServer::sequence(vec![Action::ReadThenReset], Action::ok("stored")).await;
+    let c = client(plain().build().unwrap());
+    let (res, ext, took) = send(&c, c.put(server.url("/doc")).body("v2"), Extensions::new()).await;
+    assert_eq!(res.unwrap().status(), 200);
+    assert_eq!((server.requests_seen(), took), (2, S(1)));
+    assert_eq!(evidence(&ext)[0].0, Transmission::SentNoResponse);
+    assert_eq!(decisions(&ext)[0], retry(S(1), RetryReason::Transient));
+}
+
+#[tokio::test(start_paused = true)]
+async fn post_after_reset_is_not_retried() {
+    let server = FaultServer::sequence(vec![Action::ReadThenReset], Action::ok("again")).await;
+    let c = client(plain().build().unwrap());
+    let (res, _, _) = send(&c, c.post(server.url("/pay")).body("x"), Extensions::new()).await;
+    let err = res.unwrap_err();
+    assert_eq!(server.requests_seen(), 1);
+    assert_eq!(
+        retry_error(&err).stop_reason(),
+        StopReason::MayHaveBeenProcessed
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn post_with_an_idempotency_key_after_read_then_close_is_retried() {
+    let server = FaultServer::sequence(vec![Action::ReadThenClose], Action::ok("paid")).await;
+    let c = client(plain().build().unwrap());
+    let req = c
+        .post(server.url("/pay"))
+        .header("Idempotency-Key", "8e03978e-40d5-43e8-bc93-6894a57f9324")
+        .body("€10");
+    let (res, _, took) = send(&c, req, Extensions::new()).await;
+    assert_eq!(res.unwrap().status(), 200);
+    assert_eq!((server.requests_seen(), took), (2, S(1)));
+    let keys: Vec<_> = server
+        .requests()
+        .iter()
+        .map(|r| r.header("idempotency-key").map(str::to_owned))
+        .collect();
+    assert_eq!(keys[0], keys[1], "the same key on both executions");
+}
+
+#[tokio::test(start_paused = true)]
+async fn post_marked_idempotent_per_request_is_retried_and_get_marked_unsafe_is_not() {
+    let server = FaultServer::start(|i, _| {
+        if i % 2 == 0 {
+            Action::ReadThenClose
+        } else {
+            Action::ok("ok")
+        }
+    })
+    .await;
+    let c = client(plain().build().unwrap());
+    let req = c
+        .post(server.url("/"))
+        .body("x")
+        .with_extension(Idempotent(true));
+    let (res, _, _) = send(&c, req, Extensions::new()).await;
+    assert_eq!(res.unwrap().status(), 200);
+    assert_eq!(server.requests_seen(), 2);
+
+    let req = c.get(server.url("/")).with_extension(Idempotent(false));
+    let (res, _, _) = send(&c, req, Extensions::new()).await;
+    assert_eq!(
+        retry_error(&res.unwrap_err()).stop_reason(),
+        StopReason::MayHaveBeenProcessed
+    );
+    assert_eq!(server.requests_seen(), 3);
+}
+
+#[tokio::test(start_paused = true)]
+async fn post_503_is_returned_at_once_without_retry_after_and_retried_with_it() {
+    let server = FaultServer::always(Action::status(503)).await;
+    let c = client(plain().build().unwrap());
+    let (res, ext, _) = send(&c, c.post(server.url("/")).body("x"), Extensions::new()).await;
+    assert_eq!(res.unwrap().status(), 503);
+    assert_eq!(server.requests_seen(), 1);
+    assert_eq!(
+        outcome(&ext).stop,
+        StopReason::StatusNotSafe(http::StatusCode::SERVICE_UNAVAILABLE)
+    );
+
+    let server = retry_after_server(503, || "2".into()).await;
+    let took = sleep_taken_before_success(&c, c.post(server.url("/")).body("x"), &server).await;
+    assert_eq!(took, S(2));
+}
+
+#[tokio::test(start_paused = true)]
+async fn get_404_and_200_are_final_after_one_request() {
+    for (status, code) in [(404, 404u16), (200, 200)] {
+        let server = FaultServer::always(Action::status(status)).await;
+        let c = client(plain().build().unwrap());
+        let (res, ext, _) = send(&c, c.get(server.url("/")), Extensions::new()).await;
+        assert_eq!(res.unwrap().status().as_u16(), code);
+        assert_eq!(server.requests_seen(), 1);
+        assert_eq!(
+            outcome(&ext).stop,
+            StopReason::FinalResponse(http::StatusCode::from_u16(code).unwrap())
+        );
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn post_refused_by_http2_refused_stream_is_retried_once() {
+    use support::h2::{H2Action, H2Server};
+    let server = H2Server::start(|_| H2Action::RefuseStream).await;
+    let c = ClientBuilder::new(
+        reqwest::Client::builder()
+            .no_proxy()
+            .pool_idle_timeout(None)
+            .http2_prior_knowledge()
+            // reqwest 0.13 replays REFUSED_STREAM itself (twice) inside one attempt; off, so
+            // the server's count shows this middleware's decisions alone.
+            .retry(reqwest::retry::never())
+            .build()
+            .unwrap(),
+    )
+    .with(plain().build().unwrap())
+    .with(TransportEvidence::new())
+    .build();
+    let (res, ext, took) = send(&c, c.post(server.url("/")).body("x"), Extensions::new()).await;
+    let err = res.unwrap_err();
+    assert_eq!(
+        server.requests_seen(),
+        2,
+        "the proof buys exactly one retry"
+    );
+    assert_eq!(took, S(1));
+    assert_eq!(
+        decisions(&ext),
+        [
+            retry(S(1), RetryReason::NotProcessed),
+            stop(StopReason::NotProcessedRetryUsed)
+        ]
+    );
+    assert_eq!(retry_error(&err).attempts(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn untrusted_certificate_is_never_retried() {
+    let server = support::tls::TlsServer::start().await;
+    let c = client(plain().build().unwrap());
+    let (res, ext, took) = send(&c, c.get(server.url("/")), Extensions::new()).await;
+    let err = res.unwrap_err();
+    assert_eq!((server.connections(), server.handshakes()), (1, 0));
+    assert_eq!(took, Duration::ZERO);
+    assert_eq!(
+        retry_error(&err).stop_reason(),
+        StopReason::Permanent(FailureKind::Certificate)
+    );
+    assert_eq!(
+        evidence(&ext),
+        [(Transmission::NotSent, Some(FailureKind::Certificate))]
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// Local rejections (breaker, pause)
+
+/// Rejects the first `rejections` attempts like an open breaker / pause would: `NotSent`
+/// evidence and a `ResilienceError` carrying `retry_in`.
+struct Rejecting {
+    remaining: std::sync::atomic::AtomicU32,
+    paused: bool,
+    retry_in: Option<Duration>,
+}
+
+#[async_trait::async_trait]
+impl Middleware for Rejecting {
+    async fn handle(
+        &self,
+        req: reqwest::Request,
+        ext: &mut Extensions,
+        next: Next<'_>,
+    ) -> reqwest_middleware::Result<reqwest::Response> {
+        use std::sync::atomic::Ordering;
+        let left = self.remaining.load(Ordering::SeqCst);
+        if left == 0 {
+            return next.run(req, ext).await;
+        }
+        self.remaining.store(left - 1, Ordering::SeqCst);
+        let origin = Origin::from_url(req.url()).unwrap();
+        let (kind, err) = if self.paused {
+            let retry_in = self.retry_in.unwrap();
+            (
+                FailureKind::Paused,
+                ResilienceError::Paused {
+                    origin: origin.clone(),
+                    retry_in,
+                },
+            )
+        } else {
+            (
+                FailureKind::BreakerOpen,
+                ResilienceError::BreakerOpen {
+                    origin: origin.clone(),
+                    state: reqwest_resilience::breaker::BreakerState::Open,
+                    retry_in: self.retry_in,
+                },
+            )
+        };
+        ext.insert(RequestEvidence::rejected_locally(kind, Some(origin), 1));
+        Err(reqwest_middleware::Error::middleware(err))
+    }
+}
+
+fn with_rejections(
+    rejections: u32,
+    paused: bool,
+    retry_in: Option<Duration>,
+) -> ClientWithMiddleware {
+    ClientBuilder::new(reqwest_client())
+        .with(plain().total_deadline(S(30)).build().unwrap())
+        .with(Rejecting {
+            remaining: rejections.into(),
+            paused,
+            retry_in,
+        })
+        .with(TransportEvidence::new())
+        .build()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_pause_is_retried_after_its_retry_in_not_the_backoff() {
+    let server = FaultServer::always(Action::ok("ok")).await;
+    let c = with_rejections(1, true, Some(S(5)));
+    let (res, ext, took) = send(&c, c.post(server.url("/")).body("x"), Extensions::new()).await;
+    assert_eq!(res.unwrap().status(), 200);
+    assert_eq!((server.requests_seen(), took), (1, S(5)));
+    assert_eq!(
+        decisions(&ext)[0],
+        retry(S(5), RetryReason::BreakerRejected)
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_open_breaker_without_retry_in_or_beyond_the_deadline_is_returned_at_once() {
+    let server = FaultServer::always(Action::ok("ok")).await;
+    for (retry_in, why) in [
+        (None, StopReason::BreakerRejected),
+        (Some(S(31)), StopReason::DeadlineExceeded),
+    ] {
+        let c = with_rejections(1, false, retry_in);
+        let (res, _, took) = send(&c, c.get(server.url("/")), Extensions::new()).await;
+        let err = res.unwrap_err();
+        let e = retry_error(&err);
+        assert_eq!(
+            (e.attempts(), e.stop_reason(), took),
+            (1, why, Duration::ZERO)
+        );
+        // The breaker's own error stays reachable beneath.
+        assert!(matches!(
+            ResilienceError::from_middleware_error(e.last_error()),
+            Some(ResilienceError::BreakerOpen { .. })
+        ));
+    }
+    assert_eq!(server.requests_seen(), 0);
+}
+
+// ---------------------------------------------------------------------------------------
+// Budget, deadline, bodies, overrides, errors
+
+#[tokio::test(start_paused = true)]
+async fn budget_of_20_percent_allows_2_retries_for_10_requests_in_a_total_outage() {
+    let server = FaultServer::always(Action::status(503)).await;
+    let budget = RetryBudget::new(S(60), 0, 0.2).unwrap();
+    let c = client(
+        plain()
+            .backoff(
+                Backoff::builder()
+                    .base(Duration::from_millis(10))
+                    .jitter(Jitter::None)
+                    .build()
+                    .unwrap(),
+            )
+            .budget(budget.clone())
+            .build()
+            .unwrap(),
+    );
+    let mut stops = Vec::new();
+    for _ in 0..10 {
+        let (res, ext, _) = send(&c, c.get(server.url("/")), Extensions::new()).await;
+        assert_eq!(res.unwrap().status(), 503);
+        stops.push((outcome(&ext).attempts, outcome(&ext).stop));
+    }
+    // Request k (1-based) may retry while retries < ⌊0.2 k⌋: the 5th and the 10th.
+    let retried: Vec<_> = stops.iter().map(|(a, _)| *a).collect();
+    assert_eq!(retried, [1, 1, 1, 1, 2, 1, 1, 1, 1, 2]);
+    assert!(stops.iter().all(|(_, s)| *s == StopReason::BudgetExhausted));
+    assert_eq!(server.requests_seen(), 12);
+    assert_eq!(budget.remaining(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn default_budget_caps_a_concurrent_outage_at_the_floor() {
+    let server = FaultServer::always(Action::status(503)).await;
+    let c = client(
+        RetryMiddleware::builder()
+            .backoff(
+                Backoff::builder()
+                    .base(Duration::from_millis(10))
+                    .jitter(Jitter::None)
+                    .build()
+                    .unwrap(),
+            )
+            .build()
+            .unwrap(),
+    );
+    let tasks: Vec<_> = (0..100)
+        .map(|_| {
+            let (c, url) = (c.clone(), server.url("/"));
+            tokio::spawn(async move { c.get(url).send().await.unwrap().status().as_u16() })
+        })
+        .collect();
+    for t in tasks {
+        assert_eq!(tokio::time::timeout(S(60), t).await.unwrap().unwrap(), 503);
+    }
+    // 100 requests; the floor (10/s over 10 s = 100 retries) exceeds 20 % of them, and
+    // without a budget there would be 300 retries.
+    assert_eq!(server.requests_seen(), 200);
+}
+
+#[tokio::test(start_paused = true)]
+async fn deadline_cuts_the_last_sleep() {
+    let server = FaultServer::always(Action::status(503)).await;
+    let c = client(plain().total_deadline(S(5)).build().unwrap());
+    let (res, ext, took) = send(&c, c.get(server.url("/")), Extensions::new()).await;
+    assert_eq!(res.unwrap().status(), 503);
+    // Slept 1 s and 2 s; 4 s more would end at 7 s, past the 5 s deadline.
+    assert_eq!((server.requests_seen(), took), (3, S(3)));
+    assert_eq!(outcome(&ext).stop, StopReason::DeadlineExceeded);
+
+    let req = c
+        .get(server.url("/"))
+        .with_extension(Deadline::after(Duration::from_millis(2500)));
+    let (_, ext, took) = send(&c, req, Extensions::new()).await;
+    assert_eq!(
+        (outcome(&ext).attempts, took),
+        (2, S(1)),
+        "per-request deadline wins"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn streaming_body_is_sent_once_and_the_response_returned_as_is() {
+    let server = FaultServer::always(Action::status(503)).await;
+    let c = client(plain().build().unwrap());
+    let chunks: Vec<Result<&'static str, std::io::Error>> = vec![Ok("part 1, "), Ok("part 2")];
+    let body = reqwest::Body::wrap_stream(futures_util::stream::iter(chunks));
+    let (res, ext, took) = send(
+        &c,
+        c.put(server.url("/upload")).body(body),
+        Extensions::new(),
+    )
+    .await;
+    assert_eq!(res.unwrap().status(), 503);
+    assert_eq!((server.requests_seen(), took), (1, Duration::ZERO));
+    assert_eq!(server.requests()[0].body, b"part 1, part 2");
+    assert_eq!(outcome(&ext).stop, StopReason::BodyNotClonable);
+}
+
+#[tokio::test(start_paused = true)]
+async fn per_request_max_retries_zero_sends_once() {
+    let server = FaultServer::always(Action::status(503)).await;
+    let c = client(plain().build().unwrap());
+    let req = c.get(server.url("/")).with_extension(MaxRetries(0));
+    let (res, ext, took) = send(&c, req, Extensions::new()).await;
+    assert_eq!(res.unwrap().status(), 503);
+    assert_eq!((server.requests_seen(), took), (1, Duration::ZERO));
+    assert_eq!(outcome(&ext).stop, StopReason::RetriesExhausted);
+
+    let req = c.get(server.url("/")).with_extension(MaxRetries(1));
+    let (_, ext, _) = send(&c, req, Extensions::new()).await;
+    assert_eq!(outcome(&ext).attempts, 2);
+    assert_eq!(server.requests_seen(), 3);
+}
+
+#[tokio::test(start_paused = true)]
+async fn is_timeout_is_answerable_on_the_final_error() {
+    let server = FaultServer::always(Action::Stall).await;
+    // The one client with a reqwest timeout: on the paused clock it fires as soon as the
+    // runtime idles, which is exactly the stalled server's case.
+    let reqwest = reqwest::Client::builder()
+        .no_proxy()
+        .pool_idle_timeout(None)
+        .timeout(S(2))
+        .build()
+        .unwrap();
+    let c = ClientBuilder::new(reqwest)
+        .with(plain().max_retries(1).build().unwrap())
+        .with(TransportEvidence::new())
+        .build();
+    let (res, ext, took) = send(&c, c.get(server.url("/")), Extensions::new()).await;
+    let err = res.unwrap_err();
+    assert_eq!(server.requests_seen(), 2);
+    assert_eq!(took, S(2 + 1 + 2));
+    let e = retry_error(&err);
+    assert!(e.is_timeout());
+    assert_eq!(
+        (e.attempts(), e.stop_reason()),
+        (2, StopReason::RetriesExhausted)
+    );
+    assert!(find_reqwest_error(&err).is_some_and(reqwest::Error::is_timeout));
+    // The reqwest::Error is the source of the ResilienceError, reachable by downcasting.
+    let resilience = ResilienceError::from_middleware_error(&err).unwrap();
+    let source = std::error::Error::source(resilience).unwrap();
+    assert!(
+        source
+            .downcast_ref::<reqwest::Error>()
+            .is_some_and(|r| r.is_timeout())
+    );
+    assert_eq!(evidence(&ext)[1].1, Some(FailureKind::Timeout));
+    assert!(err.to_string().contains("2 attempts"), "{err}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn wrap_errors_false_returns_the_reqwest_error_unchanged() {
+    let c = client(plain().max_retries(1).wrap_errors(false).build().unwrap());
+    let url = format!("http://127.0.0.1:{}/", refused_port());
+    let (res, ext, _) = send(&c, c.get(url), Extensions::new()).await;
+    let err = res.unwrap_err();
+    assert!(matches!(err, reqwest_middleware::Error::Reqwest(ref e) if e.is_connect()));
+    assert!(err.is_connect());
+    assert_eq!(
+        (outcome(&ext).attempts, outcome(&ext).stop),
+        (2, StopReason::RetriesExhausted)
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn without_transport_evidence_failures_are_unknown_so_only_idempotent_requests_retry() {
+    let server = FaultServer::start(|i, _| {
+        if i % 2 == 0 {
+            Action::ReadThenClose
+        } else {
+            Action::ok("ok")
+        }
+    })
+    .await;
+    let c = ClientBuilder::new(reqwest_client())
+        .with(plain().build().unwrap())
+        .build();
+    let (res, ext, _) = send(&c, c.get(server.url("/")), Extensions::new()).await;
+    assert_eq!(res.unwrap().status(), 200);
+    assert_eq!(
+        evidence(&ext)[0],
+        (Transmission::Unknown, Some(FailureKind::Other))
+    );
+    let (res, _, _) = send(&c, c.post(server.url("/")).body("x"), Extensions::new()).await;
+    assert_eq!(
+        retry_error(&res.unwrap_err()).stop_reason(),
+        StopReason::MayHaveBeenProcessed
+    );
+    assert_eq!(server.requests_seen(), 3);
+}
+
+#[cfg(feature = "retry-policies")]
+#[tokio::test(start_paused = true)]
+async fn a_retry_policies_policy_drives_the_delays_and_the_limit() {
+    use retry_policies::policies::ExponentialBackoff;
+    let server = FaultServer::always(Action::status(503)).await;
+    let policy = ExponentialBackoff::builder()
+        .retry_bounds(S(1), S(1))
+        .jitter(retry_policies::Jitter::None)
+        .build_with_max_retries(2);
+    let c = client(RetryMiddleware::new_with_policy(policy));
+    let (res, ext, took) = send(&c, c.get(server.url("/")), Extensions::new()).await;
+    assert_eq!(res.unwrap().status(), 503);
+    assert_eq!(server.requests_seen(), 3);
+    assert_eq!(outcome(&ext).stop, StopReason::RetriesExhausted);
+    // The policy computes from the wall clock, so each delay is at most its 1 s.
+    assert!(
+        took <= S(2) && took > Duration::from_millis(1900),
+        "{took:?}"
+    );
+}

@@ -1,13 +1,115 @@
-//! Per-origin circuit breakers (being written).
+//! Per-origin circuit breakers, with server-directed pauses shared by every caller.
+//!
+//! - [`Breaker`] (`state.rs`): the pure state machine of one origin, Closed → Open →
+//!   HalfOpen → Closed | Open, driven by `tokio::time::Instant` (so a paused test clock
+//!   drives it), plus manual isolation and a `Retry-After` pause.
+//! - [`TripPolicy`] (`policy.rs`): consecutive failures (default 5) or a failure ratio
+//!   over a sliding window of 10 buckets with a minimum throughput (Polly style);
+//!   [`AttemptClassifier`] decides how an attempt counts ([`DefaultClassifier`]: 5xx,
+//!   401, 429 and transport failures are failures; 2xx/3xx successes; other 4xx neutral).
+//! - [`BreakerConfig`] (`config.rs`): open period (30 s), probes (1), growth of the open
+//!   period on repeated trips with a cap, jitter, pause cap (60 s) and mode, bound on origins.
+//! - [`BreakerRegistry`] (`registry.rs`): one breaker per [`Origin`](crate::Origin),
+//!   bounded, sharded, cheap to clone; snapshot, isolate, reset, transition events.
+//! - [`CircuitBreakerMiddleware`] (`middleware.rs`): the `reqwest_middleware` step.
+//!
+//! # What a rejection leaves for the retry middleware
+//!
+//! When the breaker turns a request away (Open, HalfOpen with its probes taken,
+//! isolated, or paused), nothing is sent and the middleware returns
+//! `reqwest_middleware::Error::Middleware` holding a [`ResilienceError::BreakerOpen`] or
+//! [`ResilienceError::Paused`](crate::ResilienceError::Paused) (both carry the origin and
+//! the "retry in"; [`ResilienceError::retry_in`](crate::ResilienceError::retry_in) reads
+//! it). In the request's extensions it leaves:
+//!
+//! - a [`RequestEvidence`](crate::RequestEvidence) from
+//!   `RequestEvidence::rejected_locally(FailureKind::BreakerOpen | FailureKind::Paused, …)`:
+//!   `Transmission::NotSent`, the origin, the attempt number;
+//! - the same evidence appended to the [`AttemptHistory`](crate::AttemptHistory);
+//! - a [`RetryIn`]: how long until trying again may succeed (absent when the breaker was
+//!   isolated by hand: no probe is scheduled, so retrying is pointless).
+//!
+//! A retry middleware outside it reads `extensions.get::<RetryIn>()` after `next.run`
+//! and retries no sooner than that; the breaker removes a stale `RetryIn` at the start of
+//! every attempt, so one found there belongs to the attempt just made.
+//!
+//! # Deadlines
+//!
+//! A request may carry a [`Deadline`] in its extensions. In [`PauseMode::Wait`] a request
+//! whose deadline would pass before the pause ends fails fast instead of waiting.
+//!
+//! [`ResilienceError::BreakerOpen`]: crate::ResilienceError::BreakerOpen
+//!
+//! # Example
+//!
+//! ```
+//! use std::time::Duration;
+//! use reqwest_middleware::ClientBuilder;
+//! use reqwest_resilience::TransportEvidence;
+//! use reqwest_resilience::breaker::{
+//!     BreakerConfig, BreakerRegistry, CircuitBreakerMiddleware, TripPolicy,
+//! };
+//!
+//! # fn main() -> Result<(), reqwest_resilience::ResilienceError> {
+//! let registry = BreakerRegistry::with_listener(
+//!     BreakerConfig::default()
+//!         .policy(TripPolicy::failure_ratio(0.5, Duration::from_secs(30), 20))
+//!         .open_duration(Duration::from_secs(10)),
+//!     |event| eprintln!("{} {:?} -> {:?}", event.origin, event.from, event.to),
+//! )?;
+//! let client = ClientBuilder::new(reqwest::Client::new())
+//!     .with(CircuitBreakerMiddleware::new(registry.clone()))
+//!     .with(TransportEvidence::new())
+//!     .build();
+//! for breaker in registry.snapshot() {
+//!     println!("{} {:?} for {:?}", breaker.origin, breaker.state, breaker.time_in_state);
+//! }
+//! # drop(client); Ok(()) }
+//! ```
 
 mod config;
+mod middleware;
 mod policy;
 mod registry;
 mod state;
 
+use std::time::Duration;
+
 pub use config::{BreakerConfig, OpenGrowth, PauseMode};
+pub use middleware::CircuitBreakerMiddleware;
 pub use policy::{AttemptClassifier, DefaultClassifier, Outcome, TripPolicy, WINDOW_BUCKETS};
 pub use registry::{
     BreakerEvent, BreakerPermit, BreakerRegistry, BreakerRejection, BreakerSnapshot,
 };
 pub use state::{Breaker, BreakerState, RejectReason, Rejection, Ticket, Transition};
+
+/// Left in the request's extensions when a breaker or a pause turned the request away:
+/// how long until trying again may succeed, counted from the rejection.
+///
+/// ```
+/// use std::time::Duration;
+/// use reqwest_resilience::breaker::RetryIn;
+///
+/// let mut extensions = http::Extensions::new();
+/// extensions.insert(RetryIn(Duration::from_secs(5)));
+/// // What a retry middleware does after `next.run`:
+/// let wait = extensions.get::<RetryIn>().map(|r| r.0);
+/// assert_eq!(wait, Some(Duration::from_secs(5)));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct RetryIn(pub Duration);
+
+/// A request's deadline, read from its extensions: a request the breaker would make wait
+/// for a pause past it fails fast instead.
+///
+/// ```
+/// use std::time::Duration;
+/// use reqwest_resilience::breaker::Deadline;
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// let mut extensions = http::Extensions::new();
+/// extensions.insert(Deadline(tokio::time::Instant::now() + Duration::from_secs(2)));
+/// # }
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Deadline(pub tokio::time::Instant);

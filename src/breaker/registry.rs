@@ -3,21 +3,22 @@
 //!
 //! # Layout and cost
 //!
-//! The origins are spread over up to 16 shards, each a `RwLock<HashMap<Origin,
-//! Arc<Entry>>>`: the hot path takes one shard's read lock to clone the entry's `Arc`,
+//! The origins are spread over up to 16 shards (one per 256 origins of the bound), each a
+//! `RwLock<HashMap<Origin, Arc<Entry>>>`: the hot path takes one shard's read lock to clone the entry's `Arc`,
 //! then that origin's own mutex to ask its [`Breaker`]. No lock covers the whole
 //! registry, and two origins only meet on a shard's read lock (shared, never held across
 //! an await). A new origin takes its shard's write lock once.
 //!
 //! # Bounds
 //!
-//! At most [`BreakerConfig::max_origins`] breakers, split evenly over the shards. When a
-//! new origin finds its shard full, the shard forgets its least recently used evictable
-//! breakers (an eighth of the shard at once, so the scan is amortised): evictable means
-//! Closed (or Open with its period over), not paused, and not held by any request in
-//! flight. An Open, HalfOpen, Isolated or paused breaker is never forgotten while it
-//! matters. If a shard holds nothing evictable, the new origin gets a breaker that is
-//! not stored (its requests pass as if Closed) and [`BreakerRegistry::overflowed`] counts it.
+//! At most [`BreakerConfig::max_origins`] breakers (an exact bound, kept by one atomic
+//! count). When a new origin finds the registry full, its shard forgets its least
+//! recently used evictable breaker: Closed (or Open with its period over), not paused,
+//! and not held by any request in flight. An Open, HalfOpen, Isolated or paused breaker
+//! is never forgotten while it matters. Victims are chosen an eighth of a shard per scan,
+//! so a steady stream of new origins costs amortised O(1) each. If no breaker anywhere
+//! can be forgotten, the new origin gets a breaker that is not stored (its requests pass
+//! as if Closed) and [`BreakerRegistry::overflowed`] counts it.
 //!
 //! Memory per origin: one [`Breaker`] ([`Breaker::SIZE`] bytes, nothing on the heap) in an
 //! `Arc<Mutex<_>>`, plus the map slot (the [`Origin`] key and the `Arc`) and the origin's
@@ -120,9 +121,14 @@ struct Entry {
     breaker: Mutex<Breaker>,
 }
 
-struct Shard {
-    map: RwLock<HashMap<Origin, Arc<Entry>>>,
-    capacity: usize,
+type Shard = RwLock<ShardMap>;
+
+#[derive(Default)]
+struct ShardMap {
+    map: HashMap<Origin, Arc<Entry>>,
+    // The next breakers to forget, oldest last, with their `last_used` when chosen: one
+    // scan of the shard finds an eighth of it, so finding a victim is amortised O(1).
+    victims: Vec<(Instant, Origin)>,
 }
 
 struct Inner {
@@ -203,14 +209,10 @@ impl BreakerRegistry {
     }
 
     fn build(config: BreakerConfig, listener: Option<Listener>) -> Self {
-        let shards = config.max_origins.clamp(1, MAX_SHARDS);
-        let (per, extra) = (config.max_origins / shards, config.max_origins % shards);
-        let shards = (0..shards)
-            .map(|i| Shard {
-                map: RwLock::new(HashMap::new()),
-                capacity: per + usize::from(i < extra),
-            })
-            .collect();
+        // Shards of a few hundred origins at least, so a shard rarely runs out of
+        // breakers it can forget while another has plenty.
+        let shards = (config.max_origins / 256).clamp(1, MAX_SHARDS);
+        let shards = (0..shards).map(|_| RwLock::default()).collect();
         BreakerRegistry {
             inner: Arc::new(Inner {
                 config,
@@ -304,7 +306,8 @@ impl BreakerRegistry {
         let now = Instant::now();
         let mut out = Vec::with_capacity(self.len());
         for shard in self.inner.shards.iter() {
-            let entries: Vec<(Origin, Arc<Entry>)> = read(&shard.map)
+            let entries: Vec<(Origin, Arc<Entry>)> = read(shard)
+                .map
                 .iter()
                 .map(|(o, e)| (o.clone(), e.clone()))
                 .collect();
@@ -352,40 +355,62 @@ impl BreakerRegistry {
         self.inner.overflowed.load(Ordering::Relaxed)
     }
 
-    fn shard(&self, origin: &Origin) -> &Shard {
-        let shards = &self.inner.shards;
-        let i = self.inner.hasher.hash_one(origin) as usize % shards.len();
-        &shards[i]
+    fn shard_index(&self, origin: &Origin) -> usize {
+        self.inner.hasher.hash_one(origin) as usize % self.inner.shards.len()
     }
 
     fn peek(&self, origin: &Origin) -> Option<Arc<Entry>> {
-        read(&self.shard(origin).map).get(origin).cloned()
+        read(&self.inner.shards[self.shard_index(origin)])
+            .map
+            .get(origin)
+            .cloned()
     }
 
     fn entry(&self, origin: &Origin) -> Arc<Entry> {
-        let shard = self.shard(origin);
-        if let Some(e) = read(&shard.map).get(origin) {
+        let index = self.shard_index(origin);
+        let shard = &self.inner.shards[index];
+        if let Some(e) = read(shard).map.get(origin) {
             return e.clone();
         }
         let now = Instant::now();
-        let mut map = write(&shard.map);
-        if let Some(e) = map.get(origin) {
+        let mut sm = write(shard);
+        if let Some(e) = sm.map.get(origin) {
             return e.clone();
         }
-        if map.len() >= shard.capacity {
-            let evicted = evict(&mut map, shard.capacity, now);
-            self.inner.len.fetch_sub(evicted, Ordering::Relaxed);
-        }
+        let max = self.inner.config.max_origins;
+        // Reserving the slot in the global count keeps the bound exact under races.
+        let room = self
+            .inner
+            .len
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |l| {
+                (l < max).then_some(l + 1)
+            })
+            .is_ok()
+            || evict_one(&mut sm, now)
+            || self.evict_elsewhere(index, now);
         let entry = Arc::new(Entry {
             breaker: Mutex::new(Breaker::new(now)),
         });
-        if map.len() < shard.capacity {
-            map.insert(origin.clone(), entry.clone());
-            self.inner.len.fetch_add(1, Ordering::Relaxed);
+        if room {
+            sm.map.insert(origin.clone(), entry.clone());
         } else {
             self.inner.overflowed.fetch_add(1, Ordering::Relaxed);
         }
         entry
+    }
+
+    /// Frees a slot in another shard when this one holds nothing to forget. `try_write`
+    /// only: waiting for a second shard while holding one could deadlock.
+    fn evict_elsewhere(&self, skip: usize, now: Instant) -> bool {
+        self.inner
+            .shards
+            .iter()
+            .enumerate()
+            .filter(|&(i, _)| i != skip)
+            .any(|(_, shard)| match shard.try_write() {
+                Ok(mut sm) => evict_one(&mut sm, now),
+                Err(_) => false,
+            })
     }
 
     fn emit(&self, origin: &Origin, transition: Option<Transition>) {
@@ -414,7 +439,7 @@ impl BreakerRegistry {
         self.inner
             .shards
             .iter()
-            .map(|s| read(&s.map).capacity())
+            .map(|s| read(s).map.capacity())
             .sum()
     }
 }
@@ -498,29 +523,55 @@ fn effective_state(b: &Breaker, now: Instant) -> BreakerState {
     }
 }
 
-/// Removes up to an eighth of the shard: the least recently used breakers that nothing
-/// depends on. Returns how many went.
-fn evict(map: &mut HashMap<Origin, Arc<Entry>>, capacity: usize, now: Instant) -> usize {
-    let target = (capacity / 8).max(1);
-    let mut candidates: Vec<(Instant, Origin)> = map
-        .iter()
-        .filter_map(|(origin, entry)| {
-            // Our write lock keeps new clones out; one holder means no request in flight.
-            if Arc::strong_count(entry) != 1 {
-                return None;
+/// Whether nothing depends on `entry` at `now`: no request holds it (our write lock keeps
+/// new clones out, so one holder is the map) and its breaker may be forgotten. Returns
+/// its last use.
+fn evictable(entry: &Arc<Entry>, now: Instant) -> Option<Instant> {
+    if Arc::strong_count(entry) != 1 {
+        return None;
+    }
+    let b = entry.breaker.try_lock().ok()?;
+    b.is_evictable(now).then(|| b.last_used())
+}
+
+/// Forgets the least recently used breaker of the shard that nothing depends on.
+fn evict_one(sm: &mut ShardMap, now: Instant) -> bool {
+    let mut refilled = false;
+    loop {
+        let Some((seen, origin)) = sm.victims.pop() else {
+            if refilled {
+                return false;
             }
-            let b = entry.breaker.try_lock().ok()?;
-            b.is_evictable(now).then(|| (b.last_used(), origin.clone()))
-        })
+            refill_victims(sm, now);
+            refilled = true;
+            continue;
+        };
+        let gone = match sm.map.get(&origin) {
+            // Used since it was chosen: no longer among the least recently used.
+            Some(entry) => evictable(entry, now).is_some_and(|last| last <= seen),
+            None => false,
+        };
+        if gone {
+            sm.map.remove(&origin);
+            return true;
+        }
+    }
+}
+
+fn refill_victims(sm: &mut ShardMap, now: Instant) {
+    let target = (sm.map.len() / 8).max(1);
+    let mut candidates: Vec<(Instant, Origin)> = sm
+        .map
+        .iter()
+        .filter_map(|(origin, entry)| Some((evictable(entry, now)?, origin.clone())))
         .collect();
     if candidates.len() > target {
         candidates.select_nth_unstable_by_key(target, |c| c.0);
         candidates.truncate(target);
     }
-    for (_, origin) in &candidates {
-        map.remove(origin);
-    }
-    candidates.len()
+    // Oldest last, for `pop`.
+    candidates.sort_unstable_by(|a, b| b.0.cmp(&a.0));
+    sm.victims = candidates;
 }
 
 #[cfg_attr(not(feature = "tracing"), allow(unused_variables))]
@@ -543,4 +594,275 @@ fn read<T>(l: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
 
 fn write<T>(l: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
     l.write().unwrap_or_else(PoisonError::into_inner)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::breaker::policy::TripPolicy;
+
+    const S: Duration = Duration::from_secs(1);
+
+    fn origin(i: usize) -> Origin {
+        Origin::parse(&format!("http://h{i}.example:8080")).unwrap()
+    }
+
+    fn registry(max: usize) -> BreakerRegistry {
+        BreakerRegistry::new(
+            BreakerConfig::default()
+                .policy(TripPolicy::consecutive_failures(2))
+                .open_duration(10 * S)
+                .max_origins(max),
+        )
+        .unwrap()
+    }
+
+    fn trip(r: &BreakerRegistry, o: &Origin) {
+        for _ in 0..2 {
+            r.acquire(o).unwrap().record(Outcome::Failure);
+        }
+        assert_eq!(r.state(o), Some(BreakerState::Open));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn clones_share_breakers_and_separate_registries_do_not() {
+        let a = registry(100);
+        let a2 = a.clone();
+        let b = registry(100);
+        let o = origin(1);
+        trip(&a, &o);
+        assert!(a.same_registry(&a2) && !a.same_registry(&b));
+        assert_eq!(a2.acquire(&o).unwrap_err().reason, RejectReason::Open);
+        assert!(b.acquire(&o).is_ok());
+        assert_eq!(b.state(&o), Some(BreakerState::Closed));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn invalid_config_is_a_typed_error() {
+        let err = BreakerRegistry::new(BreakerConfig::default().max_origins(0)).unwrap_err();
+        assert!(matches!(err, ResilienceError::InvalidConfig(_)));
+    }
+
+    /// 10^5 distinct origins through a registry of 10^4: it stays at its maximum and its
+    /// maps stop growing once full (memory flat).
+    // Real clock (no runtime): least-recently-used needs time to move between requests.
+    #[test]
+    fn hundred_thousand_origins_keep_registry_at_max_with_flat_memory() {
+        distinct_origins_keep_registry_at_max(100_000);
+    }
+
+    /// The 10^6 run (about 10 s in debug): `cargo test --lib -- --ignored million`.
+    #[test]
+    #[ignore]
+    fn million_origins_keep_registry_at_max_with_flat_memory() {
+        distinct_origins_keep_registry_at_max(1_000_000);
+    }
+
+    fn distinct_origins_keep_registry_at_max(n: usize) {
+        let max = 10_000;
+        let r = registry(max);
+        let mut peak_slots = 0;
+        for i in 0..n {
+            r.acquire(&origin(i)).unwrap().record(Outcome::Success);
+            assert!(r.len() <= max);
+            if i % 1_000 == 0 {
+                peak_slots = peak_slots.max(r.map_capacity());
+            }
+        }
+        assert_eq!(r.len(), max);
+        assert_eq!(r.overflowed(), 0);
+        // Memory flat: the tables' slots (items + free, tombstones aside) stay within a
+        // constant multiple of the bound however many origins went through. hashbrown
+        // doubles a table once under remove/insert churn, then rehashes in place.
+        assert!(peak_slots <= 4 * max, "{peak_slots}");
+        // The most recent origins are the ones kept; the first ones are gone.
+        assert_eq!(r.state(&origin(n - 1)), Some(BreakerState::Closed));
+        assert_eq!(r.state(&origin(0)), None);
+        eprintln!(
+            "{n} origins: len {}, peak map slots {peak_slots}, {} bytes per origin + text",
+            r.len(),
+            BreakerRegistry::BYTES_PER_ORIGIN
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn eviction_never_forgets_open_or_in_flight_breakers() {
+        let r = registry(32);
+        let open: Vec<_> = (0..8).map(|i| origin(1_000_000 + i)).collect();
+        for o in &open {
+            trip(&r, o);
+        }
+        let held = r.acquire(&origin(2_000_000)).unwrap();
+        for i in 0..10_000 {
+            r.acquire(&origin(i)).unwrap().record(Outcome::Success);
+        }
+        assert_eq!(r.len(), 32);
+        for o in &open {
+            assert_eq!(r.state(o), Some(BreakerState::Open), "{o}");
+        }
+        assert_eq!(r.state(held.origin()), Some(BreakerState::Closed));
+        held.record(Outcome::Success);
+        // Once the open period is over an idle breaker may go like any Closed one.
+        tokio::time::advance(10 * S).await;
+        for i in 0..10_000 {
+            r.acquire(&origin(20_000 + i))
+                .unwrap()
+                .record(Outcome::Success);
+        }
+        assert!(open.iter().all(|o| r.state(o).is_none()));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn full_registry_of_open_breakers_serves_new_origin_untracked() {
+        let r = registry(1);
+        let down = origin(1);
+        trip(&r, &down);
+        let permit = r.acquire(&origin(2)).unwrap();
+        assert!(!permit.is_probe());
+        permit.record(Outcome::Failure);
+        assert_eq!(r.len(), 1);
+        assert_eq!(r.overflowed(), 1);
+        assert_eq!(r.state(&down), Some(BreakerState::Open));
+        assert_eq!(r.state(&origin(2)), None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn dropped_probe_permit_frees_the_slot() {
+        let r = registry(10);
+        let o = origin(1);
+        trip(&r, &o);
+        tokio::time::advance(10 * S).await;
+        let probe = r.acquire(&o).unwrap();
+        assert!(probe.is_probe());
+        let busy = r.acquire(&o).unwrap_err();
+        assert_eq!(
+            (busy.reason, busy.retry_in),
+            (RejectReason::ProbesBusy, Some(S))
+        );
+        drop(probe);
+        let probe = r.acquire(&o).unwrap();
+        assert!(probe.is_probe());
+        probe.record(Outcome::Success);
+        assert_eq!(r.state(&o), Some(BreakerState::Closed));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn listener_sees_every_transition_in_order() {
+        let events = Arc::new(Mutex::new(Vec::new()));
+        let sink = events.clone();
+        let r = BreakerRegistry::with_listener(
+            BreakerConfig::default()
+                .policy(TripPolicy::consecutive_failures(1))
+                .open_duration(S),
+            move |e: &BreakerEvent| {
+                sink.lock()
+                    .unwrap()
+                    .push((e.origin.clone(), e.from, e.to, e.open_for))
+            },
+        )
+        .unwrap();
+        let o = origin(7);
+        r.acquire(&o).unwrap().record(Outcome::Failure);
+        tokio::time::advance(S).await;
+        r.acquire(&o).unwrap().record(Outcome::Success);
+        r.isolate(&o);
+        r.reset(&o);
+        use BreakerState::*;
+        assert_eq!(
+            *events.lock().unwrap(),
+            [
+                (o.clone(), Closed, Open, Some(S)),
+                (o.clone(), Open, HalfOpen, None),
+                (o.clone(), HalfOpen, Closed, None),
+                (o.clone(), Closed, Isolated, None),
+                (o.clone(), Isolated, Closed, None),
+            ]
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn snapshot_reports_state_counts_and_time_in_state() {
+        let r = registry(10);
+        let (a, b) = (origin(1), origin(2));
+        r.acquire(&a).unwrap().record(Outcome::Failure);
+        trip(&r, &b);
+        tokio::time::advance(4 * S).await;
+        assert!(r.acquire(&b).is_err());
+        r.pause(&a, 3 * S);
+        let snap = r.snapshot();
+        assert_eq!(snap.len(), 2);
+        assert_eq!(
+            (snap[0].origin.clone(), snap[0].state),
+            (a.clone(), BreakerState::Closed)
+        );
+        assert_eq!(snap[0].consecutive_failures, 1);
+        assert_eq!(snap[0].paused_for, Some(3 * S));
+        assert_eq!(snap[0].time_in_state, 4 * S);
+        assert_eq!(
+            (snap[1].state, snap[1].trips, snap[1].rejections),
+            (BreakerState::Open, 1, 1)
+        );
+        assert_eq!(snap[1].probe_in, Some(6 * S));
+        assert_eq!(snap[1].time_in_state, 4 * S);
+        tokio::time::advance(7 * S).await;
+        let snap = r.snapshot();
+        assert_eq!(
+            (snap[1].state, snap[1].time_in_state),
+            (BreakerState::HalfOpen, S)
+        );
+        assert_eq!(snap[0].paused_for, None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn pause_is_clamped_to_max_pause_and_shared_by_clones() {
+        let r = BreakerRegistry::new(BreakerConfig::default().max_pause(5 * S)).unwrap();
+        let o = origin(3);
+        assert_eq!(r.pause(&o, 3600 * S), 5 * S);
+        assert_eq!(r.pause(&o, Duration::ZERO), Duration::ZERO);
+        let rej = r.clone().acquire(&o).unwrap_err();
+        assert_eq!(
+            (rej.reason, rej.retry_in),
+            (RejectReason::Paused, Some(5 * S))
+        );
+        let err = ResilienceError::from(rej);
+        assert!(matches!(err, ResilienceError::Paused { retry_in, .. } if retry_in == 5 * S));
+        tokio::time::advance(5 * S).await;
+        assert!(r.acquire(&o).is_ok());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn isolate_rejects_without_retry_in_and_reset_restores() {
+        let r = registry(10);
+        let o = origin(4);
+        assert!(r.isolate(&o));
+        let rej = r.acquire(&o).unwrap_err();
+        assert_eq!(
+            (rej.reason, rej.state, rej.retry_in),
+            (RejectReason::Isolated, BreakerState::Isolated, None)
+        );
+        let err = ResilienceError::from(rej);
+        assert_eq!(err.retry_in(), None);
+        assert!(matches!(
+            err,
+            ResilienceError::BreakerOpen {
+                state: BreakerState::Isolated,
+                ..
+            }
+        ));
+        r.reset(&o);
+        assert!(r.acquire(&o).is_ok());
+        r.reset(&origin(99));
+        assert_eq!(r.state(&origin(99)), None);
+    }
+
+    #[test]
+    fn memory_per_origin_is_stated() {
+        eprintln!(
+            "Breaker {} bytes, Entry {} bytes, per origin {} bytes + text",
+            Breaker::SIZE,
+            std::mem::size_of::<Entry>(),
+            BreakerRegistry::BYTES_PER_ORIGIN
+        );
+        assert!(BreakerRegistry::BYTES_PER_ORIGIN <= 320);
+    }
 }

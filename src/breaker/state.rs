@@ -553,7 +553,7 @@ mod tests {
         let mut b = Breaker::new(Instant::now());
         let mut path = vec![b.state()];
         let mut open_periods = Vec::new();
-        let mut step = |b: &mut Breaker, outcome| {
+        let step = |b: &mut Breaker, outcome| {
             let now = Instant::now();
             let (r, t) = b.try_acquire(&c, now);
             let mut ts: Vec<Transition> = t.into_iter().collect();
@@ -681,5 +681,268 @@ mod tests {
     fn breaker_is_small() {
         // Stated in the registry docs; a change here must update them.
         assert!(Breaker::SIZE <= 256, "{}", Breaker::SIZE);
+    }
+
+    /// A reference model: the same rules written the plain way (every attempt kept in a
+    /// list with its time, the window recomputed by filtering it), to check the
+    /// bucketed, generation-counted implementation against.
+    mod model {
+        use super::*;
+        use proptest::prelude::*;
+
+        #[derive(Debug, Clone)]
+        enum Op {
+            Advance(u64),
+            Attempt(Outcome),
+            Hold,
+            Finish(usize, Outcome),
+            Drop(usize),
+        }
+
+        fn outcome() -> impl Strategy<Value = Outcome> {
+            prop_oneof![
+                3 => Just(Outcome::Failure),
+                2 => Just(Outcome::Success),
+                1 => Just(Outcome::Neutral)
+            ]
+        }
+
+        fn op() -> impl Strategy<Value = Op> {
+            prop_oneof![
+                3 => (0u64..4_000).prop_map(Op::Advance),
+                6 => outcome().prop_map(Op::Attempt),
+                2 => Just(Op::Hold),
+                2 => (0usize..8, outcome()).prop_map(|(i, o)| Op::Finish(i, o)),
+                1 => (0usize..8).prop_map(Op::Drop),
+            ]
+        }
+
+        fn config() -> impl Strategy<Value = BreakerConfig> {
+            let policy = prop_oneof![
+                (1u32..5).prop_map(TripPolicy::consecutive_failures),
+                (1u32..=10, 1u32..=10, 1u32..6).prop_map(|(r, w, m)| {
+                    TripPolicy::failure_ratio(f64::from(r) / 10.0, w * S, m)
+                }),
+            ];
+            (policy, 1u32..8, 1u32..4, any::<bool>()).prop_map(|(p, open, probes, grow)| {
+                let c = BreakerConfig::default()
+                    .policy(p)
+                    .open_duration(open * S)
+                    .half_open_probes(probes);
+                if grow {
+                    c.open_growth(OpenGrowth::new(2.0, 4 * open * S))
+                } else {
+                    c
+                }
+            })
+        }
+
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        enum M {
+            Closed,
+            Open,
+            HalfOpen,
+        }
+
+        struct Model {
+            c: BreakerConfig,
+            state: M,
+            era: u64,
+            closed_at: u64,
+            open_until: u64,
+            trips: u32,
+            consecutive: u32,
+            attempts: Vec<(u64, bool)>,
+            probes_out: u32,
+            probe_ok: u32,
+        }
+
+        #[derive(Debug, PartialEq, Eq)]
+        enum Answer {
+            Admitted { probe: bool },
+            Rejected(RejectReason, Option<Duration>),
+        }
+
+        impl Model {
+            fn open_for(&self) -> u64 {
+                let base = self.c.open_duration.as_nanos() as u64;
+                match self.c.open_growth {
+                    None => base,
+                    Some(g) => {
+                        let cap = g.max_open_duration.as_nanos() as u64;
+                        let mut d = base;
+                        for _ in 1..self.trips {
+                            d = (d * 2).min(cap);
+                        }
+                        d
+                    }
+                }
+            }
+            fn trip(&mut self, now: u64) {
+                self.trips += 1;
+                self.state = M::Open;
+                self.open_until = now + self.open_for();
+                self.probes_out = 0;
+                self.probe_ok = 0;
+                self.era += 1;
+            }
+            fn close(&mut self, now: u64) {
+                self.state = M::Closed;
+                self.trips = 0;
+                self.consecutive = 0;
+                self.attempts.clear();
+                self.closed_at = now;
+                self.era += 1;
+            }
+            fn acquire(&mut self, now: u64) -> (Answer, u64) {
+                if self.state == M::Open && now >= self.open_until {
+                    self.state = M::HalfOpen;
+                    self.probes_out = 0;
+                    self.probe_ok = 0;
+                    self.era += 1;
+                }
+                let answer = match self.state {
+                    M::Closed => Answer::Admitted { probe: false },
+                    M::Open => Answer::Rejected(
+                        RejectReason::Open,
+                        Some(Duration::from_nanos(self.open_until - now)),
+                    ),
+                    M::HalfOpen if self.probes_out + self.probe_ok < self.c.half_open_probes => {
+                        self.probes_out += 1;
+                        Answer::Admitted { probe: true }
+                    }
+                    M::HalfOpen => {
+                        Answer::Rejected(RejectReason::ProbesBusy, Some(self.c.half_open_retry_in))
+                    }
+                };
+                (answer, self.era)
+            }
+            fn record(&mut self, era: u64, probe: bool, o: Outcome, now: u64) {
+                if era != self.era {
+                    return;
+                }
+                match (self.state, probe) {
+                    (M::Closed, _) => {
+                        if o == Outcome::Neutral {
+                            return;
+                        }
+                        let failed = o == Outcome::Failure;
+                        self.consecutive = if failed { self.consecutive + 1 } else { 0 };
+                        self.attempts.push((now, failed));
+                        if !failed {
+                            return;
+                        }
+                        let trips = match self.c.policy {
+                            TripPolicy::ConsecutiveFailures { threshold } => {
+                                self.consecutive >= threshold
+                            }
+                            TripPolicy::FailureRatio {
+                                ratio,
+                                sampling_window,
+                                minimum_throughput,
+                            } => {
+                                let width = sampling_window.as_nanos() as u64 / 10;
+                                let slot = |t: u64| (t - self.closed_at) / width;
+                                let window: Vec<_> = self
+                                    .attempts
+                                    .iter()
+                                    .filter(|(t, _)| slot(now) - slot(*t) < 10)
+                                    .collect();
+                                let fails = window.iter().filter(|(_, f)| *f).count() as f64;
+                                window.len() as u32 >= minimum_throughput
+                                    && fails >= ratio * window.len() as f64
+                            }
+                        };
+                        if trips {
+                            self.trip(now);
+                        }
+                    }
+                    (M::HalfOpen, true) => {
+                        self.probes_out -= 1;
+                        match o {
+                            Outcome::Failure => self.trip(now),
+                            Outcome::Success => {
+                                self.probe_ok += 1;
+                                if self.probe_ok >= self.c.half_open_probes {
+                                    self.close(now);
+                                }
+                            }
+                            Outcome::Neutral => {}
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            fn release(&mut self, era: u64, probe: bool) {
+                if probe && era == self.era {
+                    self.probes_out -= 1;
+                }
+            }
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(256))]
+            #[test]
+            fn breaker_matches_reference_model(
+                c in config(),
+                ops in proptest::collection::vec(op(), 1..120),
+            ) {
+                let t0 = Instant::now();
+                let at = |ns: u64| t0 + Duration::from_nanos(ns);
+                let mut b = Breaker::new(t0);
+                let mut m = Model {
+                    c: c.clone(), state: M::Closed, era: 0, closed_at: 0, open_until: 0,
+                    trips: 0, consecutive: 0, attempts: Vec::new(), probes_out: 0, probe_ok: 0,
+                };
+                let mut now = 0u64;
+                let mut held: Vec<(Ticket, u64)> = Vec::new();
+                let answer = |r: &Result<Ticket, Rejection>| match r {
+                    Ok(t) => Answer::Admitted { probe: t.is_probe() },
+                    Err(r) => Answer::Rejected(r.reason, r.retry_in),
+                };
+                for op in ops {
+                    match op {
+                        Op::Advance(ms) => now += ms * 1_000_000,
+                        Op::Attempt(o) => {
+                            let (r, _) = b.try_acquire(&c, at(now));
+                            let (want, era) = m.acquire(now);
+                            prop_assert_eq!(answer(&r), want);
+                            if let Ok(t) = r {
+                                b.record(&c, t, o, at(now));
+                                m.record(era, t.is_probe(), o, now);
+                            }
+                        }
+                        Op::Hold => {
+                            let (r, _) = b.try_acquire(&c, at(now));
+                            let (want, era) = m.acquire(now);
+                            prop_assert_eq!(answer(&r), want);
+                            if let Ok(t) = r {
+                                held.push((t, era));
+                            }
+                        }
+                        Op::Finish(i, o) if i < held.len() => {
+                            let (t, era) = held.remove(i);
+                            b.record(&c, t, o, at(now));
+                            m.record(era, t.is_probe(), o, now);
+                        }
+                        Op::Drop(i) if i < held.len() => {
+                            let (t, era) = held.remove(i);
+                            b.release(t);
+                            m.release(era, t.is_probe());
+                        }
+                        Op::Finish(..) | Op::Drop(_) => {}
+                    }
+                    let want = match m.state {
+                        M::Closed => BreakerState::Closed,
+                        M::Open => BreakerState::Open,
+                        M::HalfOpen => BreakerState::HalfOpen,
+                    };
+                    prop_assert_eq!(b.state(), want);
+                    prop_assert_eq!(b.trips(), m.trips);
+                    prop_assert_eq!(b.probes_in_flight(), m.probes_out);
+                    prop_assert_eq!(b.consecutive_failures(), m.consecutive);
+                }
+            }
+        }
     }
 }

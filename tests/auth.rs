@@ -6,7 +6,7 @@ mod support;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::task::{Context, Poll, Waker};
+use std::task::{Context, Waker};
 use std::time::Duration;
 
 use reqwest_resilience::auth::{TokenError, TokenErrorKind, TokenManagerBuilder};
@@ -333,7 +333,7 @@ async fn poll_then_drop<F: std::future::Future>(fut: F, polls: usize) -> bool {
     let mut fut = std::pin::pin!(fut);
     let mut cx = Context::from_waker(Waker::noop());
     for _ in 0..polls {
-        if let Poll::Ready(_) = fut.as_mut().poll(&mut cx) {
+        if fut.as_mut().poll(&mut cx).is_ready() {
             return true;
         }
         tokio::time::advance(Duration::from_secs(1)).await;

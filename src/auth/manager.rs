@@ -77,7 +77,8 @@ mod defaults {
 /// use std::time::Duration;
 /// use reqwest_resilience::{AccessToken, TokenManager};
 ///
-/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), reqwest_resilience::auth::TokenError> {
 /// let manager = TokenManager::builder(|| async {
 ///     Ok::<_, std::io::Error>(AccessToken::new("s3cr3t").expires_in(Duration::from_secs(3600)))
 /// })
@@ -86,7 +87,7 @@ mod defaults {
 ///
 /// let token = manager.token().await?;
 /// assert_eq!(token.secret(), "s3cr3t");
-/// # Ok::<(), reqwest_resilience::auth::TokenError>(()) }
+/// # Ok(()) }
 /// ```
 #[derive(Clone)]
 pub struct TokenManager {

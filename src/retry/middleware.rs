@@ -190,6 +190,7 @@ impl RetryMiddlewareBuilder {
         self
     }
 
+    #[cfg_attr(not(feature = "retry-policies"), allow(dead_code))]
     pub(super) fn delays(mut self, delays: Delays) -> Self {
         self.delays = delays;
         self

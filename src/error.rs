@@ -11,6 +11,10 @@ use std::fmt;
 pub enum ResilienceError {
     /// A configuration was rejected when it was built.
     InvalidConfig(String),
+    /// A [`Resilience`](crate::Resilience) stack whose parts cannot work together (a
+    /// deadline shorter than the first delay, no half-open probe, a setting that would be
+    /// ignored).
+    InvalidStack(crate::stack::StackError),
     /// No bearer token could be had for the request (`BearerAuth`). The token source's
     /// own error is kept as `source()`; the secret never appears.
     Token(crate::auth::TokenError),
@@ -43,6 +47,7 @@ impl fmt::Display for ResilienceError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             ResilienceError::InvalidConfig(why) => write!(f, "invalid configuration: {why}"),
+            ResilienceError::InvalidStack(why) => write!(f, "invalid resilience stack: {why}"),
             ResilienceError::Token(_) => f.write_str("no bearer token for the request"),
             ResilienceError::BreakerOpen {
                 origin,

@@ -22,3 +22,4 @@ pub use evidence::{
 };
 pub use origin::Origin;
 pub use retry::{RetryBudget, RetryMiddleware};
+pub use stack::{Resilience, StackError};

@@ -1,1 +1,663 @@
-//! (being written)
+//! [`Resilience`]: the whole stack, in the right order, with the design's defaults, in
+//! one builder (the analogue of Polly's `AddStandardResilienceHandler`).
+//!
+//! ```text
+//! [your outer middleware] → Retry → CircuitBreaker → BearerAuth → [per_attempt] → TransportEvidence → reqwest::Client
+//! ```
+//!
+//! - **Retry outermost**: every attempt passes through the breaker, gets a fresh token
+//!   and is observed by the transport step (Polly's standard pipeline also puts retry
+//!   outside the breaker).
+//! - **Breaker outside `BearerAuth`**: it sees the outcome *after* a `401` was healed by a
+//!   refresh and a replay, so a routine token expiry does not count against the server.
+//! - **`TransportEvidence` innermost**: only there is the raw `reqwest::Error` seen before
+//!   anything interprets it. It is always installed: every decision above reads it.
+//!
+//! Your own middleware goes either *around* the stack (one call per logical request:
+//! build a `ClientBuilder` with it and hand that to [`Resilience::install`]) or *per
+//! attempt* ([`Resilience::per_attempt`]: between `BearerAuth` and the transport step, so
+//! it sees every request that goes on the wire, a `401` replay included). Put
+//! `reqwest-tracing`'s `TracingMiddleware` per attempt to get the span per physical
+//! request that OpenTelemetry's HTTP conventions ask for (each with its own
+//! `http.request.resend_count`), or around the stack for one span per call. Never add
+//! middleware with `.with()` *after* the stack: it would land inside the transport step.
+//!
+//! ```
+//! use reqwest_resilience::Resilience;
+//!
+//! # fn main() -> Result<(), reqwest_resilience::ResilienceError> {
+//! let client = Resilience::new().build(reqwest::Client::new())?;
+//! // use `client` exactly like a reqwest::Client: client.get(url).send().await
+//! # drop(client); Ok(()) }
+//! ```
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::Extensions;
+use reqwest::{Request, Response};
+use reqwest_middleware::{ClientBuilder, ClientWithMiddleware, Middleware, Next};
+
+use crate::breaker::{BreakerConfig, BreakerEvent, BreakerRegistry, CircuitBreakerMiddleware};
+use crate::evidence::{AttemptDecision, AttemptHistory, RequestEvidence, TransportEvidence};
+use crate::retry::RetryAfterPolicy;
+use crate::{Backoff, BearerAuth, ResilienceError, RetryBudget, RetryMiddleware};
+
+type AttemptHook = Arc<dyn Fn(&RequestEvidence, Option<&AttemptDecision>) + Send + Sync>;
+type TransitionHook = Arc<dyn Fn(&BreakerEvent) + Send + Sync>;
+
+/// Which part of the stack a [`StackError`] is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum StackPart {
+    /// The retry middleware.
+    Retry,
+    /// The circuit breaker.
+    Breaker,
+}
+
+/// A [`Resilience`] configuration that cannot work, found when the stack is built
+/// (inside [`ResilienceError::InvalidStack`]). A part's own checks (a bad
+/// [`Backoff`], an invalid [`BreakerConfig`] field other than the probes) keep
+/// their [`ResilienceError::InvalidConfig`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum StackError {
+    /// The total deadline ends before the shortest first backoff delay the jitter can
+    /// give (or is zero): no retry could ever be made.
+    DeadlineBeforeFirstRetry {
+        /// The configured total deadline.
+        total_deadline: Duration,
+        /// The shortest possible delay before the first retry.
+        first_delay: Duration,
+    },
+    /// `BreakerConfig::half_open_probes` is 0: a HalfOpen breaker would admit no probe
+    /// and could never close again.
+    NoHalfOpenProbes,
+    /// A setting was given for a part that is replaced by a prebuilt one or removed, so
+    /// it would be silently ignored.
+    Conflict {
+        /// The part.
+        part: StackPart,
+        /// The setting that cannot apply (the builder method's name).
+        setting: &'static str,
+    },
+}
+
+impl fmt::Display for StackError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StackError::DeadlineBeforeFirstRetry {
+                total_deadline,
+                first_delay,
+            } => write!(
+                f,
+                "total deadline {total_deadline:?} ends before the first retry could start \
+                 (shortest first delay {first_delay:?})"
+            ),
+            StackError::NoHalfOpenProbes => f.write_str(
+                "half_open_probes is 0: a half-open breaker could never close; use at least 1",
+            ),
+            StackError::Conflict { part, setting } => write!(
+                f,
+                "`{setting}` cannot apply: the {part:?} part is prebuilt or removed; \
+                 configure the prebuilt part itself"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for StackError {}
+
+/// Which retry middleware the stack installs.
+enum RetryChoice {
+    Default,
+    Prebuilt(RetryMiddleware),
+    Off,
+}
+
+/// Which breaker the stack installs.
+enum BreakerChoice {
+    Default,
+    Config(BreakerConfig),
+    Registry(BreakerRegistry),
+    Middleware(CircuitBreakerMiddleware),
+    Off,
+}
+
+/// Settings applied to the default retry middleware; `None` keeps its default.
+#[derive(Default)]
+struct RetrySettings {
+    max_retries: Option<u32>,
+    backoff: Option<Backoff>,
+    total_deadline: Option<Duration>,
+    budget: Option<Option<RetryBudget>>,
+    retry_after_cap: Option<(Duration, RetryAfterPolicy)>,
+}
+
+impl RetrySettings {
+    /// The first setting made, for a conflict report.
+    fn first_set(&self) -> Option<&'static str> {
+        [
+            (self.max_retries.is_some(), "max_retries"),
+            (self.backoff.is_some(), "backoff"),
+            (self.total_deadline.is_some(), "total_deadline"),
+            (self.budget.is_some(), "retry_budget"),
+            (self.retry_after_cap.is_some(), "retry_after_cap"),
+        ]
+        .into_iter()
+        .find_map(|(set, name)| set.then_some(name))
+    }
+}
+
+/// Builds the whole resilience stack on a `reqwest_middleware::ClientBuilder`:
+///
+/// ```text
+/// RetryMiddleware → CircuitBreakerMiddleware → BearerAuth → TransportEvidence → reqwest::Client
+/// ```
+///
+/// See the [module docs](self) for why this order and where your own middleware goes.
+///
+/// # Defaults (from the design)
+///
+/// | part | default |
+/// |---|---|
+/// | retry | 3 retries; backoff 1 s × 2 capped at 30 s with ±10 % jitter; `Retry-After` honoured up to 60 s (clamped); [`RetryBudget::default`] (20 % of requests, at least 10 retries/s); no deadline |
+/// | breaker | a new [`BreakerRegistry`] per built stack: open after 5 consecutive failures, 30 s open, 1 half-open probe, server pauses up to 60 s waited out |
+/// | bearer | none (it needs your [`TokenManager`](crate::TokenManager)) |
+/// | transport | [`TransportEvidence`], always |
+/// | hooks | none |
+///
+/// Each part can be replaced by a prebuilt one ([`retry`](Self::retry),
+/// [`breaker`](Self::breaker), [`breaker_middleware`](Self::breaker_middleware)) or
+/// removed ([`no_retry`](Self::no_retry), [`no_breaker`](Self::no_breaker)). To share
+/// breakers and a retry budget between clients, hand each stack a clone of one
+/// [`BreakerRegistry`] and one [`RetryBudget`].
+///
+/// ```
+/// use std::time::Duration;
+/// use reqwest_resilience::breaker::{BreakerConfig, BreakerRegistry};
+/// use reqwest_resilience::{Backoff, Resilience, RetryBudget};
+///
+/// # fn main() -> Result<(), reqwest_resilience::ResilienceError> {
+/// let registry = BreakerRegistry::new(BreakerConfig::default())?;
+/// let budget = RetryBudget::default();
+/// let client = Resilience::new()
+///     .max_retries(2)
+///     .backoff(Backoff::builder().base(Duration::from_millis(100)).build()?)
+///     .total_deadline(Duration::from_secs(5))
+///     .retry_budget(budget.clone())
+///     .breaker(registry.clone())
+///     .on_attempt(|evidence, decision| {
+///         eprintln!("attempt {} {:?} -> {:?}", evidence.attempt, evidence.transmission, decision);
+///     })
+///     .build(reqwest::Client::new())?;
+/// # drop(client); Ok(()) }
+/// ```
+///
+/// # Errors at build time
+///
+/// [`build`](Self::build), [`client_builder`](Self::client_builder) and
+/// [`install`](Self::install) check the whole configuration and return
+/// [`ResilienceError::InvalidStack`] ([`StackError`]) for a combination that cannot work,
+/// or a part's own [`ResilienceError::InvalidConfig`].
+#[must_use = "a Resilience does nothing until it is built onto a client"]
+pub struct Resilience {
+    retry: RetryChoice,
+    retry_settings: RetrySettings,
+    breaker: BreakerChoice,
+    bearer: Option<BearerAuth>,
+    per_attempt: Vec<Arc<dyn Middleware>>,
+    on_attempt: Option<AttemptHook>,
+    on_breaker_transition: Option<TransitionHook>,
+}
+
+impl Default for Resilience {
+    fn default() -> Self {
+        Resilience::new()
+    }
+}
+
+impl fmt::Debug for Resilience {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let retry = match &self.retry {
+            RetryChoice::Default => "default",
+            RetryChoice::Prebuilt(_) => "prebuilt",
+            RetryChoice::Off => "off",
+        };
+        let breaker = match &self.breaker {
+            BreakerChoice::Default => "default",
+            BreakerChoice::Config(_) => "config",
+            BreakerChoice::Registry(_) => "shared registry",
+            BreakerChoice::Middleware(_) => "prebuilt",
+            BreakerChoice::Off => "off",
+        };
+        f.debug_struct("Resilience")
+            .field("retry", &retry)
+            .field("breaker", &breaker)
+            // BearerAuth's Debug never shows the token.
+            .field("bearer", &self.bearer)
+            .field("per_attempt", &self.per_attempt.len())
+            .field("on_attempt", &self.on_attempt.is_some())
+            .field(
+                "on_breaker_transition",
+                &self.on_breaker_transition.is_some(),
+            )
+            .finish()
+    }
+}
+
+impl Resilience {
+    /// The full stack with the defaults (see the table above).
+    pub fn new() -> Self {
+        Resilience {
+            retry: RetryChoice::Default,
+            retry_settings: RetrySettings::default(),
+            breaker: BreakerChoice::Default,
+            bearer: None,
+            per_attempt: Vec::new(),
+            on_attempt: None,
+            on_breaker_transition: None,
+        }
+    }
+
+    /// Retries after the first attempt (default 3; 0 keeps the middleware but never
+    /// retries).
+    pub fn max_retries(mut self, max_retries: u32) -> Self {
+        self.retry_settings.max_retries = Some(max_retries);
+        self
+    }
+
+    /// The backoff between attempts (default [`Backoff::default`]).
+    pub fn backoff(mut self, backoff: Backoff) -> Self {
+        self.retry_settings.backoff = Some(backoff);
+        self
+    }
+
+    /// A total deadline per logical request (default none): no retry whose delay would
+    /// end past it. Must leave room for the first retry.
+    pub fn total_deadline(mut self, total: Duration) -> Self {
+        self.retry_settings.total_deadline = Some(total);
+        self
+    }
+
+    /// The retry budget (default a new [`RetryBudget::default`] per built stack). Pass
+    /// clones of one budget to share it between clients.
+    pub fn retry_budget(mut self, budget: RetryBudget) -> Self {
+        self.retry_settings.budget = Some(Some(budget));
+        self
+    }
+
+    /// No retry budget: every retry the decision table allows is taken. A failing server
+    /// then receives up to `1 + max_retries` times the load.
+    pub fn no_retry_budget(mut self) -> Self {
+        self.retry_settings.budget = Some(None);
+        self
+    }
+
+    /// The longest `Retry-After` honoured (default 60 s) and what to do beyond it
+    /// (default: clamp to the cap).
+    pub fn retry_after_cap(mut self, cap: Duration, policy: RetryAfterPolicy) -> Self {
+        self.retry_settings.retry_after_cap = Some((cap, policy));
+        self
+    }
+
+    /// Installs this retry middleware instead of the default one (e.g. one with its own
+    /// [`RetryStrategy`](crate::retry::RetryStrategy)). The retry settings of this builder
+    /// then cannot apply: combining them is a [`StackError::Conflict`].
+    pub fn retry(mut self, retry: RetryMiddleware) -> Self {
+        self.retry = RetryChoice::Prebuilt(retry);
+        self
+    }
+
+    /// No retry middleware.
+    pub fn no_retry(mut self) -> Self {
+        self.retry = RetryChoice::Off;
+        self
+    }
+
+    /// Uses a shared breaker registry (clients built with clones of one registry share
+    /// their breakers and pauses).
+    pub fn breaker(mut self, registry: BreakerRegistry) -> Self {
+        self.breaker = BreakerChoice::Registry(registry);
+        self
+    }
+
+    /// Builds a new registry with this configuration (checked at build time).
+    pub fn breaker_config(mut self, config: BreakerConfig) -> Self {
+        self.breaker = BreakerChoice::Config(config);
+        self
+    }
+
+    /// Installs this breaker middleware (e.g. one with its own
+    /// [`AttemptClassifier`](crate::breaker::AttemptClassifier)).
+    pub fn breaker_middleware(mut self, breaker: CircuitBreakerMiddleware) -> Self {
+        self.breaker = BreakerChoice::Middleware(breaker);
+        self
+    }
+
+    /// No circuit breaker.
+    pub fn no_breaker(mut self) -> Self {
+        self.breaker = BreakerChoice::Off;
+        self
+    }
+
+    /// Attaches bearer tokens (none by default).
+    pub fn bearer(mut self, auth: BearerAuth) -> Self {
+        self.bearer = Some(auth);
+        self
+    }
+
+    /// Adds a middleware that runs once per request on the wire: inside retry, breaker
+    /// and `BearerAuth` (so it sees the `Authorization` header and every `401` replay),
+    /// just outside the transport step. Several run in the order added.
+    pub fn per_attempt(mut self, middleware: impl Middleware) -> Self {
+        self.per_attempt.push(Arc::new(middleware));
+        self
+    }
+
+    /// Calls `hook` once per attempt with its evidence and the decision taken after it
+    /// (`None` when no retry middleware decided, e.g. the `401` answer that `BearerAuth`
+    /// replayed). The calls come in order when the logical request ends, so the decision
+    /// is known; they run on the request's task and should be quick (count, don't block).
+    /// For metrics without `tracing`.
+    pub fn on_attempt<F>(mut self, hook: F) -> Self
+    where
+        F: Fn(&RequestEvidence, Option<&AttemptDecision>) + Send + Sync + 'static,
+    {
+        self.on_attempt = Some(Arc::new(hook));
+        self
+    }
+
+    /// Calls `hook` on every breaker state change (the registry's listener, called
+    /// outside any lock). Applies to the default breaker or one built from
+    /// [`breaker_config`](Self::breaker_config); a shared registry takes its listener
+    /// from [`BreakerRegistry::with_listener`] (combining them is a
+    /// [`StackError::Conflict`]).
+    pub fn on_breaker_transition<F>(mut self, hook: F) -> Self
+    where
+        F: Fn(&BreakerEvent) + Send + Sync + 'static,
+    {
+        self.on_breaker_transition = Some(Arc::new(hook));
+        self
+    }
+
+    /// Builds the client: `reqwest::Client` wrapped in the stack.
+    ///
+    /// # Errors
+    ///
+    /// See [Errors at build time](Self#errors-at-build-time).
+    pub fn build(self, client: reqwest::Client) -> Result<ClientWithMiddleware, ResilienceError> {
+        Ok(self.client_builder(client)?.build())
+    }
+
+    /// The stack on a new `ClientBuilder`, for adding initialisers. Do not add middleware
+    /// to it: it would run inside the transport step (see [`install`](Self::install)).
+    ///
+    /// # Errors
+    ///
+    /// See [Errors at build time](Self#errors-at-build-time).
+    pub fn client_builder(self, client: reqwest::Client) -> Result<ClientBuilder, ResilienceError> {
+        self.install(ClientBuilder::new(client))
+    }
+
+    /// Appends the stack to `builder`, inside whatever middleware it already holds: the
+    /// place for middleware that should see each logical request once.
+    ///
+    /// ```
+    /// use reqwest_middleware::ClientBuilder;
+    /// use reqwest_resilience::Resilience;
+    ///
+    /// # fn main() -> Result<(), reqwest_resilience::ResilienceError> {
+    /// let outer = ClientBuilder::new(reqwest::Client::new()); // .with(TracingMiddleware::default())
+    /// let client = Resilience::new().install(outer)?.build();
+    /// # drop(client); Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// See [Errors at build time](Self#errors-at-build-time).
+    pub fn install(self, builder: ClientBuilder) -> Result<ClientBuilder, ResilienceError> {
+        let retry = self.build_retry()?;
+        let breaker = build_breaker(self.breaker, self.on_breaker_transition)?;
+
+        let mut builder = builder;
+        if let Some(observer) = RequestObserver::new(self.on_attempt) {
+            builder = builder.with(observer);
+        }
+        if let Some(retry) = retry {
+            builder = builder.with(retry);
+        }
+        if let Some(breaker) = breaker {
+            builder = builder.with(breaker);
+        }
+        if let Some(bearer) = self.bearer {
+            builder = builder.with(bearer);
+        }
+        for middleware in self.per_attempt {
+            builder = builder.with_arc(middleware);
+        }
+        Ok(builder.with(TransportEvidence::new()))
+    }
+
+    fn build_retry(&self) -> Result<Option<RetryMiddleware>, ResilienceError> {
+        let s = &self.retry_settings;
+        let conflict = |setting| {
+            ResilienceError::InvalidStack(StackError::Conflict {
+                part: StackPart::Retry,
+                setting,
+            })
+        };
+        match &self.retry {
+            RetryChoice::Prebuilt(retry) => match s.first_set() {
+                Some(setting) => Err(conflict(setting)),
+                None => Ok(Some(retry.clone())),
+            },
+            RetryChoice::Off => match s.first_set() {
+                Some(setting) => Err(conflict(setting)),
+                None => Ok(None),
+            },
+            RetryChoice::Default => {
+                let backoff = s.backoff.unwrap_or_default();
+                let mut b = RetryMiddleware::builder().backoff(backoff);
+                if let Some(n) = s.max_retries {
+                    b = b.max_retries(n);
+                }
+                if let Some(total) = s.total_deadline {
+                    // The smallest delay the jitter can draw before the first retry.
+                    let first_delay = backoff.jitter().apply(backoff.base_delay(0), 0.0);
+                    if total.is_zero() || total < first_delay {
+                        return Err(ResilienceError::InvalidStack(
+                            StackError::DeadlineBeforeFirstRetry {
+                                total_deadline: total,
+                                first_delay,
+                            },
+                        ));
+                    }
+                    b = b.total_deadline(total);
+                }
+                match &s.budget {
+                    Some(Some(budget)) => b = b.budget(budget.clone()),
+                    Some(None) => b = b.no_budget(),
+                    None => {}
+                }
+                if let Some((cap, policy)) = s.retry_after_cap {
+                    b = b.retry_after_cap(cap, policy);
+                }
+                b.build().map(Some)
+            }
+        }
+    }
+}
+
+fn build_breaker(
+    choice: BreakerChoice,
+    on_transition: Option<TransitionHook>,
+) -> Result<Option<CircuitBreakerMiddleware>, ResilienceError> {
+    let conflict = || {
+        ResilienceError::InvalidStack(StackError::Conflict {
+            part: StackPart::Breaker,
+            setting: "on_breaker_transition",
+        })
+    };
+    let config = match choice {
+        BreakerChoice::Off if on_transition.is_some() => return Err(conflict()),
+        BreakerChoice::Off => return Ok(None),
+        BreakerChoice::Registry(_) | BreakerChoice::Middleware(_) if on_transition.is_some() => {
+            return Err(conflict());
+        }
+        BreakerChoice::Registry(registry) => {
+            return Ok(Some(CircuitBreakerMiddleware::new(registry)));
+        }
+        BreakerChoice::Middleware(breaker) => return Ok(Some(breaker)),
+        BreakerChoice::Default => BreakerConfig::default(),
+        BreakerChoice::Config(config) => config,
+    };
+    if config.half_open_probes == 0 {
+        return Err(ResilienceError::InvalidStack(StackError::NoHalfOpenProbes));
+    }
+    let registry = match on_transition {
+        Some(hook) => BreakerRegistry::with_listener(config, move |event| hook(event))?,
+        None => BreakerRegistry::new(config)?,
+    };
+    Ok(Some(CircuitBreakerMiddleware::new(registry)))
+}
+
+/// The outermost layer: the span per logical request (feature `tracing`) and the
+/// `on_attempt` hook. Installed only when one of them is wanted.
+struct RequestObserver {
+    on_attempt: Option<AttemptHook>,
+}
+
+impl RequestObserver {
+    fn new(on_attempt: Option<AttemptHook>) -> Option<Self> {
+        if cfg!(feature = "tracing") || on_attempt.is_some() {
+            Some(RequestObserver { on_attempt })
+        } else {
+            None
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl Middleware for RequestObserver {
+    async fn handle(
+        &self,
+        req: Request,
+        extensions: &mut Extensions,
+        next: Next<'_>,
+    ) -> reqwest_middleware::Result<Response> {
+        // Extensions reused across calls keep older attempts: report only this call's.
+        let before = extensions
+            .get::<AttemptHistory>()
+            .map_or(0, AttemptHistory::len);
+
+        #[cfg(feature = "tracing")]
+        let span = observe::request_span(&req);
+        #[cfg(feature = "tracing")]
+        let result = {
+            use tracing::Instrument;
+            next.run(req, extensions).instrument(span.clone()).await
+        };
+        #[cfg(not(feature = "tracing"))]
+        let result = next.run(req, extensions).await;
+
+        let attempts = extensions
+            .get::<AttemptHistory>()
+            .map_or(&[][..], |h| h.attempts().get(before..).unwrap_or(&[]));
+        if let Some(hook) = &self.on_attempt {
+            for record in attempts {
+                hook(&record.evidence, record.decision.as_ref());
+            }
+        }
+        #[cfg(feature = "tracing")]
+        observe::record_outcome(&span, attempts, &result);
+        result
+    }
+}
+
+/// The `tracing` side: OpenTelemetry HTTP client field names where they exist.
+#[cfg(feature = "tracing")]
+mod observe {
+    use reqwest::{Request, Response};
+    use tracing::field::Empty;
+
+    use crate::evidence::{AttemptDecision, AttemptRecord};
+    use crate::{Origin, ResilienceError};
+
+    pub(super) fn request_span(req: &Request) -> tracing::Span {
+        let url = req.url();
+        tracing::info_span!(
+            target: "reqwest_resilience::stack",
+            "http.client.request",
+            otel.name = %req.method(),
+            otel.kind = "client",
+            http.request.method = %req.method(),
+            server.address = url.host_str().unwrap_or(""),
+            server.port = url.port_or_known_default().unwrap_or(0),
+            http.response.status_code = Empty,
+            http.request.resend_count = Empty,
+            error.type = Empty,
+            resilience.attempts = Empty,
+            resilience.stop = Empty,
+        )
+    }
+
+    /// One event per attempt (in order, with its decision), then the span's outcome.
+    pub(super) fn record_outcome(
+        span: &tracing::Span,
+        attempts: &[AttemptRecord],
+        result: &reqwest_middleware::Result<Response>,
+    ) {
+        let _entered = span.enter();
+        for record in attempts {
+            let e = &record.evidence;
+            let (decision, delay_ms) = match &record.decision {
+                Some(AttemptDecision::Retry { delay, reason }) => {
+                    (format!("retry: {reason}"), Some(delay.as_millis() as u64))
+                }
+                Some(AttemptDecision::Stop { reason }) => (format!("stop: {reason}"), None),
+                None => (String::new(), None),
+            };
+            tracing::event!(
+                target: "reqwest_resilience::stack",
+                tracing::Level::DEBUG,
+                http.request.resend_count = e.attempt.saturating_sub(1),
+                server.address = e.origin.as_ref().map(Origin::host),
+                http.response.status_code = e.status().map(|s| s.as_u16()),
+                error.type = e.failure.map(tracing::field::debug),
+                resilience.transmission = ?e.transmission,
+                resilience.elapsed_ms = e.elapsed.as_millis() as u64,
+                resilience.decision = decision.as_str(),
+                resilience.delay_ms = delay_ms,
+                "attempt"
+            );
+        }
+        let count = attempts.len() as u64;
+        span.record("resilience.attempts", count);
+        span.record("http.request.resend_count", count.saturating_sub(1));
+        if let Some(AttemptDecision::Stop { reason }) =
+            attempts.last().and_then(|r| r.decision.as_ref())
+        {
+            span.record("resilience.stop", tracing::field::display(reason));
+        }
+        match result {
+            Ok(response) => {
+                let status = response.status();
+                span.record("http.response.status_code", status.as_u16());
+                if status.is_client_error() || status.is_server_error() {
+                    span.record("error.type", status.as_str());
+                }
+            }
+            Err(err) => {
+                let kind = attempts.last().and_then(|r| r.evidence.failure);
+                match (kind, ResilienceError::from_middleware_error(err)) {
+                    (Some(kind), _) => span.record("error.type", tracing::field::debug(kind)),
+                    (None, Some(_)) => span.record("error.type", "ResilienceError"),
+                    (None, None) => span.record("error.type", "_OTHER"),
+                };
+            }
+        }
+    }
+}

@@ -1,0 +1,248 @@
+//! Requests per second through `ClientWithMiddleware` + `TransportEvidence`, against the bare
+//! `reqwest::Client`, on a loopback keep-alive HTTP/1.1 server in the same process.
+//!
+//! ```text
+//! cargo bench --bench transport
+//! TRANSPORT_BENCH_ROUNDS=20 TRANSPORT_BENCH_REQUESTS=40000 cargo bench --bench transport
+//! ```
+//!
+//! The two clients take turns (ABBA order, so drift in machine load hits both alike) for a
+//! number of rounds; each round sends the same number of GETs from `CONCURRENCY` tasks. The
+//! ratio reported is evidence ÷ bare over the summed rounds (goal ≥ 0.99), plus the median
+//! of the per-round ratios. The server is a minimal loop (read a head, write a fixed
+//! response) so that its cost does not hide the client side's.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use reqwest_middleware::{ClientBuilder, ClientWithMiddleware};
+use reqwest_resilience::TransportEvidence;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+
+const CONCURRENCY: usize = 8;
+
+fn env_or(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// A keep-alive server that answers every GET with `200 OK` and a 2-byte body.
+async fn start_server() -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut stream, _)) = listener.accept().await else {
+                continue;
+            };
+            let _ = stream.set_nodelay(true);
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 8192];
+                let mut filled = 0;
+                loop {
+                    match stream.read(&mut buf[filled..]).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => filled += n,
+                    }
+                    // Answer every complete head in the buffer (GETs carry no body).
+                    while let Some(end) = buf[..filled].windows(4).position(|w| w == b"\r\n\r\n") {
+                        let head_len = end + 4;
+                        if stream
+                            .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+                            .await
+                            .is_err()
+                        {
+                            return;
+                        }
+                        buf.copy_within(head_len..filled, 0);
+                        filled -= head_len;
+                    }
+                    if filled == buf.len() {
+                        return; // a head larger than the buffer: not a client of this bench
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+#[derive(Clone)]
+enum Subject {
+    Bare(reqwest::Client),
+    /// `ClientWithMiddleware` with no middleware: what reqwest-middleware itself costs.
+    Empty(ClientWithMiddleware),
+    Evidence(ClientWithMiddleware),
+}
+
+impl Subject {
+    async fn get(&self, url: &str) {
+        let response = match self {
+            Subject::Bare(c) => c.get(url).send().await.expect("bare request"),
+            Subject::Empty(c) | Subject::Evidence(c) => {
+                c.get(url).send().await.expect("middleware request")
+            }
+        };
+        assert_eq!(response.status(), 200);
+        let body = response.bytes().await.expect("body");
+        assert_eq!(&body[..], b"ok");
+    }
+}
+
+/// CPU time used so far by every thread of this process, in nanoseconds (Linux
+/// `/proc/self/task/*/schedstat`), or `None` where that is not available.
+///
+/// Wall-clock requests/s on a shared 2-core machine swing with whatever else runs; CPU time
+/// per request is what the middleware adds, and it is far less sensitive to neighbours.
+fn cpu_ns() -> Option<u64> {
+    let mut total = 0u64;
+    for task in std::fs::read_dir("/proc/self/task").ok()? {
+        let stat = std::fs::read_to_string(task.ok()?.path().join("schedstat")).ok()?;
+        total += stat.split_whitespace().next()?.parse::<u64>().ok()?;
+    }
+    Some(total)
+}
+
+struct Sample {
+    requests_per_sec: f64,
+    cpu_ns_per_request: Option<f64>,
+}
+
+/// Sends `requests` GETs from `CONCURRENCY` tasks.
+async fn round(subject: &Subject, url: &Arc<str>, requests: usize) -> Sample {
+    let per_task = requests / CONCURRENCY;
+    let cpu_before = cpu_ns();
+    let started = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..CONCURRENCY {
+        let (subject, url) = (subject.clone(), url.clone());
+        tasks.spawn(async move {
+            for _ in 0..per_task {
+                subject.get(&url).await;
+            }
+        });
+    }
+    while let Some(done) = tasks.join_next().await {
+        done.expect("bench task");
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    let sent = (per_task * CONCURRENCY) as f64;
+    let cpu = cpu_before
+        .zip(cpu_ns())
+        .map(|(b, a)| a.saturating_sub(b) as f64 / sent);
+    Sample {
+        requests_per_sec: sent / elapsed,
+        cpu_ns_per_request: cpu,
+    }
+}
+
+fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .pool_max_idle_per_host(CONCURRENCY)
+        .timeout(Duration::from_secs(10))
+        .build()
+        .expect("client")
+}
+
+fn main() {
+    let rounds = env_or("TRANSPORT_BENCH_ROUNDS", 10);
+    let requests = env_or("TRANSPORT_BENCH_REQUESTS", 16_000);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    runtime.block_on(async move {
+        let addr = start_server().await;
+        let url: Arc<str> = format!("http://{addr}/bench").into();
+        let bare = Subject::Bare(client());
+        let empty = Subject::Empty(ClientBuilder::new(client()).build());
+        let evidence = Subject::Evidence(
+            ClientBuilder::new(client())
+                .with(TransportEvidence::new())
+                .build(),
+        );
+
+        // Warm-up: open the pools' connections and fault in the code paths.
+        for subject in [&bare, &empty, &evidence] {
+            round(subject, &url, requests / 4).await;
+        }
+
+        let subjects = [&bare, &empty, &evidence];
+        let names = ["bare reqwest::Client", "ClientWithMiddleware, no middleware", "ClientWithMiddleware + TransportEvidence"];
+        let mut rps = [Vec::new(), Vec::new(), Vec::new()];
+        let mut cpu = [Vec::new(), Vec::new(), Vec::new()];
+        for r in 0..rounds {
+            // Rotate the order each round so drift in machine load hits all three alike.
+            for k in 0..subjects.len() {
+                let i = (k + r) % subjects.len();
+                let sample = round(subjects[i], &url, requests).await;
+                rps[i].push(sample.requests_per_sec);
+                if let Some(ns) = sample.cpu_ns_per_request {
+                    cpu[i].push(ns);
+                }
+            }
+            println!(
+                "round {r:2}: req/s bare {:8.0}  empty {:8.0}  evidence {:8.0}   evidence/bare {:.4}",
+                rps[0][r],
+                rps[1][r],
+                rps[2][r],
+                rps[2][r] / rps[0][r]
+            );
+        }
+
+        let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
+        let median = |v: &[f64]| {
+            let mut v = v.to_vec();
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        };
+        let ratios = |num: &[f64], den: &[f64]| -> Vec<f64> {
+            num.iter().zip(den).map(|(n, d)| n / d).collect()
+        };
+        println!(
+            "transport: {rounds} rounds x {requests} GETs, concurrency {CONCURRENCY}, 2 worker threads"
+        );
+        for i in 0..3 {
+            let cpu_text = if cpu[i].is_empty() {
+                String::from("n/a")
+            } else {
+                format!("{:6.0} ns", median(&cpu[i]))
+            };
+            println!(
+                "{:42}: {:9.0} req/s (mean), CPU per request {cpu_text} (median)",
+                names[i],
+                mean(&rps[i])
+            );
+        }
+        let ratio = mean(&rps[2]) / mean(&rps[0]);
+        println!(
+            "throughput ratio evidence/bare : {ratio:.4} (means), {:.4} (median of rounds)",
+            median(&ratios(&rps[2], &rps[0]))
+        );
+        println!(
+            "throughput ratio empty/bare    : {:.4} (means), {:.4} (median of rounds)",
+            mean(&rps[1]) / mean(&rps[0]),
+            median(&ratios(&rps[1], &rps[0]))
+        );
+        if cpu.iter().all(|c| c.len() == rounds) {
+            // Requests per CPU-second, as a ratio: bare CPU/request ÷ evidence CPU/request.
+            let cpu_ratio = median(&ratios(&cpu[0], &cpu[2]));
+            println!(
+                "CPU-efficiency ratio evidence/bare: {cpu_ratio:.4} (median of rounds; requests per CPU-second)"
+            );
+            println!(
+                "CPU-efficiency ratio empty/bare   : {:.4} (median of rounds)",
+                median(&ratios(&cpu[0], &cpu[1]))
+            );
+        }
+        println!(
+            "goal evidence/bare >= 0.99 (throughput, median of rounds): {}",
+            if median(&ratios(&rps[2], &rps[0])) >= 0.99 { "met" } else { "NOT met" }
+        );
+    });
+}

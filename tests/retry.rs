@@ -874,3 +874,85 @@ async fn a_retry_policies_policy_drives_the_delays_and_the_limit() {
         "{took:?}"
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn with_the_real_breaker_an_open_circuit_is_waited_out_not_hammered() {
+    use reqwest_resilience::breaker::{
+        BreakerConfig, BreakerRegistry, CircuitBreakerMiddleware, TripPolicy,
+    };
+    let server = FaultServer::always(Action::status(503)).await;
+    let registry = BreakerRegistry::new(
+        BreakerConfig::default()
+            .policy(TripPolicy::consecutive_failures(3))
+            .open_duration(S(10)),
+    )
+    .unwrap();
+    let c = ClientBuilder::new(reqwest_client())
+        .with(plain().max_retries(5).build().unwrap())
+        .with(CircuitBreakerMiddleware::new(registry))
+        .with(TransportEvidence::new())
+        .build();
+    let (res, ext, took) = send(&c, c.get(server.url("/")), Extensions::new()).await;
+    // Three 503s trip the breaker at t = 3 s (open until 13 s); the 4th attempt at 7 s is
+    // rejected locally and waits the breaker's 6 s; the probe at 13 s fails again.
+    assert_eq!(
+        decisions(&ext),
+        [
+            retry(S(1), R503),
+            retry(S(2), R503),
+            retry(S(4), R503),
+            retry(S(6), RetryReason::BreakerRejected),
+            retry(S(16), R503),
+            stop(StopReason::RetriesExhausted),
+        ]
+    );
+    assert_eq!(
+        server.requests_seen(),
+        5,
+        "the rejected attempt never reached the server"
+    );
+    assert_eq!(took, S(29));
+    // The last attempt was the second probe: its 503 is returned as received.
+    assert_eq!(res.unwrap().status(), 503);
+    let history = ext.get::<AttemptHistory>().unwrap();
+    assert_eq!(
+        history.attempts()[3].evidence.failure,
+        Some(FailureKind::BreakerOpen)
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn with_the_real_breaker_an_open_circuit_past_the_deadline_returns_its_error_at_once() {
+    use reqwest_resilience::breaker::{
+        BreakerConfig, BreakerRegistry, CircuitBreakerMiddleware, TripPolicy,
+    };
+    let server = FaultServer::always(Action::status(503)).await;
+    let registry = BreakerRegistry::new(
+        BreakerConfig::default()
+            .policy(TripPolicy::consecutive_failures(3))
+            .open_duration(S(10)),
+    )
+    .unwrap();
+    let c = ClientBuilder::new(reqwest_client())
+        .with(plain().max_retries(5).total_deadline(S(8)).build().unwrap())
+        .with(CircuitBreakerMiddleware::new(registry))
+        .with(TransportEvidence::new())
+        .build();
+    let (res, ext, took) = send(&c, c.get(server.url("/")), Extensions::new()).await;
+    // Rejected at 7 s with 6 s to wait: 13 s is past the 8 s deadline.
+    assert_eq!((server.requests_seen(), took), (3, S(7)));
+    let err = res.unwrap_err();
+    let e = retry_error(&err);
+    assert_eq!(
+        (e.attempts(), e.stop_reason()),
+        (4, StopReason::DeadlineExceeded)
+    );
+    assert!(matches!(
+        ResilienceError::from_middleware_error(e.last_error()),
+        Some(ResilienceError::BreakerOpen { retry_in: Some(d), .. }) if *d == S(6)
+    ));
+    assert!(
+        ext.get::<reqwest_resilience::retry::Deadline>().is_none(),
+        "not left behind"
+    );
+}

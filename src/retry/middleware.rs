@@ -374,12 +374,33 @@ impl Middleware for RetryMiddleware {
         extensions: &mut Extensions,
         next: Next<'_>,
     ) -> reqwest_middleware::Result<Response> {
-        let c = &*self.config;
         let started = Instant::now();
-        let deadline = match extensions.get::<Deadline>() {
-            Some(d) => d.resolve(started),
-            None => c.deadline.and_then(|d| started.checked_add(d)),
+        let client_deadline = match extensions.get::<Deadline>() {
+            Some(_) => None,
+            None => self.config.deadline.and_then(|d| started.checked_add(d)),
         };
+        // The middlewares inside (the breaker waiting out a pause) honour the same deadline.
+        if let Some(d) = client_deadline {
+            extensions.insert(Deadline(d));
+        }
+        let result = self.attempts(req, extensions, next).await;
+        if client_deadline.is_some() {
+            extensions.remove::<Deadline>();
+        }
+        result
+    }
+}
+
+impl RetryMiddleware {
+    /// The retry loop for one logical request.
+    async fn attempts(
+        &self,
+        req: Request,
+        extensions: &mut Extensions,
+        next: Next<'_>,
+    ) -> reqwest_middleware::Result<Response> {
+        let c = &*self.config;
+        let deadline = extensions.get::<Deadline>().map(|d| d.0);
         let idempotent = extensions
             .get::<Idempotent>()
             .map_or_else(|| is_idempotent(req.method(), req.headers()), |i| i.0);

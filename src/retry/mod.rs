@@ -59,34 +59,35 @@ pub struct MaxRetries(pub u32);
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Idempotent(pub bool);
 
-/// Per-request total deadline: no retry whose delay would end past it. Replaces the
-/// middleware's own total deadline for that request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Deadline(DeadlineAt);
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum DeadlineAt {
-    After(Duration),
-    At(Instant),
-}
+/// Per-request total deadline, shared with the circuit breaker (the same type as
+/// [`breaker::Deadline`](crate::breaker::Deadline)): the retry middleware makes no retry whose
+/// delay would end past it, and the breaker does not wait for a pause past it. It replaces
+/// the retry middleware's own [`total_deadline`](RetryMiddlewareBuilder::total_deadline) for
+/// that request; when only the latter is set, the retry middleware hands it on to the
+/// middlewares inside it as a `Deadline` for the duration of the request.
+pub use crate::breaker::Deadline;
 
 impl Deadline {
-    /// `total` after the retry middleware receives the request.
+    /// `total` from now (tokio's clock).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use reqwest_resilience::retry::Deadline;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let client = reqwest_middleware::ClientWithMiddleware::from(reqwest::Client::new());
+    /// let request = client
+    ///     .get("http://127.0.0.1:8080/report")
+    ///     .with_extension(Deadline::after(Duration::from_secs(5)));
+    /// # drop(request); }
+    /// ```
     pub fn after(total: Duration) -> Self {
-        Deadline(DeadlineAt::After(total))
-    }
-
-    /// At a fixed instant (tokio's clock), e.g. one derived from an incoming request.
-    pub fn at(instant: Instant) -> Self {
-        Deadline(DeadlineAt::At(instant))
-    }
-
-    /// The instant, for a request received at `started`; `None` if beyond the clock's range.
-    fn resolve(self, started: Instant) -> Option<Instant> {
-        match self.0 {
-            DeadlineAt::After(d) => started.checked_add(d),
-            DeadlineAt::At(i) => Some(i),
-        }
+        let now = Instant::now();
+        // Beyond the clock's range is as good as no deadline.
+        Deadline(
+            now.checked_add(total)
+                .unwrap_or(now + Duration::from_secs(86_400 * 365 * 30)),
+        )
     }
 }
 

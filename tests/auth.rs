@@ -1043,10 +1043,13 @@ mod oauth2 {
         assert!(build("http://127.0.0.1:9/token", false).is_err());
         assert!(build("http://127.0.0.1:9/token", true).is_ok());
         assert!(build("not a url", true).is_err());
-        let source = OAuth2Source::client_credentials("https://l.example.com/t", "svc", "hunter2")
-            .build()
-            .unwrap();
-        assert!(!format!("{source:?}").contains("hunter2"));
+        let builder = OAuth2Source::client_credentials("https://l.example.com/t", "svc", "hunter2");
+        let shown_builder = format!("{builder:?}");
+        let source = builder.build().unwrap();
+        for shown in [shown_builder, format!("{source:?}")] {
+            assert!(!shown.contains("hunter2"), "{shown}");
+            assert!(shown.contains("svc"), "{shown}");
+        }
     }
 }
 

@@ -30,7 +30,8 @@ use crate::{Origin, ResilienceError};
 ///   returned as it is. A hook can look at the `401` (its `WWW-Authenticate` challenge)
 ///   first and decline the replay ([`BearerAuthBuilder::on_unauthorized`]).
 /// - **Errors**: when no token can be had, the request is not sent and the call fails
-///   with [`ResilienceError::Token`] inside `reqwest_middleware::Error::Middleware`.
+///   with [`ResilienceError::Token`] inside `reqwest_middleware::Error::Middleware`
+///   (also when the refresh after a `401` fails: the replay is then not sent).
 ///
 /// Place it inside the retry and breaker middlewares, outside `TransportEvidence`.
 ///

@@ -136,7 +136,10 @@ fn record_rejection(rejection: &BreakerRejection, extensions: &mut Extensions) {
     let attempt = u32::try_from(history.len())
         .unwrap_or(u32::MAX)
         .saturating_add(1);
-    let evidence = RequestEvidence::rejected_locally(kind, Some(rejection.origin.clone()), attempt);
+    let mut evidence =
+        RequestEvidence::rejected_locally(kind, Some(rejection.origin.clone()), attempt);
+    // The retry middleware also reads a rejection's "retry in" from here.
+    evidence.retry_after = rejection.retry_in;
     history.push(evidence.clone());
     extensions.insert(evidence);
     if let Some(retry_in) = rejection.retry_in {

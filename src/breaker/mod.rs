@@ -24,7 +24,8 @@
 //!
 //! - a [`RequestEvidence`](crate::RequestEvidence) from
 //!   `RequestEvidence::rejected_locally(FailureKind::BreakerOpen | FailureKind::Paused, …)`:
-//!   `Transmission::NotSent`, the origin, the attempt number;
+//!   `Transmission::NotSent`, the origin, the attempt number, and the "retry in" as its
+//!   `retry_after`;
 //! - the same evidence appended to the [`AttemptHistory`](crate::AttemptHistory);
 //! - a [`RetryIn`]: how long until trying again may succeed (absent when the breaker was
 //!   isolated by hand: no probe is scheduled, so retrying is pointless).

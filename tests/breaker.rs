@@ -1,0 +1,569 @@
+//! The circuit-breaker middleware against real loopback servers.
+//!
+//! Most tests pause tokio's clock: the only timers are the breaker's own (open periods
+//! pass by `sleep`, which the idle runtime auto-advances) and the clients set no reqwest
+//! timeout and no pool idle timer. The concurrency tests run on a multi-thread runtime
+//! with the real clock.
+
+mod support;
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::Extensions;
+use reqwest_middleware::{ClientBuilder, ClientWithMiddleware};
+use reqwest_resilience::breaker::{
+    BreakerConfig, BreakerRegistry, BreakerState, CircuitBreakerMiddleware, Deadline, OpenGrowth,
+    Outcome, PauseMode, RetryIn, TripPolicy,
+};
+use reqwest_resilience::{
+    AttemptHistory, FailureKind, Origin, RequestEvidence, ResilienceError, Transmission,
+    TransportEvidence,
+};
+use support::{Action, FaultServer};
+use tokio::time::Instant;
+
+const S: Duration = Duration::from_secs(1);
+const MS: Duration = Duration::from_millis(1);
+
+fn reqwest_client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .no_proxy()
+        // No idle-pool timer: with a paused clock it would be the "next timer" tokio jumps to.
+        .pool_idle_timeout(None)
+        .build()
+        .unwrap()
+}
+
+fn client(registry: &BreakerRegistry) -> ClientWithMiddleware {
+    ClientBuilder::new(reqwest_client())
+        .with(CircuitBreakerMiddleware::new(registry.clone()))
+        .with(TransportEvidence::new())
+        .build()
+}
+
+fn registry(config: BreakerConfig) -> BreakerRegistry {
+    BreakerRegistry::new(config).unwrap()
+}
+
+/// Sends a GET with fresh caller-side extensions, returning both.
+async fn get(
+    client: &ClientWithMiddleware,
+    url: &str,
+    extensions: Extensions,
+) -> (reqwest_middleware::Result<reqwest::Response>, Extensions) {
+    let mut ext = extensions;
+    let req = client.get(url).build().unwrap();
+    let result = tokio::time::timeout(3600 * S, client.execute_with_extensions(req, &mut ext))
+        .await
+        .expect("the request finished");
+    (result, ext)
+}
+
+async fn status(client: &ClientWithMiddleware, url: &str) -> u16 {
+    get(client, url, Extensions::new())
+        .await
+        .0
+        .expect("a response")
+        .status()
+        .as_u16()
+}
+
+fn breaker_error(result: &reqwest_middleware::Result<reqwest::Response>) -> &ResilienceError {
+    let err = result.as_ref().expect_err("rejected");
+    ResilienceError::from_middleware_error(err).expect("a ResilienceError")
+}
+
+/// The evidence and "retry in" a rejection leaves, checked to be a local, unsent one.
+fn assert_rejected_locally(ext: &Extensions, kind: FailureKind, retry_in: Option<Duration>) {
+    let evidence = ext.get::<RequestEvidence>().expect("evidence");
+    assert_eq!(evidence.transmission, Transmission::NotSent);
+    assert_eq!(evidence.failure, Some(kind));
+    assert_eq!(evidence.retry_after, retry_in);
+    assert_eq!(ext.get::<RetryIn>().map(|r| r.0), retry_in);
+    let last = ext
+        .get::<AttemptHistory>()
+        .and_then(|h| h.last())
+        .expect("history");
+    assert_eq!(&last.evidence, evidence);
+}
+
+fn origin(server: &FaultServer) -> Origin {
+    Origin::parse(&server.url("/")).unwrap()
+}
+
+#[tokio::test(start_paused = true)]
+async fn five_503s_trip_the_breaker_and_the_open_breaker_sends_nothing() {
+    let server = FaultServer::always(Action::status(503)).await;
+    let reg = registry(BreakerConfig::default());
+    let c = client(&reg);
+    let url = server.url("/down");
+    for _ in 0..5 {
+        assert_eq!(status(&c, &url).await, 503);
+    }
+    assert_eq!(reg.state(&origin(&server)), Some(BreakerState::Open));
+    let (seen, conns) = (server.requests_seen(), server.connections());
+    assert_eq!(seen, 5);
+    for _ in 0..100 {
+        let (result, ext) = get(&c, &url, Extensions::new()).await;
+        match breaker_error(&result) {
+            ResilienceError::BreakerOpen {
+                origin: o,
+                state,
+                retry_in,
+            } => {
+                assert_eq!(o, &origin(&server));
+                assert_eq!(*state, BreakerState::Open);
+                assert_eq!(*retry_in, Some(30 * S));
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+        assert_rejected_locally(&ext, FailureKind::BreakerOpen, Some(30 * S));
+    }
+    // Fail-fast touched no socket: not one more request, not one more connection.
+    assert_eq!(server.requests_seen(), seen);
+    assert_eq!(server.connections(), conns);
+    let snap = reg.snapshot();
+    assert_eq!(
+        (snap[0].state, snap[0].rejections),
+        (BreakerState::Open, 100)
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn dying_server_trips_it_fail_fast_makes_no_connection_and_the_probe_closes_it() {
+    let ip = IpAddr::V4(Ipv4Addr::LOCALHOST);
+    let first = FaultServer::always(Action::ok("up")).await;
+    let port = first.addr().port();
+    let url = first.url("/");
+    let reg = registry(BreakerConfig::default());
+    let c = client(&reg);
+    assert_eq!(status(&c, &url).await, 200);
+    // The server dies; wait (bounded) until its port refuses connections.
+    drop(first);
+    let mut refused = false;
+    for _ in 0..200 {
+        if tokio::net::TcpStream::connect((ip, port)).await.is_err() {
+            refused = true;
+            break;
+        }
+        tokio::task::yield_now().await;
+    }
+    assert!(refused, "the dead server's port still accepts");
+    for _ in 0..5 {
+        let (result, ext) = get(&c, &url, Extensions::new()).await;
+        assert!(matches!(result, Err(reqwest_middleware::Error::Reqwest(_))));
+        let e = ext.get::<RequestEvidence>().unwrap();
+        assert_ne!(e.failure, Some(FailureKind::BreakerOpen));
+    }
+    let o = Origin::parse(&url).unwrap();
+    assert_eq!(reg.state(&o), Some(BreakerState::Open));
+    // The server comes back on the same port while the breaker is open.
+    let second = FaultServer::try_start_on(ip, port, |_| None, |_, _| Action::ok("back"))
+        .await
+        .expect("rebind the port");
+    for _ in 0..10 {
+        let (result, ext) = get(&c, &url, Extensions::new()).await;
+        assert!(matches!(
+            breaker_error(&result),
+            ResilienceError::BreakerOpen { .. }
+        ));
+        assert_rejected_locally(&ext, FailureKind::BreakerOpen, Some(30 * S));
+    }
+    assert_eq!((second.connections(), second.requests_seen()), (0, 0));
+    tokio::time::sleep(30 * S).await;
+    assert_eq!(reg.state(&o), Some(BreakerState::HalfOpen));
+    assert_eq!(status(&c, &url).await, 200);
+    assert_eq!(reg.state(&o), Some(BreakerState::Closed));
+    assert_eq!(status(&c, &url).await, 200);
+    assert_eq!(second.requests_seen(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn failed_probe_reopens_then_a_later_probe_closes_after_recovery() {
+    // 5 failures trip it, the first probe fails too, the second probe succeeds.
+    let server = FaultServer::start(|i, _| {
+        if i < 6 {
+            Action::status(500)
+        } else {
+            Action::ok("ok")
+        }
+    })
+    .await;
+    let reg = registry(
+        BreakerConfig::default()
+            .open_duration(10 * S)
+            .open_growth(OpenGrowth::new(2.0, 60 * S)),
+    );
+    let c = client(&reg);
+    let url = server.url("/");
+    let o = origin(&server);
+    for _ in 0..5 {
+        assert_eq!(status(&c, &url).await, 500);
+    }
+    tokio::time::sleep(10 * S).await;
+    assert_eq!(status(&c, &url).await, 500);
+    assert_eq!(reg.state(&o), Some(BreakerState::Open));
+    // Second trip in a row: the open period grew to 20 s.
+    let (result, _) = get(&c, &url, Extensions::new()).await;
+    assert_eq!(breaker_error(&result).retry_in(), Some(20 * S));
+    tokio::time::sleep(20 * S).await;
+    assert_eq!(status(&c, &url).await, 200);
+    assert_eq!(reg.state(&o), Some(BreakerState::Closed));
+    assert_eq!(server.requests_seen(), 7);
+}
+
+#[tokio::test(start_paused = true)]
+async fn not_found_and_bad_request_never_trip_the_breaker() {
+    let server =
+        FaultServer::start(|i, _| Action::status(if i % 2 == 0 { 404 } else { 400 })).await;
+    let reg = registry(BreakerConfig::default().policy(TripPolicy::consecutive_failures(1)));
+    let c = client(&reg);
+    for _ in 0..50 {
+        let s = status(&c, &server.url("/missing")).await;
+        assert!(s == 404 || s == 400);
+    }
+    assert_eq!(server.requests_seen(), 50);
+    let snap = reg.snapshot();
+    assert_eq!(snap.len(), 1);
+    assert_eq!(snap[0].state, BreakerState::Closed);
+    assert_eq!(snap[0].consecutive_failures, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn clients_sharing_a_registry_share_a_breaker_and_separate_registries_do_not() {
+    let server = FaultServer::always(Action::status(502)).await;
+    let shared = registry(BreakerConfig::default().policy(TripPolicy::consecutive_failures(3)));
+    let (a, b) = (client(&shared), client(&shared.clone()));
+    let other = client(&registry(
+        BreakerConfig::default().policy(TripPolicy::consecutive_failures(3)),
+    ));
+    let url = server.url("/");
+    for _ in 0..3 {
+        assert_eq!(status(&a, &url).await, 502);
+    }
+    // Client b never sent anything, yet its breaker is the one a tripped.
+    let (result, ext) = get(&b, &url, Extensions::new()).await;
+    assert!(matches!(
+        breaker_error(&result),
+        ResilienceError::BreakerOpen { .. }
+    ));
+    assert_rejected_locally(&ext, FailureKind::BreakerOpen, Some(30 * S));
+    assert_eq!(server.requests_seen(), 3);
+    // A separate registry has its own, Closed, breaker.
+    assert_eq!(status(&other, &url).await, 502);
+    assert_eq!(server.requests_seen(), 4);
+}
+
+#[tokio::test(start_paused = true)]
+async fn failure_ratio_policy_trips_on_half_failures_over_the_window() {
+    // Alternating 200 and 503: 50% failures.
+    let server = FaultServer::start(|i, _| {
+        if i % 2 == 0 {
+            Action::ok("ok")
+        } else {
+            Action::status(503)
+        }
+    })
+    .await;
+    let reg = registry(BreakerConfig::default().policy(TripPolicy::failure_ratio(0.5, 10 * S, 10)));
+    let c = client(&reg);
+    let url = server.url("/");
+    for _ in 0..9 {
+        status(&c, &url).await;
+    }
+    assert_eq!(reg.state(&origin(&server)), Some(BreakerState::Closed));
+    assert_eq!(status(&c, &url).await, 503);
+    assert_eq!(reg.state(&origin(&server)), Some(BreakerState::Open));
+    assert_eq!(server.requests_seen(), 10);
+}
+
+#[tokio::test(start_paused = true)]
+async fn custom_classifier_replaces_the_default() {
+    let server = FaultServer::always(Action::status(404)).await;
+    let reg = registry(BreakerConfig::default().policy(TripPolicy::consecutive_failures(2)));
+    let c = ClientBuilder::new(reqwest_client())
+        .with(CircuitBreakerMiddleware::new(reg.clone()).with_classifier(
+            |e: Option<&RequestEvidence>, _: &reqwest_middleware::Result<reqwest::Response>| {
+                match e.and_then(RequestEvidence::status) {
+                    Some(s) if s == 404 => Outcome::Failure,
+                    _ => Outcome::Success,
+                }
+            },
+        ))
+        .with(TransportEvidence::new())
+        .build();
+    let url = server.url("/");
+    assert_eq!(status(&c, &url).await, 404);
+    assert_eq!(status(&c, &url).await, 404);
+    assert_eq!(reg.state(&origin(&server)), Some(BreakerState::Open));
+}
+
+#[tokio::test(start_paused = true)]
+async fn without_transport_evidence_the_result_is_classified() {
+    let server = FaultServer::always(Action::status(503).header("retry-after", "2")).await;
+    let reg = registry(BreakerConfig::default().policy(TripPolicy::consecutive_failures(1)));
+    let c = ClientBuilder::new(reqwest_client())
+        .with(CircuitBreakerMiddleware::new(reg.clone()))
+        .build();
+    assert_eq!(status(&c, &server.url("/")).await, 503);
+    let snap = reg.snapshot();
+    assert_eq!(snap[0].state, BreakerState::Open);
+    // The Retry-After header was read without the transport step's evidence.
+    assert_eq!(snap[0].paused_for, Some(2 * S));
+}
+
+#[tokio::test(start_paused = true)]
+async fn retry_after_5_on_a_429_stops_every_concurrent_caller_for_5_seconds_then_traffic_resumes() {
+    let server = FaultServer::start(|i, _| {
+        if i == 0 {
+            Action::status(429).header("retry-after", "5")
+        } else {
+            Action::ok("ok")
+        }
+    })
+    .await;
+    let reg = registry(BreakerConfig::default());
+    let (a, b) = (client(&reg), client(&reg));
+    let url = server.url("/");
+    assert_eq!(status(&a, &url).await, 429);
+    let paused_at = Instant::now();
+    assert_eq!(reg.snapshot()[0].paused_for, Some(5 * S));
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..20 {
+        let c = if i % 2 == 0 { a.clone() } else { b.clone() };
+        let url = url.clone();
+        tasks.spawn(async move {
+            let s = status(&c, &url).await;
+            (s, Instant::now() - paused_at)
+        });
+    }
+    // Half-way through the pause nobody has reached the server.
+    tokio::time::sleep(2500 * MS).await;
+    assert_eq!(server.requests_seen(), 1);
+    let mut done = Vec::new();
+    while let Some(r) = tasks.join_next().await {
+        done.push(r.unwrap());
+    }
+    assert_eq!(done.len(), 20);
+    for (s, waited) in done {
+        assert_eq!(s, 200);
+        assert!(waited >= 5 * S, "{waited:?}");
+    }
+    assert_eq!(server.requests_seen(), 21);
+    // The 429 was one failure; the 20 successes reset the count.
+    let snap = reg.snapshot();
+    assert_eq!(
+        (snap[0].state, snap[0].consecutive_failures),
+        (BreakerState::Closed, 0)
+    );
+    assert_eq!(snap[0].paused_for, None);
+}
+
+#[tokio::test(start_paused = true)]
+async fn fail_fast_pause_rejects_with_not_sent_evidence_and_time_left() {
+    let server = FaultServer::start(|i, _| {
+        if i == 0 {
+            Action::status(503).header("retry-after", "120")
+        } else {
+            Action::ok("ok")
+        }
+    })
+    .await;
+    let reg = registry(
+        BreakerConfig::default()
+            .pause_mode(PauseMode::FailFast)
+            .max_pause(60 * S),
+    );
+    let c = client(&reg);
+    let url = server.url("/");
+    assert_eq!(status(&c, &url).await, 503);
+    tokio::time::sleep(10 * S).await;
+    let (result, ext) = get(&c, &url, Extensions::new()).await;
+    // 120 s was clamped to the 60 s cap; 10 s of it have passed.
+    match breaker_error(&result) {
+        ResilienceError::Paused {
+            origin: o,
+            retry_in,
+        } => {
+            assert_eq!(o, &origin(&server));
+            assert_eq!(*retry_in, 50 * S);
+        }
+        other => panic!("unexpected {other:?}"),
+    }
+    assert_rejected_locally(&ext, FailureKind::Paused, Some(50 * S));
+    assert_eq!(server.requests_seen(), 1);
+    tokio::time::sleep(50 * S).await;
+    assert_eq!(status(&c, &url).await, 200);
+}
+
+#[tokio::test(start_paused = true)]
+async fn waiting_caller_fails_fast_when_the_pause_outlasts_its_deadline() {
+    let server = FaultServer::start(|i, _| {
+        if i == 0 {
+            Action::status(429).header("retry-after", "30")
+        } else {
+            Action::ok("ok")
+        }
+    })
+    .await;
+    let reg = registry(BreakerConfig::default());
+    let c = client(&reg);
+    let url = server.url("/");
+    assert_eq!(status(&c, &url).await, 429);
+    let t0 = Instant::now();
+    let mut ext = Extensions::new();
+    ext.insert(Deadline(t0 + 10 * S));
+    let (result, ext) = get(&c, &url, ext).await;
+    assert_eq!(t0.elapsed(), Duration::ZERO);
+    assert_eq!(breaker_error(&result).retry_in(), Some(30 * S));
+    assert_rejected_locally(&ext, FailureKind::Paused, Some(30 * S));
+    // A deadline past the pause waits it out.
+    let mut ext = Extensions::new();
+    ext.insert(Deadline(t0 + 40 * S));
+    let (result, _) = get(&c, &url, ext).await;
+    assert_eq!(result.unwrap().status(), 200);
+    assert_eq!(t0.elapsed(), 30 * S);
+    assert_eq!(server.requests_seen(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn isolated_origin_is_rejected_without_retry_in_until_reset() {
+    let server = FaultServer::always(Action::ok("ok")).await;
+    let reg = registry(BreakerConfig::default());
+    let c = client(&reg);
+    let url = server.url("/");
+    assert!(reg.isolate(&origin(&server)));
+    let (result, ext) = get(&c, &url, Extensions::new()).await;
+    assert!(matches!(
+        breaker_error(&result),
+        ResilienceError::BreakerOpen {
+            state: BreakerState::Isolated,
+            retry_in: None,
+            ..
+        }
+    ));
+    assert_rejected_locally(&ext, FailureKind::BreakerOpen, None);
+    assert_eq!(server.requests_seen(), 0);
+    reg.reset(&origin(&server));
+    assert_eq!(status(&c, &url).await, 200);
+}
+
+#[tokio::test(start_paused = true)]
+async fn dropped_probe_releases_its_slot_for_the_next_request() {
+    // #0 trips it, #1 (the probe) stalls forever, #2 (the next probe) succeeds.
+    let server = FaultServer::start(|i, _| match i {
+        0 => Action::status(503),
+        1 => Action::Stall,
+        _ => Action::ok("ok"),
+    })
+    .await;
+    let reg = registry(
+        BreakerConfig::default()
+            .policy(TripPolicy::consecutive_failures(1))
+            .open_duration(S),
+    );
+    let c = client(&reg);
+    let url = server.url("/");
+    let o = origin(&server);
+    assert_eq!(status(&c, &url).await, 503);
+    tokio::time::sleep(S).await;
+    let probe = {
+        let (c, url) = (c.clone(), url.clone());
+        tokio::spawn(async move { c.get(&url).send().await })
+    };
+    for _ in 0..1_000 {
+        if server.requests_seen() == 2 {
+            break;
+        }
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(server.requests_seen(), 2, "the probe reached the server");
+    assert_eq!(reg.snapshot()[0].probes_in_flight, 1);
+    // While the probe holds the only slot, others are turned away.
+    let (result, ext) = get(&c, &url, Extensions::new()).await;
+    assert!(matches!(
+        breaker_error(&result),
+        ResilienceError::BreakerOpen {
+            state: BreakerState::HalfOpen,
+            ..
+        }
+    ));
+    assert_rejected_locally(&ext, FailureKind::BreakerOpen, Some(S));
+    probe.abort();
+    assert!(probe.await.unwrap_err().is_cancelled());
+    assert_eq!(reg.snapshot()[0].probes_in_flight, 0);
+    assert_eq!(reg.state(&o), Some(BreakerState::HalfOpen));
+    assert_eq!(status(&c, &url).await, 200);
+    assert_eq!(reg.state(&o), Some(BreakerState::Closed));
+    assert_eq!(server.requests_seen(), 3);
+}
+
+/// 1 000 tasks released at once against a HalfOpen breaker on a multi-thread runtime:
+/// exactly `probes` requests reach the server, every other task is turned away locally.
+/// The server holds each probe's answer for 300 ms so every task asks while the probes
+/// are in flight; repeated with 1, 3 and 5 probes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn thousand_concurrent_tasks_on_half_open_breaker_send_exactly_the_permitted_probes() {
+    for (round, probes) in [1u32, 3, 5, 1, 3].into_iter().enumerate() {
+        let outcome = tokio::time::timeout(30 * S, half_open_round(probes))
+            .await
+            .expect("round finished");
+        assert_eq!(
+            outcome,
+            (probes as usize, 1_000 - probes as usize),
+            "round {round}"
+        );
+    }
+}
+
+async fn half_open_round(probes: u32) -> (usize, usize) {
+    let server = FaultServer::start(|i, _| {
+        if i == 0 {
+            Action::status(503)
+        } else {
+            Action::Delay(Duration::from_millis(300), Box::new(Action::ok("ok")))
+        }
+    })
+    .await;
+    let reg = registry(
+        BreakerConfig::default()
+            .policy(TripPolicy::consecutive_failures(1))
+            .open_duration(Duration::from_millis(20))
+            .half_open_probes(probes),
+    );
+    let c = client(&reg);
+    let url = server.url("/");
+    assert_eq!(status(&c, &url).await, 503);
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    let start = Arc::new(tokio::sync::Barrier::new(1_000));
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..1_000 {
+        let (c, url, start) = (c.clone(), url.clone(), start.clone());
+        tasks.spawn(async move {
+            start.wait().await;
+            c.get(&url).send().await
+        });
+    }
+    let (mut sent, mut rejected) = (0, 0);
+    while let Some(r) = tasks.join_next().await {
+        match r.unwrap() {
+            Ok(response) => {
+                assert_eq!(response.status(), 200);
+                sent += 1;
+            }
+            Err(e) => {
+                let err = ResilienceError::from_middleware_error(&e).expect("breaker error");
+                assert!(
+                    matches!(err, ResilienceError::BreakerOpen { .. }),
+                    "{err:?}"
+                );
+                rejected += 1;
+            }
+        }
+    }
+    assert_eq!(server.requests_seen(), 1 + sent);
+    assert_eq!(reg.state(&origin(&server)), Some(BreakerState::Closed));
+    (sent, rejected)
+}

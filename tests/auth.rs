@@ -789,6 +789,25 @@ async fn without_a_token_the_request_is_not_sent_and_the_error_is_typed() {
 }
 
 #[tokio::test]
+async fn a_failed_refresh_after_a_401_is_a_token_error_and_no_replay_is_sent() {
+    tokio::time::timeout(IO_LIMIT, async {
+        let server = FaultServer::always(Action::status(401)).await;
+        let (builder, calls) = scripted(vec![Answer::Token(HOUR), Answer::Fail]);
+        let client = client_with(auth_for(builder.build(), &server).build().unwrap(), None);
+        let err = client.get(server.url("/x")).send().await.unwrap_err();
+        let Some(ResilienceError::Token(e)) = ResilienceError::from_middleware_error(&err) else {
+            panic!("expected a token error, got {err:?}");
+        };
+        assert_eq!(e.kind(), TokenErrorKind::Fetch);
+        assert_eq!(server.requests_seen(), 1, "no replay without a token");
+        assert_eq!(calls.load(Ordering::SeqCst), 2);
+        assert!(!format!("{err:?} {err}").contains("token-0"));
+    })
+    .await
+    .expect("test finishes");
+}
+
+#[tokio::test]
 async fn debug_of_bearer_auth_never_shows_the_secret() {
     const SECRET: &str = "sk-live-abcdef";
     let manager = TokenManager::new(|| async { Ok::<_, IdpDown>(AccessToken::new(SECRET)) });

@@ -1,0 +1,528 @@
+//! A tour of every capability, against a flaky server embedded in this program (loopback
+//! only, no outside network): `cargo run --example tour`.
+//!
+//! Each scene builds the stack with [`Resilience`], makes a few requests, prints what
+//! the attempt history shows, and checks the outcome; the summary table at the end says
+//! which checks held (the program exits with an error if one did not). Delays and open
+//! periods are shortened so that the whole tour takes a few seconds; the defaults are
+//! seconds long (see the README).
+
+mod common;
+
+use std::error::Error;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::{FlakyServer, Reply, refused_url};
+use http::Extensions;
+use reqwest_middleware::ClientWithMiddleware;
+use reqwest_resilience::breaker::{BreakerConfig, BreakerRegistry, BreakerState, TripPolicy};
+use reqwest_resilience::retry::MaxRetries;
+use reqwest_resilience::{
+    AccessToken, AttemptDecision, AttemptHistory, AttemptRecord, Backoff, BearerAuth, Origin,
+    Resilience, ResilienceError, RetryBudget, TokenManager, Transmission,
+};
+
+type BoxError = Box<dyn Error + Send + Sync>;
+
+/// The demo's backoff: 50 ms doubling to 200 ms (the default is 1 s doubling to 30 s).
+fn demo_backoff() -> Result<Backoff, BoxError> {
+    Ok(Backoff::builder()
+        .base(Duration::from_millis(50))
+        .max_delay(Duration::from_millis(200))
+        .build()?)
+}
+
+/// The stack every scene starts from: the defaults, with the demo's short backoff.
+fn demo_stack() -> Result<Resilience, BoxError> {
+    Ok(Resilience::new().backoff(demo_backoff()?))
+}
+
+/// One line of the summary table.
+struct Check {
+    scene: &'static str,
+    expected: String,
+    observed: String,
+    ok: bool,
+}
+
+#[derive(Default)]
+struct Tour {
+    checks: Vec<Check>,
+}
+
+impl Tour {
+    fn check(&mut self, scene: &'static str, expected: impl ToString, observed: impl ToString) {
+        let (expected, observed) = (expected.to_string(), observed.to_string());
+        let ok = expected == observed;
+        self.verify(scene, expected, observed, ok);
+    }
+
+    fn verify(&mut self, scene: &'static str, expected: String, observed: String, ok: bool) {
+        println!(
+            "   {} expected {expected}, observed {observed}",
+            if ok { "✓" } else { "✗" }
+        );
+        self.checks.push(Check {
+            scene,
+            expected,
+            observed,
+            ok,
+        });
+    }
+}
+
+/// Sends a request with these extensions; returns the result and the attempt history.
+async fn send(
+    client: &ClientWithMiddleware,
+    request: reqwest_middleware::RequestBuilder,
+    mut extensions: Extensions,
+) -> Result<
+    (
+        Result<reqwest::Response, reqwest_middleware::Error>,
+        AttemptHistory,
+    ),
+    BoxError,
+> {
+    let request = request.build()?;
+    let result = client
+        .execute_with_extensions(request, &mut extensions)
+        .await;
+    let history = extensions.remove::<AttemptHistory>().unwrap_or_default();
+    Ok((result, history))
+}
+
+fn describe(record: &AttemptRecord) -> String {
+    let e = &record.evidence;
+    let what = match (e.transmission, e.failure) {
+        (Transmission::ResponseReceived(status), _) => format!("response {status}"),
+        (t, Some(kind)) => format!("{t:?} ({kind:?})"),
+        (t, None) => format!("{t:?}"),
+    };
+    let decision = match &record.decision {
+        Some(AttemptDecision::Retry { delay, reason }) => {
+            format!(" → retry in {delay:.0?}: {reason}")
+        }
+        Some(AttemptDecision::Stop { reason }) => format!(" → stop: {reason}"),
+        None => String::new(),
+        Some(other) => format!(" → {other:?}"),
+    };
+    format!("attempt {}: {what}{decision}", e.attempt)
+}
+
+fn print_history(history: &AttemptHistory) {
+    for record in history.attempts() {
+        println!("   {}", describe(record));
+    }
+}
+
+/// This crate's error behind a failed call; the retry middleware wraps the last attempt's
+/// error, so look inside that too.
+fn innermost(err: &reqwest_middleware::Error) -> Option<&ResilienceError> {
+    match ResilienceError::from_middleware_error(err) {
+        Some(ResilienceError::Retry(retry)) => {
+            ResilienceError::from_middleware_error(retry.last_error())
+                .or(ResilienceError::from_middleware_error(err))
+        }
+        other => other,
+    }
+}
+
+fn outcome(result: &Result<reqwest::Response, reqwest_middleware::Error>) -> String {
+    match result {
+        Ok(response) => format!("{}", response.status().as_u16()),
+        Err(err) => match innermost(err) {
+            Some(ResilienceError::BreakerOpen { .. }) => "breaker open".into(),
+            Some(ResilienceError::Paused { .. }) => "paused".into(),
+            _ => "error".into(),
+        },
+    }
+}
+
+#[tokio::main]
+async fn main() -> Result<(), BoxError> {
+    let started = Instant::now();
+    println!("reqwest-resilience tour: every server below is local (127.0.0.1).");
+    println!(
+        "Timings are shortened for the demo: backoff 50 ms → 200 ms (default 1 s → 30 s), \
+         breaker open 300 ms (default 30 s).\n"
+    );
+    let mut tour = Tour::default();
+
+    refused_connection(&mut tour).await?;
+    retry_after(&mut tour).await?;
+    post_not_retried(&mut tour).await?;
+    breaker(&mut tour).await?;
+    shared_pause(&mut tour).await?;
+    token_storm(&mut tour).await?;
+    healed_401(&mut tour).await?;
+    budget(&mut tour).await?;
+
+    println!("\nSummary");
+    println!("{:<34} {:<26} {:<26} ok", "scene", "expected", "observed");
+    println!("{}", "-".repeat(90));
+    for c in &tour.checks {
+        println!(
+            "{:<34} {:<26} {:<26} {}",
+            c.scene,
+            c.expected,
+            c.observed,
+            if c.ok { "✓" } else { "✗" }
+        );
+    }
+    let failed = tour.checks.iter().filter(|c| !c.ok).count();
+    println!(
+        "\n{} checks, {failed} failed, in {:.1?}.",
+        tour.checks.len(),
+        started.elapsed()
+    );
+    if failed > 0 {
+        return Err(format!("{failed} tour checks failed").into());
+    }
+    Ok(())
+}
+
+/// A refused connection is proven not sent, so even a POST may be retried.
+async fn refused_connection(tour: &mut Tour) -> Result<(), BoxError> {
+    println!("1. Evidence of a refused connection (nobody listens on the port)");
+    let client = demo_stack()?.build(reqwest::Client::new())?;
+    let url = refused_url("/orders")?;
+    let (result, history) = send(&client, client.post(&url).body("{}"), Extensions::new()).await?;
+    print_history(&history);
+    let first = &history.attempts()[0].evidence;
+    tour.check(
+        "refused: evidence",
+        "NotSent",
+        format!("{:?}", first.transmission),
+    );
+    tour.check(
+        "refused: POST retried (not sent)",
+        "4 attempts, error",
+        format!("{} attempts, {}", history.len(), outcome(&result)),
+    );
+    Ok(())
+}
+
+/// A 503 with `Retry-After: 1` is retried after the server's second, not the backoff.
+async fn retry_after(tour: &mut Tour) -> Result<(), BoxError> {
+    println!("\n2. A retry honouring Retry-After");
+    let server = FlakyServer::start(|i, _| {
+        if i == 0 {
+            Reply::status(503).header("retry-after", "1")
+        } else {
+            Reply::ok("fresh data")
+        }
+    })
+    .await?;
+    let client = demo_stack()?.build(reqwest::Client::new())?;
+    let (result, history) =
+        send(&client, client.get(server.url("/data")), Extensions::new()).await?;
+    print_history(&history);
+    let delay = match history.attempts()[0].decision {
+        Some(AttemptDecision::Retry { delay, .. }) => format!("{delay:?}"),
+        _ => "none".into(),
+    };
+    tour.check("Retry-After: delay taken", "1s", delay);
+    tour.check(
+        "Retry-After: outcome",
+        "2 attempts, 200",
+        format!("{} attempts, {}", history.len(), outcome(&result)),
+    );
+    Ok(())
+}
+
+/// A POST whose connection closed after it was sent may have been processed: not
+/// retried. The same failure on a GET is retried.
+async fn post_not_retried(tour: &mut Tour) -> Result<(), BoxError> {
+    println!("\n3. A POST correctly not retried (the server reads it, then hangs up)");
+    let server = FlakyServer::start(|_, _| Reply::HangUp).await?;
+    let client = demo_stack()?.no_breaker().build(reqwest::Client::new())?;
+    let (result, history) = send(
+        &client,
+        client
+            .post(server.url("/payments"))
+            .body(r#"{"amount":10}"#),
+        Extensions::new(),
+    )
+    .await?;
+    print_history(&history);
+    tour.check(
+        "POST after hang-up",
+        "1 attempt, 1 at server",
+        format!("{} attempt, {} at server", history.len(), server.requests()),
+    );
+    let _ = result;
+    println!("   the same failure on a GET (idempotent) is retried:");
+    let (_, history) = send(
+        &client,
+        client.get(server.url("/payments")),
+        Extensions::new(),
+    )
+    .await?;
+    print_history(&history);
+    tour.check(
+        "GET after hang-up",
+        "4 attempts",
+        format!("{} attempts", history.len()),
+    );
+    Ok(())
+}
+
+/// Three 503s open the breaker; the next request fails at once without reaching the
+/// server; after the open period one probe succeeds and closes it.
+async fn breaker(tour: &mut Tour) -> Result<(), BoxError> {
+    println!("\n4. A breaker opening, failing fast and closing (3 failures, 300 ms open)");
+    let healthy = Arc::new(AtomicBool::new(false));
+    let h = healthy.clone();
+    let server = FlakyServer::start(move |_, _| {
+        if h.load(Ordering::SeqCst) {
+            Reply::ok("back")
+        } else {
+            Reply::status(503)
+        }
+    })
+    .await?;
+    let transitions = Arc::new(Mutex::new(Vec::new()));
+    let t = transitions.clone();
+    let registry = BreakerRegistry::with_listener(
+        BreakerConfig::default()
+            .policy(TripPolicy::consecutive_failures(3))
+            .open_duration(Duration::from_millis(300)),
+        move |event| {
+            println!("   breaker: {:?} → {:?}", event.from, event.to);
+            t.lock().unwrap().push(format!("{:?}", event.to));
+        },
+    )?;
+    let client = demo_stack()?
+        .breaker(registry.clone())
+        .build(reqwest::Client::new())?;
+    let no_retry = || {
+        let mut e = Extensions::new();
+        e.insert(MaxRetries(0)); // one attempt each, to count the breaker's failures
+        e
+    };
+    for _ in 0..3 {
+        let (result, _) = send(&client, client.get(server.url("/")), no_retry()).await?;
+        println!("   GET → {}", outcome(&result));
+    }
+    let seen_before = server.requests();
+    let (result, history) = send(&client, client.get(server.url("/")), no_retry()).await?;
+    print_history(&history);
+    if let Some(err) = result.as_ref().err().and_then(innermost) {
+        println!("   error: {err}");
+    }
+    tour.check(
+        "breaker: fails fast",
+        "breaker open, 0 sent",
+        format!(
+            "{}, {} sent",
+            outcome(&result),
+            server.requests() - seen_before
+        ),
+    );
+    healthy.store(true, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (result, _) = send(&client, client.get(server.url("/")), no_retry()).await?;
+    println!("   after 300 ms, the probe: GET → {}", outcome(&result));
+    let origin = Origin::parse(&server.url("/"))?;
+    tour.check(
+        "breaker: closes after a probe",
+        "Closed",
+        format!(
+            "{:?}",
+            registry.state(&origin).unwrap_or(BreakerState::Open)
+        ),
+    );
+    tour.check(
+        "breaker: transitions",
+        "Open HalfOpen Closed",
+        transitions.lock().unwrap().join(" "),
+    );
+    Ok(())
+}
+
+/// A 429 with `Retry-After` pauses the origin for every client sharing the registry.
+async fn shared_pause(tour: &mut Tour) -> Result<(), BoxError> {
+    println!("\n5. A shared pause: one 429 with Retry-After: 1 holds back every client");
+    let server = FlakyServer::start(|i, _| {
+        if i == 0 {
+            Reply::status(429).header("retry-after", "1")
+        } else {
+            Reply::ok("ok")
+        }
+    })
+    .await?;
+    let registry = BreakerRegistry::new(BreakerConfig::default())?;
+    let client_a = demo_stack()?
+        .breaker(registry.clone())
+        .build(reqwest::Client::new())?;
+    let client_b = demo_stack()?
+        .breaker(registry.clone())
+        .build(reqwest::Client::new())?;
+    let mut once = Extensions::new();
+    once.insert(MaxRetries(0));
+    let (result, _) = send(&client_a, client_a.get(server.url("/a")), once).await?;
+    println!(
+        "   client A: GET → {} (origin now paused for 1 s)",
+        outcome(&result)
+    );
+    let waited = Instant::now();
+    let (result, _) = send(&client_b, client_b.get(server.url("/b")), Extensions::new()).await?;
+    println!(
+        "   client B: GET → {} after waiting {:.1?} without sending",
+        outcome(&result),
+        waited.elapsed()
+    );
+    tour.check(
+        "pause: B held back, then sent once",
+        "200, 2 at server",
+        format!("{}, {} at server", outcome(&result), server.requests()),
+    );
+    Ok(())
+}
+
+/// A token source that counts its fetches and takes 100 ms, issuing `token-1`, `token-2`, …
+fn counting_tokens(fetches: Arc<AtomicUsize>) -> TokenManager {
+    TokenManager::new(move || {
+        let fetches = fetches.clone();
+        async move {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let n = fetches.fetch_add(1, Ordering::SeqCst) + 1;
+            Ok::<_, std::io::Error>(AccessToken::new(format!("token-{n}")))
+        }
+    })
+}
+
+fn bearer_for(server: &FlakyServer, tokens: TokenManager) -> Result<BearerAuth, BoxError> {
+    Ok(BearerAuth::builder(tokens)
+        .origin(Origin::parse(&server.url("/"))?)
+        .allow_http_on_loopback() // the demo server is plain http on 127.0.0.1
+        .build()?)
+}
+
+/// Concurrent requests: 1 token fetch. 401s: 1 refresh.
+async fn run_concurrently(
+    client: &ClientWithMiddleware,
+    url: &str,
+    n: usize,
+) -> Result<Vec<String>, BoxError> {
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..n {
+        let (client, url) = (client.clone(), url.to_owned());
+        tasks.spawn(async move { outcome(&client.get(url).send().await) });
+    }
+    let mut outcomes = Vec::with_capacity(n);
+    while let Some(o) = tasks.join_next().await {
+        outcomes.push(o?);
+    }
+    Ok(outcomes)
+}
+
+/// 50 concurrent requests with no token cached cause one fetch.
+async fn token_storm(tour: &mut Tour) -> Result<(), BoxError> {
+    println!("\n6. A token storm: 50 concurrent requests, no token cached yet");
+    let server = FlakyServer::start(|_, r| match r.authorization.as_deref() {
+        Some("Bearer token-1") => Reply::ok("hello"),
+        _ => Reply::status(401),
+    })
+    .await?;
+    let fetches = Arc::new(AtomicUsize::new(0));
+    let client = demo_stack()?
+        .bearer(bearer_for(&server, counting_tokens(fetches.clone()))?)
+        .build(reqwest::Client::new())?;
+    let outcomes = run_concurrently(&client, &server.url("/me"), 50).await?;
+    let ok = outcomes.iter().filter(|o| *o == "200").count();
+    println!(
+        "   {ok} of 50 got 200; the token source was called {} time(s)",
+        fetches.load(Ordering::SeqCst)
+    );
+    tour.check(
+        "token storm: fetches",
+        "50 × 200, 1 fetch",
+        format!("{ok} × 200, {} fetch", fetches.load(Ordering::SeqCst)),
+    );
+    Ok(())
+}
+
+/// The server revoked `token-1`: 20 concurrent 401s cause one refresh and one replay
+/// each; the breaker counts the healed requests as successes.
+async fn healed_401(tour: &mut Tour) -> Result<(), BoxError> {
+    println!("\n7. A 401 healed by one refresh: the server accepts only token-2");
+    let server = FlakyServer::start(|_, r| match r.authorization.as_deref() {
+        Some("Bearer token-2") => Reply::ok("hello again"),
+        _ => Reply::status(401).header("www-authenticate", "Bearer error=\"invalid_token\""),
+    })
+    .await?;
+    let fetches = Arc::new(AtomicUsize::new(0));
+    let tokens = counting_tokens(fetches.clone());
+    tokens.token().await?; // token-1 is cached before the requests start
+    let registry = BreakerRegistry::new(BreakerConfig::default())?;
+    let client = demo_stack()?
+        .breaker(registry.clone())
+        .bearer(bearer_for(&server, tokens)?)
+        .build(reqwest::Client::new())?;
+    let outcomes = run_concurrently(&client, &server.url("/me"), 20).await?;
+    let ok = outcomes.iter().filter(|o| *o == "200").count();
+    let origin = Origin::parse(&server.url("/"))?;
+    let failures = registry
+        .snapshot()
+        .into_iter()
+        .find(|b| b.origin == origin)
+        .map_or(u32::MAX, |b| b.consecutive_failures);
+    println!(
+        "   {ok} of 20 got 200; refreshes: {}; the server answered {} requests with 401 (each \
+         replayed once with token-2); breaker failures counted: {failures}",
+        fetches.load(Ordering::SeqCst) - 1,
+        server.requests() - ok
+    );
+    tour.check(
+        "401: one refresh, all healed",
+        "20 × 200, 1 refresh",
+        format!("{ok} × 200, {} refresh", fetches.load(Ordering::SeqCst) - 1),
+    );
+    tour.check(
+        "401: breaker not charged",
+        "0 failures",
+        format!("{failures} failures"),
+    );
+    Ok(())
+}
+
+/// A server failing everything: without a budget each request is sent 4 times; the
+/// budget (20 % of requests) stops the storm.
+async fn budget(tour: &mut Tour) -> Result<(), BoxError> {
+    println!("\n8. The budget stopping a retry storm: 50 requests to a server answering 503");
+    let mut sent = Vec::new();
+    for with_budget in [false, true] {
+        let server = FlakyServer::start(|_, _| Reply::status(503)).await?;
+        let stack = demo_stack()?.no_breaker(); // the breaker would stop the storm too
+        let stack = if with_budget {
+            // 20 % of requests, as the default; the default's floor of 10 retries/s is
+            // set to 0 so that this small demo shows the ratio.
+            stack.retry_budget(RetryBudget::new(Duration::from_secs(10), 0, 0.2)?)
+        } else {
+            stack.no_retry_budget()
+        };
+        let client = stack.build(reqwest::Client::new())?;
+        run_concurrently(&client, &server.url("/report"), 50).await?;
+        println!(
+            "   {}: the server received {} requests",
+            if with_budget {
+                "with a 20 % budget"
+            } else {
+                "without a budget"
+            },
+            server.requests()
+        );
+        sent.push(server.requests());
+    }
+    // All 50 requests deposit before their first retry, so at most 20 % × 50 = 10 retries.
+    tour.verify(
+        "budget: requests at server",
+        "200 → at most 60".into(),
+        format!("{} → {}", sent[0], sent[1]),
+        sent[0] == 200 && sent[1] <= 60,
+    );
+    Ok(())
+}

@@ -156,7 +156,9 @@ struct Inner {
 ///
 /// ```
 /// use reqwest_resilience::Origin;
-/// use reqwest_resilience::breaker::{BreakerConfig, BreakerRegistry, BreakerState, Outcome};
+/// use reqwest_resilience::breaker::{
+///     BreakerConfig, BreakerRegistry, BreakerState, Outcome, RejectReason,
+/// };
 ///
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// let registry = BreakerRegistry::new(BreakerConfig::default())?;
@@ -166,7 +168,9 @@ struct Inner {
 /// }
 /// assert_eq!(registry.state(&origin), Some(BreakerState::Open));
 /// let rejected = registry.acquire(&origin).unwrap_err();
-/// assert_eq!(rejected.retry_in, Some(std::time::Duration::from_secs(30)));
+/// assert_eq!(rejected.reason, RejectReason::Open);
+/// // The first probe is due when the 30 s open period ends.
+/// assert!(rejected.retry_in.is_some_and(|d| d <= std::time::Duration::from_secs(30)));
 /// # Ok(()) }
 /// ```
 #[derive(Clone)]

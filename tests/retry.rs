@@ -956,3 +956,58 @@ async fn with_the_real_breaker_an_open_circuit_past_the_deadline_returns_its_err
         "not left behind"
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_retried_response_is_drained_so_its_connection_is_reused() {
+    let server = FaultServer::sequence(
+        vec![Action::status(503).body(&[b'x'; 60_000])],
+        Action::ok("ok"),
+    )
+    .await;
+    let c = client(plain().build().unwrap());
+    let (res, _, _) = send(&c, c.get(server.url("/")), Extensions::new()).await;
+    assert_eq!(res.unwrap().status(), 200);
+    assert_eq!((server.requests_seen(), server.connections()), (2, 1));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_requests_on_many_threads_share_one_budget_exactly() {
+    let server = FaultServer::always(Action::status(503)).await;
+    // Ratio 0, floor 5/s over 10 s: exactly 50 retries in the window, whatever the
+    // interleaving of 200 requests that would like 600.
+    let budget = RetryBudget::new(S(10), 5, 0.0).unwrap();
+    let c = client(
+        plain()
+            .backoff(
+                Backoff::builder()
+                    .base(Duration::from_millis(1))
+                    .jitter(Jitter::Full)
+                    .build()
+                    .unwrap(),
+            )
+            .budget(budget.clone())
+            .build()
+            .unwrap(),
+    );
+    let tasks: Vec<_> = (0..200)
+        .map(|_| {
+            let (c, url) = (c.clone(), server.url("/"));
+            tokio::spawn(async move {
+                let res = c.get(url).send().await.unwrap();
+                *res.extensions().get::<RetryOutcome>().unwrap()
+            })
+        })
+        .collect();
+    let mut attempts = 0;
+    for t in tasks {
+        let o = tokio::time::timeout(S(60), t).await.unwrap().unwrap();
+        assert!(matches!(
+            o.stop,
+            StopReason::BudgetExhausted | StopReason::RetriesExhausted
+        ));
+        attempts += o.attempts;
+    }
+    assert_eq!(attempts, 250);
+    assert_eq!(server.requests_seen(), 250);
+    assert_eq!(budget.remaining(), 0);
+}

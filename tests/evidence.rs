@@ -43,7 +43,7 @@ use reqwest_resilience::{
 };
 use support::h2::{H2Action, H2Server};
 use support::tls::TlsServer;
-use support::{Action, FaultServer, refused_port};
+use support::{Action, FaultServer, FullBacklog, refused_port};
 
 /// Upper bound for any one test's network work.
 const BOUND: Duration = Duration::from_secs(20);
@@ -146,6 +146,22 @@ async fn row01_port_with_no_listener_is_not_sent_connect() {
     assert_eq!(e.origin, Some(Origin::parse(&url).unwrap()));
 }
 
+#[tokio::test]
+async fn row01_connect_timeout_against_a_full_backlog_is_not_sent_connect() {
+    let backlog = FullBacklog::start().await;
+    let client = with_evidence(
+        raw_client()
+            .connect_timeout(Duration::from_millis(300))
+            .build()
+            .unwrap(),
+    );
+    let url = format!("http://{}/pay", backlog.addr());
+    let (result, history) = send(&client, post(&client, &url)).await;
+    assert!(result.unwrap_err().is_timeout());
+    let e = only_attempt(&history);
+    assert_failure(&e, Transmission::NotSent, FailureKind::Connect, None);
+}
+
 // ---- row 2 -------------------------------------------------------------------------------
 
 #[tokio::test]
@@ -207,6 +223,26 @@ async fn row03_multi_address_both_refuse_is_not_sent_connect() {
     // starts failing, hyper-util keeps more and the evidence can record more.
     assert!(err.contains(&format!("127.0.0.2:{port}")), "{err}");
     assert!(!err.contains(&format!("127.0.0.1:{port}")), "{err}");
+    let e = only_attempt(&history);
+    assert_failure(&e, Transmission::NotSent, FailureKind::Connect, None);
+}
+
+#[tokio::test]
+async fn row03_multi_address_one_refuses_one_times_out_is_connect_not_refused() {
+    let backlog = FullBacklog::start().await;
+    let client = with_evidence(
+        raw_client()
+            .dns_resolver(FixedResolver(loopbacks(&[2, 1])))
+            .connect_timeout(Duration::from_millis(600))
+            .build()
+            .unwrap(),
+    );
+    let url = format!("http://two-addresses.test:{}/pay", backlog.addr().port());
+    let (result, history) = send(&client, post(&client, &url)).await;
+    let err = format!("{:?}", result.unwrap_err());
+    // 127.0.0.2 refused, 127.0.0.1 timed out; hyper-util reports the refusal only. The
+    // evidence's kind, `Connect`, does not claim "refused" for both.
+    assert!(err.contains("ConnectionRefused"), "{err}");
     let e = only_attempt(&history);
     assert_failure(&e, Transmission::NotSent, FailureKind::Connect, None);
 }
@@ -346,7 +382,10 @@ async fn row10_control_the_same_server_trusted_answers() {
     let (result, history) = send(&client, post(&client, &server.url("/pay"))).await;
     assert_eq!(result.unwrap().status(), StatusCode::OK);
     let e = only_attempt(&history);
-    assert_eq!(e.transmission, Transmission::ResponseReceived(StatusCode::OK));
+    assert_eq!(
+        e.transmission,
+        Transmission::ResponseReceived(StatusCode::OK)
+    );
     assert_eq!(server.handshakes(), 1);
     assert_eq!(server.requests_seen(), 1);
 }

@@ -34,6 +34,7 @@
 //!
 //! # Other helpers
 //! - [`refused_port`]: a loopback port with no listener (connect is refused).
+//! - [`FullBacklog`]: a loopback listener whose connects time out (SYN dropped).
 //! - [`h2`]: an HTTP/2 (h2c prior-knowledge) server that answers `RST_STREAM(REFUSED_STREAM)`
 //!   and `GOAWAY` with a chosen last-stream-id; use the client with `.http2_prior_knowledge()`.
 //! - [`tls`]: a TLS server with a self-signed certificate (not trusted by any client).
@@ -296,6 +297,51 @@ impl FaultServer {
 pub fn refused_port() -> u16 {
     let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     l.local_addr().expect("addr").port()
+}
+
+/// A listener on `127.0.0.1` whose accept queue is full and never drained.
+///
+/// Linux drops a SYN that arrives while a listener's accept queue is full, so a new
+/// connection to [`FullBacklog::addr`] neither completes nor is refused: the client's connect
+/// times out. That is a connect timeout on loopback, where a SYN is otherwise always
+/// answered.
+pub struct FullBacklog {
+    addr: SocketAddr,
+    _listener: tokio::net::TcpListener,
+    _fillers: Vec<std::net::TcpStream>,
+}
+
+impl FullBacklog {
+    /// Listens with the smallest backlog and connects until a connect no longer completes.
+    pub async fn start() -> FullBacklog {
+        let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+        socket.bind("127.0.0.1:0".parse().unwrap()).expect("bind");
+        let listener = socket.listen(1).expect("listen");
+        let addr = listener.local_addr().expect("addr");
+        let fillers = tokio::task::spawn_blocking(move || {
+            let mut fillers = Vec::new();
+            // Linux queues backlog + 1 connections; a few more attempts bound the loop.
+            for _ in 0..16 {
+                match std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)) {
+                    Ok(s) => fillers.push(s),
+                    Err(_) => return fillers,
+                }
+            }
+            panic!("the accept queue of a backlog-1 listener never filled");
+        })
+        .await
+        .expect("fill the backlog");
+        FullBacklog {
+            addr,
+            _listener: listener,
+            _fillers: fillers,
+        }
+    }
+
+    /// The address whose connects time out.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
 }
 
 async fn serve_http1(mut stream: TcpStream, conn: usize, c: &Counters, script: &Script) {

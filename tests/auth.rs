@@ -1088,3 +1088,37 @@ fn outside_a_runtime_token_is_an_aborted_error_not_a_panic() {
         other => panic!("expected an immediate error, got {other:?}"),
     }
 }
+
+#[test]
+fn a_runtime_shut_down_mid_fetch_aborts_it_and_a_later_runtime_fetches_again() {
+    let (builder, calls) = scripted(vec![Answer::Hang, Answer::Token(HOUR)]);
+    let manager = builder.build();
+    let first = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    first.block_on(async {
+        let waiter = manager.clone();
+        tokio::spawn(async move { waiter.token().await });
+        settle().await;
+    });
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    // Shutting the runtime down drops the hanging fetch task mid-flight.
+    drop(first);
+
+    let second = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .unwrap();
+    second.block_on(async {
+        let e = tokio::time::timeout(Duration::from_secs(1), manager.token())
+            .await
+            .expect("the dead flight is not joined")
+            .unwrap_err();
+        assert_eq!(e.kind(), TokenErrorKind::Aborted);
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert_eq!(manager.token().await.unwrap().secret(), "token-1");
+    });
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+}

@@ -238,7 +238,13 @@ impl TokenManager {
             return Lookup::Ready(Ok(token));
         }
         if let Some(flight) = &state.flight {
-            return Lookup::Wait(flight.result.clone());
+            // `has_changed` fails only once the sender is gone, which the guard never
+            // allows without clearing the flight first; checked so that a flight can
+            // never be joined if it cannot finish.
+            if flight.result.has_changed().is_ok() {
+                return Lookup::Wait(flight.result.clone());
+            }
+            state.flight = None;
         }
         if let Some(failure) = &state.failure
             && failure.retry_at().is_some_and(|at| now < at)
@@ -267,13 +273,14 @@ impl TokenManager {
         });
         #[cfg(feature = "tracing")]
         tracing::debug!(flight = id, "fetching a bearer token");
-        let shared = Arc::clone(&self.shared);
+        // Built outside the task so that a task dropped before its first poll (a runtime
+        // shutting down) still publishes a result and clears the flight.
+        let mut guard = FlightGuard {
+            shared: Arc::clone(&self.shared),
+            id,
+            tx: Some(tx),
+        };
         runtime.spawn(async move {
-            let mut guard = FlightGuard {
-                shared,
-                id,
-                tx: Some(tx),
-            };
             let timeout = guard.shared.config.fetch_timeout;
             let fetched = tokio::time::timeout(timeout, guard.shared.source.fetch_erased()).await;
             let outcome = match fetched {

@@ -26,9 +26,10 @@ use crate::{Origin, ResilienceError};
 ///   one (so N concurrent `401`s cause one refresh), a token is fetched (or the refresh
 ///   another request started is joined), and the request is replayed once if its body can
 ///   be cloned (a streaming body cannot: the `401` is returned, and the next request
-///   gets the new token). A second `401` is
-///   returned as it is. A hook can look at the `401` (its `WWW-Authenticate` challenge)
-///   first and decline the replay ([`BearerAuthBuilder::on_unauthorized`]).
+///   gets the new token). A second `401` is returned as it is. A hook can look at the
+///   `401` (its `WWW-Authenticate` challenge) first and decline the refresh and replay
+///   ([`BearerAuthBuilder::on_unauthorized`]). A `401` that comes, after a redirect, from
+///   an origin outside the set is returned as it is (that server never saw the token).
 /// - **Errors**: when no token can be had, the request is not sent and the call fails
 ///   with [`ResilienceError::Token`] inside `reqwest_middleware::Error::Middleware`
 ///   (also when the refresh after a `401` fails: the replay is then not sent).

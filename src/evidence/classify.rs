@@ -1,67 +1,5 @@
-//! From a `reqwest::Error` to evidence, by walking its `source()` chain.
-//!
-//! The chain of a failed send is `reqwest::Error → hyper_util::client::legacy::Error →
-//! hyper::Error → h2::Error | std::io::Error`, or, for a connect failure,
-//! `reqwest::Error → hyper_util::client::legacy::Error (is_connect) → the connector's error`
-//! (hyper-util's `ConnectError`, reqwest's DNS error, a TLS library's error inside an
-//! `io::Error`). [`classify_error`] first collects what each layer says into [`Facts`], then
-//! [`decide`] applies the rules below in order. The first rule that matches wins.
-//!
-//! | # | fact | transmission | kind | why |
-//! |---|---|---|---|---|
-//! | 1 | reqwest `is_builder` | `NotSent` | `Builder` | the request was never handed to a connection |
-//! | 2 | reqwest `is_redirect` | `Unknown` | `Redirect` | a server answered (with a redirect), but this error carries no status |
-//! | 3 | hyper-util `is_connect` | `NotSent` | see below | the connector failed, so no connection existed to write the request on |
-//! | 4 | h2 `RST_STREAM(REFUSED_STREAM)` from the peer | `SentNoResponse` + [`NotProcessedProof::RefusedStream`] | `Protocol` | RFC 9113 §8.7: the stream was refused before any processing |
-//! | 5 | h2 `GOAWAY` received from the peer, surfaced on our stream | `SentNoResponse` + [`NotProcessedProof::GoAway`] | `Protocol` | see "GOAWAY" below |
-//! | 6 | hyper `is_canceled` | `NotSent` | from the inner error, else `Closed` | hyper hands a request back as canceled only when it never started writing it |
-//! | 7 | a timeout (hyper `is_timeout`, io `TimedOut`, reqwest's own timer) | `Unknown` | `Timeout` | a timer says nothing about how far the request got |
-//! | 8 | io `ConnectionReset` / `ConnectionAborted` / `BrokenPipe` | `SentNoResponse` | `Reset` | the connection existed and broke while the request was in flight |
-//! | 9 | hyper `is_incomplete_message`, io `UnexpectedEof` | `SentNoResponse` | `Closed` | hyper wrote the request and met EOF before a complete response head |
-//! | 10 | hyper `is_parse` | `Unknown` | `Protocol` | garbage can arrive before the request is written (a server that speaks first), so it proves nothing about our bytes |
-//! | 11 | reqwest `is_body` | `Unknown` | `Body` | a body failed part way: part of the request may be out |
-//! | 12 | any other h2 error | `SentNoResponse` if the peer sent it, else `Unknown` | `Protocol` | a stream the peer reset existed on the wire |
-//! | 13 | reqwest `is_decode` | `Unknown` | `Decode` | only raised after a response, which the caller already has |
-//! | 14 | anything else | `Unknown` | `Other` | no proof either way |
-//!
-//! The kind of a connect failure (rule 3): reqwest's `is_dns` → `Dns`; a TLS peer
-//! certificate rejected → `Certificate`; an "invalid URL" from the connector (a scheme the
-//! connector cannot serve, e.g. `https` with no TLS backend built in) → `ConnectPermanent`;
-//! an `io::Error` of a TCP kind (refused, reset, unreachable, timed out) or hyper-util's
-//! "tcp …" error → `Connect`; an `io::Error` of kind `InvalidData` (how rustls reports a
-//! failed handshake) or a message naming TLS/SSL/a handshake → `Tls`; else `Other`.
-//!
-//! # Why text is matched for certificates
-//!
-//! The certificate error is a type of whichever TLS crate reqwest was built with (rustls's
-//! `Error::InvalidCertificate`, openssl's verify error behind native-tls), and this crate
-//! leaves the choice of backend to its users, so it cannot downcast to them. It matches the
-//! chain's `Display`/`Debug` text instead: `invalid peer certificate` / `InvalidCertificate`
-//! (rustls), `certificate verify failed` (OpenSSL, native-tls on Linux), and
-//! `peer sent no certificates`. The text only chooses the *kind*; the transmission of any
-//! connect failure is `NotSent` whatever the text says, so a changed message can only
-//! demote `Certificate` to `Tls`, never make a sent request look unsent.
-//!
-//! # GOAWAY (rule 5)
-//!
-//! `h2` (0.4) fails a stream with a *remote* `GOAWAY` error in exactly two places: when the
-//! peer's `GOAWAY` names a last-stream-id below that stream (`Streams::recv_go_away` fails
-//! every locally initiated stream with `id > last_stream_id`), and when a stream is opened
-//! after the `GOAWAY` arrived (`ensure_no_conn_error`). Either way the server did not process
-//! it (RFC 9113 §6.8). A stream at or below the last-stream-id that the server then abandons
-//! is failed differently, with `BrokenPipe` when the connection ends, and gets no proof.
-//! The `GOAWAY`'s error code does not matter for the proof; reqwest's own retry treats only
-//! `NO_ERROR` as retryable, which is its policy, not evidence.
-//!
-//! # Multi-address connects
-//!
-//! hyper-util (0.1.21, `ConnectingTcpRemote::connect`) tries each resolved address in turn
-//! and, when all fail, returns only the *first* address's error. The evidence therefore
-//! cannot keep every address's failure; what it records is still true of every address:
-//! `NotSent` (the connector returns an error only when no address produced a connection) and
-//! `Connect`, a kind that does not claim *how* the addresses failed (refused, unreachable or
-//! timed out are all `Connect`), so one address refusing and another timing out is never
-//! reported as "refused".
+//! From a `reqwest::Error` to evidence, by walking its `source()` chain: the rules are
+//! documented on [`classify_error`].
 
 use std::error::Error as StdError;
 use std::io;
@@ -93,7 +31,72 @@ impl Classification {
 /// Classifies a failed attempt from the error `reqwest` returned for it.
 ///
 /// Conservative by construction: [`Transmission::NotSent`] only when a layer proves that no
-/// request byte left (see the rules in the [module docs](self)).
+/// request byte left.
+///
+/// The chain of a failed send is `reqwest::Error → hyper_util::client::legacy::Error →
+/// hyper::Error → h2::Error | std::io::Error`, or, for a connect failure,
+/// `reqwest::Error → hyper_util::client::legacy::Error (is_connect) → the connector's error`
+/// (hyper-util's `ConnectError`, reqwest's DNS error, a TLS library's error inside an
+/// `io::Error`). This function first collects what each layer says into `Facts`, then
+/// `decide` applies the rules below in order. The first rule that matches wins.
+///
+/// | # | fact | transmission | kind | why |
+/// |---|---|---|---|---|
+/// | 1 | reqwest `is_builder` | `NotSent` | `Builder` | the request was never handed to a connection |
+/// | 2 | reqwest `is_redirect` | `Unknown` | `Redirect` | a server answered (with a redirect), but this error carries no status |
+/// | 3 | hyper-util `is_connect` | `NotSent` | see below | the connector failed, so no connection existed to write the request on |
+/// | 4 | h2 `RST_STREAM(REFUSED_STREAM)` from the peer | `SentNoResponse` + [`NotProcessedProof::RefusedStream`] | `Protocol` | RFC 9113 §8.7: the stream was refused before any processing |
+/// | 5 | h2 `GOAWAY` received from the peer, surfaced on our stream | `SentNoResponse` + [`NotProcessedProof::GoAway`] | `Protocol` | see "GOAWAY" below |
+/// | 6 | hyper `is_canceled` | `NotSent` | from the inner error, else `Closed` | hyper hands a request back as canceled only when it never started writing it |
+/// | 7 | a timeout (hyper `is_timeout`, io `TimedOut`, reqwest's own timer) | `Unknown` | `Timeout` | a timer says nothing about how far the request got |
+/// | 8 | io `ConnectionReset` / `ConnectionAborted` / `BrokenPipe` | `SentNoResponse` | `Reset` | the connection existed and broke while the request was in flight |
+/// | 9 | hyper `is_incomplete_message`, io `UnexpectedEof` | `SentNoResponse` | `Closed` | hyper wrote the request and met EOF before a complete response head |
+/// | 10 | hyper `is_parse` | `Unknown` | `Protocol` | garbage can arrive before the request is written (a server that speaks first), so it proves nothing about our bytes |
+/// | 11 | reqwest `is_body` | `Unknown` | `Body` | a body failed part way: part of the request may be out |
+/// | 12 | any other h2 error | `SentNoResponse` if the peer sent it, else `Unknown` | `Protocol` | a stream the peer reset existed on the wire |
+/// | 13 | reqwest `is_decode` | `Unknown` | `Decode` | only raised after a response, which the caller already has |
+/// | 14 | anything else | `Unknown` | `Other` | no proof either way |
+///
+/// The kind of a connect failure (rule 3): reqwest's `is_dns` → `Dns`; a TLS peer
+/// certificate rejected → `Certificate`; an "invalid URL" from the connector (a scheme the
+/// connector cannot serve, e.g. `https` with no TLS backend built in) → `ConnectPermanent`;
+/// an `io::Error` of a TCP kind (refused, reset, unreachable, timed out) or hyper-util's
+/// "tcp …" error → `Connect`; an `io::Error` of kind `InvalidData` (how rustls reports a
+/// failed handshake) or a message naming TLS/SSL/a handshake → `Tls`; else `Other`.
+///
+/// # Why text is matched for certificates
+///
+/// The certificate error is a type of whichever TLS crate reqwest was built with (rustls's
+/// `Error::InvalidCertificate`, openssl's verify error behind native-tls), and this crate
+/// leaves the choice of backend to its users, so it cannot downcast to them. It matches the
+/// chain's `Display`/`Debug` text instead: `invalid peer certificate` / `InvalidCertificate`
+/// (rustls), `certificate verify failed` (OpenSSL, native-tls on Linux), and
+/// `peer sent no certificates`. The text only chooses the *kind*; the transmission of any
+/// connect failure is `NotSent` whatever the text says, so a changed message can only
+/// demote `Certificate` to `Tls`, never make a sent request look unsent.
+///
+/// # GOAWAY (rule 5)
+///
+/// `h2` (0.4) fails a stream with a *remote* `GOAWAY` error in exactly two places: when the
+/// peer's `GOAWAY` names a last-stream-id below that stream (`Streams::recv_go_away` fails
+/// every locally initiated stream with `id > last_stream_id`), and when a stream is opened
+/// after the `GOAWAY` arrived (`ensure_no_conn_error`). Either way the server did not process
+/// it (RFC 9113 §6.8). A stream at or below the last-stream-id that the server then abandons
+/// is failed differently, with `BrokenPipe` when the connection ends, and gets no proof.
+/// The `GOAWAY`'s error code does not matter for the proof; reqwest's own retry treats only
+/// `NO_ERROR` as retryable, which is its policy, not evidence.
+///
+/// # Multi-address connects
+///
+/// hyper-util (0.1.21, `ConnectingTcpRemote::connect`) tries each resolved address in turn
+/// and, when all fail, returns only the *first* address's error. The evidence therefore
+/// cannot keep every address's failure; what it records is still true of every address:
+/// `NotSent` (the connector returns an error only when no address produced a connection) and
+/// `Connect`, a kind that does not claim *how* the addresses failed (refused, unreachable or
+/// timed out are all `Connect`), so one address refusing and another timing out is never
+/// reported as "refused".
+///
+/// # Example
 ///
 /// ```no_run
 /// # async fn demo() {

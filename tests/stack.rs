@@ -1,0 +1,708 @@
+//! The `Resilience` builder against real loopback servers: the order of the stack, its
+//! defaults, removing and replacing parts, the hooks, and the build-time checks.
+//!
+//! Paused clock + real sockets, as in `tests/retry.rs`: the clients set no reqwest timeout
+//! and no idle-pool timer, so the only timers are the middlewares' own sleeps and tokio's
+//! auto-advance turns them into exact virtual time.
+
+mod support;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use http::{Extensions, StatusCode};
+use reqwest_middleware::{ClientBuilder, ClientWithMiddleware, Middleware, Next};
+use reqwest_resilience::breaker::{
+    BreakerConfig, BreakerRegistry, BreakerState, CircuitBreakerMiddleware, TripPolicy,
+};
+use reqwest_resilience::retry::{MaxRetries, RetryOutcome, RetryReason, StopReason};
+use reqwest_resilience::stack::StackPart;
+use reqwest_resilience::{
+    AccessToken, AttemptDecision, AttemptHistory, Backoff, BearerAuth, FailureKind, Jitter, Origin,
+    RequestEvidence, Resilience, ResilienceError, RetryMiddleware, StackError, TokenManager,
+    Transmission,
+};
+use support::{Action, FaultServer};
+use tokio::time::Instant;
+
+const S: fn(u64) -> Duration = Duration::from_secs;
+
+fn reqwest_client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .no_proxy()
+        // No idle-pool timer: with a paused clock it would be the "next timer" tokio jumps to.
+        .pool_idle_timeout(None)
+        .build()
+        .unwrap()
+}
+
+/// 1 s, 2 s, 4 s without jitter: the default backoff made exact.
+fn exact_backoff() -> Backoff {
+    Backoff::builder().jitter(Jitter::None).build().unwrap()
+}
+
+/// Sends a GET with caller-side extensions; returns the outcome, the extensions and the
+/// virtual time it took.
+async fn get(
+    client: &ClientWithMiddleware,
+    url: &str,
+    mut extensions: Extensions,
+) -> (
+    reqwest_middleware::Result<reqwest::Response>,
+    Extensions,
+    Duration,
+) {
+    let request = client.get(url).build().unwrap();
+    let t0 = Instant::now();
+    let result = tokio::time::timeout(
+        S(3600),
+        client.execute_with_extensions(request, &mut extensions),
+    )
+    .await
+    .expect("the request finished");
+    (result, extensions, t0.elapsed())
+}
+
+fn once() -> Extensions {
+    let mut e = Extensions::new();
+    e.insert(MaxRetries(0));
+    e
+}
+
+fn history(ext: &Extensions) -> Vec<(Transmission, Option<FailureKind>, Option<AttemptDecision>)> {
+    ext.get::<AttemptHistory>()
+        .expect("an attempt history")
+        .attempts()
+        .iter()
+        .map(|r| {
+            (
+                r.evidence.transmission,
+                r.evidence.failure,
+                r.decision.clone(),
+            )
+        })
+        .collect()
+}
+
+fn status(code: u16) -> Transmission {
+    Transmission::ResponseReceived(StatusCode::from_u16(code).unwrap())
+}
+
+fn retry(delay: Duration, reason: RetryReason) -> Option<AttemptDecision> {
+    Some(AttemptDecision::Retry { delay, reason })
+}
+
+fn stop(reason: StopReason) -> Option<AttemptDecision> {
+    Some(AttemptDecision::Stop { reason })
+}
+
+const S503: RetryReason = RetryReason::Status(StatusCode::SERVICE_UNAVAILABLE);
+
+/// Tokens `token-1`, `token-2`, … counting the fetches.
+fn counting_tokens() -> (TokenManager, Arc<AtomicUsize>) {
+    let fetches = Arc::new(AtomicUsize::new(0));
+    let f = fetches.clone();
+    let manager = TokenManager::new(move || {
+        let n = f.fetch_add(1, Ordering::SeqCst) + 1;
+        async move { Ok::<_, std::io::Error>(AccessToken::new(format!("token-{n}"))) }
+    });
+    (manager, fetches)
+}
+
+fn bearer(server: &FaultServer, tokens: TokenManager) -> BearerAuth {
+    BearerAuth::builder(tokens)
+        .origin(Origin::parse(&server.url("/")).unwrap())
+        .allow_http_on_loopback()
+        .build()
+        .unwrap()
+}
+
+#[tokio::test(start_paused = true)]
+async fn full_stack_503_then_200_leaves_two_attempts_with_their_evidence_and_decisions() {
+    let server = FaultServer::sequence(vec![Action::status(503)], Action::ok("done")).await;
+    let client = Resilience::new()
+        .backoff(exact_backoff())
+        .build(reqwest_client())
+        .unwrap();
+
+    let (result, ext, took) = get(&client, &server.url("/x"), Extensions::new()).await;
+
+    assert_eq!(result.unwrap().status(), 200);
+    assert_eq!(server.requests_seen(), 2);
+    assert_eq!(took, S(1));
+    let records = ext.get::<AttemptHistory>().unwrap().attempts().to_vec();
+    let origin = Origin::parse(&server.url("/")).unwrap();
+    assert_eq!(records.len(), 2);
+    for (i, r) in records.iter().enumerate() {
+        assert_eq!(r.evidence.attempt, i as u32 + 1);
+        assert_eq!(r.evidence.origin.as_ref(), Some(&origin));
+        assert_eq!(r.evidence.failure, None);
+    }
+    assert_eq!(
+        history(&ext),
+        [
+            (status(503), None, retry(S(1), S503)),
+            (
+                status(200),
+                None,
+                stop(StopReason::FinalResponse(StatusCode::OK))
+            ),
+        ]
+    );
+    assert_eq!(
+        ext.get::<RetryOutcome>()
+            .map(|o| (o.attempts, o.resend_count())),
+        Some((2, 1))
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn default_stack_retries_three_times_with_jittered_1_2_4_s_then_the_fifth_failure_opens_the_breaker()
+ {
+    let server = FaultServer::always(Action::status(503)).await;
+    let events = Arc::new(Mutex::new(Vec::new()));
+    let e = events.clone();
+    let client = Resilience::new()
+        .on_breaker_transition(move |event| {
+            e.lock()
+                .unwrap()
+                .push((event.from, event.to, event.open_for));
+        })
+        .build(reqwest_client())
+        .unwrap();
+
+    // 4 attempts: the default 3 retries, delays 1 s, 2 s, 4 s ± 10 %.
+    let (result, ext, _) = get(&client, &server.url("/"), Extensions::new()).await;
+    assert_eq!(result.unwrap().status(), 503);
+    assert_eq!(server.requests_seen(), 4);
+    let delays: Vec<Duration> = history(&ext)
+        .into_iter()
+        .filter_map(|(_, _, d)| match d {
+            Some(AttemptDecision::Retry { delay, .. }) => Some(delay),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(delays.len(), 3);
+    for (delay, nominal) in delays.iter().zip([1.0, 2.0, 4.0]) {
+        let s = delay.as_secs_f64();
+        assert!(
+            (nominal * 0.9..nominal * 1.1).contains(&s),
+            "{delay:?} is not {nominal} s ± 10 %"
+        );
+    }
+    assert!(
+        events.lock().unwrap().is_empty(),
+        "4 failures keep it closed"
+    );
+
+    // The 5th consecutive failure opens it for the default 30 s.
+    let (result, _, _) = get(&client, &server.url("/"), once()).await;
+    assert_eq!(result.unwrap().status(), 503);
+    assert_eq!(
+        *events.lock().unwrap(),
+        [(BreakerState::Closed, BreakerState::Open, Some(S(30)))]
+    );
+
+    // Open: turned away locally, the server sees nothing more.
+    let (result, ext, _) = get(&client, &server.url("/"), once()).await;
+    assert!(result.is_err());
+    assert_eq!(server.requests_seen(), 5);
+    assert_eq!(
+        history(&ext),
+        [(
+            Transmission::NotSent,
+            Some(FailureKind::BreakerOpen),
+            stop(StopReason::RetriesExhausted)
+        )]
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn retry_is_outside_the_breaker_so_a_rejection_is_retried_after_the_open_period() {
+    let server = FaultServer::sequence(vec![Action::status(500)], Action::ok("back")).await;
+    let registry = BreakerRegistry::new(
+        BreakerConfig::default()
+            .policy(TripPolicy::consecutive_failures(1))
+            .open_duration(S(5)),
+    )
+    .unwrap();
+    let client = Resilience::new()
+        .backoff(exact_backoff())
+        .breaker(registry.clone())
+        .build(reqwest_client())
+        .unwrap();
+
+    let (result, ext, took) = get(&client, &server.url("/"), Extensions::new()).await;
+
+    assert_eq!(result.unwrap().status(), 200);
+    assert_eq!(server.requests_seen(), 2, "the rejected attempt never left");
+    assert_eq!(took, S(5), "1 s backoff, then the breaker's remaining 4 s");
+    assert_eq!(
+        history(&ext),
+        [
+            (
+                status(500),
+                None,
+                retry(S(1), RetryReason::Status(StatusCode::INTERNAL_SERVER_ERROR))
+            ),
+            (
+                Transmission::NotSent,
+                Some(FailureKind::BreakerOpen),
+                retry(S(4), RetryReason::BreakerRejected)
+            ),
+            (
+                status(200),
+                None,
+                stop(StopReason::FinalResponse(StatusCode::OK))
+            ),
+        ]
+    );
+    let origin = Origin::parse(&server.url("/")).unwrap();
+    assert_eq!(registry.state(&origin), Some(BreakerState::Closed));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_401_healed_by_one_refresh_is_not_counted_as_a_breaker_failure() {
+    let server = FaultServer::start(|_, r| match r.header("authorization") {
+        Some("Bearer token-2") => Action::ok("hello"),
+        _ => Action::status(401),
+    })
+    .await;
+    // One failure would open this breaker.
+    let registry =
+        BreakerRegistry::new(BreakerConfig::default().policy(TripPolicy::consecutive_failures(1)))
+            .unwrap();
+    let (tokens, fetches) = counting_tokens();
+    let client = Resilience::new()
+        .breaker(registry.clone())
+        .bearer(bearer(&server, tokens))
+        .build(reqwest_client())
+        .unwrap();
+
+    let (result, ext, took) = get(&client, &server.url("/me"), Extensions::new()).await;
+
+    assert_eq!(result.unwrap().status(), 200);
+    assert_eq!(took, Duration::ZERO, "healed without any retry sleep");
+    assert_eq!(fetches.load(Ordering::SeqCst), 2);
+    let seen: Vec<_> = server
+        .requests()
+        .iter()
+        .map(|r| r.header("authorization").map(str::to_owned))
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            Some("Bearer token-1".to_owned()),
+            Some("Bearer token-2".to_owned())
+        ]
+    );
+    // Both wire requests are in the history; only the last carries the retry's decision.
+    assert_eq!(
+        history(&ext),
+        [
+            (status(401), None, None),
+            (
+                status(200),
+                None,
+                stop(StopReason::FinalResponse(StatusCode::OK))
+            ),
+        ]
+    );
+    let origin = Origin::parse(&server.url("/")).unwrap();
+    assert_eq!(registry.state(&origin), Some(BreakerState::Closed));
+    let snapshot = registry.snapshot();
+    assert_eq!(snapshot.len(), 1);
+    assert_eq!(snapshot[0].consecutive_failures, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_401_that_survives_the_refresh_counts_as_a_breaker_failure() {
+    let server = FaultServer::always(Action::status(401)).await;
+    let registry =
+        BreakerRegistry::new(BreakerConfig::default().policy(TripPolicy::consecutive_failures(1)))
+            .unwrap();
+    let (tokens, fetches) = counting_tokens();
+    let client = Resilience::new()
+        .breaker(registry.clone())
+        .bearer(bearer(&server, tokens))
+        .build(reqwest_client())
+        .unwrap();
+
+    let (result, _, _) = get(&client, &server.url("/me"), Extensions::new()).await;
+
+    assert_eq!(
+        result.unwrap().status(),
+        401,
+        "a 401 is final for the retry"
+    );
+    assert_eq!(server.requests_seen(), 2, "one request, one replay");
+    assert_eq!(fetches.load(Ordering::SeqCst), 2);
+    let origin = Origin::parse(&server.url("/")).unwrap();
+    assert_eq!(registry.state(&origin), Some(BreakerState::Open));
+}
+
+/// Records, per wire request, whether it carried `Authorization` and what the transport
+/// step reported after it.
+#[derive(Clone, Default)]
+struct PerAttemptProbe {
+    seen: Arc<Mutex<Vec<(bool, Option<Transmission>)>>>,
+}
+
+#[async_trait::async_trait]
+impl Middleware for PerAttemptProbe {
+    async fn handle(
+        &self,
+        req: reqwest::Request,
+        ext: &mut Extensions,
+        next: Next<'_>,
+    ) -> reqwest_middleware::Result<reqwest::Response> {
+        let authorized = req.headers().contains_key(http::header::AUTHORIZATION);
+        let result = next.run(req, ext).await;
+        let evidence = ext.get::<RequestEvidence>().map(|e| e.transmission);
+        self.seen.lock().unwrap().push((authorized, evidence));
+        result
+    }
+}
+
+/// Counts logical requests.
+#[derive(Clone, Default)]
+struct OuterProbe {
+    calls: Arc<AtomicUsize>,
+}
+
+#[async_trait::async_trait]
+impl Middleware for OuterProbe {
+    async fn handle(
+        &self,
+        req: reqwest::Request,
+        ext: &mut Extensions,
+        next: Next<'_>,
+    ) -> reqwest_middleware::Result<reqwest::Response> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        next.run(req, ext).await
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn install_keeps_outer_middleware_around_the_stack_and_per_attempt_inside_bearer_outside_transport()
+ {
+    let server = FaultServer::start(|i, r| match (i, r.header("authorization")) {
+        (0, _) => Action::status(503),
+        (_, Some("Bearer token-1")) => Action::ok("ok"),
+        _ => Action::status(401),
+    })
+    .await;
+    let (tokens, _) = counting_tokens();
+    let outer = OuterProbe::default();
+    let per_attempt = PerAttemptProbe::default();
+    let client = Resilience::new()
+        .backoff(exact_backoff())
+        .bearer(bearer(&server, tokens))
+        .per_attempt(per_attempt.clone())
+        .install(ClientBuilder::new(reqwest_client()).with(outer.clone()))
+        .unwrap()
+        .build();
+
+    let (result, _, _) = get(&client, &server.url("/"), Extensions::new()).await;
+
+    assert_eq!(result.unwrap().status(), 200);
+    assert_eq!(
+        outer.calls.load(Ordering::SeqCst),
+        1,
+        "once per logical request"
+    );
+    assert_eq!(
+        *per_attempt.seen.lock().unwrap(),
+        [(true, Some(status(503))), (true, Some(status(200)))],
+        "per attempt, after BearerAuth and with the transport step's evidence"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn no_retry_sends_once_and_leaves_no_retry_outcome() {
+    let server = FaultServer::always(Action::status(503)).await;
+    let client = Resilience::new()
+        .no_retry()
+        .build(reqwest_client())
+        .unwrap();
+
+    let (result, ext, _) = get(&client, &server.url("/"), Extensions::new()).await;
+
+    assert_eq!(result.unwrap().status(), 503);
+    assert_eq!(server.requests_seen(), 1);
+    assert_eq!(history(&ext), [(status(503), None, None)]);
+    assert!(ext.get::<RetryOutcome>().is_none());
+}
+
+#[tokio::test(start_paused = true)]
+async fn no_breaker_lets_every_failure_reach_the_server() {
+    let server = FaultServer::always(Action::status(503)).await;
+    let with = Resilience::new().build(reqwest_client()).unwrap();
+    let without = Resilience::new()
+        .no_breaker()
+        .build(reqwest_client())
+        .unwrap();
+
+    for _ in 0..6 {
+        let _ = get(&with, &server.url("/"), once()).await;
+    }
+    assert_eq!(
+        server.requests_seen(),
+        5,
+        "the default breaker opens after 5"
+    );
+    for _ in 0..6 {
+        let (result, _, _) = get(&without, &server.url("/"), once()).await;
+        assert_eq!(result.unwrap().status(), 503);
+    }
+    assert_eq!(server.requests_seen(), 11);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_prebuilt_retry_and_breaker_middleware_are_installed_as_given() {
+    let server = FaultServer::always(Action::status(503)).await;
+    let registry = BreakerRegistry::new(BreakerConfig::default()).unwrap();
+    let client = Resilience::new()
+        .retry(
+            RetryMiddleware::builder()
+                .max_retries(1)
+                .backoff(exact_backoff())
+                .build()
+                .unwrap(),
+        )
+        .breaker_middleware(CircuitBreakerMiddleware::new(registry.clone()))
+        .build(reqwest_client())
+        .unwrap();
+
+    let (result, ext, took) = get(&client, &server.url("/"), Extensions::new()).await;
+
+    assert_eq!(result.unwrap().status(), 503);
+    assert_eq!(server.requests_seen(), 2);
+    assert_eq!(took, S(1));
+    assert_eq!(ext.get::<RetryOutcome>().map(|o| o.attempts), Some(2));
+    assert_eq!(registry.snapshot()[0].consecutive_failures, 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn on_attempt_hook_sees_every_attempt_in_order_with_its_decision() {
+    let server = FaultServer::sequence(
+        vec![Action::status(503), Action::status(503)],
+        Action::ok("done"),
+    )
+    .await;
+    type Seen = Vec<(u32, Transmission, Option<AttemptDecision>)>;
+    let seen: Arc<Mutex<Seen>> = Arc::default();
+    let s = seen.clone();
+    let client = Resilience::new()
+        .backoff(exact_backoff())
+        .on_attempt(move |evidence, decision| {
+            s.lock()
+                .unwrap()
+                .push((evidence.attempt, evidence.transmission, decision.cloned()));
+        })
+        .build(reqwest_client())
+        .unwrap();
+
+    // Extensions reused from an earlier call: only this call's attempts are reported.
+    let (_, ext, _) = get(&client, &server.url("/"), Extensions::new()).await;
+    seen.lock().unwrap().clear();
+    let (result, _, _) = get(&client, &server.url("/"), ext).await;
+
+    assert_eq!(result.unwrap().status(), 200);
+    assert_eq!(
+        *seen.lock().unwrap(),
+        [(
+            4,
+            status(200),
+            stop(StopReason::FinalResponse(StatusCode::OK))
+        )]
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn on_attempt_hook_reports_a_refused_connection_as_not_sent_for_each_attempt() {
+    let port = support::refused_port();
+    let seen: Arc<Mutex<Vec<(u32, Transmission, Option<FailureKind>)>>> = Arc::default();
+    let s = seen.clone();
+    let client = Resilience::new()
+        .max_retries(1)
+        .backoff(exact_backoff())
+        .on_attempt(move |e, _| {
+            s.lock()
+                .unwrap()
+                .push((e.attempt, e.transmission, e.failure));
+        })
+        .build(reqwest_client())
+        .unwrap();
+
+    let (result, _, took) = get(
+        &client,
+        &format!("http://127.0.0.1:{port}/"),
+        Extensions::new(),
+    )
+    .await;
+
+    assert!(result.is_err());
+    assert_eq!(took, S(1));
+    assert_eq!(
+        *seen.lock().unwrap(),
+        [
+            (1, Transmission::NotSent, Some(FailureKind::Connect)),
+            (2, Transmission::NotSent, Some(FailureKind::Connect)),
+        ]
+    );
+}
+
+fn stack_error(result: Result<ClientWithMiddleware, ResilienceError>) -> StackError {
+    match result {
+        Err(ResilienceError::InvalidStack(e)) => e,
+        Err(other) => panic!("expected InvalidStack, got {other:?}"),
+        Ok(_) => panic!("expected InvalidStack, got a client"),
+    }
+}
+
+#[test]
+fn a_deadline_shorter_than_the_shortest_first_delay_is_rejected() {
+    // Default jitter ±10 %: the first delay is at least 900 ms.
+    let err = stack_error(
+        Resilience::new()
+            .total_deadline(Duration::from_millis(500))
+            .build(reqwest::Client::new()),
+    );
+    assert_eq!(
+        err,
+        StackError::DeadlineBeforeFirstRetry {
+            total_deadline: Duration::from_millis(500),
+            first_delay: Duration::from_millis(900),
+        }
+    );
+    let err = stack_error(
+        Resilience::new()
+            .backoff(exact_backoff())
+            .total_deadline(Duration::from_millis(999))
+            .build(reqwest::Client::new()),
+    );
+    assert!(
+        matches!(err, StackError::DeadlineBeforeFirstRetry { first_delay, .. } if first_delay == S(1))
+    );
+    let err = stack_error(
+        Resilience::new()
+            .backoff(Backoff::builder().jitter(Jitter::Full).build().unwrap())
+            .total_deadline(Duration::ZERO)
+            .build(reqwest::Client::new()),
+    );
+    assert!(
+        matches!(err, StackError::DeadlineBeforeFirstRetry { first_delay, .. } if first_delay.is_zero())
+    );
+    // Exactly the first delay leaves room for it.
+    assert!(
+        Resilience::new()
+            .backoff(exact_backoff())
+            .total_deadline(S(1))
+            .build(reqwest::Client::new())
+            .is_ok()
+    );
+}
+
+#[test]
+fn zero_half_open_probes_is_rejected() {
+    let err = stack_error(
+        Resilience::new()
+            .breaker_config(BreakerConfig::default().half_open_probes(0))
+            .build(reqwest::Client::new()),
+    );
+    assert_eq!(err, StackError::NoHalfOpenProbes);
+}
+
+#[test]
+fn settings_for_a_replaced_or_removed_part_are_conflicts_not_silently_ignored() {
+    let err = stack_error(
+        Resilience::new()
+            .retry(RetryMiddleware::new())
+            .max_retries(2)
+            .build(reqwest::Client::new()),
+    );
+    assert_eq!(
+        err,
+        StackError::Conflict {
+            part: StackPart::Retry,
+            setting: "max_retries"
+        }
+    );
+    let err = stack_error(
+        Resilience::new()
+            .no_retry()
+            .total_deadline(S(10))
+            .build(reqwest::Client::new()),
+    );
+    assert_eq!(
+        err,
+        StackError::Conflict {
+            part: StackPart::Retry,
+            setting: "total_deadline"
+        }
+    );
+    let err = stack_error(
+        Resilience::new()
+            .breaker(BreakerRegistry::default())
+            .on_breaker_transition(|_| {})
+            .build(reqwest::Client::new()),
+    );
+    assert_eq!(
+        err,
+        StackError::Conflict {
+            part: StackPart::Breaker,
+            setting: "on_breaker_transition"
+        }
+    );
+    let err = stack_error(
+        Resilience::new()
+            .no_breaker()
+            .on_breaker_transition(|_| {})
+            .build(reqwest::Client::new()),
+    );
+    assert!(matches!(
+        err,
+        StackError::Conflict {
+            part: StackPart::Breaker,
+            ..
+        }
+    ));
+}
+
+#[test]
+fn a_part_s_own_invalid_config_keeps_its_invalid_config_error() {
+    let result = Resilience::new()
+        .breaker_config(BreakerConfig::default().open_duration(Duration::ZERO))
+        .build(reqwest::Client::new());
+    assert!(
+        matches!(&result, Err(ResilienceError::InvalidConfig(why)) if why.contains("open_duration")),
+        "{result:?}"
+    );
+    let result = Resilience::new()
+        .retry_after_cap(S(2 * 24 * 3600), Default::default())
+        .build(reqwest::Client::new());
+    assert!(
+        matches!(result, Err(ResilienceError::InvalidConfig(_))),
+        "{result:?}"
+    );
+}
+
+#[test]
+fn stack_errors_say_what_is_wrong() {
+    let err = ResilienceError::InvalidStack(StackError::NoHalfOpenProbes);
+    assert_eq!(
+        err.to_string(),
+        "invalid resilience stack: half_open_probes is 0: a half-open breaker could never \
+         close; use at least 1"
+    );
+    let err = StackError::DeadlineBeforeFirstRetry {
+        total_deadline: Duration::from_millis(500),
+        first_delay: Duration::from_millis(900),
+    };
+    assert_eq!(
+        err.to_string(),
+        "total deadline 500ms ends before the first retry could start (shortest first delay 900ms)"
+    );
+}

@@ -286,7 +286,7 @@ enum Step {
 
 /// The per-logical-request state of the loop.
 struct LoopState {
-    started_system: SystemTime,
+    started_system: Option<SystemTime>,
     deadline: Option<Instant>,
     max_retries: u32,
     retries: u32,
@@ -360,7 +360,8 @@ impl Config {
                 Ok(b.delay(state.retries, state.previous_delay, self.random.as_ref()))
             }
             Delays::External(policy) => {
-                policy(state.started_system, state.retries).ok_or(StopReason::RetriesExhausted)
+                let started = state.started_system.unwrap_or_else(SystemTime::now);
+                policy(started, state.retries).ok_or(StopReason::RetriesExhausted)
             }
         }
     }
@@ -374,10 +375,9 @@ impl Middleware for RetryMiddleware {
         extensions: &mut Extensions,
         next: Next<'_>,
     ) -> reqwest_middleware::Result<Response> {
-        let started = Instant::now();
-        let client_deadline = match extensions.get::<Deadline>() {
-            Some(_) => None,
-            None => self.config.deadline.and_then(|d| started.checked_add(d)),
+        let client_deadline = match (extensions.get::<Deadline>(), self.config.deadline) {
+            (None, Some(total)) => Instant::now().checked_add(total),
+            _ => None,
         };
         // The middlewares inside (the breaker waiting out a pause) honour the same deadline.
         if let Some(d) = client_deadline {
@@ -406,7 +406,8 @@ impl RetryMiddleware {
             .map_or_else(|| is_idempotent(req.method(), req.headers()), |i| i.0);
         let method = req.method().clone();
         let mut state = LoopState {
-            started_system: SystemTime::now(),
+            // Only an external policy reads the wall clock; the success path skips it.
+            started_system: matches!(c.delays, Delays::External(_)).then(SystemTime::now),
             deadline,
             max_retries: extensions
                 .get::<MaxRetries>()
@@ -436,7 +437,11 @@ impl RetryMiddleware {
             let evidence = match extensions.get::<RequestEvidence>() {
                 Some(e) => e.clone(),
                 None => {
-                    warn_no_evidence_once();
+                    // A response or a reqwest error without evidence means no transport
+                    // step; a middleware error may just come from one inside (a token).
+                    if !matches!(result, Err(reqwest_middleware::Error::Middleware(_))) {
+                        warn_no_evidence_once();
+                    }
                     fallback_evidence(&result, attempt)
                 }
             };
@@ -630,7 +635,7 @@ mod tests {
 
     fn state(retries: u32, max_retries: u32, deadline: Option<Instant>) -> LoopState {
         LoopState {
-            started_system: SystemTime::now(),
+            started_system: None,
             deadline,
             max_retries,
             retries,

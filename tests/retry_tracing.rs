@@ -1,0 +1,107 @@
+//! The retry middleware's `tracing` events (feature `tracing`). A test binary of its own:
+//! tracing caches per-callsite interest process-wide, so a scoped subscriber in one test
+//! races with callsites first hit by tests on other threads.
+
+#![cfg(feature = "tracing")]
+
+mod support;
+
+use std::time::Duration;
+
+use reqwest_middleware::ClientBuilder;
+use reqwest_resilience::{Backoff, Jitter, RetryMiddleware, TransportEvidence};
+use support::{Action, FaultServer};
+
+mod tracing_capture {
+    use std::fmt;
+    use std::sync::{Arc, Mutex};
+
+    use tracing::field::{Field, Visit};
+    use tracing::{Event, Metadata, Subscriber, span};
+
+    /// Records the fields of every event under the retry middleware's target.
+    #[derive(Clone, Default)]
+    pub struct Capture(pub Arc<Mutex<Vec<Vec<(String, String)>>>>);
+
+    struct Fields(Vec<(String, String)>);
+
+    impl Visit for Fields {
+        fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
+            self.0.push((field.name().to_owned(), format!("{value:?}")));
+        }
+    }
+
+    impl Subscriber for Capture {
+        fn enabled(&self, metadata: &Metadata<'_>) -> bool {
+            metadata.target() == "reqwest_resilience::retry"
+        }
+        fn new_span(&self, _: &span::Attributes<'_>) -> span::Id {
+            span::Id::from_u64(1)
+        }
+        fn record(&self, _: &span::Id, _: &span::Record<'_>) {}
+        fn record_follows_from(&self, _: &span::Id, _: &span::Id) {}
+        fn event(&self, event: &Event<'_>) {
+            let mut fields = Fields(Vec::new());
+            event.record(&mut fields);
+            self.0.lock().unwrap().push(fields.0);
+        }
+        fn enter(&self, _: &span::Id) {}
+        fn exit(&self, _: &span::Id) {}
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn one_tracing_event_per_decision_with_attempt_delay_and_reason() {
+    let capture = tracing_capture::Capture::default();
+    let _guard = tracing::subscriber::set_default(capture.clone());
+    let server = FaultServer::sequence(
+        vec![Action::status(503), Action::status(503)],
+        Action::ok("ok"),
+    )
+    .await;
+    let retry = RetryMiddleware::builder()
+        .backoff(Backoff::builder().jitter(Jitter::None).build().unwrap())
+        .no_budget()
+        .build()
+        .unwrap();
+    let reqwest = reqwest::Client::builder()
+        .no_proxy()
+        .pool_idle_timeout(None)
+        .build()
+        .unwrap();
+    let c = ClientBuilder::new(reqwest)
+        .with(retry)
+        .with(TransportEvidence::new())
+        .build();
+    let res = tokio::time::timeout(Duration::from_secs(60), c.get(server.url("/")).send())
+        .await
+        .unwrap();
+    assert_eq!(res.unwrap().status(), 200);
+    let events = capture.0.lock().unwrap().clone();
+    let field = |e: &Vec<(String, String)>, name: &str| {
+        e.iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.clone())
+            .unwrap_or_default()
+    };
+    let summary: Vec<_> = events
+        .iter()
+        .map(|e| {
+            (
+                field(e, "message"),
+                field(e, "attempt"),
+                field(e, "delay_ms"),
+                field(e, "reason"),
+            )
+        })
+        .collect();
+    let s = |x: &str| x.to_owned();
+    assert_eq!(
+        summary,
+        [
+            (s("retrying"), s("1"), s("1000"), s("retryable status 503")),
+            (s("retrying"), s("2"), s("2000"), s("retryable status 503")),
+            (s("not retrying"), s("3"), s(""), s("final status 200")),
+        ]
+    );
+}

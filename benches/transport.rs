@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! cargo bench --bench transport
-//! TRANSPORT_BENCH_ROUNDS=20 TRANSPORT_BENCH_REQUESTS=40000 cargo bench --bench transport
+//! TRANSPORT_BENCH_ROUNDS=40 TRANSPORT_BENCH_REQUESTS=8000 cargo bench --bench transport
 //! ```
 //!
 //! The two clients take turns (ABBA order, so drift in machine load hits both alike) for a
@@ -76,6 +76,8 @@ enum Subject {
     Bare(reqwest::Client),
     /// `ClientWithMiddleware` with no middleware: what reqwest-middleware itself costs.
     Empty(ClientWithMiddleware),
+    /// One middleware that only calls `next.run`: what any one middleware layer costs.
+    Passthrough(ClientWithMiddleware),
     Evidence(ClientWithMiddleware),
 }
 
@@ -83,7 +85,7 @@ impl Subject {
     async fn get(&self, url: &str) {
         let response = match self {
             Subject::Bare(c) => c.get(url).send().await.expect("bare request"),
-            Subject::Empty(c) | Subject::Evidence(c) => {
+            Subject::Empty(c) | Subject::Passthrough(c) | Subject::Evidence(c) => {
                 c.get(url).send().await.expect("middleware request")
             }
         };
@@ -148,9 +150,29 @@ fn client() -> reqwest::Client {
         .expect("client")
 }
 
+/// A middleware that does nothing but call the next one.
+struct Passthrough;
+
+#[async_trait::async_trait]
+impl reqwest_middleware::Middleware for Passthrough {
+    async fn handle(
+        &self,
+        req: reqwest::Request,
+        extensions: &mut http::Extensions,
+        next: reqwest_middleware::Next<'_>,
+    ) -> reqwest_middleware::Result<reqwest::Response> {
+        next.run(req, extensions).await
+    }
+}
+
+const BARE: usize = 0;
+const EMPTY: usize = 1;
+const PASSTHROUGH: usize = 2;
+const EVIDENCE: usize = 3;
+
 fn main() {
-    let rounds = env_or("TRANSPORT_BENCH_ROUNDS", 10);
-    let requests = env_or("TRANSPORT_BENCH_REQUESTS", 16_000);
+    let rounds = env_or("TRANSPORT_BENCH_ROUNDS", 20);
+    let requests = env_or("TRANSPORT_BENCH_REQUESTS", 8_000);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -159,39 +181,47 @@ fn main() {
     runtime.block_on(async move {
         let addr = start_server().await;
         let url: Arc<str> = format!("http://{addr}/bench").into();
-        let bare = Subject::Bare(client());
-        let empty = Subject::Empty(ClientBuilder::new(client()).build());
-        let evidence = Subject::Evidence(
-            ClientBuilder::new(client())
-                .with(TransportEvidence::new())
-                .build(),
-        );
+        let subjects = [
+            Subject::Bare(client()),
+            Subject::Empty(ClientBuilder::new(client()).build()),
+            Subject::Passthrough(ClientBuilder::new(client()).with(Passthrough).build()),
+            Subject::Evidence(
+                ClientBuilder::new(client())
+                    .with(TransportEvidence::new())
+                    .build(),
+            ),
+        ];
+        let names = [
+            "bare reqwest::Client",
+            "ClientWithMiddleware, no middleware",
+            "ClientWithMiddleware + pass-through",
+            "ClientWithMiddleware + TransportEvidence",
+        ];
 
         // Warm-up: open the pools' connections and fault in the code paths.
-        for subject in [&bare, &empty, &evidence] {
+        for subject in &subjects {
             round(subject, &url, requests / 4).await;
         }
 
-        let subjects = [&bare, &empty, &evidence];
-        let names = ["bare reqwest::Client", "ClientWithMiddleware, no middleware", "ClientWithMiddleware + TransportEvidence"];
-        let mut rps = [Vec::new(), Vec::new(), Vec::new()];
-        let mut cpu = [Vec::new(), Vec::new(), Vec::new()];
+        let mut rps: [Vec<f64>; 4] = Default::default();
+        let mut cpu: [Vec<f64>; 4] = Default::default();
         for r in 0..rounds {
-            // Rotate the order each round so drift in machine load hits all three alike.
+            // Rotate the order each round so drift in machine load hits all subjects alike.
             for k in 0..subjects.len() {
                 let i = (k + r) % subjects.len();
-                let sample = round(subjects[i], &url, requests).await;
+                let sample = round(&subjects[i], &url, requests).await;
                 rps[i].push(sample.requests_per_sec);
                 if let Some(ns) = sample.cpu_ns_per_request {
                     cpu[i].push(ns);
                 }
             }
             println!(
-                "round {r:2}: req/s bare {:8.0}  empty {:8.0}  evidence {:8.0}   evidence/bare {:.4}",
-                rps[0][r],
-                rps[1][r],
-                rps[2][r],
-                rps[2][r] / rps[0][r]
+                "round {r:2}: req/s bare {:7.0}  empty {:7.0}  pass-through {:7.0}  evidence {:7.0}   evidence/bare {:.4}",
+                rps[BARE][r],
+                rps[EMPTY][r],
+                rps[PASSTHROUGH][r],
+                rps[EVIDENCE][r],
+                rps[EVIDENCE][r] / rps[BARE][r]
             );
         }
 
@@ -207,42 +237,39 @@ fn main() {
         println!(
             "transport: {rounds} rounds x {requests} GETs, concurrency {CONCURRENCY}, 2 worker threads"
         );
-        for i in 0..3 {
+        for i in 0..subjects.len() {
             let cpu_text = if cpu[i].is_empty() {
                 String::from("n/a")
             } else {
                 format!("{:6.0} ns", median(&cpu[i]))
             };
             println!(
-                "{:42}: {:9.0} req/s (mean), CPU per request {cpu_text} (median)",
+                "{:42}: {:8.0} req/s (mean), CPU per request {cpu_text} (median)",
                 names[i],
                 mean(&rps[i])
             );
         }
-        let ratio = mean(&rps[2]) / mean(&rps[0]);
-        println!(
-            "throughput ratio evidence/bare : {ratio:.4} (means), {:.4} (median of rounds)",
-            median(&ratios(&rps[2], &rps[0]))
-        );
-        println!(
-            "throughput ratio empty/bare    : {:.4} (means), {:.4} (median of rounds)",
-            mean(&rps[1]) / mean(&rps[0]),
-            median(&ratios(&rps[1], &rps[0]))
-        );
-        if cpu.iter().all(|c| c.len() == rounds) {
-            // Requests per CPU-second, as a ratio: bare CPU/request ÷ evidence CPU/request.
-            let cpu_ratio = median(&ratios(&cpu[0], &cpu[2]));
+        for (label, i, base) in [
+            ("evidence/bare      ", EVIDENCE, BARE),
+            ("empty/bare         ", EMPTY, BARE),
+            ("evidence/passthru  ", EVIDENCE, PASSTHROUGH),
+        ] {
+            let cpu_text = if cpu.iter().all(|c| c.len() == rounds) {
+                // Requests per CPU-second as a ratio: base CPU/request ÷ subject CPU/request.
+                format!("{:.4}", median(&ratios(&cpu[base], &cpu[i])))
+            } else {
+                String::from("n/a")
+            };
             println!(
-                "CPU-efficiency ratio evidence/bare: {cpu_ratio:.4} (median of rounds; requests per CPU-second)"
-            );
-            println!(
-                "CPU-efficiency ratio empty/bare   : {:.4} (median of rounds)",
-                median(&ratios(&cpu[0], &cpu[1]))
+                "ratio {label}: throughput {:.4} (means), {:.4} (median of rounds); requests per CPU-second {cpu_text} (median)",
+                mean(&rps[i]) / mean(&rps[base]),
+                median(&ratios(&rps[i], &rps[base])),
             );
         }
+        let ratio = median(&ratios(&rps[EVIDENCE], &rps[BARE]));
         println!(
-            "goal evidence/bare >= 0.99 (throughput, median of rounds): {}",
-            if median(&ratios(&rps[2], &rps[0])) >= 0.99 { "met" } else { "NOT met" }
+            "goal evidence/bare >= 0.99 (throughput, median of rounds): {} ({ratio:.4})",
+            if ratio >= 0.99 { "met" } else { "NOT met" }
         );
     });
 }

@@ -1122,3 +1122,84 @@ fn a_runtime_shut_down_mid_fetch_aborts_it_and_a_later_runtime_fetches_again() {
     });
     assert_eq!(calls.load(Ordering::SeqCst), 2);
 }
+
+#[test]
+fn at_most_one_fetch_is_ever_in_flight_under_random_invalidations_and_failures() {
+    const TASKS: usize = 8;
+    const OPS: usize = 2_000;
+    tokio_multi_thread().block_on(async {
+        let in_flight = Arc::new(AtomicUsize::new(0));
+        let max_in_flight = Arc::new(AtomicUsize::new(0));
+        let fetches = Arc::new(AtomicUsize::new(0));
+        let manager = {
+            let (in_flight, max_in_flight, fetches) = (
+                Arc::clone(&in_flight),
+                Arc::clone(&max_in_flight),
+                Arc::clone(&fetches),
+            );
+            TokenManager::builder(move || {
+                let (in_flight, max_in_flight) =
+                    (Arc::clone(&in_flight), Arc::clone(&max_in_flight));
+                let n = fetches.fetch_add(1, Ordering::SeqCst);
+                async move {
+                    let now = in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+                    max_in_flight.fetch_max(now, Ordering::SeqCst);
+                    for _ in 0..rand::random_range(0..4u32) {
+                        tokio::task::yield_now().await;
+                    }
+                    in_flight.fetch_sub(1, Ordering::SeqCst);
+                    if rand::random_range(0..4u32) == 0 {
+                        Err(IdpDown(n))
+                    } else {
+                        Ok(AccessToken::new(format!("token-{n}")))
+                    }
+                }
+            })
+            .failure_backoff(Duration::ZERO, Duration::ZERO)
+            .build()
+        };
+        let outcome = tokio::time::timeout(Duration::from_secs(60), async {
+            let mut tasks = tokio::task::JoinSet::new();
+            for _ in 0..TASKS {
+                let manager = manager.clone();
+                tasks.spawn(async move {
+                    let (mut ok, mut failed) = (0usize, 0usize);
+                    for _ in 0..OPS {
+                        match manager.token().await {
+                            Ok(token) => {
+                                ok += 1;
+                                assert!(token.secret().starts_with("token-"));
+                                if rand::random_range(0..3u32) == 0 {
+                                    manager.invalidate_if_current(&token);
+                                }
+                            }
+                            Err(e) => {
+                                failed += 1;
+                                assert_eq!(e.kind(), TokenErrorKind::Fetch);
+                            }
+                        }
+                    }
+                    (ok, failed)
+                });
+            }
+            let mut total = 0;
+            while let Some(joined) = tasks.join_next().await {
+                let (ok, failed) = joined.unwrap();
+                total += ok + failed;
+            }
+            total
+        })
+        .await
+        .expect("no caller waits forever");
+        assert_eq!(outcome, TASKS * OPS, "every call returned");
+        assert_eq!(
+            max_in_flight.load(Ordering::SeqCst),
+            1,
+            "never two fetches at once"
+        );
+        assert!(
+            fetches.load(Ordering::SeqCst) > 1,
+            "invalidations caused refreshes"
+        );
+    });
+}

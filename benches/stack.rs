@@ -1,0 +1,315 @@
+//! The whole stack's cost on the success path (a plain binary: `cargo bench --bench stack`,
+//! about 30 s; results and machine in BENCHMARKS.md).
+//!
+//! A keep-alive HTTP/1.1 server on loopback, on its own thread and runtime, answers every
+//! request with the same `200`. The client runs on a current-thread runtime on the main
+//! thread, one request at a time over one pooled connection shared by every stack, so the
+//! stacks differ only by their middleware:
+//!
+//! - `reqwest::Client` alone (the baseline);
+//! - `ClientWithMiddleware` with no middleware (reqwest-middleware's own cost);
+//! - the full `Resilience` stack: retry → breaker → bearer (a cached token) → transport;
+//! - reqwest-retry 0.9's `RetryTransientMiddleware` (exponential backoff, 3 retries).
+//!
+//! 1. Requests per second: rounds of `PER_ROUND` sequential GETs, the stacks interleaved
+//!    (their order rotates each round); the median round per stack, and the median over
+//!    rounds of the baseline's time divided by the stack's time in the same round.
+//!    `STACK_BENCH_PARTS=1` adds each middleware alone (with `TransportEvidence`).
+//! 2. Allocations per request on the main thread (client, middleware and hyper's
+//!    connection task all run there; the server's thread is not counted), with a counting
+//!    global allocator.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use std::sync::Arc;
+
+use reqwest_middleware::{ClientBuilder, ClientWithMiddleware, Middleware};
+use reqwest_resilience::breaker::CircuitBreakerMiddleware;
+use reqwest_resilience::{
+    AccessToken, BearerAuth, Origin, Resilience, RetryMiddleware, TokenManager, TransportEvidence,
+};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+// ---------------------------------------------------------------------------------------
+// Counting allocator: allocations made by the current thread.
+
+struct Counting;
+
+thread_local! {
+    // Const-initialised and without a destructor: reading it never allocates.
+    static ALLOCATIONS: Cell<u64> = const { Cell::new(0) };
+}
+
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        let _ = ALLOCATIONS.try_with(|c| c.set(c.get() + 1));
+        // SAFETY: forwarded unchanged to the system allocator.
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: forwarded unchanged to the system allocator.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        let _ = ALLOCATIONS.try_with(|c| c.set(c.get() + 1));
+        // SAFETY: forwarded unchanged to the system allocator.
+        unsafe { System.alloc_zeroed(layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        let _ = ALLOCATIONS.try_with(|c| c.set(c.get() + 1));
+        // SAFETY: forwarded unchanged to the system allocator.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+fn allocations() -> u64 {
+    ALLOCATIONS.with(Cell::get)
+}
+
+// ---------------------------------------------------------------------------------------
+// The server: a fixed 200 on every request of a keep-alive connection.
+
+const RESPONSE: &[u8] = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
+
+fn start_server() -> (SocketAddr, tokio::runtime::Runtime) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("server runtime");
+    let listener = rt
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .expect("bind 127.0.0.1");
+    let addr = listener.local_addr().expect("addr");
+    rt.spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            let _ = stream.set_nodelay(true);
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 16 * 1024];
+                let mut filled = 0;
+                loop {
+                    match stream.read(&mut buf[filled..]).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => filled += n,
+                    }
+                    // GETs without bodies: answer every complete head received.
+                    while let Some(end) = buf[..filled].windows(4).position(|w| w == b"\r\n\r\n") {
+                        buf.copy_within(end + 4..filled, 0);
+                        filled -= end + 4;
+                        if stream.write_all(RESPONSE).await.is_err() {
+                            return;
+                        }
+                    }
+                    if filled == buf.len() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (addr, rt)
+}
+
+// ---------------------------------------------------------------------------------------
+// The stacks.
+
+enum Client {
+    Bare(reqwest::Client),
+    Middleware(ClientWithMiddleware),
+}
+
+struct Stack {
+    name: &'static str,
+    client: Client,
+}
+
+impl Stack {
+    async fn get(&self, url: &str) {
+        let response = match &self.client {
+            Client::Bare(c) => c.get(url).send().await.expect("response"),
+            Client::Middleware(c) => c.get(url).send().await.expect("response"),
+        };
+        assert_eq!(response.status(), 200);
+        let body = response.bytes().await.expect("body");
+        assert_eq!(&body[..], b"ok");
+    }
+}
+
+fn stacks(client: &reqwest::Client, url: &str) -> Vec<Stack> {
+    let tokens = TokenManager::new(|| async {
+        Ok::<_, std::io::Error>(AccessToken::new("benchmark-token"))
+    });
+    let bearer = BearerAuth::builder(tokens)
+        .origin(Origin::parse(url).expect("origin"))
+        .allow_http_on_loopback()
+        .build()
+        .expect("bearer");
+    let policy = reqwest_retry::policies::ExponentialBackoff::builder().build_with_max_retries(3);
+    let reqwest_retry = ClientBuilder::new(client.clone())
+        .with(reqwest_retry::RetryTransientMiddleware::new_with_policy(
+            policy,
+        ))
+        .build();
+    let with = |m: &[Arc<dyn Middleware>]| {
+        let mut b = ClientBuilder::new(client.clone());
+        for m in m {
+            b = b.with_arc(m.clone());
+        }
+        Client::Middleware(b.build())
+    };
+    let transport: Arc<dyn Middleware> = Arc::new(TransportEvidence::new());
+    let parts = if std::env::var_os("STACK_BENCH_PARTS").is_some() {
+        vec![
+            Stack {
+                name: "TransportEvidence only",
+                client: with(&[transport.clone()]),
+            },
+            Stack {
+                name: "Retry + TransportEvidence",
+                client: with(&[Arc::new(RetryMiddleware::new()), transport.clone()]),
+            },
+            Stack {
+                name: "Breaker + TransportEvidence",
+                client: with(&[
+                    Arc::new(CircuitBreakerMiddleware::default()),
+                    transport.clone(),
+                ]),
+            },
+            Stack {
+                name: "BearerAuth + TransportEvidence",
+                client: with(&[Arc::new(bearer.clone()), transport.clone()]),
+            },
+        ]
+    } else {
+        Vec::new()
+    };
+    let full = Resilience::new()
+        .bearer(bearer)
+        .build(client.clone())
+        .expect("stack");
+    let mut all = vec![
+        Stack {
+            name: "reqwest::Client (baseline)",
+            client: Client::Bare(client.clone()),
+        },
+        Stack {
+            name: "ClientWithMiddleware, no middleware",
+            client: Client::Middleware(ClientBuilder::new(client.clone()).build()),
+        },
+        Stack {
+            name: "Resilience (full stack)",
+            client: Client::Middleware(full),
+        },
+        Stack {
+            name: "reqwest-retry 0.9",
+            client: Client::Middleware(reqwest_retry),
+        },
+    ];
+    all.extend(parts);
+    all
+}
+
+const ROUNDS: usize = 21;
+const PER_ROUND: usize = 3_000;
+const ALLOC_REQUESTS: u64 = 2_000;
+
+fn main() {
+    let (addr, _server) = start_server();
+    let url = format!("http://{addr}/bench");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("client runtime");
+    rt.block_on(async {
+        let client = reqwest::Client::builder()
+            .no_proxy()
+            .build()
+            .expect("client");
+        let stacks = stacks(&client, &url);
+        // Warm up: the connection, the token, the breaker's entry, the caches.
+        for stack in &stacks {
+            for _ in 0..500 {
+                stack.get(&url).await;
+            }
+        }
+
+        println!(
+            "stack benchmark: {ROUNDS} interleaved rounds × {PER_ROUND} sequential GETs, \
+             loopback HTTP/1.1 keep-alive, current-thread client{}",
+            if cfg!(feature = "tracing") {
+                " (feature tracing on, no subscriber)"
+            } else {
+                ""
+            }
+        );
+        let mut rounds: Vec<Vec<Duration>> = vec![Vec::with_capacity(ROUNDS); stacks.len()];
+        for round in 0..ROUNDS {
+            for k in 0..stacks.len() {
+                let i = (round + k) % stacks.len();
+                let t0 = Instant::now();
+                for _ in 0..PER_ROUND {
+                    stacks[i].get(&url).await;
+                }
+                rounds[i].push(t0.elapsed());
+            }
+        }
+        let median = |mut v: Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        };
+        println!(
+            "\n{:<38} {:>12} {:>12} {:>14}",
+            "stack", "requests/s", "µs/request", "× baseline"
+        );
+        for (i, stack) in stacks.iter().enumerate() {
+            let secs = median(rounds[i].iter().map(Duration::as_secs_f64).collect());
+            // Paired with the baseline's time in the same round, so that drift in the
+            // machine's load between rounds cancels out.
+            let ratio = median(
+                rounds[0]
+                    .iter()
+                    .zip(&rounds[i])
+                    .map(|(b, s)| b.as_secs_f64() / s.as_secs_f64())
+                    .collect(),
+            );
+            println!(
+                "{:<38} {:>12.0} {:>12.2} {:>14.3}",
+                stack.name,
+                PER_ROUND as f64 / secs,
+                secs * 1e6 / PER_ROUND as f64,
+                ratio
+            );
+        }
+
+        println!(
+            "\n{:<38} {:>16} {:>14}",
+            "stack", "allocations/req", "vs baseline"
+        );
+        let mut base_allocs = 0.0;
+        for (i, stack) in stacks.iter().enumerate() {
+            let before = allocations();
+            for _ in 0..ALLOC_REQUESTS {
+                stack.get(&url).await;
+            }
+            let per_request = (allocations() - before) as f64 / ALLOC_REQUESTS as f64;
+            if i == 0 {
+                base_allocs = per_request;
+            }
+            println!(
+                "{:<38} {:>16.1} {:>+14.1}",
+                stack.name,
+                per_request,
+                per_request - base_allocs
+            );
+        }
+    });
+}

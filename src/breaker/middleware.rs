@@ -96,11 +96,11 @@ impl CircuitBreakerMiddleware {
         &self.registry
     }
 
-    async fn admit(
-        &self,
-        origin: &Origin,
+    async fn admit<'a>(
+        &'a self,
+        origin: &'a Origin,
         extensions: &mut Extensions,
-    ) -> Result<BreakerPermit, BreakerRejection> {
+    ) -> Result<BreakerPermit<'a>, BreakerRejection> {
         // Each pass sleeps until the pause it saw ends, so this only goes round again
         // while servers keep extending the pause (and a deadline bounds that).
         loop {

@@ -26,7 +26,6 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::hash::{BuildHasher, RandomState};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
 use std::time::Duration;
@@ -141,7 +140,6 @@ struct ShardMap {
 
 struct Inner {
     config: BreakerConfig,
-    hasher: RandomState,
     shards: Box<[Shard]>,
     len: AtomicUsize,
     overflowed: AtomicU64,
@@ -231,7 +229,6 @@ impl BreakerRegistry {
         BreakerRegistry {
             inner: Arc::new(Inner {
                 config,
-                hasher: RandomState::new(),
                 shards,
                 len: AtomicUsize::new(0),
                 overflowed: AtomicU64::new(0),
@@ -254,15 +251,18 @@ impl BreakerRegistry {
     ///
     /// The [`BreakerPermit`] must be given its outcome with [`BreakerPermit::record`];
     /// dropped without one, it frees its HalfOpen probe slot.
-    pub fn acquire(&self, origin: &Origin) -> Result<BreakerPermit, BreakerRejection> {
+    pub fn acquire<'a>(
+        &'a self,
+        origin: &'a Origin,
+    ) -> Result<BreakerPermit<'a>, BreakerRejection> {
         let entry = self.entry(origin);
         let (result, transition) =
             lock(&entry.breaker).try_acquire(&self.inner.config, Instant::now());
         self.emit(origin, transition);
         match result {
             Ok(ticket) => Ok(BreakerPermit {
-                registry: self.clone(),
-                origin: origin.clone(),
+                registry: self,
+                origin,
                 entry,
                 ticket: Some(ticket),
             }),
@@ -371,7 +371,14 @@ impl BreakerRegistry {
     }
 
     fn shard_index(&self, origin: &Origin) -> usize {
-        self.inner.hasher.hash_one(origin) as usize % self.inner.shards.len()
+        // FNV-1a over the text: a third of SipHash's cost here, and the map behind the
+        // shard still hashes with `RandomState`, so a crafted set of origins can at worst
+        // crowd one shard's lock, never degrade a map.
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for &b in origin.as_str().as_bytes() {
+            h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+        }
+        (h % self.inner.shards.len() as u64) as usize
     }
 
     fn peek(&self, origin: &Origin) -> Option<Arc<Entry>> {
@@ -467,14 +474,16 @@ impl BreakerRegistry {
 /// that held it across the request was dropped) gives its slot back: a HalfOpen probe
 /// slot is freed for the next request, and nothing is counted.
 #[must_use = "record the outcome, or the attempt is not counted"]
-pub struct BreakerPermit {
-    registry: BreakerRegistry,
-    origin: Origin,
+pub struct BreakerPermit<'a> {
+    // Borrowed, not cloned: cloning the registry's `Arc` on every request would make its
+    // reference count one cache line that every thread writes.
+    registry: &'a BreakerRegistry,
+    origin: &'a Origin,
     entry: Arc<Entry>,
     ticket: Option<Ticket>,
 }
 
-impl fmt::Debug for BreakerPermit {
+impl fmt::Debug for BreakerPermit<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("BreakerPermit")
             .field("origin", &self.origin)
@@ -483,7 +492,7 @@ impl fmt::Debug for BreakerPermit {
     }
 }
 
-impl BreakerPermit {
+impl BreakerPermit<'_> {
     /// Whether this attempt is a HalfOpen probe.
     pub fn is_probe(&self) -> bool {
         self.ticket.is_some_and(|t| t.is_probe())
@@ -491,7 +500,7 @@ impl BreakerPermit {
 
     /// The origin the permit is for.
     pub fn origin(&self) -> &Origin {
-        &self.origin
+        self.origin
     }
 
     /// Counts the attempt's outcome.
@@ -516,13 +525,13 @@ impl BreakerPermit {
             (b.record(config, ticket, outcome, now), grew)
         };
         if let (Some(p), Some(grew)) = (pause, grew) {
-            trace_pause(&self.origin, p, grew);
+            trace_pause(self.origin, p, grew);
         }
-        self.registry.emit(&self.origin, transition);
+        self.registry.emit(self.origin, transition);
     }
 }
 
-impl Drop for BreakerPermit {
+impl Drop for BreakerPermit<'_> {
     fn drop(&mut self) {
         if let Some(ticket) = self.ticket.take() {
             lock(&self.entry.breaker).release(ticket);
@@ -707,7 +716,8 @@ mod tests {
         for o in &open {
             trip(&r, o);
         }
-        let held = r.acquire(&origin(2_000_000)).unwrap();
+        let busy = origin(2_000_000);
+        let held = r.acquire(&busy).unwrap();
         for i in 0..10_000 {
             r.acquire(&origin(i)).unwrap().record(Outcome::Success);
         }
@@ -732,7 +742,8 @@ mod tests {
         let r = registry(1);
         let down = origin(1);
         trip(&r, &down);
-        let permit = r.acquire(&origin(2)).unwrap();
+        let untracked = origin(2);
+        let permit = r.acquire(&untracked).unwrap();
         assert!(!permit.is_probe());
         permit.record(Outcome::Failure);
         assert_eq!(r.len(), 1);

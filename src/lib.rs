@@ -15,6 +15,7 @@ pub mod stack;
 
 pub use auth::{AccessToken, BearerAuth, TokenManager, TokenSource};
 pub use backoff::{Backoff, Jitter};
+pub use breaker::{BreakerConfig, BreakerRegistry, BreakerState, CircuitBreakerMiddleware};
 pub use error::ResilienceError;
 pub use evidence::{
     AttemptDecision, AttemptHistory, AttemptRecord, FailureKind, NotProcessedProof,

@@ -246,77 +246,117 @@ async fn sleep_taken_before_success(
     took
 }
 
-#[tokio::test(start_paused = true)]
-async fn retry_after_seconds_on_a_post_429_is_the_sleep_taken() {
-    let server = retry_after_server(429, || "3".into()).await;
-    let c = client(plain().build().unwrap());
-    let took = sleep_taken_before_success(&c, c.post(server.url("/")).body("x"), &server).await;
-    assert_eq!(took, S(3));
+/// Both throttling statuses, each as a GET and a POST (a POST is retried on 429 always and
+/// on 503 because it carries `Retry-After`).
+const THROTTLED: [u16; 2] = [429, 503];
+
+async fn sleep_taken_for(
+    status: u16,
+    value: impl Fn() -> String + Clone + Send + Sync + 'static,
+) -> [Duration; 2] {
+    let mut taken = [Duration::ZERO; 2];
+    for (i, post) in [false, true].into_iter().enumerate() {
+        let server = retry_after_server(status, value.clone()).await;
+        let c = client(plain().build().unwrap());
+        let request = if post {
+            c.post(server.url("/")).body("x")
+        } else {
+            c.get(server.url("/"))
+        };
+        taken[i] = sleep_taken_before_success(&c, request, &server).await;
+    }
+    taken
 }
 
 #[tokio::test(start_paused = true)]
-async fn retry_after_imf_date_on_503_is_the_sleep_taken() {
-    let server =
-        retry_after_server(503, || httpdate::fmt_http_date(SystemTime::now() + S(6))).await;
-    let c = client(plain().build().unwrap());
-    let took = sleep_taken_before_success(&c, c.get(server.url("/")), &server).await;
-    // An HTTP date has whole seconds: 6 s ahead, minus the sub-second part of "now".
-    assert!(took > S(4) && took <= S(6), "{took:?}");
+async fn retry_after_seconds_is_the_sleep_taken() {
+    for status in THROTTLED {
+        assert_eq!(
+            sleep_taken_for(status, || "3".into()).await,
+            [S(3); 2],
+            "{status}"
+        );
+    }
 }
 
 #[tokio::test(start_paused = true)]
-async fn retry_after_numeric_zone_date_on_429_is_the_sleep_taken() {
-    let server = retry_after_server(429, || {
-        // The same instant written as local time at +0800.
-        let local = SystemTime::now() + S(6) + S(8 * 3600);
-        httpdate::fmt_http_date(local).replace(" GMT", " +0800")
-    })
-    .await;
-    let c = client(plain().build().unwrap());
-    let took = sleep_taken_before_success(&c, c.get(server.url("/")), &server).await;
-    assert!(took > S(4) && took <= S(6), "{took:?}");
+async fn retry_after_imf_date_is_the_sleep_taken() {
+    for status in THROTTLED {
+        let taken =
+            sleep_taken_for(status, || httpdate::fmt_http_date(SystemTime::now() + S(6))).await;
+        // An HTTP date has whole seconds: 6 s ahead, minus the sub-second part of "now".
+        for took in taken {
+            assert!(took > S(4) && took <= S(6), "{status}: {took:?}");
+        }
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn retry_after_numeric_zone_date_is_the_sleep_taken() {
+    for status in THROTTLED {
+        let taken = sleep_taken_for(status, || {
+            // The same instant written as local time at +0800.
+            let local = SystemTime::now() + S(6) + S(8 * 3600);
+            httpdate::fmt_http_date(local).replace(" GMT", " +0800")
+        })
+        .await;
+        for took in taken {
+            assert!(took > S(4) && took <= S(6), "{status}: {took:?}");
+        }
+    }
 }
 
 #[tokio::test(start_paused = true)]
 async fn retry_after_120_seconds_is_clamped_to_60() {
-    let server = retry_after_server(503, || "120".into()).await;
-    let c = client(plain().build().unwrap());
-    let took = sleep_taken_before_success(&c, c.get(server.url("/")), &server).await;
-    assert_eq!(took, S(60));
+    for status in THROTTLED {
+        assert_eq!(
+            sleep_taken_for(status, || "120".into()).await,
+            [S(60); 2],
+            "{status}"
+        );
+    }
 }
 
 #[tokio::test(start_paused = true)]
-async fn retry_after_120_seconds_with_give_up_returns_the_503_at_once() {
-    let server = retry_after_server(503, || "120".into()).await;
-    let c = client(
-        plain()
-            .retry_after_cap(S(60), RetryAfterPolicy::GiveUp)
-            .build()
-            .unwrap(),
-    );
-    let (res, ext, took) = send(&c, c.get(server.url("/")), Extensions::new()).await;
-    let res = res.unwrap();
-    assert_eq!(res.status(), 503);
-    assert_eq!(res.headers()["retry-after"], "120");
-    assert_eq!((server.requests_seen(), took), (1, Duration::ZERO));
-    assert_eq!(outcome(&ext).stop, StopReason::RetryAfterTooLong);
+async fn retry_after_120_seconds_with_give_up_returns_the_response_at_once() {
+    for status in THROTTLED {
+        let server = retry_after_server(status, || "120".into()).await;
+        let c = client(
+            plain()
+                .retry_after_cap(S(60), RetryAfterPolicy::GiveUp)
+                .build()
+                .unwrap(),
+        );
+        let (res, ext, took) = send(&c, c.get(server.url("/")), Extensions::new()).await;
+        let res = res.unwrap();
+        assert_eq!(res.status().as_u16(), status);
+        assert_eq!(res.headers()["retry-after"], "120");
+        assert_eq!((server.requests_seen(), took), (1, Duration::ZERO));
+        assert_eq!(outcome(&ext).stop, StopReason::RetryAfterTooLong);
+    }
 }
 
 #[tokio::test(start_paused = true)]
 async fn retry_after_garbage_is_ignored_and_the_backoff_applies() {
-    let server = retry_after_server(503, || "soon, maybe".into()).await;
-    let c = client(plain().build().unwrap());
-    let took = sleep_taken_before_success(&c, c.get(server.url("/")), &server).await;
-    assert_eq!(took, S(1));
+    // A GET: garbage is no `Retry-After`, so a POST 503 would not be retried at all.
+    for status in THROTTLED {
+        let server = retry_after_server(status, || "soon, maybe".into()).await;
+        let c = client(plain().build().unwrap());
+        let took = sleep_taken_before_success(&c, c.get(server.url("/")), &server).await;
+        assert_eq!(took, S(1), "{status}");
+    }
 }
 
 #[tokio::test(start_paused = true)]
 async fn retry_after_zero_and_past_dates_fall_back_to_the_backoff() {
-    for value in ["0", "Wed, 21 Oct 2015 07:28:00 GMT"] {
-        let server = retry_after_server(429, move || value.into()).await;
-        let c = client(plain().build().unwrap());
-        let took = sleep_taken_before_success(&c, c.get(server.url("/")), &server).await;
-        assert_eq!(took, S(1), "{value}");
+    for status in THROTTLED {
+        for value in ["0", "Wed, 21 Oct 2015 07:28:00 GMT"] {
+            assert_eq!(
+                sleep_taken_for(status, move || value.into()).await,
+                [S(1); 2],
+                "{status} {value}"
+            );
+        }
     }
 }
 

@@ -16,10 +16,14 @@
 //!   error, and reqwest offers no per-address hook (`connector_layer` wraps the whole
 //!   connector and sees the same single error). The evidence records what holds for every
 //!   address — `NotSent` / `Connect` — and does not claim how each one failed.
-//! - Row 4: a server that closes right after accept races the client's write (hyper reports
-//!   either a canceled, never-started request — honestly `NotSent` — or a reset after the
-//!   write). The test makes the race deterministic the way it happens on a busy server: the
-//!   request arrives, the server closes without reading it, the kernel answers with RST.
+//! - Row 4: a server that closes right after accept races the client's write; hyper then
+//!   reports a canceled, never-started request (`NotSent`, hyper's proof), a connection that
+//!   died before it was ready (`Unknown`), or a reset after the write (`SentNoResponse`).
+//!   Two tests make the race deterministic: the request arrives and the server closes
+//!   without reading it, so the kernel answers with RST (`SentNoResponse` / `Reset`); and a
+//!   connector layer holds the new connection until the server's close is on it
+//!   (`Unknown` / `Closed`). The canceled outcome could not be pinned down on loopback: it
+//!   needs the FIN to land between hyper-util's readiness check and the dispatcher's write.
 //! - Row 7: hyper reports a truncated response head and "no response at all" alike, as an
 //!   incomplete message, so both are `SentNoResponse` / `Closed`; a *malformed* head is a
 //!   parse error, `Unknown` / `Protocol` (its companion test).
@@ -261,6 +265,82 @@ async fn row04_accept_then_close_without_reading_is_sent_no_response_reset() {
     assert!(result.is_err());
     let e = only_attempt(&history);
     assert_failure(&e, Transmission::SentNoResponse, FailureKind::Reset, None);
+    assert_eq!(server.connections(), 1);
+    assert_eq!(server.requests_seen(), 0);
+}
+
+/// A `connector_layer` that holds each new connection back for a while before hyper gets
+/// it, so that a server's close is already on the socket when the request is queued.
+#[derive(Clone)]
+struct HoldNewConnections(Duration);
+
+impl<S> tower::Layer<S> for HoldNewConnections {
+    type Service = Held<S>;
+    fn layer(&self, inner: S) -> Held<S> {
+        Held {
+            inner,
+            hold: self.0,
+        }
+    }
+}
+
+#[derive(Clone)]
+struct Held<S> {
+    inner: S,
+    hold: Duration,
+}
+
+impl<S, R> tower::Service<R> for Held<S>
+where
+    S: tower::Service<R>,
+    S::Future: Send + 'static,
+    S::Response: Send + 'static,
+    S::Error: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future =
+        std::pin::Pin<Box<dyn std::future::Future<Output = Result<S::Response, S::Error>> + Send>>;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: R) -> Self::Future {
+        let (connecting, hold) = (self.inner.call(req), self.hold);
+        Box::pin(async move {
+            let conn = connecting.await?;
+            tokio::time::sleep(hold).await;
+            Ok(conn)
+        })
+    }
+}
+
+#[tokio::test]
+async fn row04_close_before_the_connection_was_ready_is_unknown_closed() {
+    let server = FaultServer::start_with_accept(
+        |_| Some(Action::CloseWithoutReading),
+        |_, _| Action::ok("never"),
+    )
+    .await;
+    let client = with_evidence(
+        raw_client()
+            .connector_layer(HoldNewConnections(Duration::from_millis(100)))
+            .build()
+            .unwrap(),
+    );
+    let (result, history) = send(&client, post(&client, &server.url("/pay"))).await;
+    let err = format!("{:?}", result.unwrap_err());
+    let e = only_attempt(&history);
+    // hyper-util found the connection closed while waiting for it to become ready, before
+    // the request was handed over, and reports that as a send error without the
+    // connection's info. The evidence does not call it sent (nor, without a promise from
+    // hyper-util, unsent).
+    assert!(err.contains("SendRequest"), "{err}");
+    assert_failure(&e, Transmission::Unknown, FailureKind::Closed, None);
     assert_eq!(server.connections(), 1);
     assert_eq!(server.requests_seen(), 0);
 }

@@ -56,6 +56,7 @@ impl Classification {
 /// | 12 | any other h2 error | `SentNoResponse` if the peer sent it, else `Unknown` | `Protocol` | a stream the peer reset existed on the wire |
 /// | 13 | reqwest `is_decode` | `Unknown` | `Decode` | only raised after a response, which the caller already has |
 /// | 14 | anything else | `Unknown` | `Other` | no proof either way |
+/// | 15 | hyper-util's error has no `connect_info` (and is not a connect error) | `SentNoResponse` of rules 4–12 becomes `Unknown` | unchanged | hyper-util attaches the connection's info to every error of an actual send; without it, the error came from setting the connection up (HTTP/1 readiness, HTTP/2 handshake), which hyper-util reports as a send error but which never carried the request |
 ///
 /// The kind of a connect failure (rule 3): reqwest's `is_dns` → `Dns`; a TLS peer
 /// certificate rejected → `Certificate`; an "invalid URL" from the connector (a scheme the
@@ -136,6 +137,9 @@ pub(crate) struct Facts {
     h2_remote_go_away: bool,
     h2_other: Option<bool>, // Some(remote?)
     canceled: bool,
+    /// hyper-util raised a non-connect error before the request was handed to a
+    /// connection (it attaches `connect_info` to every error of an actual send).
+    setup_stage: bool,
     timeout: bool,
     reset: bool,
     closed: bool,
@@ -158,6 +162,8 @@ impl Facts {
             if let Some(e) = e.downcast_ref::<hyper_util::client::legacy::Error>() {
                 if e.is_connect() {
                     f.connect = Some(connect_facts(err));
+                } else if e.connect_info().is_none() {
+                    f.setup_stage = true;
                 }
             } else if let Some(e) = e.downcast_ref::<hyper::Error>() {
                 f.canceled |= e.is_canceled();
@@ -277,8 +283,22 @@ fn is_certificate_text(text: &str) -> bool {
     NEEDLES.iter().any(|n| text.contains(n))
 }
 
-/// Applies the rules of the module docs, in order.
+/// Applies the rules of [`classify_error`]'s docs, in order.
 pub(crate) fn decide(f: &Facts) -> Classification {
+    let c = decide_by_layer(f);
+    // Rule 15: a failure raised while the connection was being set up (the HTTP/1
+    // readiness check, the HTTP/2 handshake) cannot have carried the request, but hyper-util
+    // reports it as a send error and promises nothing more: "sent" is not claimed either.
+    if f.setup_stage && c.transmission == Transmission::SentNoResponse {
+        return Classification {
+            transmission: Transmission::Unknown,
+            ..c
+        };
+    }
+    c
+}
+
+fn decide_by_layer(f: &Facts) -> Classification {
     use FailureKind as K;
     use Transmission as T;
     if f.builder {
@@ -501,6 +521,23 @@ mod tests {
             ..Facts::default()
         };
         assert_eq!(decide(&f), c(T::Unknown, K::Protocol));
+    }
+
+    #[test]
+    fn a_failure_while_setting_up_the_connection_is_not_called_sent() {
+        let f = Facts {
+            closed: true,
+            setup_stage: true,
+            ..Facts::default()
+        };
+        assert_eq!(decide(&f), c(T::Unknown, K::Closed));
+        // A hyper-canceled request is still proven unsent.
+        let f = Facts {
+            canceled: true,
+            setup_stage: true,
+            ..Facts::default()
+        };
+        assert_eq!(decide(&f), c(T::NotSent, K::Closed));
     }
 
     #[test]

@@ -19,11 +19,14 @@ mod tracing_capture {
     use tracing::field::{Field, Visit};
     use tracing::{Event, Metadata, Subscriber, span};
 
+    /// One event's fields as `(name, value)`.
+    pub type EventFields = Vec<(String, String)>;
+
     /// Records the fields of every event under the retry middleware's target.
     #[derive(Clone, Default)]
-    pub struct Capture(pub Arc<Mutex<Vec<Vec<(String, String)>>>>);
+    pub struct Capture(pub Arc<Mutex<Vec<EventFields>>>);
 
-    struct Fields(Vec<(String, String)>);
+    struct Fields(EventFields);
 
     impl Visit for Fields {
         fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {

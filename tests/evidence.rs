@@ -689,6 +689,47 @@ async fn attempts_sharing_extensions_are_numbered_in_order() {
     assert_eq!(server.connections(), 1);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_attempts_to_two_origins_each_get_their_own_evidence() {
+    const REQUESTS: usize = 200;
+    let a = FaultServer::always(Action::ok("a")).await;
+    let b = FaultServer::always(Action::status(503).header("Retry-After", "3")).await;
+    let client = with_evidence(raw_client().build().unwrap());
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..REQUESTS {
+        // Interleaved origins defeat any per-thread reuse of the last origin.
+        let url = if i % 2 == 0 { a.url("/a") } else { b.url("/b") };
+        let client = client.clone();
+        tasks.spawn(async move {
+            let (result, history) = send(&client, get(&client, &url)).await;
+            let status = result.unwrap().status();
+            (url, status, only_attempt(&history))
+        });
+    }
+    let mut per_origin = [0usize; 2];
+    while let Some(done) = tokio::time::timeout(BOUND, tasks.join_next())
+        .await
+        .expect("all requests ended")
+    {
+        let (url, status, e) = done.unwrap();
+        assert_eq!(e.origin, Some(Origin::parse(&url).unwrap()));
+        assert_eq!(e.transmission, Transmission::ResponseReceived(status));
+        assert_eq!(e.attempt, 1);
+        if url.ends_with("/a") {
+            assert_eq!(status, StatusCode::OK);
+            assert_eq!(e.retry_after, None);
+            per_origin[0] += 1;
+        } else {
+            assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+            assert_eq!(e.retry_after, Some(Duration::from_secs(3)));
+            per_origin[1] += 1;
+        }
+    }
+    assert_eq!(per_origin, [REQUESTS / 2, REQUESTS / 2]);
+    assert_eq!(a.requests_seen(), REQUESTS / 2);
+    assert_eq!(b.requests_seen(), REQUESTS / 2);
+}
+
 #[tokio::test]
 async fn ipv6_loopback_origin_is_bracketed_in_the_evidence() {
     let Some(server) = FaultServer::start_v6(|_, _| Action::ok("v6")).await else {

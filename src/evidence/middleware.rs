@@ -30,6 +30,12 @@ use crate::Origin;
 /// middleware above may send it once more. Build the client with
 /// `.retry(reqwest::retry::never())` to make every request on the wire an attempt of its own.
 ///
+/// # Cancel safety
+///
+/// Dropping the attempt's future (a caller's timeout, a `select!`) records nothing: the
+/// extensions and the history are written only once the attempt has an outcome, so a
+/// dropped attempt leaves no half-written evidence behind.
+///
 /// ```
 /// use reqwest_middleware::ClientBuilder;
 /// use reqwest_resilience::TransportEvidence;

@@ -382,6 +382,83 @@ mod tests {
         }
     }
 
+    mod properties {
+        use super::*;
+        use proptest::prelude::*;
+
+        fn transmission() -> impl Strategy<Value = Transmission> {
+            prop_oneof![
+                Just(Transmission::NotSent),
+                Just(Transmission::SentNoResponse),
+                Just(Transmission::Unknown),
+                (100u16..600).prop_map(|c| {
+                    Transmission::ResponseReceived(StatusCode::from_u16(c).unwrap())
+                }),
+            ]
+        }
+
+        fn kind() -> impl Strategy<Value = Option<FailureKind>> {
+            proptest::option::of(proptest::sample::select(vec![
+                FailureKind::Connect,
+                FailureKind::Dns,
+                FailureKind::Tls,
+                FailureKind::Certificate,
+                FailureKind::ConnectPermanent,
+                FailureKind::Timeout,
+                FailureKind::Reset,
+                FailureKind::Closed,
+                FailureKind::Protocol,
+                FailureKind::Body,
+                FailureKind::Redirect,
+                FailureKind::Builder,
+                FailureKind::Decode,
+                FailureKind::BreakerOpen,
+                FailureKind::Paused,
+                FailureKind::Other,
+            ]))
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(10_000))]
+
+            /// The safety half of the table, for any evidence: a request that may have
+            /// been processed is retried only if idempotent, proven unprocessed (once),
+            /// throttled, or told when by `Retry-After`; permanent kinds never.
+            #[test]
+            fn no_unsafe_retry_for_any_evidence(
+                t in transmission(),
+                k in kind(),
+                proof in any::<bool>(),
+                retry_after in any::<bool>(),
+                idempotent in any::<bool>(),
+                proof_used in 0u32..3,
+            ) {
+                let mut ev = evidence(t, k);
+                ev.not_processed = proof.then_some(NotProcessedProof::RefusedStream);
+                ev.retry_after = retry_after.then_some(std::time::Duration::from_secs(1));
+                let method = if idempotent { Method::PUT } else { Method::POST };
+                let verdict = decide(&ev, method, proof_used);
+                if let Verdict::Retry(reason) = verdict {
+                    if ev.status().is_none() {
+                        prop_assert!(!k.is_some_and(is_permanent));
+                    }
+                    match t {
+                        Transmission::NotSent => {}
+                        Transmission::ResponseReceived(s) => {
+                            let code = s.as_u16();
+                            prop_assert!([408, 429, 500, 502, 503, 504].contains(&code));
+                            prop_assert!(idempotent || code == 429 || retry_after);
+                        }
+                        _ => prop_assert!(
+                            idempotent || (proof && proof_used == 0),
+                            "{:?}", reason
+                        ),
+                    }
+                }
+            }
+        }
+    }
+
     #[test]
     fn row_permanent_failures_never_retry_even_when_not_sent() {
         for kind in [

@@ -686,11 +686,15 @@ mod tests {
         let max = 10_000;
         let r = registry(max);
         let mut peak_slots = 0;
+        let mut rss_at_tenth = None;
         for i in 0..n {
             r.acquire(&origin(i)).unwrap().record(Outcome::Success);
             assert!(r.len() <= max);
             if i % 1_000 == 0 {
                 peak_slots = peak_slots.max(r.map_capacity());
+            }
+            if i == n / 10 {
+                rss_at_tenth = rss_kib();
             }
         }
         assert_eq!(r.len(), max);
@@ -703,10 +707,20 @@ mod tests {
         assert_eq!(r.state(&origin(n - 1)), Some(BreakerState::Closed));
         assert_eq!(r.state(&origin(0)), None);
         eprintln!(
-            "{n} origins: len {}, peak map slots {peak_slots}, {} bytes per origin + text",
+            "{n} origins: len {}, peak map slots {peak_slots}, {} bytes per origin + text; \
+             RSS after {} origins {rss_at_tenth:?} KiB, after {n} {:?} KiB",
             r.len(),
-            BreakerRegistry::BYTES_PER_ORIGIN
+            BreakerRegistry::BYTES_PER_ORIGIN,
+            n / 10,
+            rss_kib()
         );
+    }
+
+    /// The process's resident set (Linux), for the report only: other tests share it.
+    fn rss_kib() -> Option<u64> {
+        let status = std::fs::read_to_string("/proc/self/status").ok()?;
+        let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+        line.split_whitespace().nth(1)?.parse().ok()
     }
 
     #[tokio::test(start_paused = true)]

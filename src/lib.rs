@@ -1,7 +1,109 @@
-//! reqwest-resilience: evidence-based retries, `Retry-After`, per-origin circuit breakers and
-//! single-flight bearer tokens as `reqwest_middleware` middlewares.
+//! Evidence-based retries, `Retry-After`, per-origin circuit breakers and single-flight
+//! bearer tokens for [`reqwest`], as [`reqwest_middleware`] middlewares.
 //!
-//! (Crate docs are completed with the `Resilience` builder.)
+//! An existing `reqwest` codebase becomes resilient without rewriting its call sites: wrap
+//! the `reqwest::Client` once and keep calling `get(..).send()` on the
+//! `ClientWithMiddleware`. What sets this crate apart is *evidence*: the innermost
+//! middleware records how far each attempt got on the wire ([`Transmission`]), and a retry
+//! is decided from that, not from the error type, so a refused connection is retried even
+//! for a POST while a POST whose connection dropped after it went out is never sent twice.
+//!
+//! # Quick start
+//!
+//! ```no_run
+//! use reqwest_resilience::Resilience;
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! // Retry → CircuitBreaker → TransportEvidence, with the defaults below.
+//! let client = Resilience::new().build(reqwest::Client::new())?;
+//! let body = client.get("https://api.example.com/v1/items").send().await?.text().await?;
+//! # let _ = body; Ok(()) }
+//! ```
+//!
+//! `cargo run --example tour` walks through every capability against a local server.
+//!
+//! # The stack, outer to inner, and why
+//!
+//! ```text
+//! RetryMiddleware → CircuitBreakerMiddleware → BearerAuth → TransportEvidence → reqwest::Client
+//! ```
+//!
+//! - [`RetryMiddleware`] is outermost: every attempt passes through the breaker, gets a
+//!   fresh token and is observed anew (Polly's standard HTTP pipeline puts retry outside
+//!   the breaker too). A rejection by an open breaker is retried only after the breaker's
+//!   own "retry in", never in a tight loop.
+//! - [`CircuitBreakerMiddleware`] sits outside [`BearerAuth`], so it sees the outcome
+//!   *after* a `401` was healed by a token refresh and one replay: a routine token expiry
+//!   is not an endpoint failure.
+//! - [`TransportEvidence`] is innermost: only there is the raw `reqwest::Error` seen before
+//!   anything interprets it.
+//!
+//! [`Resilience`] installs them in this order; each also works alone (see each module).
+//! Your own middleware goes around the stack ([`Resilience::install`]) or per attempt
+//! ([`Resilience::per_attempt`]); see [`stack`].
+//!
+//! # When is a request retried?
+//!
+//! | evidence | idempotent request | non-idempotent request |
+//! |---|---|---|
+//! | `NotSent` with a transient kind (connect refused, DNS, breaker/pause rejection) | retry | retry |
+//! | sent, and the server proved it did not process it (HTTP/2 `REFUSED_STREAM`, `GOAWAY` below our stream) | retry | retry once |
+//! | `SentNoResponse` / `Unknown` (reset, timeout, closed) | retry | **never** |
+//! | response 408, 500, 502, 503, 504 | retry | only with `Retry-After` |
+//! | response 429 | retry | retry |
+//! | any other status | no | no |
+//! | certificate, builder, redirect, decode errors | no | no |
+//!
+//! Idempotent: GET, HEAD, OPTIONS, TRACE, PUT, DELETE (RFC 9110 §9.2.2), a request with an
+//! `Idempotency-Key` header, or one marked with [`retry::Idempotent`]. The table is
+//! [`retry::DefaultStrategy`]; replace it through [`retry::RetryStrategy`].
+//!
+//! # Defaults and where they come from
+//!
+//! | setting | default | origin |
+//! |---|---|---|
+//! | retries | 3 | common client default (reqwest-retry, Polly) |
+//! | backoff | 1 s × 2 per retry, capped at 30 s | exponential backoff, capped |
+//! | jitter | proportional ±10 % ([`Jitter`]; full and decorrelated available) | AWS Architecture Blog, "Exponential Backoff and Jitter" |
+//! | `Retry-After` | honoured for every retryable status, capped at 60 s (clamped) | RFC 9110 §10.2.3; the cap keeps a server from parking a client |
+//! | retry budget | 20 % of requests, at least 10 retries/s, over 10 s ([`RetryBudget`]) | Finagle's `RetryBudget`, gRPC retry throttling |
+//! | idempotency | by method or `Idempotency-Key` | RFC 9110 §9.2.2 |
+//! | breaker trip | 5 consecutive failures (a failure-ratio policy is built in) | Polly / resilience4j |
+//! | breaker open | 30 s, then 1 half-open probe | Polly / resilience4j |
+//! | breaker scope | one per origin `scheme://host:port`, at most 10 000 origins | RFC 6454 origin |
+//! | breaker failures | 5xx, 401, 429, transport failures; other 4xx neutral | a caller's bug must not trip a shared breaker |
+//! | server pause | a `429`/`503` with `Retry-After` pauses the origin for every caller of the registry | |
+//! | token refresh | 5 min before expiry (at most half the lifetime), one fetch at a time | |
+//!
+//! # Observability
+//!
+//! - Every attempt's [`RequestEvidence`] and the decision taken after it
+//!   ([`AttemptDecision`]) are left in the caller's `http::Extensions` as an
+//!   [`AttemptHistory`] (use `ClientWithMiddleware::execute_with_extensions`).
+//! - Feature `tracing`: a span per logical request with OpenTelemetry's HTTP client
+//!   fields (`http.request.method`, `server.address`, `server.port`,
+//!   `http.response.status_code`, `http.request.resend_count`, `error.type`), an event per
+//!   attempt, per retry decision and per breaker transition.
+//! - Without `tracing`: [`Resilience::on_attempt`] and
+//!   [`Resilience::on_breaker_transition`] hooks, e.g. to feed metrics.
+//!
+//! # Feature flags
+//!
+//! | feature | what it adds |
+//! |---|---|
+//! | `tracing` | spans and events (optional dependency `tracing`) |
+//! | `retry-policies` | `RetryMiddleware::new_with_policy` takes a `retry_policies::RetryPolicy`, for a one-line migration from reqwest-retry |
+//! | `oauth2` | `auth::OAuth2Source`: OAuth 2.0 client-credentials and refresh-token grants |
+//!
+//! No feature is on by default. reqwest is used without default features: choose your TLS
+//! backend in your own `reqwest` dependency.
+//!
+//! # MSRV
+//!
+//! Rust 1.88 (`rust-version` in `Cargo.toml`; edition 2024).
+
+#![deny(missing_docs)]
 
 pub mod auth;
 pub mod backoff;

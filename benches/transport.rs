@@ -23,6 +23,38 @@ use tokio::net::TcpListener;
 
 const CONCURRENCY: usize = 8;
 
+/// Counts allocations, so the bench can report allocations per request: unlike time, an
+/// exact number that other processes on the machine cannot disturb.
+struct CountingAllocator;
+
+static ALLOCATIONS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+// SAFETY: every call is forwarded unchanged to the system allocator; the counter is a
+// relaxed atomic and never allocates.
+unsafe impl std::alloc::GlobalAlloc for CountingAllocator {
+    unsafe fn alloc(&self, layout: std::alloc::Layout) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        // SAFETY: the caller upholds `GlobalAlloc::alloc`'s contract, passed on as is.
+        unsafe { std::alloc::System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: std::alloc::Layout) {
+        // SAFETY: as above, for `dealloc`.
+        unsafe { std::alloc::System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: std::alloc::Layout, new_size: usize) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        // SAFETY: as above, for `realloc`.
+        unsafe { std::alloc::System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: CountingAllocator = CountingAllocator;
+
+fn allocations() -> u64 {
+    ALLOCATIONS.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 fn env_or(name: &str, default: usize) -> usize {
     std::env::var(name)
         .ok()
@@ -112,12 +144,15 @@ fn cpu_ns() -> Option<u64> {
 struct Sample {
     requests_per_sec: f64,
     cpu_ns_per_request: Option<f64>,
+    /// Client and server together: the server's share is the same for every subject.
+    allocations_per_request: f64,
 }
 
 /// Sends `requests` GETs from `CONCURRENCY` tasks.
 async fn round(subject: &Subject, url: &Arc<str>, requests: usize) -> Sample {
     let per_task = requests / CONCURRENCY;
     let cpu_before = cpu_ns();
+    let allocations_before = allocations();
     let started = Instant::now();
     let mut tasks = tokio::task::JoinSet::new();
     for _ in 0..CONCURRENCY {
@@ -132,6 +167,7 @@ async fn round(subject: &Subject, url: &Arc<str>, requests: usize) -> Sample {
         done.expect("bench task");
     }
     let elapsed = started.elapsed().as_secs_f64();
+    let allocated = allocations() - allocations_before;
     let sent = (per_task * CONCURRENCY) as f64;
     let cpu = cpu_before
         .zip(cpu_ns())
@@ -139,6 +175,7 @@ async fn round(subject: &Subject, url: &Arc<str>, requests: usize) -> Sample {
     Sample {
         requests_per_sec: sent / elapsed,
         cpu_ns_per_request: cpu,
+        allocations_per_request: allocated as f64 / sent,
     }
 }
 
@@ -205,12 +242,14 @@ fn main() {
 
         let mut rps: [Vec<f64>; 4] = Default::default();
         let mut cpu: [Vec<f64>; 4] = Default::default();
+        let mut allocs: [Vec<f64>; 4] = Default::default();
         for r in 0..rounds {
             // Rotate the order each round so drift in machine load hits all subjects alike.
             for k in 0..subjects.len() {
                 let i = (k + r) % subjects.len();
                 let sample = round(&subjects[i], &url, requests).await;
                 rps[i].push(sample.requests_per_sec);
+                allocs[i].push(sample.allocations_per_request);
                 if let Some(ns) = sample.cpu_ns_per_request {
                     cpu[i].push(ns);
                 }
@@ -244,9 +283,10 @@ fn main() {
                 format!("{:6.0} ns", median(&cpu[i]))
             };
             println!(
-                "{:42}: {:8.0} req/s (mean), CPU per request {cpu_text} (median)",
+                "{:42}: {:8.0} req/s (mean), CPU per request {cpu_text} (median), {:.2} allocations per request (mean)",
                 names[i],
-                mean(&rps[i])
+                mean(&rps[i]),
+                mean(&allocs[i])
             );
         }
         for (label, i, base) in [

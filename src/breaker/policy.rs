@@ -273,8 +273,9 @@ pub trait AttemptClassifier: Send + Sync + 'static {
 
 /// The design's classification: 5xx, 401, 429 and transport failures are failures; 2xx
 /// and 3xx successes; other 4xx neutral. A rejection by another breaker or a pause
-/// (`NotSent`, [`FailureKind::BreakerOpen`] / [`FailureKind::Paused`]) and a request that
-/// could not be built say nothing about the origin: neutral.
+/// (`NotSent`, [`FailureKind::BreakerOpen`] / [`FailureKind::Paused`]), a request that
+/// could not be built, and an error from a middleware inside the breaker with no evidence
+/// of an attempt (a token that could not be had) say nothing about the origin: neutral.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct DefaultClassifier;
 
@@ -321,7 +322,10 @@ impl AttemptClassifier for DefaultClassifier {
             Err(reqwest_middleware::Error::Reqwest(e)) if e.is_builder() || e.is_redirect() => {
                 Outcome::Neutral
             }
-            Err(_) => Outcome::Failure,
+            Err(reqwest_middleware::Error::Reqwest(_)) => Outcome::Failure,
+            // A middleware inside the breaker failed before any transport step saw the
+            // request (e.g. `BearerAuth` could get no token): the origin was not asked.
+            Err(reqwest_middleware::Error::Middleware(_)) => Outcome::Neutral,
         }
     }
 }
@@ -396,6 +400,14 @@ mod tests {
         );
         assert_eq!(c.classify(Some(&e), &ok), Outcome::Failure);
         assert_eq!(c.classify(None, &ok), Outcome::Success);
+    }
+
+    #[test]
+    fn inner_middleware_error_without_evidence_is_neutral() {
+        let err: reqwest_middleware::Result<Response> = Err(reqwest_middleware::Error::middleware(
+            crate::ResilienceError::InvalidConfig("no token".into()),
+        ));
+        assert_eq!(DefaultClassifier.classify(None, &err), Outcome::Neutral);
     }
 
     #[test]

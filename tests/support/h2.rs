@@ -76,6 +76,8 @@ impl H2Server {
             let mut conns = JoinSet::new();
             loop {
                 let Ok((stream, _)) = listener.accept().await else {
+                    // A failed accept (e.g. out of file descriptors) must not spin.
+                    tokio::task::yield_now().await;
                     continue;
                 };
                 conns_count.fetch_add(1, Ordering::SeqCst);

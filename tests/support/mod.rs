@@ -240,6 +240,8 @@ impl FaultServer {
             let mut conns = JoinSet::new();
             loop {
                 let Ok((stream, _)) = listener.accept().await else {
+                    // A failed accept (e.g. out of file descriptors) must not spin.
+                    tokio::task::yield_now().await;
                     continue;
                 };
                 let _ = stream.set_nodelay(true);

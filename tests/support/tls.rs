@@ -71,6 +71,8 @@ impl TlsServer {
             let mut conns = JoinSet::new();
             loop {
                 let Ok((stream, _)) = listener.accept().await else {
+                    // A failed accept (e.g. out of file descriptors) must not spin.
+                    tokio::task::yield_now().await;
                     continue;
                 };
                 c.fetch_add(1, Ordering::SeqCst);

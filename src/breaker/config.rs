@@ -5,6 +5,8 @@ use std::time::Duration;
 use super::policy::TripPolicy;
 use crate::ResilienceError;
 
+const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
+
 /// What a request does when its origin is paused by a server's `Retry-After`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 #[non_exhaustive]
@@ -159,6 +161,21 @@ impl BreakerConfig {
         if self.open_duration.is_zero() {
             return Err("open_duration must be more than zero".into());
         }
+        // Instants are added to these; a year keeps every sum far inside the clock's range.
+        for (name, d) in [
+            ("open_duration", self.open_duration),
+            ("half_open_retry_in", self.half_open_retry_in),
+            ("max_pause", self.max_pause),
+            (
+                "open growth max_open_duration",
+                self.open_growth
+                    .map_or(Duration::ZERO, |g| g.max_open_duration),
+            ),
+        ] {
+            if d > MAX_DURATION {
+                return Err(format!("{name} must be at most a year, got {d:?}"));
+            }
+        }
         if self.half_open_probes == 0 {
             return Err("half_open_probes must be at least 1".into());
         }
@@ -274,6 +291,10 @@ mod tests {
             BreakerConfig::default().open_growth(OpenGrowth::new(0.5, 60 * S)),
             BreakerConfig::default().open_growth(OpenGrowth::new(2.0, S)),
             BreakerConfig::default().policy(TripPolicy::consecutive_failures(0)),
+            BreakerConfig::default().open_duration(Duration::MAX),
+            BreakerConfig::default().max_pause(Duration::MAX),
+            BreakerConfig::default().half_open_retry_in(Duration::MAX),
+            BreakerConfig::default().open_growth(OpenGrowth::new(2.0, Duration::MAX)),
         ];
         for c in bad {
             assert!(

@@ -126,3 +126,8 @@ pub use evidence::{
 pub use origin::Origin;
 pub use retry::{RetryBudget, RetryMiddleware};
 pub use stack::{Resilience, StackError};
+
+// README's quick start must compile.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

@@ -60,7 +60,8 @@ impl Classification {
 ///
 /// The kind of a connect failure (rule 3): reqwest's `is_dns` → `Dns`; a TLS peer
 /// certificate rejected → `Certificate`; an "invalid URL" from the connector (a scheme the
-/// connector cannot serve, e.g. `https` with no TLS backend built in) → `ConnectPermanent`;
+/// connector cannot serve, e.g. `https` with no TLS backend built in, which reqwest 0.13.5
+/// reports as `ConnectError("invalid URL, scheme is not http")`) → `ConnectPermanent`;
 /// an `io::Error` of a TCP kind (refused, reset, unreachable, timed out) or hyper-util's
 /// "tcp …" error → `Connect`; an `io::Error` of kind `InvalidData` (how rustls reports a
 /// failed handshake) or a message naming TLS/SSL/a handshake → `Tls`; else `Other`.

@@ -171,7 +171,7 @@ fn stacks(client: &reqwest::Client, url: &str) -> Vec<Stack> {
         vec![
             Stack {
                 name: "TransportEvidence only",
-                client: with(&[transport.clone()]),
+                client: with(std::slice::from_ref(&transport)),
             },
             Stack {
                 name: "Retry + TransportEvidence",

@@ -28,6 +28,9 @@ use tokio::time::Instant;
 
 const S: fn(u64) -> Duration = Duration::from_secs;
 
+/// What a hook or probe saw, shared with the test.
+type Shared<T> = Arc<Mutex<Vec<T>>>;
+
 fn reqwest_client() -> reqwest::Client {
     reqwest::Client::builder()
         .no_proxy()
@@ -346,7 +349,7 @@ async fn a_401_that_survives_the_refresh_counts_as_a_breaker_failure() {
 /// step reported after it.
 #[derive(Clone, Default)]
 struct PerAttemptProbe {
-    seen: Arc<Mutex<Vec<(bool, Option<Transmission>)>>>,
+    seen: Shared<(bool, Option<Transmission>)>,
 }
 
 #[async_trait::async_trait]
@@ -523,7 +526,7 @@ async fn on_attempt_hook_sees_every_attempt_in_order_with_its_decision() {
 #[tokio::test(start_paused = true)]
 async fn on_attempt_hook_reports_a_refused_connection_as_not_sent_for_each_attempt() {
     let port = support::refused_port();
-    let seen: Arc<Mutex<Vec<(u32, Transmission, Option<FailureKind>)>>> = Arc::default();
+    let seen: Shared<(u32, Transmission, Option<FailureKind>)> = Arc::default();
     let s = seen.clone();
     let client = Resilience::new()
         .max_retries(1)

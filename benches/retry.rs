@@ -13,6 +13,8 @@
 //! 3. Herd: 1 000 simulated clients failing at the same instant and retrying 5 times into a
 //!    persisting outage, for each jitter mode (pure simulation of the delay function):
 //!    the peak number of retries in any 100 ms window.
+//!
+//! `RETRY_BENCH_ONLY_COST=1 cargo bench --bench retry` runs 1a alone (a few seconds).
 
 #[path = "../tests/support/mod.rs"]
 mod support;
@@ -28,6 +30,10 @@ use reqwest_resilience::{Backoff, Jitter, RetryMiddleware, TransportEvidence};
 use support::{Action, FaultServer};
 
 fn main() {
+    if std::env::var_os("RETRY_BENCH_ONLY_COST").is_some() {
+        middleware_cost();
+        return;
+    }
     middleware_cost();
     loopback_overhead();
     outage_amplification();
@@ -64,16 +70,18 @@ enum Stack {
     Bare,
     Ours,
     RetryOnly,
+    RetryNoBudget,
     TransportOnly,
     ReqwestRetry,
 }
 
 impl Stack {
     const ALL: [Stack; 3] = [Stack::Bare, Stack::Ours, Stack::ReqwestRetry];
-    const PARTS: [Stack; 5] = [
+    const PARTS: [Stack; 6] = [
         Stack::Bare,
         Stack::Ours,
         Stack::RetryOnly,
+        Stack::RetryNoBudget,
         Stack::TransportOnly,
         Stack::ReqwestRetry,
     ];
@@ -83,6 +91,7 @@ impl Stack {
             Stack::Bare => "no retry middleware",
             Stack::Ours => "RetryMiddleware + TransportEvidence",
             Stack::RetryOnly => "  of which RetryMiddleware alone",
+            Stack::RetryNoBudget => "  RetryMiddleware alone, no budget",
             Stack::TransportOnly => "  of which TransportEvidence alone",
             Stack::ReqwestRetry => "reqwest-retry 0.9 RetryTransientMiddleware",
         }
@@ -95,6 +104,9 @@ impl Stack {
                 .with(RetryMiddleware::new())
                 .with(TransportEvidence::new()),
             Stack::RetryOnly => builder.with(RetryMiddleware::new()),
+            Stack::RetryNoBudget => {
+                builder.with(RetryMiddleware::builder().no_budget().build().unwrap())
+            }
             Stack::TransportOnly => builder.with(TransportEvidence::new()),
             Stack::ReqwestRetry => builder.with(reqwest_retry()),
         }

@@ -486,12 +486,9 @@ impl RetryMiddleware {
                     return finish(c, result, attempt, StopReason::BodyNotClonable, extensions);
                 }
             };
-            let wake = Instant::now() + delay;
-            if let Ok(response) = result {
-                // Reading a small body lets its connection be reused; never past the wake.
-                let _ = tokio::time::timeout_at(wake, drain(response)).await;
-            }
-            tokio::time::sleep_until(wake).await;
+            // Boxed: the timers and the drain are large, and only a retry needs them, so
+            // the success path does not carry (and copy) them in its future.
+            Box::pin(wait_before_retry(result.ok(), delay)).await;
             if reason == RetryReason::NotProcessed {
                 not_processed_retries += 1;
             }
@@ -606,6 +603,16 @@ fn warn_no_evidence_once() {
             );
         });
     }
+}
+
+/// Sleeps `delay`, draining `response` meanwhile.
+async fn wait_before_retry(response: Option<Response>, delay: Duration) {
+    let wake = Instant::now() + delay;
+    if let Some(response) = response {
+        // Reading a small body lets its connection be reused; never past the wake.
+        let _ = tokio::time::timeout_at(wake, drain(response)).await;
+    }
+    tokio::time::sleep_until(wake).await;
 }
 
 /// Reads up to 64 KiB of a response that will be retried, so HTTP/1 can reuse its

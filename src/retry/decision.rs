@@ -127,6 +127,35 @@ pub struct AttemptContext<'a> {
     pub not_processed_retries: u32,
 }
 
+impl<'a> AttemptContext<'a> {
+    /// The context of a first attempt of `method`, idempotent by its method alone; set the
+    /// public fields to describe another case (e.g. to test a custom [`RetryStrategy`]).
+    ///
+    /// ```
+    /// use http::{Method, StatusCode};
+    /// use reqwest_resilience::{RequestEvidence, Transmission};
+    /// use reqwest_resilience::retry::{AttemptContext, DefaultStrategy, RetryStrategy, StopReason, Verdict};
+    ///
+    /// let evidence = RequestEvidence::new(Transmission::ResponseReceived(StatusCode::BAD_GATEWAY), None, 1);
+    /// let mut ctx = AttemptContext::new(&evidence, &Method::POST);
+    /// assert_eq!(
+    ///     DefaultStrategy.decide(&ctx),
+    ///     Verdict::Stop(StopReason::StatusNotSafe(StatusCode::BAD_GATEWAY))
+    /// );
+    /// ctx.idempotent = true; // e.g. an Idempotency-Key header
+    /// assert!(matches!(DefaultStrategy.decide(&ctx), Verdict::Retry(_)));
+    /// ```
+    pub fn new(evidence: &'a RequestEvidence, method: &'a Method) -> Self {
+        AttemptContext {
+            evidence,
+            method,
+            idempotent: is_idempotent(method, &HeaderMap::new()),
+            attempt: 1,
+            not_processed_retries: 0,
+        }
+    }
+}
+
 /// Decides whether an attempt may be followed by another. Implement it to replace the
 /// built-in table ([`DefaultStrategy`]); delegate to it for the cases you do not change.
 ///

@@ -69,8 +69,11 @@ pub enum RetryAfterPolicy {
 ///
 /// # Cancel safety
 ///
-/// Dropping the future stops the retry loop at once (during an attempt or a sleep). Nothing
-/// is left behind except a retry already taken from the budget.
+/// Dropping the future stops the retry loop at once (during an attempt or a sleep). What
+/// stays behind is harmless: a retry already taken from the budget, the records already
+/// in the caller's [`AttemptHistory`], and, when the deadline came from
+/// [`total_deadline`](RetryMiddlewareBuilder::total_deadline), the [`Deadline`] it handed
+/// to the inner middlewares through the caller's extensions.
 #[derive(Clone)]
 pub struct RetryMiddleware {
     config: Arc<Config>,

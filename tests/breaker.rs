@@ -502,8 +502,9 @@ async fn dropped_probe_releases_its_slot_for_the_next_request() {
 
 /// 1 000 tasks released at once against a HalfOpen breaker on a multi-thread runtime:
 /// exactly `probes` requests reach the server, every other task is turned away locally.
-/// The server holds each probe's answer for 300 ms so every task asks while the probes
-/// are in flight; repeated with 1, 3 and 5 probes.
+/// The server holds each probe's answer (a 503) for 300 ms, so the probes are all in
+/// flight together; the failed probe re-opens the breaker for 20 s (growth ×1000), so a
+/// task however late can only be rejected. Repeated with 1, 3 and 5 probes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn thousand_concurrent_tasks_on_half_open_breaker_send_exactly_the_permitted_probes() {
     for (round, probes) in [1u32, 3, 5, 1, 3].into_iter().enumerate() {
@@ -523,7 +524,7 @@ async fn half_open_round(probes: u32) -> (usize, usize) {
         if i == 0 {
             Action::status(503)
         } else {
-            Action::Delay(Duration::from_millis(300), Box::new(Action::ok("ok")))
+            Action::Delay(Duration::from_millis(300), Box::new(Action::status(503)))
         }
     })
     .await;
@@ -531,7 +532,8 @@ async fn half_open_round(probes: u32) -> (usize, usize) {
         BreakerConfig::default()
             .policy(TripPolicy::consecutive_failures(1))
             .open_duration(Duration::from_millis(20))
-            .half_open_probes(probes),
+            .half_open_probes(probes)
+            .open_growth(OpenGrowth::new(1_000.0, 3600 * S)),
     );
     let c = client(&reg);
     let url = server.url("/");
@@ -550,7 +552,7 @@ async fn half_open_round(probes: u32) -> (usize, usize) {
     while let Some(r) = tasks.join_next().await {
         match r.unwrap() {
             Ok(response) => {
-                assert_eq!(response.status(), 200);
+                assert_eq!(response.status(), 503);
                 sent += 1;
             }
             Err(e) => {
@@ -564,6 +566,8 @@ async fn half_open_round(probes: u32) -> (usize, usize) {
         }
     }
     assert_eq!(server.requests_seen(), 1 + sent);
-    assert_eq!(reg.state(&origin(&server)), Some(BreakerState::Closed));
+    let snap = reg.snapshot();
+    assert_eq!((snap[0].state, snap[0].trips), (BreakerState::Open, 2));
+    assert_eq!(snap[0].rejections, rejected as u64);
     (sent, rejected)
 }

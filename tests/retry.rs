@@ -1051,3 +1051,38 @@ async fn concurrent_requests_on_many_threads_share_one_budget_exactly() {
     assert_eq!(server.requests_seen(), 250);
     assert_eq!(budget.remaining(), 0);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_redirect_loop_is_never_retried() {
+    let server = FaultServer::start(|_, _| Action::status(302).header("location", "/loop")).await;
+    // The bare client's own redirect chain is the unit: the retry must not repeat it.
+    let bare = reqwest_client().get(server.url("/loop")).send().await;
+    assert!(bare.unwrap_err().is_redirect());
+    let chain = server.requests_seen();
+    assert!(chain > 1);
+    let c = client(plain().build().unwrap());
+    let (res, ext, took) = send(&c, c.get(server.url("/loop")), Extensions::new()).await;
+    let err = res.unwrap_err();
+    assert_eq!((server.requests_seen(), took), (2 * chain, Duration::ZERO));
+    assert_eq!(
+        retry_error(&err).stop_reason(),
+        StopReason::Permanent(FailureKind::Redirect)
+    );
+    assert!(find_reqwest_error(&err).is_some_and(reqwest::Error::is_redirect));
+    assert_eq!(outcome(&ext).attempts, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_request_reqwest_cannot_build_is_never_retried() {
+    let c = client(plain().build().unwrap());
+    // A scheme reqwest has no connector for: rejected before any I/O.
+    let (res, ext, took) = send(&c, c.get("ftp://127.0.0.1/file"), Extensions::new()).await;
+    let err = res.unwrap_err();
+    let e = retry_error(&err);
+    assert_eq!((e.attempts(), took), (1, Duration::ZERO));
+    assert_eq!(e.stop_reason(), StopReason::Permanent(FailureKind::Builder));
+    assert_eq!(
+        evidence(&ext),
+        [(Transmission::NotSent, Some(FailureKind::Builder))]
+    );
+}

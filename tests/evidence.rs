@@ -26,7 +26,7 @@
 //!   needs the FIN to land between hyper-util's readiness check and the dispatcher's write.
 //! - Row 7: hyper reports a truncated response head and "no response at all" alike, as an
 //!   incomplete message, so both are `SentNoResponse` / `Closed`; a *malformed* head is a
-//!   parse error, `Unknown` / `Protocol` (its companion test).
+//!   parse error, `SentNoResponse` / `Protocol` (its companion test).
 //! - Row 9: the TLS handshake failed, so no HTTP byte was written: `NotSent` / `Tls`.
 //! - Rows 11 and 12: reqwest 0.13 retries `REFUSED_STREAM` and `GOAWAY(NO_ERROR)` itself
 //!   (two retries, no backoff). The raw rows switch that off with `reqwest::retry::never()`;
@@ -386,13 +386,18 @@ async fn row07_half_a_response_head_then_close_is_sent_no_response_closed() {
 }
 
 #[tokio::test]
-async fn row07_malformed_response_head_is_unknown_protocol() {
+async fn row07_malformed_response_head_is_sent_no_response_protocol() {
     let server = FaultServer::always(Action::Garbage(b"HTTP/1.1 2x0 WHAT\r\n\r\n".to_vec())).await;
     let client = with_evidence(raw_client().build().unwrap());
     let (result, history) = send(&client, post(&client, &server.url("/pay"))).await;
     assert!(result.is_err());
     let e = only_attempt(&history);
-    assert_failure(&e, Transmission::Unknown, FailureKind::Protocol, None);
+    assert_failure(
+        &e,
+        Transmission::SentNoResponse,
+        FailureKind::Protocol,
+        None,
+    );
     assert_eq!(server.requests_seen(), 1);
 }
 

@@ -51,7 +51,7 @@ impl Classification {
 /// | 7 | a timeout (hyper `is_timeout`, io `TimedOut`, reqwest's own timer) | `Unknown` | `Timeout` | a timer says nothing about how far the request got |
 /// | 8 | io `ConnectionReset` / `ConnectionAborted` / `BrokenPipe` | `SentNoResponse` | `Reset` | the connection existed and broke while the request was in flight |
 /// | 9 | hyper `is_incomplete_message`, io `UnexpectedEof` | `SentNoResponse` | `Closed` | hyper wrote the request and met EOF before a complete response head |
-/// | 10 | hyper `is_parse` | `Unknown` | `Protocol` | garbage can arrive before the request is written (a server that speaks first), so it proves nothing about our bytes |
+/// | 10 | hyper `is_parse` (a malformed or oversized response head) | `SentNoResponse` | `Protocol` | hyper's HTTP/1 client parses a response head only once it has begun writing the request (`Conn::can_read_head` needs the writing state past `Init`); bytes on an idle connection are a different error |
 /// | 11 | reqwest `is_body` | `Unknown` | `Body` | a body failed part way: part of the request may be out |
 /// | 12 | any other h2 error | `SentNoResponse` if the peer sent it, else `Unknown` | `Protocol` | a stream the peer reset existed on the wire |
 /// | 13 | reqwest `is_decode` | `Unknown` | `Decode` | only raised after a response, which the caller already has |
@@ -356,7 +356,7 @@ fn decide_by_layer(f: &Facts) -> Classification {
         return Classification::new(T::SentNoResponse, K::Closed);
     }
     if f.parse {
-        return Classification::new(T::Unknown, K::Protocol);
+        return Classification::new(T::SentNoResponse, K::Protocol);
     }
     if f.body {
         return Classification::new(T::Unknown, K::Body);
@@ -521,7 +521,7 @@ mod tests {
             parse: true,
             ..Facts::default()
         };
-        assert_eq!(decide(&f), c(T::Unknown, K::Protocol));
+        assert_eq!(decide(&f), c(T::SentNoResponse, K::Protocol));
     }
 
     #[test]

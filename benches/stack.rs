@@ -15,6 +15,8 @@
 //!    (their order rotates each round); the median round per stack, and the median over
 //!    rounds of the baseline's time divided by the stack's time in the same round.
 //!    `STACK_BENCH_PARTS=1` adds each middleware alone (with `TransportEvidence`).
+//! 0. First, the middlewares' CPU cost without I/O (the innermost middleware answers
+//!    `200`); `STACK_BENCH_CPU_ONLY=1` stops after it (for a profiler).
 //! 2. Allocations per request on the main thread (client, middleware and hyper's
 //!    connection task all run there; the server's thread is not counted), with a counting
 //!    global allocator.
@@ -144,15 +146,20 @@ impl Stack {
     }
 }
 
-fn stacks(client: &reqwest::Client, url: &str) -> Vec<Stack> {
+/// `BearerAuth` for the server's origin, with a token that never expires.
+fn bearer(url: &str) -> BearerAuth {
     let tokens = TokenManager::new(|| async {
         Ok::<_, std::io::Error>(AccessToken::new("benchmark-token"))
     });
-    let bearer = BearerAuth::builder(tokens)
+    BearerAuth::builder(tokens)
         .origin(Origin::parse(url).expect("origin"))
         .allow_http_on_loopback()
         .build()
-        .expect("bearer");
+        .expect("bearer")
+}
+
+fn stacks(client: &reqwest::Client, url: &str) -> Vec<Stack> {
+    let bearer = bearer(url);
     let policy = reqwest_retry::policies::ExponentialBackoff::builder().build_with_max_retries(3);
     let reqwest_retry = ClientBuilder::new(client.clone())
         .with(reqwest_retry::RetryTransientMiddleware::new_with_policy(
@@ -218,6 +225,67 @@ fn stacks(client: &reqwest::Client, url: &str) -> Vec<Stack> {
     all
 }
 
+/// Ends a stack without I/O, so that only the middlewares' own work is timed.
+struct Answer200;
+
+#[async_trait::async_trait]
+impl Middleware for Answer200 {
+    async fn handle(
+        &self,
+        _: reqwest::Request,
+        _: &mut http::Extensions,
+        _: reqwest_middleware::Next<'_>,
+    ) -> reqwest_middleware::Result<reqwest::Response> {
+        Ok(reqwest::Response::from(
+            http::Response::builder()
+                .status(200)
+                .body("")
+                .expect("a response"),
+        ))
+    }
+}
+
+/// The middlewares' CPU cost alone: ns per request with `Answer200` innermost, the full
+/// stack against `ClientWithMiddleware` with only `Answer200`.
+async fn cpu_cost(client: &reqwest::Client, url: &str, bearer: BearerAuth) {
+    let n: u32 = if std::env::var_os("STACK_BENCH_CPU_ONLY").is_some() {
+        500_000
+    } else {
+        50_000
+    };
+    let empty = ClientBuilder::new(client.clone()).with(Answer200).build();
+    // `Answer200` after the transport step stands in for the network (the one place
+    // where adding middleware after the stack makes sense).
+    let full = Resilience::new()
+        .bearer(bearer)
+        .client_builder(client.clone())
+        .expect("stack")
+        .with(Answer200)
+        .build();
+    let mut samples = [Vec::new(), Vec::new()];
+    for round in 0..8 {
+        for (i, c) in [&empty, &full].into_iter().enumerate() {
+            let t0 = Instant::now();
+            for _ in 0..n {
+                let response = c.get(url).send().await.expect("response");
+                std::hint::black_box(response.status());
+            }
+            if round > 0 {
+                samples[i].push(t0.elapsed().as_nanos() as f64 / f64::from(n));
+            }
+        }
+    }
+    let [a, b] = samples.map(|mut v| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    });
+    println!(
+        "\nCPU cost without I/O (innermost middleware answers 200): ClientWithMiddleware {a:.0} ns, \
+         full stack {b:.0} ns per request (+{:.0} ns)",
+        b - a
+    );
+}
+
 const ROUNDS: usize = 21;
 const PER_ROUND: usize = 3_000;
 const ALLOC_REQUESTS: u64 = 2_000;
@@ -234,6 +302,11 @@ fn main() {
             .no_proxy()
             .build()
             .expect("client");
+        cpu_cost(&client, &url, bearer(&url)).await;
+        if std::env::var_os("STACK_BENCH_CPU_ONLY").is_some() {
+            // For a profiler: only the no-I/O section.
+            return;
+        }
         let stacks = stacks(&client, &url);
         // Warm up: the connection, the token, the breaker's entry, the caches.
         for stack in &stacks {

@@ -67,9 +67,12 @@ impl RetryError {
         find_reqwest_error(&self.last)
     }
 
-    /// Whether the last attempt timed out (`reqwest::Error::is_timeout`).
+    /// Whether the last attempt timed out (`reqwest::Error::is_timeout`), or the
+    /// request's deadline cut it (its error is then tokio's `Elapsed`).
     pub fn is_timeout(&self) -> bool {
         self.reqwest_error().is_some_and(reqwest::Error::is_timeout)
+            || matches!(&self.last, reqwest_middleware::Error::Middleware(e)
+                if e.chain().any(|c| c.is::<tokio::time::error::Elapsed>()))
     }
 
     /// Whether the last attempt failed to connect (`reqwest::Error::is_connect`).

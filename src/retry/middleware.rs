@@ -220,7 +220,8 @@ impl RetryMiddlewareBuilder {
     }
 
     /// A total deadline per logical request (default none): no retry whose delay would end
-    /// past it. The per-request [`Deadline`] extension replaces it.
+    /// past it, and an attempt still running at it is cut (dropped, so a breaker permit it
+    /// holds is freed uncounted). The per-request [`Deadline`] extension replaces it.
     pub fn total_deadline(mut self, total: Duration) -> Self {
         self.deadline = Some(total);
         self
@@ -435,7 +436,29 @@ impl RetryMiddleware {
             // Evidence from the previous attempt must not be mistaken for this one's.
             extensions.remove::<RequestEvidence>();
             let recorded_before = extensions.get::<AttemptHistory>().map_or(0, |h| h.len());
-            let result = next.clone().run(req, extensions).await;
+            // The deadline bounds the attempt too: a server that trickles its answer (or
+            // none) must not hold the caller past it when reqwest has no timeout.
+            let (result, timed_out) = match deadline {
+                Some(d) => {
+                    let url = req.url().clone();
+                    let started = Instant::now();
+                    match tokio::time::timeout_at(d, next.clone().run(req, extensions)).await {
+                        Ok(result) => (result, false),
+                        Err(elapsed) => {
+                            let mut e = RequestEvidence::new(
+                                Transmission::Unknown,
+                                Origin::from_url(&url).ok(),
+                                attempt,
+                            );
+                            e.failure = Some(FailureKind::Timeout);
+                            e.elapsed = started.elapsed();
+                            extensions.insert(e);
+                            (Err(reqwest_middleware::Error::middleware(elapsed)), true)
+                        }
+                    }
+                }
+                None => (next.clone().run(req, extensions).await, false),
+            };
 
             let evidence = match extensions.get::<RequestEvidence>() {
                 Some(e) => e.clone(),
@@ -462,6 +485,8 @@ impl RetryMiddleware {
                 not_processed_retries,
             });
             let step = match verdict {
+                // The deadline passed during the attempt: no time is left for another.
+                _ if timed_out => Step::Stop(StopReason::DeadlineExceeded),
                 Verdict::Stop(reason) => Step::Stop(reason),
                 Verdict::Retry(reason) => {
                     let retry_in = result

@@ -61,7 +61,8 @@ pub struct Idempotent(pub bool);
 
 /// Per-request total deadline, shared with the circuit breaker (the same type as
 /// [`breaker::Deadline`](crate::breaker::Deadline)): the retry middleware makes no retry whose
-/// delay would end past it, and the breaker does not wait for a pause past it. It replaces
+/// delay would end past it and cuts an attempt still running at it (the attempt's evidence
+/// is then `Unknown`/`Timeout`, and the stop reason `DeadlineExceeded`), and the breaker does not wait for a pause past it. It replaces
 /// the retry middleware's own [`total_deadline`](RetryMiddlewareBuilder::total_deadline) for
 /// that request; when only the latter is set, the retry middleware hands it on to the
 /// middlewares inside it as a `Deadline` for the duration of the request.

@@ -87,7 +87,7 @@ impl fmt::Display for RetryError {
         let plural = if self.attempts == 1 { "" } else { "s" };
         write!(
             f,
-            "request failed after {} attempt{plural}, not retried: {}",
+            "request failed after {} attempt{plural}; stopped: {}",
             self.attempts, self.stop
         )
     }

@@ -8,6 +8,7 @@
 //!
 //! - `reqwest::Client` alone (the baseline);
 //! - `ClientWithMiddleware` with no middleware (reqwest-middleware's own cost);
+//! - `Resilience::new()`: retry → breaker → transport (the quick start);
 //! - the full `Resilience` stack: retry → breaker → bearer (a cached token) → transport;
 //! - reqwest-retry 0.9's `RetryTransientMiddleware` (exponential backoff, 3 retries).
 //!
@@ -213,7 +214,11 @@ fn stacks(client: &reqwest::Client, url: &str) -> Vec<Stack> {
             client: Client::Middleware(ClientBuilder::new(client.clone()).build()),
         },
         Stack {
-            name: "Resilience (full stack)",
+            name: "Resilience::new() (no bearer)",
+            client: Client::Middleware(Resilience::new().build(client.clone()).expect("stack")),
+        },
+        Stack {
+            name: "Resilience + bearer (full stack)",
             client: Client::Middleware(full),
         },
         Stack {

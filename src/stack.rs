@@ -584,6 +584,7 @@ mod observe {
     use tracing::field::Empty;
 
     use crate::evidence::{AttemptDecision, AttemptRecord};
+    use crate::retry::{RetryReason, StopReason};
     use crate::{Origin, ResilienceError};
 
     pub(super) fn request_span(req: &Request) -> tracing::Span {
@@ -604,21 +605,42 @@ mod observe {
         )
     }
 
+    /// A decision as one event field ("retry: …" / "stop: …"), formatted only when a
+    /// subscriber records it.
+    enum Decision {
+        Retry(RetryReason),
+        Stop(StopReason),
+    }
+
+    impl std::fmt::Display for Decision {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            match self {
+                Decision::Retry(reason) => write!(f, "retry: {reason}"),
+                Decision::Stop(reason) => write!(f, "stop: {reason}"),
+            }
+        }
+    }
+
     /// One event per attempt (in order, with its decision), then the span's outcome.
     pub(super) fn record_outcome(
         span: &tracing::Span,
         attempts: &[AttemptRecord],
         result: &reqwest_middleware::Result<Response>,
     ) {
+        if span.is_disabled() {
+            // No subscriber wants the span: spend nothing on its fields or the events.
+            return;
+        }
         let _entered = span.enter();
         for record in attempts {
             let e = &record.evidence;
             let (decision, delay_ms) = match &record.decision {
-                Some(AttemptDecision::Retry { delay, reason }) => {
-                    (format!("retry: {reason}"), Some(delay.as_millis() as u64))
-                }
-                Some(AttemptDecision::Stop { reason }) => (format!("stop: {reason}"), None),
-                None => (String::new(), None),
+                Some(AttemptDecision::Retry { delay, reason }) => (
+                    Some(Decision::Retry(*reason)),
+                    Some(delay.as_millis() as u64),
+                ),
+                Some(AttemptDecision::Stop { reason }) => (Some(Decision::Stop(*reason)), None),
+                None => (None, None),
             };
             tracing::event!(
                 target: "reqwest_resilience::stack",
@@ -629,7 +651,7 @@ mod observe {
                 error.type = e.failure.map(tracing::field::debug),
                 resilience.transmission = ?e.transmission,
                 resilience.elapsed_ms = e.elapsed.as_millis() as u64,
-                resilience.decision = decision.as_str(),
+                resilience.decision = decision.map(tracing::field::display),
                 resilience.delay_ms = delay_ms,
                 "attempt"
             );

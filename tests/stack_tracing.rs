@@ -124,6 +124,17 @@ async fn one_span_per_logical_request_with_otel_fields_and_one_event_per_attempt
     assert_eq!(get(span, "error.type"), None, "a 200 is not an error");
 
     let events = capture.events.lock().unwrap().clone();
+    let decisions: Vec<Option<String>> = events
+        .iter()
+        .map(|e| get(e, "resilience.decision"))
+        .collect();
+    assert_eq!(
+        decisions,
+        [
+            Some("retry: retryable status 503".to_owned()),
+            Some("stop: final status 200".to_owned())
+        ]
+    );
     let summary: Vec<(Option<String>, Option<String>, Option<String>)> = events
         .iter()
         .map(|e| {

@@ -279,6 +279,11 @@ impl RetryMiddlewareBuilder {
     }
 }
 
+/// Marks a [`Deadline`] this middleware put in the caller's extensions from its own
+/// `total_deadline`, so that one left behind by a dropped request is recognised.
+#[derive(Clone, Copy)]
+struct HandedOn(Deadline);
+
 /// What happens after an attempt.
 enum Step {
     Retry {
@@ -379,6 +384,13 @@ impl Middleware for RetryMiddleware {
         extensions: &mut Extensions,
         next: Next<'_>,
     ) -> reqwest_middleware::Result<Response> {
+        // A deadline handed on for an earlier request whose future was dropped (before the
+        // removal below) is still in the caller's extensions; it is not this request's.
+        if let Some(HandedOn(stale)) = extensions.remove::<HandedOn>()
+            && extensions.get::<Deadline>() == Some(&stale)
+        {
+            extensions.remove::<Deadline>();
+        }
         let client_deadline = match (extensions.get::<Deadline>(), self.config.deadline) {
             (None, Some(total)) => Instant::now().checked_add(total),
             _ => None,
@@ -386,10 +398,12 @@ impl Middleware for RetryMiddleware {
         // The middlewares inside (the breaker waiting out a pause) honour the same deadline.
         if let Some(d) = client_deadline {
             extensions.insert(Deadline(d));
+            extensions.insert(HandedOn(Deadline(d)));
         }
         let result = self.attempts(req, extensions, next).await;
         if client_deadline.is_some() {
             extensions.remove::<Deadline>();
+            extensions.remove::<HandedOn>();
         }
         result
     }

@@ -56,7 +56,9 @@ proptest! {
 
     #[test]
     fn past_dates_are_zero(now in instant(), behind in 1u64..10_000_000) {
-        let at = now.checked_sub(Duration::from_secs(behind)).unwrap_or(UNIX_EPOCH);
+        // Clamped to the epoch: `fmt_http_date` cannot write an earlier instant.
+        let since_epoch = now.duration_since(UNIX_EPOCH).unwrap().as_secs();
+        let at = UNIX_EPOCH + Duration::from_secs(since_epoch.saturating_sub(behind));
         let v = httpdate::fmt_http_date(at);
         prop_assert_eq!(retry_after::parse(&v, now), Some(Duration::ZERO));
     }

@@ -1,0 +1,354 @@
+//! Model-based property tests (proptest) on a paused clock:
+//!
+//! - the `TokenManager` against a reference model of its documented rules (single fetch,
+//!   refresh ahead, spacing after a failed refresh ahead, backoff after a failure without a
+//!   token, invalidation by identity), under random calls, invalidations, source failures
+//!   and clock steps;
+//! - the `BreakerRegistry` with permits held across operations, recorded or dropped in any
+//!   order, over several origins: probe accounting, the HalfOpen limit, and that nothing is
+//!   stuck once every permit is gone.
+//!
+//! (The single breaker's state machine has its own reference model in
+//! `src/breaker/state.rs`; this one is the registry and the permits' drop path.)
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use proptest::prelude::*;
+use reqwest_resilience::auth::TokenErrorKind;
+use reqwest_resilience::breaker::{
+    BreakerConfig, BreakerPermit, BreakerRegistry, BreakerState, Outcome, RejectReason, TripPolicy,
+};
+use reqwest_resilience::{AccessToken, Origin, TokenManager};
+use tokio::time::Instant;
+
+fn paused_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .unwrap()
+}
+
+async fn settle() {
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// TokenManager
+
+const REFRESH_AHEAD: Duration = Duration::from_millis(1000);
+const SPACING: Duration = Duration::from_millis(500);
+const BACKOFF_INITIAL: Duration = Duration::from_millis(100);
+const BACKOFF_MAX: Duration = Duration::from_millis(800);
+const LIFETIMES_MS: [u64; 4] = [0, 500, 2_000, 10_000];
+
+#[derive(Debug, Clone)]
+enum TokenOp {
+    /// `token()`, awaited.
+    Token,
+    /// `invalidate_if_current` with the last token a call returned.
+    InvalidateLast,
+    /// Moves the clock.
+    Advance(u64),
+}
+
+fn token_op() -> impl Strategy<Value = TokenOp> {
+    prop_oneof![
+        4 => Just(TokenOp::Token),
+        1 => Just(TokenOp::InvalidateLast),
+        2 => (0u64..300).prop_map(TokenOp::Advance),
+        2 => (0u64..3_000).prop_map(TokenOp::Advance),
+    ]
+}
+
+/// What the source answers on its n-th call: a token with a lifetime, or a failure.
+#[derive(Debug, Clone, Copy)]
+struct Answer {
+    ok: bool,
+    lifetime_ms: u64,
+}
+
+fn answer() -> impl Strategy<Value = Answer> {
+    (prop::bool::weighted(0.7), 0..LIFETIMES_MS.len()).prop_map(|(ok, i)| Answer {
+        ok,
+        lifetime_ms: LIFETIMES_MS[i],
+    })
+}
+
+/// The reference model: the documented rules, one field per rule.
+#[derive(Debug, Default)]
+struct ModelManager {
+    fetches: usize,
+    /// (secret id, received at, expiry, refresh at)
+    current: Option<(usize, Instant, Instant, Instant)>,
+    ahead_not_before: Option<Instant>,
+    failure_until: Option<Instant>,
+    consecutive_failures: u32,
+}
+
+impl ModelManager {
+    /// One fetch at `now`; `Ok(id)` or `Err(())`.
+    fn fetch(&mut self, script: &[Answer], now: Instant) -> Result<usize, ()> {
+        let n = self.fetches;
+        self.fetches += 1;
+        let a = script[n % script.len()];
+        if a.ok {
+            let lifetime = Duration::from_millis(a.lifetime_ms);
+            let expiry = now + lifetime;
+            let window = REFRESH_AHEAD.min(lifetime / 2);
+            self.current = Some((n, now, expiry, expiry - window));
+            self.failure_until = None;
+            self.ahead_not_before = None;
+            self.consecutive_failures = 0;
+            Ok(n)
+        } else {
+            self.consecutive_failures += 1;
+            let valid = self.current.is_some_and(|c| now < c.2);
+            if valid {
+                self.ahead_not_before = Some(now + SPACING);
+            } else {
+                let mut backoff = BACKOFF_INITIAL;
+                for _ in 1..self.consecutive_failures {
+                    backoff = (backoff * 2).min(BACKOFF_MAX);
+                }
+                self.failure_until = Some(now + backoff.min(BACKOFF_MAX));
+            }
+            Err(())
+        }
+    }
+
+    /// `token()` at `now`; returns the answer and whether a refresh ahead starts.
+    fn token(&mut self, script: &[Answer], now: Instant) -> (Result<usize, ()>, bool) {
+        if let Some((id, _, expiry, refresh_at)) = self.current
+            && now < expiry
+        {
+            let ahead = now >= refresh_at && self.ahead_not_before.is_none_or(|at| now >= at);
+            return (Ok(id), ahead);
+        }
+        if self.failure_until.is_some_and(|at| now < at) {
+            return (Err(()), false);
+        }
+        (self.fetch(script, now), false)
+    }
+}
+
+fn run_token_model(script: Vec<Answer>, ops: Vec<TokenOp>) {
+    paused_runtime().block_on(async {
+        let calls = Arc::new(Mutex::new(0usize));
+        let source_calls = calls.clone();
+        let source_script = script.clone();
+        let manager = TokenManager::builder(move || {
+            let n = {
+                let mut c = source_calls.lock().unwrap();
+                *c += 1;
+                *c - 1
+            };
+            let a = source_script[n % source_script.len()];
+            async move {
+                if a.ok {
+                    Ok(AccessToken::new(format!("t{n}"))
+                        .expires_in(Duration::from_millis(a.lifetime_ms)))
+                } else {
+                    Err(std::io::Error::other(format!("down {n}")))
+                }
+            }
+        })
+        .refresh_ahead(REFRESH_AHEAD)
+        .refresh_jitter(0.0)
+        .refresh_retry_spacing(SPACING)
+        .failure_backoff(BACKOFF_INITIAL, BACKOFF_MAX)
+        .build();
+
+        let mut model = ModelManager::default();
+        let mut last: Option<(AccessToken, usize)> = None;
+        for (step, op) in ops.iter().enumerate() {
+            let now = Instant::now();
+            match op {
+                TokenOp::Token => {
+                    let got = manager.token().await;
+                    let (want, ahead) = model.token(&script, now);
+                    match (&got, want) {
+                        (Ok(token), Ok(id)) => {
+                            assert_eq!(token.secret(), format!("t{id}"), "step {step}: {op:?}");
+                            last = Some((token.clone(), id));
+                        }
+                        (Err(e), Err(())) => assert_eq!(e.kind(), TokenErrorKind::Fetch),
+                        _ => panic!("step {step}: got {got:?}, model {want:?}"),
+                    }
+                    settle().await;
+                    if ahead {
+                        let _ = model.fetch(&script, now);
+                    }
+                }
+                TokenOp::InvalidateLast => {
+                    if let Some((token, id)) = &last {
+                        let forgot = manager.invalidate_if_current(token);
+                        let is_current = model.current.is_some_and(|c| c.0 == *id);
+                        assert_eq!(forgot, is_current, "step {step}");
+                        if is_current {
+                            model.current = None;
+                        }
+                    }
+                }
+                TokenOp::Advance(ms) => {
+                    tokio::time::advance(Duration::from_millis(*ms)).await;
+                    settle().await;
+                }
+            }
+            assert_eq!(
+                *calls.lock().unwrap(),
+                model.fetches,
+                "fetches after step {step}"
+            );
+            let valid = model
+                .current
+                .filter(|c| Instant::now() < c.2)
+                .map(|c| format!("t{}", c.0));
+            assert_eq!(
+                manager.current().map(|t| t.secret().to_owned()),
+                valid,
+                "current() after step {step}"
+            );
+        }
+    });
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(2048))]
+
+    #[test]
+    fn token_manager_matches_its_reference_model(
+        script in prop::collection::vec(answer(), 1..8),
+        ops in prop::collection::vec(token_op(), 1..80),
+    ) {
+        run_token_model(script, ops);
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// BreakerRegistry with held permits
+
+const ORIGINS: usize = 3;
+const PROBES: u32 = 2;
+const OPEN: Duration = Duration::from_millis(1_000);
+
+#[derive(Debug, Clone)]
+enum BreakerOp {
+    Acquire(usize),
+    Record(usize, u8),
+    Drop(usize),
+    Advance(u64),
+    Pause(usize, u64),
+}
+
+fn breaker_op() -> impl Strategy<Value = BreakerOp> {
+    prop_oneof![
+        4 => (0..ORIGINS).prop_map(BreakerOp::Acquire),
+        3 => (0usize..8, 0u8..3).prop_map(|(i, o)| BreakerOp::Record(i, o)),
+        2 => (0usize..8).prop_map(BreakerOp::Drop),
+        2 => (0u64..1_500).prop_map(BreakerOp::Advance),
+        1 => (0..ORIGINS, 0u64..2_000).prop_map(|(o, ms)| BreakerOp::Pause(o, ms)),
+    ]
+}
+
+fn outcome(o: u8) -> Outcome {
+    match o {
+        0 => Outcome::Success,
+        1 => Outcome::Failure,
+        _ => Outcome::Neutral,
+    }
+}
+
+fn run_registry_model(ops: Vec<BreakerOp>) {
+    paused_runtime().block_on(async {
+        let config = BreakerConfig::default()
+            .policy(TripPolicy::consecutive_failures(2))
+            .open_duration(OPEN)
+            .half_open_probes(PROBES)
+            .max_pause(Duration::from_secs(5));
+        let registry = BreakerRegistry::new(config).unwrap();
+        let origins: Vec<Origin> = (0..ORIGINS)
+            .map(|i| Origin::parse(&format!("https://o{i}.example.test")).unwrap())
+            .collect();
+        let mut held: Vec<(usize, BreakerPermit<'_>)> = Vec::new();
+        for (step, op) in ops.iter().enumerate() {
+            match *op {
+                BreakerOp::Acquire(o) => {
+                    let before = registry.state(&origins[o]);
+                    match registry.acquire(&origins[o]) {
+                        Ok(permit) => {
+                            // A Closed breaker hands out plain permits, never probes.
+                            if before == Some(BreakerState::Closed) || before.is_none() {
+                                assert!(!permit.is_probe(), "step {step}");
+                            }
+                            held.push((o, permit));
+                        }
+                        Err(r) => {
+                            assert_eq!(&r.origin, &origins[o]);
+                            if r.reason != RejectReason::Isolated {
+                                assert!(r.retry_in.is_some(), "step {step}: {r:?}");
+                            }
+                        }
+                    }
+                }
+                BreakerOp::Record(i, o) if i < held.len() => {
+                    let (_, permit) = held.remove(i);
+                    permit.record(outcome(o));
+                }
+                BreakerOp::Drop(i) if i < held.len() => {
+                    drop(held.remove(i));
+                }
+                BreakerOp::Advance(ms) => {
+                    tokio::time::advance(Duration::from_millis(ms)).await;
+                }
+                BreakerOp::Pause(o, ms) => {
+                    let applied = registry.pause(&origins[o], Duration::from_millis(ms));
+                    assert!(applied <= Duration::from_secs(5));
+                }
+                _ => {}
+            }
+            for snap in registry.snapshot() {
+                let o = origins.iter().position(|x| *x == snap.origin).unwrap();
+                let held_probes =
+                    held.iter().filter(|(h, p)| *h == o && p.is_probe()).count() as u32;
+                // Probes of an earlier HalfOpen period no longer count, so at most.
+                assert!(
+                    snap.probes_in_flight <= held_probes,
+                    "step {step}: {snap:?}, {held_probes} probe permits held"
+                );
+                assert!(snap.probes_in_flight <= PROBES, "step {step}: {snap:?}");
+                if snap.state == BreakerState::Closed {
+                    assert_eq!(snap.probes_in_flight, 0, "step {step}");
+                }
+            }
+            assert!(registry.len() <= ORIGINS);
+        }
+        // Once every permit is gone and the open period and pauses are over, every
+        // origin admits a request: nothing is stuck.
+        held.clear();
+        for snap in registry.snapshot() {
+            assert_eq!(snap.probes_in_flight, 0, "{snap:?}");
+        }
+        tokio::time::advance(Duration::from_secs(10)).await;
+        for origin in &origins {
+            let permit = registry
+                .acquire(origin)
+                .unwrap_or_else(|r| panic!("{origin} stuck: {r:?}"));
+            permit.record(Outcome::Success);
+        }
+    });
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    #[test]
+    fn registry_permits_recorded_or_dropped_in_any_order_never_leak_a_probe_slot(
+        ops in prop::collection::vec(breaker_op(), 1..150),
+    ) {
+        run_registry_model(ops);
+    }
+}

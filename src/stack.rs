@@ -361,7 +361,8 @@ impl Resilience {
     /// (`None` when no retry middleware decided, e.g. the `401` answer that `BearerAuth`
     /// replayed). The calls come in order when the logical request ends, so the decision
     /// is known; they run on the request's task and should be quick (count, don't block).
-    /// For metrics without `tracing`.
+    /// For metrics without `tracing`. A request whose future is dropped before it ends
+    /// (cancelled, timed out by the caller) reports nothing.
     pub fn on_attempt<F>(mut self, hook: F) -> Self
     where
         F: Fn(&RequestEvidence, Option<&AttemptDecision>) + Send + Sync + 'static,

@@ -709,3 +709,58 @@ fn stack_errors_say_what_is_wrong() {
         "total deadline 500ms ends before the first retry could start (shortest first delay 900ms)"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sixty_four_concurrent_calls_share_one_refresh_and_every_wire_request_is_reported_once() {
+    let server = FaultServer::start(|_, r| match r.header("authorization") {
+        Some("Bearer token-2") => Action::ok("hello"),
+        _ => Action::status(401),
+    })
+    .await;
+    let registry = BreakerRegistry::new(BreakerConfig::default()).unwrap();
+    let (tokens, fetches) = counting_tokens();
+    tokens.token().await.unwrap(); // token-1, which the server no longer accepts
+    let seen: Shared<Transmission> = Arc::default();
+    let s = seen.clone();
+    let client = Resilience::new()
+        .breaker(registry.clone())
+        .bearer(bearer(&server, tokens))
+        .on_attempt(move |e, _| s.lock().unwrap().push(e.transmission))
+        .build(reqwest_client())
+        .unwrap();
+
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..64 {
+        let (client, url) = (client.clone(), server.url("/me"));
+        tasks.spawn(async move { client.get(url).send().await.map(|r| r.status()) });
+    }
+    let statuses = tokio::time::timeout(S(60), async {
+        let mut statuses = Vec::new();
+        while let Some(joined) = tasks.join_next().await {
+            statuses.push(joined.unwrap().unwrap());
+        }
+        statuses
+    })
+    .await
+    .expect("every call finished");
+
+    assert_eq!(statuses, vec![StatusCode::OK; 64]);
+    assert_eq!(
+        fetches.load(Ordering::SeqCst),
+        2,
+        "token-1, then one refresh"
+    );
+    let seen = seen.lock().unwrap().clone();
+    let unauthorized = seen.iter().filter(|t| **t == status(401)).count();
+    let ok = seen.iter().filter(|t| **t == status(200)).count();
+    assert_eq!(ok, 64);
+    assert_eq!(unauthorized + ok, seen.len(), "nothing but 401s and 200s");
+    assert_eq!(
+        seen.len(),
+        server.requests_seen(),
+        "one report per wire request"
+    );
+    let origin = Origin::parse(&server.url("/")).unwrap();
+    assert_eq!(registry.state(&origin), Some(BreakerState::Closed));
+    assert_eq!(registry.snapshot()[0].consecutive_failures, 0);
+}

@@ -88,6 +88,20 @@
 //! - Without `tracing`: [`Resilience::on_attempt`] and
 //!   [`Resilience::on_breaker_transition`] hooks, e.g. to feed metrics.
 //!
+//! # Modules
+//!
+//! | module | what it holds |
+//! |---|---|
+//! | [`stack`] | [`Resilience`]: the whole stack in one builder |
+//! | [`retry`] | [`RetryMiddleware`], the decision table, [`RetryBudget`], per-request overrides |
+//! | [`backoff`] | [`Backoff`] and [`Jitter`]: the delays between attempts |
+//! | [`retry_after`] | `Retry-After` parsing |
+//! | [`breaker`] | [`CircuitBreakerMiddleware`], [`BreakerRegistry`], [`BreakerConfig`], trip policies |
+//! | [`auth`] | [`BearerAuth`], [`TokenManager`], [`TokenSource`], [`AccessToken`] |
+//! | [`evidence`] | [`TransportEvidence`], [`RequestEvidence`], [`Transmission`], [`AttemptHistory`] |
+//! | [`origin`] | [`Origin`]: the `scheme://host:port` key |
+//! | [`error`] | [`ResilienceError`] |
+//!
 //! # Feature flags
 //!
 //! | feature | what it adds |

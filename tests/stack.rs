@@ -764,3 +764,18 @@ async fn sixty_four_concurrent_calls_share_one_refresh_and_every_wire_request_is
     assert_eq!(registry.state(&origin), Some(BreakerState::Closed));
     assert_eq!(registry.snapshot()[0].consecutive_failures, 0);
 }
+
+#[tokio::test]
+async fn debug_of_a_stack_with_a_cached_token_never_shows_the_secret() {
+    let tokens =
+        TokenManager::new(|| async { Ok::<_, std::io::Error>(AccessToken::new("s3cr3t-value")) });
+    tokens.token().await.unwrap();
+    let auth = BearerAuth::builder(tokens)
+        .origin(Origin::parse("https://api.example.com").unwrap())
+        .build()
+        .unwrap();
+    let stack = Resilience::new().bearer(auth).on_attempt(|_, _| {});
+    let text = format!("{stack:?}");
+    assert!(!text.contains("s3cr3t-value"), "{text}");
+    assert!(text.contains("on_attempt: true"), "{text}");
+}

@@ -116,7 +116,7 @@ fn soak(s: Soak) -> SoakReport {
             traffic.spawn(async move {
                 let mut n = 0u64;
                 while !stop.load(Ordering::Relaxed) {
-                    let request = if n % 3 == 0 {
+                    let request = if n.is_multiple_of(3) {
                         client.post(&url).body(vec![b'x'; 256])
                     } else {
                         client.get(&url)
@@ -147,20 +147,20 @@ fn soak(s: Soak) -> SoakReport {
                         };
                         permit.record(outcome);
                     }
-                    if i % 10_007 == 0 {
+                    if i.is_multiple_of(10_007) {
                         registry.pause(&origin, Duration::from_millis(50));
                     }
                     assert!(registry.len() <= s.max_origins);
                     ops += 1;
                     i += 1;
-                    if i % s.origins == 0 {
+                    if i.is_multiple_of(s.origins) {
                         cycles += 1;
                         if cycles == 1 {
                             // Warm: the registry is full and every origin was seen once.
                             rss_warm = vm_rss_kib();
                         }
                     }
-                    if i % 1024 == 0 {
+                    if i.is_multiple_of(1024) {
                         tokio::task::yield_now().await;
                     }
                 }

@@ -244,6 +244,8 @@ impl Drop for Slowloris {
 enum SlowPart {
     Head,
     Body,
+    /// Endless `100 Continue` interim responses, one per interval.
+    Informational,
 }
 
 impl Slowloris {
@@ -275,11 +277,20 @@ impl Slowloris {
                             slow.extend(std::iter::repeat_n(b'a', 100_000));
                             (head, slow)
                         }
-                        SlowPart::Body => {
+                        SlowPart::Body | SlowPart::Informational => {
                             head.extend_from_slice(b"\r\n");
                             (head, body)
                         }
                     };
+                    if let SlowPart::Informational = part {
+                        loop {
+                            let interim = b"HTTP/1.1 100 Continue\r\n\r\n";
+                            if stream.write_all(interim).await.is_err() {
+                                return;
+                            }
+                            tokio::time::sleep(interval).await;
+                        }
+                    }
                     if stream.write_all(&fast).await.is_err() {
                         return;
                     }
@@ -375,6 +386,27 @@ async fn a_slowloris_head_ends_at_the_total_deadline_without_a_client_timeout() 
             Some(&(Transmission::Unknown, Some(FailureKind::Timeout)))
         );
         assert!(server.connections.load(Ordering::SeqCst) >= 1);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn endless_interim_responses_end_at_the_total_deadline() {
+    bounded(async {
+        let server = Slowloris::start(SlowPart::Informational, Duration::from_millis(5)).await;
+        let client = stack(
+            Resilience::new().total_deadline(Duration::from_millis(300)),
+            plain_client(),
+        );
+        let (result, ext) = send(&client, client.get(server.url())).await;
+        let err = result.unwrap_err();
+        match ResilienceError::from_middleware_error(&err) {
+            Some(ResilienceError::Retry(e)) => assert!(e.is_timeout(), "{e}"),
+            other => panic!("not a retry error: {other:?}"),
+        }
+        assert_eq!(outcome(&ext).stop, StopReason::DeadlineExceeded);
+        assert_eq!(outcome(&ext).attempts, 1);
+        assert_eq!(server.connections.load(Ordering::SeqCst), 1);
     })
     .await;
 }

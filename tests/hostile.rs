@@ -501,3 +501,46 @@ async fn a_cross_origin_redirect_after_a_401_never_carries_the_token() {
     })
     .await;
 }
+
+/// A token endpoint that redirects elsewhere must not get the client secret or the
+/// refresh token (both in the POST body) sent on: a `307`/`308` keeps method and body.
+#[cfg(feature = "oauth2")]
+#[tokio::test]
+async fn a_token_endpoint_redirect_never_forwards_the_client_secret_or_refresh_token() {
+    use reqwest_resilience::auth::{ClientAuth, OAuth2Source, TokenErrorKind};
+    bounded(async {
+        let thief = FaultServer::always(Action::ok(r#"{"access_token":"stolen"}"#)).await;
+        for status in [307, 308] {
+            let target = thief.url("/collect");
+            let endpoint =
+                FaultServer::always(Action::status(status).header("location", &target)).await;
+            let confidential =
+                OAuth2Source::client_credentials(endpoint.url("/token"), "svc", "client-s3cret")
+                    .client_auth(ClientAuth::RequestBody)
+                    .allow_http_on_loopback()
+                    .build()
+                    .unwrap();
+            let public =
+                OAuth2Source::refresh_token(endpoint.url("/token"), "app", "refresh-s3cret")
+                    .allow_http_on_loopback()
+                    .build()
+                    .unwrap();
+            for source in [confidential, public] {
+                let err = TokenManager::new(source).token().await.unwrap_err();
+                assert_eq!(err.kind(), TokenErrorKind::Fetch, "{status}");
+            }
+            assert_eq!(endpoint.requests_seen(), 2);
+        }
+        assert_eq!(
+            thief.requests_seen(),
+            0,
+            "the redirect target saw {:?}",
+            thief
+                .requests()
+                .iter()
+                .map(|r| String::from_utf8_lossy(&r.body).into_owned())
+                .collect::<Vec<_>>()
+        );
+    })
+    .await;
+}

@@ -170,6 +170,13 @@ impl OAuth2Source {
             request = request.basic_auth(id, Some(secret));
         }
         let mut response = request.send().await.map_err(OAuth2Error::Http)?;
+        if response.url() != &self.endpoint {
+            // A client that follows redirects already sent the form on; at least no token
+            // from elsewhere is taken.
+            return Err(OAuth2Error::InvalidResponse(
+                "the token endpoint redirected the request".into(),
+            ));
+        }
         let status = response.status();
         let mut body = Vec::new();
         while let Some(chunk) = response.chunk().await.map_err(OAuth2Error::Http)? {
@@ -316,8 +323,11 @@ impl OAuth2SourceBuilder {
         self
     }
 
-    /// The HTTP client for the token endpoint (with the TLS backend you chose). Default
-    /// `reqwest::Client::new()`.
+    /// The HTTP client for the token endpoint (with the TLS backend you chose). Default: a
+    /// client that follows no redirects. Give yours `.redirect(reqwest::redirect::Policy::none())`
+    /// too: a `307`/`308` from the endpoint would resend the body, with the client secret or
+    /// the refresh token, to the redirect's target. A response that arrives from another
+    /// URL than the endpoint is refused.
     pub fn http_client(mut self, client: reqwest::Client) -> Self {
         self.http = Some(client);
         self
@@ -352,8 +362,21 @@ impl OAuth2SourceBuilder {
                 "OAuth2 token endpoint {origin} must be https (or http on loopback, when allowed)"
             )));
         }
+        let http = match self.http {
+            Some(client) => client,
+            // A redirect of the token request (307/308 keep method and body) would carry the
+            // client secret or the refresh token in the body to wherever it points.
+            None => reqwest::Client::builder()
+                .redirect(reqwest::redirect::Policy::none())
+                .build()
+                .map_err(|e| {
+                    ResilienceError::InvalidConfig(format!(
+                        "OAuth2: the default HTTP client could not be built: {e}"
+                    ))
+                })?,
+        };
         Ok(OAuth2Source {
-            http: self.http.unwrap_or_default(),
+            http,
             endpoint,
             client_id: self.client_id,
             client_secret: self.client_secret,

@@ -265,6 +265,8 @@ async fn round(requests: usize) -> Round {
     })
     .await;
     flapper.abort();
+    // Awaited, so that no last flip lands after the server is set up for good below.
+    let _ = flapper.await;
     assert!(
         drained.is_ok(),
         "deadlock or lost request: {returned}/{requests} returned"
@@ -282,6 +284,22 @@ async fn round(requests: usize) -> Round {
         assert_eq!(snap.probes_in_flight, 0, "a probe slot is held: {snap:?}");
     }
     assert!(registry.len() <= 1);
+    // Nothing is stuck: once the server stays up and the open period (100 ms) and any
+    // pause (≤ 100 ms) are over, the next request goes through (as the HalfOpen probe if
+    // the breaker was open) and closes the breaker.
+    mode.store(Mode::Up as u8, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    let response = client
+        .get(server.url("/after"))
+        .header("x-request-id", "after")
+        .send()
+        .await
+        .expect("the recovered server answers");
+    assert_eq!(response.status(), 200);
+    assert_eq!(
+        registry.state(&origin),
+        Some(reqwest_resilience::BreakerState::Closed)
+    );
     Round {
         requests,
         returned,

@@ -352,3 +352,66 @@ proptest! {
         run_registry_model(ops);
     }
 }
+
+// ---------------------------------------------------------------------------------------
+// BreakerRegistry eviction under threads
+
+/// Eight origins are tripped (open for an hour) while four threads push a thousand other
+/// origins through a registry bounded at 64: the bound holds at every step, and no
+/// tripped breaker is ever forgotten (an evicted Open breaker would reopen the floodgates
+/// to a server known to be down).
+#[test]
+fn tripped_breakers_survive_eviction_races_across_threads() {
+    const TRIPPED: usize = 8;
+    const MAX: usize = 64;
+    let config = BreakerConfig::default()
+        .policy(TripPolicy::consecutive_failures(1))
+        .open_duration(Duration::from_secs(3600))
+        .max_origins(MAX);
+    let registry = BreakerRegistry::new(config).unwrap();
+    let tripped: Vec<Origin> = (0..TRIPPED)
+        .map(|i| Origin::parse(&format!("https://down{i}.example.test")).unwrap())
+        .collect();
+    for o in &tripped {
+        registry.acquire(o).unwrap().record(Outcome::Failure);
+        assert_eq!(registry.state(o), Some(BreakerState::Open));
+    }
+    let healthy: Vec<Origin> = (0..1_000)
+        .map(|n| Origin::parse(&format!("https://up{n}.example.test")).unwrap())
+        .collect();
+    std::thread::scope(|s| {
+        for t in 0..4u64 {
+            let (registry, tripped, healthy) = (&registry, &tripped, &healthy);
+            s.spawn(move || {
+                // Some permits stay in flight across iterations (their breakers must not
+                // be forgotten either), then are dropped unrecorded or recorded.
+                let mut held = Vec::new();
+                for i in 0..20_000u64 {
+                    let origin = &healthy[((i * 7919 + t * 104_729) % 1_000) as usize];
+                    match registry.acquire(origin) {
+                        Ok(permit) if i.is_multiple_of(5) => held.push(permit),
+                        Ok(permit) => permit.record(Outcome::Success),
+                        Err(r) => panic!("a healthy origin was rejected: {r:?}"),
+                    }
+                    if held.len() > 4 {
+                        let oldest = held.remove(0);
+                        if i.is_multiple_of(2) {
+                            oldest.record(Outcome::Neutral);
+                        }
+                    }
+                    assert!(registry.len() <= MAX);
+                    let check = &tripped[(i as usize) % TRIPPED];
+                    assert_eq!(
+                        registry.state(check),
+                        Some(BreakerState::Open),
+                        "{check} was forgotten"
+                    );
+                }
+            });
+        }
+    });
+    for o in &tripped {
+        let rejected = registry.acquire(o).unwrap_err();
+        assert_eq!(rejected.reason, RejectReason::Open);
+    }
+}

@@ -544,3 +544,38 @@ async fn a_token_endpoint_redirect_never_forwards_the_client_secret_or_refresh_t
     })
     .await;
 }
+
+/// Two origins share one token; the first redirects to the second, reqwest strips the
+/// token on the cross-origin hop, and the second answers `401`. That 401 says nothing
+/// about the token: no refresh, no replay (otherwise every such request burns a token
+/// fetch at the identity provider).
+#[tokio::test]
+async fn a_401_after_a_redirect_to_another_covered_origin_does_not_refresh_the_token() {
+    bounded(async {
+        let second = FaultServer::always(Action::status(401)).await;
+        let target = second.url("/landing");
+        let first = FaultServer::always(Action::status(302).header("location", &target)).await;
+        let fetches = Arc::new(AtomicUsize::new(0));
+        let auth = BearerAuth::builder(token_source(fetches.clone()))
+            .origin(Origin::parse(&first.url("/")).unwrap())
+            .origin(Origin::parse(&second.url("/")).unwrap())
+            .allow_http_on_loopback()
+            .build()
+            .unwrap();
+        let client = stack(Resilience::new().bearer(auth), plain_client());
+        for _ in 0..3 {
+            let (result, _) = send(&client, client.get(first.url("/start"))).await;
+            assert_eq!(result.unwrap().status(), 401);
+        }
+        assert_eq!(fetches.load(Ordering::SeqCst), 1, "one token for all three");
+        assert_eq!(first.requests_seen(), 3, "no replays");
+        assert_eq!(second.requests_seen(), 3);
+        assert!(
+            second
+                .requests()
+                .iter()
+                .all(|r| r.header("authorization").is_none())
+        );
+    })
+    .await;
+}

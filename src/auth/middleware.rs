@@ -29,7 +29,8 @@ use crate::{Origin, ResilienceError};
 ///   gets the new token). A second `401` is returned as it is. A hook can look at the
 ///   `401` (its `WWW-Authenticate` challenge) first and decline the refresh and replay
 ///   ([`BearerAuthBuilder::on_unauthorized`]). A `401` that comes, after a redirect, from
-///   an origin outside the set is returned as it is (that server never saw the token).
+///   another origin than the request's (in the set or not) is returned as it is: reqwest
+///   dropped the token on the cross-origin hop, so that server never saw it.
 /// - **Errors**: when no token can be had, the request is not sent and the call fails
 ///   with [`ResilienceError::Token`] inside `reqwest_middleware::Error::Middleware`
 ///   (also when the refresh after a `401` fails: the replay is then not sent).
@@ -298,15 +299,25 @@ impl Middleware for BearerAuth {
         }
         let token = self.manager.token().await.map_err(token_error)?;
         let replay = req.try_clone();
+        // Where the request went, to tell a 401 from elsewhere (after a redirect); the
+        // replay copy already knows, so only a streamed request pays for the copy.
+        let streamed_url = replay.is_none().then(|| req.url().clone());
         attach(&mut req, &token)?;
         let response = next.clone().run(req, extensions).await?;
         if response.status() != StatusCode::UNAUTHORIZED {
             return Ok(response);
         }
         // After a redirect to another origin the 401 comes from a server that never saw
-        // the token (reqwest strips it): nothing to heal.
+        // the token (reqwest strips it on a cross-origin hop), even when that origin is
+        // covered too: nothing to heal, and no refresh to burn.
+        let request_url = replay.as_ref().map(Request::url).or(streamed_url.as_ref());
         let origin = match Origin::from_url(response.url()) {
-            Ok(origin) if self.covers(response.url()) => origin,
+            Ok(origin)
+                if self.covers(response.url())
+                    && request_url.is_some_and(|u| Origin::from_url(u).as_ref() == Ok(&origin)) =>
+            {
+                origin
+            }
             _ => return Ok(response),
         };
         if self.challenge_action(&origin, &response) == ChallengeAction::ReturnResponse {

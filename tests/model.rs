@@ -415,3 +415,64 @@ fn tripped_breakers_survive_eviction_races_across_threads() {
         assert_eq!(rejected.reason, RejectReason::Open);
     }
 }
+
+// ---------------------------------------------------------------------------------------
+// Extreme durations
+
+/// `Duration::MAX` as "never again" for the refresh spacing and the failure backoff: the
+/// manager must hold off (one fetch per failure), not panic in the fetch task and then
+/// refetch on every call.
+#[test]
+fn token_manager_with_duration_max_spacing_and_backoff_holds_off_without_panicking() {
+    paused_runtime().block_on(async {
+        let calls = Arc::new(Mutex::new(0usize));
+        let counter = calls.clone();
+        let manager = TokenManager::builder(move || {
+            let n = {
+                let mut c = counter.lock().unwrap();
+                *c += 1;
+                *c - 1
+            };
+            async move {
+                if n == 0 {
+                    Ok(AccessToken::new("t0").expires_in(Duration::from_secs(10)))
+                } else {
+                    Err(std::io::Error::other("idp down"))
+                }
+            }
+        })
+        .refresh_ahead(Duration::from_secs(5))
+        .refresh_jitter(0.0)
+        .refresh_retry_spacing(Duration::MAX)
+        .failure_backoff(Duration::MAX, Duration::MAX)
+        .build();
+        let fetches = || *calls.lock().unwrap();
+
+        assert_eq!(manager.token().await.unwrap().secret(), "t0");
+        tokio::time::advance(Duration::from_secs(6)).await;
+        // Refresh ahead is due: the valid token is served and one background fetch fails.
+        assert_eq!(manager.token().await.unwrap().secret(), "t0");
+        settle().await;
+        assert_eq!(fetches(), 2);
+        for _ in 0..3 {
+            assert_eq!(manager.token().await.unwrap().secret(), "t0");
+            settle().await;
+        }
+        assert_eq!(
+            fetches(),
+            2,
+            "the spacing holds off further refreshes ahead"
+        );
+
+        tokio::time::advance(Duration::from_secs(5)).await;
+        // Expired: one fetch fails, then its error is returned without fetching again.
+        let first = manager.token().await.unwrap_err();
+        assert_eq!(first.kind(), TokenErrorKind::Fetch);
+        assert_eq!(fetches(), 3);
+        for _ in 0..3 {
+            let again = manager.token().await.unwrap_err();
+            assert!(again.same_failure(&first));
+        }
+        assert_eq!(fetches(), 3, "the backoff holds off further fetches");
+    });
+}

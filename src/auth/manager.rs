@@ -341,11 +341,11 @@ impl FlightGuard {
                         .as_ref()
                         .is_some_and(|c| c.token.is_valid_at(now));
                     let retry_at = if still_valid {
-                        let at = now + config.refresh_retry_spacing;
+                        let at = later(now, config.refresh_retry_spacing);
                         state.ahead_not_before = Some(at);
                         at
                     } else {
-                        now + failure_backoff(config, state.consecutive_failures)
+                        later(now, failure_backoff(config, state.consecutive_failures))
                     };
                     let error = TokenError::new(kind, source, Some(retry_at));
                     if !still_valid {
@@ -383,6 +383,13 @@ fn refresh_at(token: &AccessToken, config: &Config) -> Option<Instant> {
         Duration::ZERO
     };
     expiry.checked_sub(window.saturating_sub(jitter))
+}
+
+/// `now + wait`, saturating: `Duration::MAX` configured as "never again" must hold off,
+/// not overflow the clock (a panic in the fetch task would skip the hold-off entirely).
+fn later(now: Instant, wait: Duration) -> Instant {
+    now.checked_add(wait)
+        .unwrap_or_else(|| now + Duration::from_secs(86_400 * 365 * 30))
 }
 
 /// `initial × 2^(failures-1)`, capped, computed without overflow.

@@ -6,8 +6,14 @@
 //! host is kept in brackets. This is the origin of RFC 6454 §4, which is also the key that
 //! Envoy's outlier detection and the HTTP/2 connection pools use.
 
+use std::cell::RefCell;
 use std::fmt;
 use std::sync::Arc;
+
+thread_local! {
+    /// The origin this thread computed last, for [`Origin::cached`].
+    static LAST_ORIGIN: RefCell<Option<Origin>> = const { RefCell::new(None) };
+}
 
 /// The `scheme://host:port` an HTTP request is sent to.
 ///
@@ -63,27 +69,80 @@ impl std::error::Error for OriginError {}
 impl Origin {
     /// The origin of a parsed URL.
     pub fn from_url(url: &reqwest::Url) -> Result<Origin, OriginError> {
-        let scheme = url.scheme().to_ascii_lowercase();
-        let host = match url.host() {
-            None => return Err(OriginError::NoHost),
-            Some(url::Host::Domain(d)) => d.to_ascii_lowercase(),
-            Some(url::Host::Ipv4(ip)) => ip.to_string(),
-            Some(url::Host::Ipv6(ip)) => format!("[{ip}]"),
-        };
-        if host.is_empty() {
+        use fmt::Write as _;
+        let host = url.host().ok_or(OriginError::NoHost)?;
+        if matches!(host, url::Host::Domain("")) {
             return Err(OriginError::NoHost);
         }
         let port = url.port_or_known_default().ok_or(OriginError::NoPort)?;
-        let text = format!("{scheme}://{host}:{port}");
+        let scheme = url.scheme();
+        let host_room = match host {
+            url::Host::Domain(d) => d.len(),
+            // "255.255.255.255" and "[ffff:…:ffff]".
+            url::Host::Ipv4(_) => 15,
+            url::Host::Ipv6(_) => 41,
+        };
+        // Built in one buffer sized up front: one allocation here and one for the `Arc`.
+        let mut text = String::with_capacity(scheme.len() + 3 + host_room + 6);
+        text.push_str(scheme);
+        text.make_ascii_lowercase();
+        let scheme_len = text.len();
+        text.push_str("://");
+        let host_start = text.len();
+        // Writing into a `String` cannot fail.
+        let _ = match host {
+            url::Host::Domain(d) => {
+                text.push_str(d);
+                text[host_start..].make_ascii_lowercase();
+                Ok(())
+            }
+            url::Host::Ipv4(ip) => write!(text, "{ip}"),
+            url::Host::Ipv6(ip) => write!(text, "[{ip}]"),
+        };
+        let host_end = text.len();
+        let _ = write!(text, ":{port}");
         if text.len() > u16::MAX as usize {
             return Err(OriginError::TooLong);
         }
         Ok(Origin {
-            scheme_len: scheme.len() as u16,
-            host_end: (scheme.len() + 3 + host.len()) as u16,
+            scheme_len: scheme_len as u16,
+            host_end: host_end as u16,
             port,
             text: text.into(),
         })
+    }
+
+    /// [`Origin::from_url`] through a per-thread cache of the last origin computed, for the
+    /// per-attempt paths (breaker, transport step): a client mostly talks to one origin in
+    /// a row, and a hit costs three comparisons and a reference-count increment instead
+    /// of building the text. `None` when the URL has no origin.
+    pub(crate) fn cached(url: &reqwest::Url) -> Option<Origin> {
+        LAST_ORIGIN.with(|last| {
+            let mut last = last.borrow_mut();
+            if let Some(origin) = last.as_ref().filter(|o| o.is_origin_of(url)) {
+                return Some(origin.clone());
+            }
+            let origin = Origin::from_url(url).ok()?;
+            *last = Some(origin.clone());
+            Some(origin)
+        })
+    }
+
+    /// Whether `url` has this origin, without building one.
+    ///
+    /// Only a match is trusted; [`cached`](Origin::cached) falls back to
+    /// [`Origin::from_url`] on a mismatch. A false match is impossible: the host here is in
+    /// normal form (a lower-cased domain, a dotted IPv4 address, a bracketed IPv6 address),
+    /// and a URL host string equal to it ignoring ASCII case names the same host, so it
+    /// normalises to the same text. Where the `url` crate and `Origin` spell one host
+    /// differently (some IPv6 forms), the comparison misses and the slow path gives the
+    /// right answer.
+    fn is_origin_of(&self, url: &reqwest::Url) -> bool {
+        Some(self.port) == url.port_or_known_default()
+            && self.scheme().eq_ignore_ascii_case(url.scheme())
+            && url
+                .host_str()
+                .is_some_and(|h| self.host().eq_ignore_ascii_case(h))
     }
 
     /// Parses a URL (or a bare `scheme://host[:port]`) and returns its origin.
@@ -174,6 +233,76 @@ mod tests {
         assert_eq!(o.to_string(), "http://[::1]:3000");
         let o = Origin::parse("https://[2001:DB8::1]/").unwrap();
         assert_eq!(o.to_string(), "https://[2001:db8::1]:443");
+    }
+
+    fn url(s: &str) -> reqwest::Url {
+        reqwest::Url::parse(s).unwrap()
+    }
+
+    #[test]
+    fn the_cached_origin_is_reused_only_for_the_same_origin() {
+        let cases = [
+            "http://a.example/x",
+            "http://A.EXAMPLE:80/y",
+            "https://a.example/x",
+            "http://a.example:8080/",
+            "http://b.example/",
+            "http://127.0.0.1:3000/",
+            "http://127.0.0.1:3001/",
+            "http://[::1]:3000/",
+            "http://[::ffff:1.2.3.4]:3000/",
+            "http://[::ffff:1.2.3.4]:3000/again",
+            "http://a.example/x",
+        ];
+        for u in cases {
+            let u = url(u);
+            assert_eq!(Origin::cached(&u), Origin::from_url(&u).ok(), "{u}");
+        }
+        assert_eq!(Origin::cached(&url("data:text/plain,hi")), None);
+    }
+
+    #[test]
+    fn is_origin_of_compares_scheme_host_and_port() {
+        let o = Origin::parse("https://api.example:443").unwrap();
+        assert!(o.is_origin_of(&url("https://API.example/v1")));
+        assert!(!o.is_origin_of(&url("http://api.example:443/")));
+        assert!(!o.is_origin_of(&url("https://api.example:444/")));
+        assert!(!o.is_origin_of(&url("https://api.example.org/")));
+    }
+
+    #[test]
+    fn the_origin_text_is_built_with_the_right_offsets() {
+        for (u, scheme, host, port, text) in [
+            (
+                "HTTP://Mixed.Case.Example:8080/p",
+                "http",
+                "mixed.case.example",
+                8080,
+                "http://mixed.case.example:8080",
+            ),
+            (
+                "https://255.255.255.255/",
+                "https",
+                "255.255.255.255",
+                443,
+                "https://255.255.255.255:443",
+            ),
+            (
+                "http://[ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff]:65535/",
+                "http",
+                "[ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff]",
+                65535,
+                "http://[ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff]:65535",
+            ),
+            ("ws://x/", "ws", "x", 80, "ws://x:80"),
+        ] {
+            let o = Origin::parse(u).unwrap();
+            assert_eq!(
+                (o.scheme(), o.host(), o.port(), o.as_str()),
+                (scheme, host, port, text),
+                "{u}"
+            );
+        }
     }
 
     #[test]

@@ -180,7 +180,7 @@ impl Middleware for CircuitBreakerMiddleware {
     ) -> reqwest_middleware::Result<Response> {
         // A "retry in" from an earlier attempt must not be read as this one's.
         extensions.remove::<RetryIn>();
-        let Ok(origin) = Origin::from_url(req.url()) else {
+        let Some(origin) = Origin::cached(req.url()) else {
             // No origin, no breaker: reqwest will reject the URL itself.
             return next.run(req, extensions).await;
         };

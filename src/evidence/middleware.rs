@@ -1,6 +1,5 @@
 //! [`TransportEvidence`]: the innermost middleware, which observes each attempt.
 
-use std::cell::RefCell;
 use std::time::SystemTime;
 
 use http::Extensions;
@@ -65,7 +64,7 @@ impl Middleware for TransportEvidence {
         extensions: &mut Extensions,
         next: Next<'_>,
     ) -> reqwest_middleware::Result<Response> {
-        let origin = origin_of(req.url());
+        let origin = Origin::cached(req.url());
         let attempt = extensions
             .get::<AttemptHistory>()
             .map_or(0, |h| h.len() as u32)
@@ -121,81 +120,5 @@ impl Middleware for TransportEvidence {
         });
         extensions.insert(evidence);
         result
-    }
-}
-
-thread_local! {
-    /// The origin this thread computed last. A client mostly talks to one origin in a row, and
-    /// reusing it turns the per-request cost of an [`Origin`] (lower-casing, formatting, one
-    /// allocation) into a comparison and a reference-count increment.
-    static LAST_ORIGIN: RefCell<Option<Origin>> = const { RefCell::new(None) };
-}
-
-/// The origin of `url`, through the per-thread cache.
-fn origin_of(url: &reqwest::Url) -> Option<Origin> {
-    LAST_ORIGIN.with(|last| {
-        let mut last = last.borrow_mut();
-        if let Some(origin) = last.as_ref().filter(|o| names_origin(url, o)) {
-            return Some(origin.clone());
-        }
-        let origin = Origin::from_url(url).ok()?;
-        *last = Some(origin.clone());
-        Some(origin)
-    })
-}
-
-/// Whether `url` has the origin `o`, without building one.
-///
-/// Only a match is trusted; a mismatch falls back to [`Origin::from_url`]. A false match
-/// is impossible: `o`'s host is `Origin`'s normal form (a lower-cased domain, a dotted IPv4
-/// address, a bracketed IPv6 address), and a URL host string equal to it ignoring ASCII case
-/// names the same host, so it normalises to the same text. Where the `url` crate and
-/// `Origin` spell one host differently (some IPv6 forms), the comparison misses and the slow
-/// path gives the right answer.
-fn names_origin(url: &reqwest::Url, o: &Origin) -> bool {
-    Some(o.port()) == url.port_or_known_default()
-        && o.scheme().eq_ignore_ascii_case(url.scheme())
-        && url
-            .host_str()
-            .is_some_and(|h| o.host().eq_ignore_ascii_case(h))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn url(s: &str) -> reqwest::Url {
-        reqwest::Url::parse(s).unwrap()
-    }
-
-    #[test]
-    fn the_cached_origin_is_reused_only_for_the_same_origin() {
-        let cases = [
-            "http://a.example/x",
-            "http://A.EXAMPLE:80/y",
-            "https://a.example/x",
-            "http://a.example:8080/",
-            "http://b.example/",
-            "http://127.0.0.1:3000/",
-            "http://127.0.0.1:3001/",
-            "http://[::1]:3000/",
-            "http://[::ffff:1.2.3.4]:3000/",
-            "http://[::ffff:1.2.3.4]:3000/again",
-            "http://a.example/x",
-        ];
-        for u in cases {
-            let u = url(u);
-            assert_eq!(origin_of(&u), Origin::from_url(&u).ok(), "{u}");
-        }
-        assert_eq!(origin_of(&url("data:text/plain,hi")), None);
-    }
-
-    #[test]
-    fn names_origin_compares_scheme_host_and_port() {
-        let o = Origin::parse("https://api.example:443").unwrap();
-        assert!(names_origin(&url("https://API.example/v1"), &o));
-        assert!(!names_origin(&url("http://api.example:443/"), &o));
-        assert!(!names_origin(&url("https://api.example:444/"), &o));
-        assert!(!names_origin(&url("https://api.example.org/"), &o));
     }
 }

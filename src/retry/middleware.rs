@@ -12,7 +12,7 @@ use tokio::time::Instant;
 
 use super::{
     AttemptContext, Deadline, DefaultStrategy, Idempotent, MaxRetries, RetryBudget, RetryError,
-    RetryOutcome, RetryReason, RetryStrategy, StopReason, Verdict, is_idempotent,
+    RetryOutcome, RetryReason, RetryStrategy, StopReason, Verdict, Withdrawal, is_idempotent,
 };
 use crate::backoff::{Backoff, RandomSource, ThreadRandom};
 use crate::evidence::{
@@ -69,11 +69,12 @@ pub enum RetryAfterPolicy {
 ///
 /// # Cancel safety
 ///
-/// Dropping the future stops the retry loop at once (during an attempt or a sleep). What
-/// stays behind is harmless: a retry already taken from the budget, the records already
-/// in the caller's [`AttemptHistory`], and, when the deadline came from
-/// [`total_deadline`](RetryMiddlewareBuilder::total_deadline), the [`Deadline`] it handed
-/// to the inner middlewares through the caller's extensions.
+/// Dropping the future stops the retry loop at once (during an attempt or a sleep). A
+/// retry taken from the budget for a backoff that is dropped is given back. What stays
+/// behind is harmless: the records already in the caller's [`AttemptHistory`], and, when
+/// the deadline came from [`total_deadline`](RetryMiddlewareBuilder::total_deadline), the
+/// [`Deadline`] it handed to the inner middlewares through the caller's extensions (the
+/// next request through this middleware recognises it and sets its own).
 #[derive(Clone)]
 pub struct RetryMiddleware {
     config: Arc<Config>,
@@ -284,11 +285,24 @@ impl RetryMiddlewareBuilder {
 #[derive(Clone, Copy)]
 struct HandedOn(Deadline);
 
+/// A retry taken from the budget, given back when dropped before the retry is made.
+struct Unspent<'a>(Option<(&'a RetryBudget, Withdrawal)>);
+
+impl Drop for Unspent<'_> {
+    fn drop(&mut self) {
+        if let Some((budget, withdrawal)) = self.0.take() {
+            budget.refund(withdrawal);
+        }
+    }
+}
+
 /// What happens after an attempt.
 enum Step {
     Retry {
         delay: Duration,
         reason: RetryReason,
+        /// The retry taken from the budget, if there is one.
+        withdrawal: Option<Withdrawal>,
     },
     Stop(StopReason),
 }
@@ -329,12 +343,18 @@ impl Config {
         {
             return Step::Stop(StopReason::DeadlineExceeded);
         }
-        if let Some(budget) = &self.budget
-            && !budget.try_withdraw()
-        {
-            return Step::Stop(StopReason::BudgetExhausted);
+        let withdrawal = match &self.budget {
+            Some(budget) => match budget.withdraw() {
+                Some(w) => Some(w),
+                None => return Step::Stop(StopReason::BudgetExhausted),
+            },
+            None => None,
+        };
+        Step::Retry {
+            delay,
+            reason,
+            withdrawal,
         }
-        Step::Retry { delay, reason }
     }
 
     fn delay_for(
@@ -454,16 +474,15 @@ impl RetryMiddleware {
             // none) must not hold the caller past it when reqwest has no timeout.
             let (result, timed_out) = match deadline {
                 Some(d) => {
-                    let url = req.url().clone();
+                    // Taken now (the request moves into the attempt); a cache hit costs
+                    // no allocation, unlike keeping a copy of the URL.
+                    let origin = Origin::cached(req.url());
                     let started = Instant::now();
                     match tokio::time::timeout_at(d, next.clone().run(req, extensions)).await {
                         Ok(result) => (result, false),
                         Err(elapsed) => {
-                            let mut e = RequestEvidence::new(
-                                Transmission::Unknown,
-                                Origin::from_url(&url).ok(),
-                                attempt,
-                            );
+                            let mut e =
+                                RequestEvidence::new(Transmission::Unknown, origin, attempt);
                             e.failure = Some(FailureKind::Timeout);
                             e.elapsed = started.elapsed();
                             extensions.insert(e);
@@ -520,17 +539,27 @@ impl RetryMiddleware {
             };
             record(extensions, &step, attempt, &method);
 
-            let (delay, reason, next_req) = match (step, spare) {
-                (Step::Retry { delay, reason }, Some(next_req)) => (delay, reason, next_req),
+            let (delay, reason, next_req, withdrawal) = match (step, spare) {
+                (
+                    Step::Retry {
+                        delay,
+                        reason,
+                        withdrawal,
+                    },
+                    Some(next_req),
+                ) => (delay, reason, next_req, withdrawal),
                 (Step::Stop(stop), _) => return finish(c, result, attempt, stop, extensions),
                 // `plan` never retries without a replayable request.
                 (Step::Retry { .. }, None) => {
                     return finish(c, result, attempt, StopReason::BodyNotClonable, extensions);
                 }
             };
+            // Dropped during the wait, the retry is never made: its budget goes back.
+            let mut unspent = Unspent(c.budget.as_ref().zip(withdrawal));
             // Boxed: the timers and the drain are large, and only a retry needs them, so
             // the success path does not carry (and copy) them in its future.
             Box::pin(wait_before_retry(result.ok(), delay)).await;
+            unspent.0 = None;
             if reason == RetryReason::NotProcessed {
                 not_processed_retries += 1;
             }
@@ -565,7 +594,7 @@ fn finish(
 /// Writes the decision into the history and, with `tracing`, emits one event.
 fn record(extensions: &mut Extensions, step: &Step, attempt: u32, method: &http::Method) {
     let decision = match *step {
-        Step::Retry { delay, reason } => AttemptDecision::Retry { delay, reason },
+        Step::Retry { delay, reason, .. } => AttemptDecision::Retry { delay, reason },
         Step::Stop(reason) => AttemptDecision::Stop { reason },
     };
     if let Some(history) = extensions.get_mut::<AttemptHistory>() {
@@ -573,7 +602,7 @@ fn record(extensions: &mut Extensions, step: &Step, attempt: u32, method: &http:
     }
     #[cfg(feature = "tracing")]
     match *step {
-        Step::Retry { delay, reason } => tracing::info!(
+        Step::Retry { delay, reason, .. } => tracing::info!(
             target: "reqwest_resilience::retry",
             attempt,
             %method,

@@ -60,6 +60,15 @@ struct Window {
     slots: [(u64, u64); SLOTS],
     current: usize,
     current_started: Instant,
+    /// How many slots have been started since the budget was made: names a slot across
+    /// rotations, so a refund finds the slot of its withdrawal (or knows it expired).
+    seq: u64,
+}
+
+/// A retry taken from a [`RetryBudget`], to give back with [`RetryBudget::refund`].
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Withdrawal {
+    slot: u64,
 }
 
 impl RetryBudget {
@@ -95,6 +104,7 @@ impl RetryBudget {
                     slots: [(0, 0); SLOTS],
                     current: 0,
                     current_started: Instant::now(),
+                    seq: 0,
                 }),
             }),
         })
@@ -107,16 +117,33 @@ impl RetryBudget {
 
     /// Takes a retry from the budget; `false` when none is left in the window.
     pub fn try_withdraw(&self) -> bool {
+        self.withdraw().is_some()
+    }
+
+    /// Takes a retry from the budget, remembering where, so that a retry never made
+    /// (its request dropped during the backoff) can be given back.
+    pub(crate) fn withdraw(&self) -> Option<Withdrawal> {
         let allowed_fn = |requests: u64| self.allowed(requests);
         self.with_window(|w| {
             let (requests, retries) = w.totals();
             if retries < allowed_fn(requests) {
                 w.slots[w.current].1 += 1;
-                true
+                Some(Withdrawal { slot: w.seq })
             } else {
-                false
+                None
             }
         })
+    }
+
+    /// Gives back a retry taken and never made, unless it already left the window.
+    pub(crate) fn refund(&self, taken: Withdrawal) {
+        self.with_window(|w| {
+            let back = w.seq.wrapping_sub(taken.slot);
+            if back < SLOTS as u64 {
+                let slot = (w.current + SLOTS - back as usize) % SLOTS;
+                w.slots[slot].1 = w.slots[slot].1.saturating_sub(1);
+            }
+        });
     }
 
     /// Retries still allowed in the current window.
@@ -148,6 +175,7 @@ impl Window {
             return;
         }
         let steps = (elapsed.as_nanos() / slot_len.as_nanos().max(1)) as u64;
+        self.seq = self.seq.wrapping_add(steps);
         for _ in 0..steps.min(SLOTS as u64) {
             self.current = (self.current + 1) % SLOTS;
             self.slots[self.current] = (0, 0);
@@ -245,6 +273,35 @@ mod tests {
         tokio::time::advance(Duration::from_secs(1)).await;
         assert_eq!(budget.remaining(), 0);
         tokio::time::advance(Duration::from_secs(9)).await;
+        assert_eq!(budget.remaining(), 10);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_refund_goes_to_its_own_slot_until_that_slot_expires() {
+        let budget = RetryBudget::new(Duration::from_secs(10), 1, 0.0).unwrap();
+        let early = budget.withdraw().unwrap();
+        let expiring = budget.withdraw().unwrap();
+        tokio::time::advance(Duration::from_secs(3)).await;
+        let late = budget.withdraw().unwrap();
+        assert_eq!(budget.remaining(), 7);
+        // Three slots later the early retry's slot is still in the window.
+        budget.refund(early);
+        assert_eq!(budget.remaining(), 8);
+        // Once its slot has left the window there is nothing to give back, and the late
+        // slot's retry is not given back in its place.
+        tokio::time::advance(Duration::from_secs(8)).await;
+        assert_eq!(budget.remaining(), 9);
+        budget.refund(expiring);
+        assert_eq!(budget.remaining(), 9);
+        budget.refund(late);
+        assert_eq!(budget.remaining(), 10);
+        // Past a whole window (the slots realign), an old withdrawal is ignored too.
+        let stale = budget.withdraw().unwrap();
+        tokio::time::advance(Duration::from_secs(25)).await;
+        let fresh = budget.withdraw().unwrap();
+        budget.refund(stale);
+        assert_eq!(budget.remaining(), 9);
+        budget.refund(fresh);
         assert_eq!(budget.remaining(), 10);
     }
 

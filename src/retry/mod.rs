@@ -38,6 +38,7 @@ mod middleware;
 mod policies;
 
 pub use budget::RetryBudget;
+use budget::Withdrawal;
 pub use decision::{
     AttemptContext, DefaultStrategy, RetryReason, RetryStrategy, StopReason, Verdict, is_idempotent,
 };

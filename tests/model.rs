@@ -476,3 +476,120 @@ fn token_manager_with_duration_max_spacing_and_backoff_holds_off_without_panicki
         assert_eq!(fetches(), 3, "the backoff holds off further fetches");
     });
 }
+
+// ---------------------------------------------------------------------------------------
+// The origin the transport step records, through its per-thread cache
+
+/// A connector that refuses every connection at once: requests end without DNS or a
+/// socket, after the transport step has named their origin.
+#[derive(Clone)]
+struct NoConnect;
+
+impl<S> tower::Layer<S> for NoConnect {
+    type Service = Refuse<S>;
+    fn layer(&self, inner: S) -> Refuse<S> {
+        Refuse(inner)
+    }
+}
+
+#[derive(Clone)]
+struct Refuse<S>(S);
+
+impl<S, R> tower::Service<R> for Refuse<S>
+where
+    S: tower::Service<R>,
+    S::Error: From<std::io::Error>,
+    S::Response: Send + 'static,
+    S::Error: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = std::future::Ready<Result<S::Response, S::Error>>;
+
+    fn poll_ready(
+        &mut self,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _req: R) -> Self::Future {
+        std::future::ready(Err(
+            std::io::Error::other("no connections in this test").into()
+        ))
+    }
+}
+
+/// Shared by the cases: building a client per case would dominate the test's time. The
+/// runtime is current-thread, so every case runs on the thread whose cache is tested.
+static NO_CONNECT_CLIENT: std::sync::LazyLock<reqwest_middleware::ClientWithMiddleware> =
+    std::sync::LazyLock::new(|| {
+        reqwest_middleware::ClientBuilder::new(
+            reqwest::Client::builder()
+                .no_proxy()
+                .connector_layer(NoConnect)
+                .build()
+                .unwrap(),
+        )
+        .with(reqwest_resilience::TransportEvidence::new())
+        .build()
+    });
+
+static NO_CONNECT_RUNTIME: std::sync::LazyLock<tokio::runtime::Runtime> =
+    std::sync::LazyLock::new(|| {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    });
+
+fn url_text() -> impl Strategy<Value = String> {
+    let scheme = prop::sample::select(vec!["http", "https", "HTTP", "hTTps", "ws", "foo"]);
+    let host = prop::sample::select(vec![
+        "a.example",
+        "A.Example",
+        "a.example.",
+        "A.EXAMPLE.",
+        "bücher.example",
+        "xn--bcher-kva.example",
+        "[::1]",
+        "[0:0::1]",
+        "[::FFFF:7f00:1]",
+        "[::ffff:127.0.0.1]",
+        "127.0.0.1",
+        "0x7f.1",
+        "%41",
+        "a%2Eexample",
+        "A%2eexample",
+    ]);
+    let port = prop::sample::select(vec!["", ":80", ":443", ":8080", ":0", ":00443"]);
+    let path = prop::sample::select(vec!["", "/", "/x?y=1", "#f"]);
+    (scheme, host, port, path).prop_map(|(s, h, p, q)| format!("{s}://{h}{p}{q}"))
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// Whatever sequence of URLs one thread sends, the origin in each attempt's evidence
+    /// is `Origin::from_url` of its URL: the per-thread origin cache never hands one URL
+    /// another's origin (a wrong origin would file failures under another server's breaker).
+    #[test]
+    fn evidence_origin_is_the_urls_origin_for_any_sequence_of_urls(
+        urls in prop::collection::vec(url_text(), 1..24),
+    ) {
+        let client = &*NO_CONNECT_CLIENT;
+        NO_CONNECT_RUNTIME.block_on(async {
+            for text in &urls {
+                let Ok(url) = reqwest::Url::parse(text) else { continue };
+                let request = reqwest::Request::new(http::Method::GET, url.clone());
+                let mut extensions = http::Extensions::new();
+                let result = client.execute_with_extensions(request, &mut extensions).await;
+                assert!(result.is_err(), "{text}: nothing can connect");
+                let evidence = extensions
+                    .get::<reqwest_resilience::RequestEvidence>()
+                    .expect("the transport step recorded the attempt");
+                assert_eq!(evidence.origin, Origin::from_url(&url).ok(), "{text} after {urls:?}");
+            }
+        });
+    }
+}

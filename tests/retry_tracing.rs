@@ -19,10 +19,14 @@ mod tracing_capture {
     use tracing::field::{Field, Visit};
     use tracing::{Event, Metadata, Subscriber, span};
 
+    pub const RETRY: &str = "reqwest_resilience::retry";
+    pub const TRANSPORT: &str = "reqwest_resilience::evidence::middleware";
+
     /// One event's fields as `(name, value)`.
     pub type EventFields = Vec<(String, String)>;
 
-    /// Records the fields of every event under the retry middleware's target.
+    /// Records the fields of every event under the retry middleware's and the transport
+    /// step's targets, with the target as a first `("target", …)` field.
     #[derive(Clone, Default)]
     pub struct Capture(pub Arc<Mutex<Vec<EventFields>>>);
 
@@ -36,7 +40,7 @@ mod tracing_capture {
 
     impl Subscriber for Capture {
         fn enabled(&self, metadata: &Metadata<'_>) -> bool {
-            metadata.target() == "reqwest_resilience::retry"
+            [RETRY, TRANSPORT].contains(&metadata.target())
         }
         fn new_span(&self, _: &span::Attributes<'_>) -> span::Id {
             span::Id::from_u64(1)
@@ -44,7 +48,8 @@ mod tracing_capture {
         fn record(&self, _: &span::Id, _: &span::Record<'_>) {}
         fn record_follows_from(&self, _: &span::Id, _: &span::Id) {}
         fn event(&self, event: &Event<'_>) {
-            let mut fields = Fields(Vec::new());
+            let target = event.metadata().target().to_owned();
+            let mut fields = Fields(vec![("target".to_owned(), target)]);
             event.record(&mut fields);
             self.0.lock().unwrap().push(fields.0);
         }
@@ -54,7 +59,7 @@ mod tracing_capture {
 }
 
 #[tokio::test(start_paused = true)]
-async fn one_tracing_event_per_decision_with_attempt_delay_and_reason() {
+async fn one_tracing_event_per_decision_with_otel_resend_count_method_delay_and_reason() {
     let capture = tracing_capture::Capture::default();
     let _guard = tracing::subscriber::set_default(capture.clone());
     let server = FaultServer::sequence(
@@ -87,12 +92,19 @@ async fn one_tracing_event_per_decision_with_attempt_delay_and_reason() {
             .map(|(_, v)| v.clone())
             .unwrap_or_default()
     };
-    let summary: Vec<_> = events
-        .iter()
+    let of = |target: &str| {
+        events
+            .iter()
+            .filter(|e| field(e, "target") == target)
+            .collect::<Vec<_>>()
+    };
+    let summary: Vec<_> = of(tracing_capture::RETRY)
+        .into_iter()
         .map(|e| {
             (
                 field(e, "message"),
-                field(e, "attempt"),
+                field(e, "http.request.resend_count"),
+                field(e, "http.request.method"),
                 field(e, "delay_ms"),
                 field(e, "reason"),
             )
@@ -102,9 +114,59 @@ async fn one_tracing_event_per_decision_with_attempt_delay_and_reason() {
     assert_eq!(
         summary,
         [
-            (s("retrying"), s("1"), s("1000"), s("retryable status 503")),
-            (s("retrying"), s("2"), s("2000"), s("retryable status 503")),
-            (s("not retrying"), s("3"), s(""), s("final status 200")),
+            (
+                s("retrying"),
+                s("0"),
+                s("GET"),
+                s("1000"),
+                s("retryable status 503")
+            ),
+            (
+                s("retrying"),
+                s("1"),
+                s("GET"),
+                s("2000"),
+                s("retryable status 503")
+            ),
+            (
+                s("not retrying"),
+                s("2"),
+                s("GET"),
+                s(""),
+                s("final status 200")
+            ),
+        ]
+    );
+    // The transport step: one event per attempt, with OpenTelemetry's names.
+    let port = server.addr().port().to_string();
+    let transport: Vec<_> = of(tracing_capture::TRANSPORT)
+        .into_iter()
+        .map(|e| {
+            (
+                field(e, "server.address"),
+                field(e, "server.port"),
+                field(e, "http.request.resend_count"),
+                field(e, "http.response.status_code"),
+                field(e, "error.type"),
+            )
+        })
+        .collect();
+    // `None` fields are left out of an event; a `&str` records with its quotes.
+    let attempt = |resend: &str, status: &str| {
+        (
+            s("\"127.0.0.1\""),
+            port.clone(),
+            s(resend),
+            s(status),
+            s(""),
+        )
+    };
+    assert_eq!(
+        transport,
+        [
+            attempt("0", "503"),
+            attempt("1", "503"),
+            attempt("2", "200")
         ]
     );
 }

@@ -102,11 +102,15 @@ impl Middleware for TransportEvidence {
         };
         evidence.elapsed = started.elapsed();
         #[cfg(feature = "tracing")]
+        // OpenTelemetry HTTP client names where one exists (`resend_count`: the retries
+        // before this attempt, 0 for the first; `error.type`: the failure kind).
         tracing::debug!(
-            origin = evidence.origin.as_ref().map(|o| o.as_str()),
-            attempt = evidence.attempt,
+            server.address = evidence.origin.as_ref().map(Origin::host),
+            server.port = evidence.origin.as_ref().map(Origin::port),
+            http.request.resend_count = evidence.attempt.saturating_sub(1),
+            http.response.status_code = evidence.status().map(|s| s.as_u16()),
+            error.type = evidence.failure.map(tracing::field::debug),
             transmission = ?evidence.transmission,
-            failure = ?evidence.failure,
             not_processed = ?evidence.not_processed,
             elapsed = ?evidence.elapsed,
             "attempt observed"

@@ -600,20 +600,24 @@ fn record(extensions: &mut Extensions, step: &Step, attempt: u32, method: &http:
     if let Some(history) = extensions.get_mut::<AttemptHistory>() {
         history.decide_last(decision);
     }
+    // OpenTelemetry HTTP client names where one exists (`resend_count`: the retries
+    // before this attempt, 0 for the first).
     #[cfg(feature = "tracing")]
     match *step {
-        Step::Retry { delay, reason, .. } => tracing::info!(
+        Step::Retry { delay, reason, .. } => tracing::event!(
             target: "reqwest_resilience::retry",
-            attempt,
-            %method,
+            tracing::Level::INFO,
+            http.request.resend_count = attempt.saturating_sub(1),
+            http.request.method = %method,
             delay_ms = delay.as_millis() as u64,
             %reason,
             "retrying"
         ),
-        Step::Stop(reason) => tracing::debug!(
+        Step::Stop(reason) => tracing::event!(
             target: "reqwest_resilience::retry",
-            attempt,
-            %method,
+            tracing::Level::DEBUG,
+            http.request.resend_count = attempt.saturating_sub(1),
+            http.request.method = %method,
             %reason,
             "not retrying"
         ),

@@ -38,44 +38,131 @@ pub struct AttemptRecord {
 /// [`TransportEvidence`](super::TransportEvidence) appends a record per attempt to the
 /// extensions it is handed, which are the caller's own when the caller uses
 /// `execute_with_extensions`.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Clone, Default)]
 pub struct AttemptHistory {
-    records: Vec<AttemptRecord>,
+    records: Records,
+}
+
+/// Most requests take one attempt: that one is kept inline, so recording it allocates
+/// nothing beyond the extension's own box.
+#[derive(Clone, Default)]
+enum Records {
+    #[default]
+    Empty,
+    One(AttemptRecord),
+    Many(Vec<AttemptRecord>),
 }
 
 impl AttemptHistory {
     /// Every attempt, in order.
     pub fn attempts(&self) -> &[AttemptRecord] {
-        &self.records
+        match &self.records {
+            Records::Empty => &[],
+            Records::One(record) => std::slice::from_ref(record),
+            Records::Many(records) => records,
+        }
     }
 
     /// The number of attempts made.
     pub fn len(&self) -> usize {
-        self.records.len()
+        self.attempts().len()
     }
 
     /// Whether no attempt was recorded.
     pub fn is_empty(&self) -> bool {
-        self.records.is_empty()
+        self.attempts().is_empty()
     }
 
     /// The last attempt.
     pub fn last(&self) -> Option<&AttemptRecord> {
-        self.records.last()
+        self.attempts().last()
     }
 
     /// Appends an attempt.
     pub fn push(&mut self, evidence: RequestEvidence) {
-        self.records.push(AttemptRecord {
+        let record = AttemptRecord {
             evidence,
             decision: None,
-        });
+        };
+        self.records = match std::mem::take(&mut self.records) {
+            Records::Empty => Records::One(record),
+            Records::One(first) => Records::Many(vec![first, record]),
+            Records::Many(mut records) => {
+                records.push(record);
+                Records::Many(records)
+            }
+        };
     }
 
     /// Records the decision taken after the last attempt.
     pub fn decide_last(&mut self, decision: AttemptDecision) {
-        if let Some(last) = self.records.last_mut() {
+        let last = match &mut self.records {
+            Records::Empty => None,
+            Records::One(record) => Some(record),
+            Records::Many(records) => records.last_mut(),
+        };
+        if let Some(last) = last {
             last.decision = Some(decision);
         }
+    }
+}
+
+impl PartialEq for AttemptHistory {
+    fn eq(&self, other: &Self) -> bool {
+        self.attempts() == other.attempts()
+    }
+}
+
+impl Eq for AttemptHistory {}
+
+impl std::fmt::Debug for AttemptHistory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AttemptHistory")
+            .field("records", &self.attempts())
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::evidence::Transmission;
+
+    fn evidence(attempt: u32) -> RequestEvidence {
+        RequestEvidence::new(Transmission::Unknown, None, attempt)
+    }
+
+    #[test]
+    fn records_keep_their_order_and_decisions_across_the_inline_and_vec_forms() {
+        let mut h = AttemptHistory::default();
+        assert!(h.is_empty() && h.last().is_none());
+        h.decide_last(AttemptDecision::Stop {
+            reason: StopReason::RetriesExhausted,
+        });
+        assert!(h.is_empty(), "no record to decide on");
+        let mut reference = Vec::new();
+        for attempt in 1..=4 {
+            h.push(evidence(attempt));
+            let decision = AttemptDecision::Retry {
+                delay: Duration::from_secs(u64::from(attempt)),
+                reason: RetryReason::NotProcessed,
+            };
+            h.decide_last(decision.clone());
+            reference.push(AttemptRecord {
+                evidence: evidence(attempt),
+                decision: Some(decision),
+            });
+            assert_eq!(h.attempts(), &reference[..]);
+            assert_eq!(h.len(), attempt as usize);
+            assert_eq!(h.last(), reference.last());
+        }
+        let mut one = AttemptHistory::default();
+        one.push(evidence(1));
+        assert_eq!(
+            format!("{one:?}"),
+            format!("AttemptHistory {{ records: {:?} }}", one.attempts())
+        );
+        assert_ne!(one, h);
+        assert_eq!(h.clone(), h);
     }
 }

@@ -96,18 +96,18 @@ impl CircuitBreakerMiddleware {
         &self.registry
     }
 
-    async fn admit<'a>(
+    /// What to do with a first rejection: wait out a pause (in `Wait` mode, within the
+    /// deadline) and ask again, or give up. Only reached when the first `acquire` failed,
+    /// so the success path neither awaits nor carries the sleep in its future.
+    async fn admit_after<'a>(
         &'a self,
         origin: &'a Origin,
         extensions: &mut Extensions,
+        mut rejection: BreakerRejection,
     ) -> Result<BreakerPermit<'a>, BreakerRejection> {
         // Each pass sleeps until the pause it saw ends, so this only goes round again
         // while servers keep extending the pause (and a deadline bounds that).
         loop {
-            let rejection = match self.registry.acquire(origin) {
-                Ok(permit) => return Ok(permit),
-                Err(r) => r,
-            };
             if let (RejectReason::Paused, Some(wait), PauseMode::Wait) = (
                 rejection.reason,
                 rejection.retry_in,
@@ -118,6 +118,10 @@ impl CircuitBreakerMiddleware {
                     .is_none_or(|d| Instant::now() + wait <= d.0);
                 if fits {
                     tokio::time::sleep(wait).await;
+                    rejection = match self.registry.acquire(origin) {
+                        Ok(permit) => return Ok(permit),
+                        Err(r) => r,
+                    };
                     continue;
                 }
             }
@@ -184,7 +188,12 @@ impl Middleware for CircuitBreakerMiddleware {
             // No origin, no breaker: reqwest will reject the URL itself.
             return next.run(req, extensions).await;
         };
-        let permit = match self.admit(&origin, extensions).await {
+        let admitted = match self.registry.acquire(&origin) {
+            Ok(permit) => Ok(permit),
+            // Boxed: rare, and its sleep would otherwise enlarge every request's future.
+            Err(first) => Box::pin(self.admit_after(&origin, extensions, first)).await,
+        };
+        let permit = match admitted {
             Ok(permit) => permit,
             Err(rejection) => {
                 record_rejection(&rejection, extensions);

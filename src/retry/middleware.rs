@@ -433,7 +433,7 @@ impl RetryMiddleware {
     /// The retry loop for one logical request.
     async fn attempts(
         &self,
-        req: Request,
+        mut req: Request,
         extensions: &mut Extensions,
         next: Next<'_>,
     ) -> reqwest_middleware::Result<Response> {
@@ -457,7 +457,6 @@ impl RetryMiddleware {
             budget.deposit();
         }
         let mut not_processed_retries = 0;
-        let mut req = req;
         loop {
             let attempt = state.retries + 1;
             // Cloning only when a retry is still possible keeps streaming bodies (and

@@ -307,6 +307,25 @@ impl Middleware for BearerAuth {
         if response.status() != StatusCode::UNAUTHORIZED {
             return Ok(response);
         }
+        // Boxed: rare, and its second token wait would otherwise enlarge (and be copied
+        // with) every request's future.
+        Box::pin(self.after_unauthorized(token, replay, streamed_url, response, extensions, next))
+            .await
+    }
+}
+
+impl BearerAuth {
+    /// The `401` path of [`handle`](Middleware::handle): refresh and replay once, or
+    /// return the response as it is.
+    async fn after_unauthorized(
+        &self,
+        token: AccessToken,
+        replay: Option<Request>,
+        streamed_url: Option<Url>,
+        response: Response,
+        extensions: &mut Extensions,
+        next: Next<'_>,
+    ) -> reqwest_middleware::Result<Response> {
         // After a redirect to another origin the 401 comes from a server that never saw
         // the token (reqwest strips it on a cross-origin hop), even when that origin is
         // covered too: nothing to heal, and no refresh to burn.

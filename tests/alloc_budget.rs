@@ -1,0 +1,174 @@
+//! Allocations per request on the success path, counted exactly (a counting global
+//! allocator, per thread), so that a change which adds work to every request shows up
+//! as a failing number rather than as noise in a benchmark. In a test binary of its own:
+//! it installs its own global allocator.
+//!
+//! The innermost middleware answers `200` at once, so no socket or connection task adds
+//! allocations of its own; what is counted is the client, `reqwest_middleware` and this
+//! crate's middlewares. The figures are the extra allocations over a
+//! `ClientWithMiddleware` with the same innermost middleware. When an optimisation lowers
+//! one, lower the number here (and in BENCHMARKS.md).
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+use std::time::Duration;
+
+use reqwest_middleware::{ClientBuilder, ClientWithMiddleware, Middleware, Next};
+use reqwest_resilience::{
+    AccessToken, BearerAuth, Origin, Resilience, RetryMiddleware, TokenManager, TransportEvidence,
+};
+
+struct Counting;
+
+thread_local! {
+    // Const-initialised and without a destructor: reading it never allocates.
+    static ALLOCATIONS: Cell<u64> = const { Cell::new(0) };
+}
+
+// SAFETY: every call is forwarded unchanged to the system allocator; the counter is a
+// thread-local `Cell` that never allocates.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        let _ = ALLOCATIONS.try_with(|c| c.set(c.get() + 1));
+        // SAFETY: the caller upholds `GlobalAlloc::alloc`'s contract, passed on as is.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: as above, for `dealloc`.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        let _ = ALLOCATIONS.try_with(|c| c.set(c.get() + 1));
+        // SAFETY: as above, for `alloc_zeroed`.
+        unsafe { System.alloc_zeroed(layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        let _ = ALLOCATIONS.try_with(|c| c.set(c.get() + 1));
+        // SAFETY: as above, for `realloc`.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+/// Stands in for the network: a `200` with no body.
+struct Answer200;
+
+#[async_trait::async_trait]
+impl Middleware for Answer200 {
+    async fn handle(
+        &self,
+        _: reqwest::Request,
+        _: &mut http::Extensions,
+        _: Next<'_>,
+    ) -> reqwest_middleware::Result<reqwest::Response> {
+        Ok(reqwest::Response::from(
+            http::Response::builder()
+                .status(200)
+                .body("")
+                .expect("a response"),
+        ))
+    }
+}
+
+// Never contacted: `Answer200` answers before reqwest would connect.
+const URL: &str = "http://127.0.0.1:9/x";
+const REQUESTS: u64 = 50;
+
+/// With the `tracing` feature the `Resilience` stack adds its span layer, one boxed
+/// future more (the span itself is disabled: no subscriber is installed).
+const OBSERVER: f64 = if cfg!(feature = "tracing") { 1.0 } else { 0.0 };
+
+fn reqwest_client() -> reqwest::Client {
+    reqwest::Client::builder().no_proxy().build().unwrap()
+}
+
+fn bearer() -> BearerAuth {
+    let tokens = TokenManager::new(|| async {
+        Ok::<_, std::io::Error>(AccessToken::new("t").expires_in(Duration::from_secs(3600)))
+    });
+    BearerAuth::builder(tokens)
+        .origin(Origin::parse(URL).unwrap())
+        .allow_http_on_loopback()
+        .build()
+        .unwrap()
+}
+
+/// Allocations for `REQUESTS` sequential successful GETs, after a warm-up (the token
+/// fetch, the breaker's entry, the origin cache).
+async fn allocations_for(client: &ClientWithMiddleware) -> u64 {
+    for _ in 0..10 {
+        let response = client.get(URL).send().await.unwrap();
+        assert_eq!(response.status(), 200);
+    }
+    let before = ALLOCATIONS.with(Cell::get);
+    for _ in 0..REQUESTS {
+        let response = client.get(URL).send().await.unwrap();
+        assert_eq!(response.status(), 200);
+    }
+    ALLOCATIONS.with(Cell::get) - before
+}
+
+/// Extra allocations per request over a `ClientWithMiddleware` holding only `Answer200`.
+async fn extra_per_request(client: ClientWithMiddleware) -> f64 {
+    let empty = ClientBuilder::new(reqwest_client()).with(Answer200).build();
+    let base = allocations_for(&empty).await;
+    let with = allocations_for(&client).await;
+    (with as f64 - base as f64) / REQUESTS as f64
+}
+
+// The tests run on the current-thread runtime: every allocation of a request happens on
+// the test's own thread, which is what the thread-local counter sees.
+
+#[tokio::test]
+async fn the_transport_step_adds_eight_allocations_per_request() {
+    let client = ClientBuilder::new(reqwest_client())
+        .with(TransportEvidence::new())
+        .with(Answer200)
+        .build();
+    // Its boxed future (1); the caller's AttemptHistory (map, table, box: 3);
+    // RequestEvidence in the request's extensions (1) and in the response's, which
+    // `Answer200` leaves empty (map, table, box: 3).
+    assert_eq!(extra_per_request(client).await, 8.0);
+}
+
+#[tokio::test]
+async fn retry_with_the_transport_step_adds_fifteen_allocations_per_request() {
+    let client = ClientBuilder::new(reqwest_client())
+        .with(RetryMiddleware::new())
+        .with(TransportEvidence::new())
+        .with(Answer200)
+        .build();
+    // The transport step's 8; the retry's boxed future (1); `Request::try_clone` for a
+    // possible retry (4: the URL, and reqwest's timeout write into a fresh extensions
+    // map: map, table, box); RetryOutcome in the caller's and the response's
+    // extensions (2).
+    assert_eq!(extra_per_request(client).await, 15.0);
+}
+
+#[tokio::test]
+async fn the_quick_start_stack_adds_sixteen_allocations_per_request() {
+    let client = Resilience::new()
+        .client_builder(reqwest_client())
+        .unwrap()
+        .with(Answer200)
+        .build();
+    // Retry and transport's 15, and the breaker's boxed future (1): its origin lookup
+    // and its registry entry allocate nothing.
+    assert_eq!(extra_per_request(client).await, 16.0 + OBSERVER);
+}
+
+#[tokio::test]
+async fn the_full_stack_with_bearer_adds_twenty_three_allocations_per_request() {
+    let client = Resilience::new()
+        .bearer(bearer())
+        .client_builder(reqwest_client())
+        .unwrap()
+        .with(Answer200)
+        .build();
+    // The quick start's 16; BearerAuth's boxed future (1), `Request::try_clone` for a
+    // possible 401 replay (4), and the header map growing for `Authorization` (2; over
+    // the network reqwest would grow it for its default headers anyway).
+    assert_eq!(extra_per_request(client).await, 23.0 + OBSERVER);
+}

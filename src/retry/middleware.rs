@@ -431,153 +431,171 @@ impl Middleware for RetryMiddleware {
 
 impl RetryMiddleware {
     /// The retry loop for one logical request.
-    async fn attempts(
-        &self,
+    // Not an `async fn`: its desugaring moves each argument into a second slot of the
+    // future, and a `Request` is 264 bytes copied into every request's boxed future.
+    #[allow(clippy::manual_async_fn)]
+    fn attempts<'a>(
+        &'a self,
         mut req: Request,
-        extensions: &mut Extensions,
-        next: Next<'_>,
-    ) -> reqwest_middleware::Result<Response> {
-        let c = &*self.config;
-        let deadline = extensions.get::<Deadline>().map(|d| d.0);
-        let idempotent = extensions
-            .get::<Idempotent>()
-            .map_or_else(|| is_idempotent(req.method(), req.headers()), |i| i.0);
-        let method = req.method().clone();
-        let mut state = LoopState {
-            // Only an external policy reads the wall clock; the success path skips it.
-            started_system: matches!(c.delays, Delays::External(_)).then(SystemTime::now),
-            deadline,
-            max_retries: extensions
-                .get::<MaxRetries>()
-                .map_or(c.max_retries, |m| m.0),
-            retries: 0,
-            previous_delay: None,
-        };
-        if let Some(budget) = &c.budget {
-            budget.deposit();
-        }
-        let mut not_processed_retries = 0;
-        loop {
-            let attempt = state.retries + 1;
-            // One attempt and its decision, in a block of their own: the request, the
-            // response and the evidence end with it, so the future does not also keep
-            // their slots through the backoff wait below (every request pays for the
-            // future's size when it is boxed).
-            let (wait, delay, reason, withdrawal) = {
-                // Cloning only when a retry is still possible keeps streaming bodies (and
-                // `MaxRetries(0)`) on the single-send path.
-                let spare = if state.retries < state.max_retries {
-                    req.try_clone()
-                } else {
-                    None
-                };
-                // Evidence from the previous attempt must not be mistaken for this one's.
-                extensions.remove::<RequestEvidence>();
-                let recorded_before = extensions.get::<AttemptHistory>().map_or(0, |h| h.len());
-                // The deadline bounds the attempt too: a server that trickles its answer (or
-                // none) must not hold the caller past it when reqwest has no timeout.
-                let (result, timed_out) = match deadline {
-                    Some(d) => {
-                        // Taken now (the request moves into the attempt); a cache hit costs
-                        // no allocation, unlike keeping a copy of the URL.
-                        let origin = Origin::cached(req.url());
-                        let started = Instant::now();
-                        match tokio::time::timeout_at(d, next.clone().run(req, extensions)).await {
-                            Ok(result) => (result, false),
-                            Err(elapsed) => {
-                                let mut e =
-                                    RequestEvidence::new(Transmission::Unknown, origin, attempt);
-                                e.failure = Some(FailureKind::Timeout);
-                                e.elapsed = started.elapsed();
-                                extensions.insert(e);
-                                (Err(reqwest_middleware::Error::middleware(elapsed)), true)
+        extensions: &'a mut Extensions,
+        next: Next<'a>,
+    ) -> impl Future<Output = reqwest_middleware::Result<Response>> + Send + 'a {
+        async move {
+            let c = &*self.config;
+            let deadline = extensions.get::<Deadline>().map(|d| d.0);
+            let idempotent = extensions
+                .get::<Idempotent>()
+                .map_or_else(|| is_idempotent(req.method(), req.headers()), |i| i.0);
+            let method = req.method().clone();
+            let mut state = LoopState {
+                // Only an external policy reads the wall clock; the success path skips it.
+                started_system: matches!(c.delays, Delays::External(_)).then(SystemTime::now),
+                deadline,
+                max_retries: extensions
+                    .get::<MaxRetries>()
+                    .map_or(c.max_retries, |m| m.0),
+                retries: 0,
+                previous_delay: None,
+            };
+            if let Some(budget) = &c.budget {
+                budget.deposit();
+            }
+            let mut not_processed_retries = 0;
+            loop {
+                let attempt = state.retries + 1;
+                // One attempt and its decision, in a block of their own: the request, the
+                // response and the evidence end with it, so the future does not also keep
+                // their slots through the backoff wait below (every request pays for the
+                // future's size when it is boxed).
+                let (wait, delay, reason, withdrawal) = {
+                    // Cloning only when a retry is still possible keeps streaming bodies (and
+                    // `MaxRetries(0)`) on the single-send path.
+                    let spare = if state.retries < state.max_retries {
+                        req.try_clone()
+                    } else {
+                        None
+                    };
+                    // Evidence from the previous attempt must not be mistaken for this one's.
+                    extensions.remove::<RequestEvidence>();
+                    let recorded_before = extensions.get::<AttemptHistory>().map_or(0, |h| h.len());
+                    // The deadline bounds the attempt too: a server that trickles its answer (or
+                    // none) must not hold the caller past it when reqwest has no timeout.
+                    let (result, timed_out) = match deadline {
+                        Some(d) => {
+                            // Taken now (the request moves into the attempt); a cache hit costs
+                            // no allocation, unlike keeping a copy of the URL.
+                            let origin = Origin::cached(req.url());
+                            let started = Instant::now();
+                            match tokio::time::timeout_at(d, next.clone().run(req, extensions))
+                                .await
+                            {
+                                Ok(result) => (result, false),
+                                Err(elapsed) => {
+                                    let mut e = RequestEvidence::new(
+                                        Transmission::Unknown,
+                                        origin,
+                                        attempt,
+                                    );
+                                    e.failure = Some(FailureKind::Timeout);
+                                    e.elapsed = started.elapsed();
+                                    extensions.insert(e);
+                                    (Err(reqwest_middleware::Error::middleware(elapsed)), true)
+                                }
                             }
                         }
-                    }
-                    None => (next.clone().run(req, extensions).await, false),
-                };
+                        None => (next.clone().run(req, extensions).await, false),
+                    };
 
-                let evidence = match extensions.get::<RequestEvidence>() {
-                    Some(e) => e.clone(),
-                    None => {
-                        // A response or a reqwest error without evidence means no transport
-                        // step; a middleware error may just come from one inside (a token).
-                        if !matches!(result, Err(reqwest_middleware::Error::Middleware(_))) {
-                            warn_no_evidence_once();
+                    let evidence = match extensions.get::<RequestEvidence>() {
+                        Some(e) => e.clone(),
+                        None => {
+                            // A response or a reqwest error without evidence means no transport
+                            // step; a middleware error may just come from one inside (a token).
+                            if !matches!(result, Err(reqwest_middleware::Error::Middleware(_))) {
+                                warn_no_evidence_once();
+                            }
+                            fallback_evidence(&result, attempt)
                         }
-                        fallback_evidence(&result, attempt)
+                    };
+                    // A local rejection (breaker, pause) or a missing transport step leaves no
+                    // record: add one, so the decision below lands on this attempt.
+                    let history = extensions.get_or_insert_default::<AttemptHistory>();
+                    if history.len() == recorded_before {
+                        history.push(evidence.clone());
                     }
-                };
-                // A local rejection (breaker, pause) or a missing transport step leaves no
-                // record: add one, so the decision below lands on this attempt.
-                let history = extensions.get_or_insert_default::<AttemptHistory>();
-                if history.len() == recorded_before {
-                    history.push(evidence.clone());
-                }
-                let verdict = c.strategy.decide(&AttemptContext {
-                    evidence: &evidence,
-                    method: &method,
-                    idempotent,
-                    attempt,
-                    not_processed_retries,
-                });
-                let step = match verdict {
-                    // The deadline passed during the attempt: no time is left for another.
-                    _ if timed_out => Step::Stop(StopReason::DeadlineExceeded),
-                    Verdict::Stop(reason) => Step::Stop(reason),
-                    Verdict::Retry(reason) => {
-                        let retry_in = result
-                            .as_ref()
-                            .err()
-                            .and_then(ResilienceError::from_middleware_error)
-                            .and_then(ResilienceError::retry_in);
-                        c.plan(
-                            reason,
-                            &evidence,
-                            retry_in,
-                            spare.is_some(),
-                            &state,
-                            Instant::now(),
-                        )
-                    }
-                };
-                record(extensions, &step, attempt, &method);
+                    let verdict = c.strategy.decide(&AttemptContext {
+                        evidence: &evidence,
+                        method: &method,
+                        idempotent,
+                        attempt,
+                        not_processed_retries,
+                    });
+                    let step = match verdict {
+                        // The deadline passed during the attempt: no time is left for another.
+                        _ if timed_out => Step::Stop(StopReason::DeadlineExceeded),
+                        Verdict::Stop(reason) => Step::Stop(reason),
+                        Verdict::Retry(reason) => {
+                            let retry_in = result
+                                .as_ref()
+                                .err()
+                                .and_then(ResilienceError::from_middleware_error)
+                                .and_then(ResilienceError::retry_in);
+                            c.plan(
+                                reason,
+                                &evidence,
+                                retry_in,
+                                spare.is_some(),
+                                &state,
+                                Instant::now(),
+                            )
+                        }
+                    };
+                    record(extensions, &step, attempt, &method);
 
-                let (delay, reason, next_req, withdrawal) = match (step, spare) {
+                    let (delay, reason, next_req, withdrawal) = match (step, spare) {
+                        (
+                            Step::Retry {
+                                delay,
+                                reason,
+                                withdrawal,
+                            },
+                            Some(next_req),
+                        ) => (delay, reason, next_req, withdrawal),
+                        (Step::Stop(stop), _) => {
+                            return finish(c, result, attempt, stop, extensions);
+                        }
+                        // `plan` never retries without a replayable request.
+                        (Step::Retry { .. }, None) => {
+                            return finish(
+                                c,
+                                result,
+                                attempt,
+                                StopReason::BodyNotClonable,
+                                extensions,
+                            );
+                        }
+                    };
+                    // The attempt's request was moved into it; the spare is the next one.
+                    req = next_req;
+                    // Boxed: the timers and the drain are large, and only a retry needs them,
+                    // so the success path does not carry (and copy) them in its future.
                     (
-                        Step::Retry {
-                            delay,
-                            reason,
-                            withdrawal,
-                        },
-                        Some(next_req),
-                    ) => (delay, reason, next_req, withdrawal),
-                    (Step::Stop(stop), _) => return finish(c, result, attempt, stop, extensions),
-                    // `plan` never retries without a replayable request.
-                    (Step::Retry { .. }, None) => {
-                        return finish(c, result, attempt, StopReason::BodyNotClonable, extensions);
-                    }
+                        Box::pin(wait_before_retry(result.ok(), delay)),
+                        delay,
+                        reason,
+                        withdrawal,
+                    )
                 };
-                // The attempt's request was moved into it; the spare is the next one.
-                req = next_req;
-                // Boxed: the timers and the drain are large, and only a retry needs them,
-                // so the success path does not carry (and copy) them in its future.
-                (
-                    Box::pin(wait_before_retry(result.ok(), delay)),
-                    delay,
-                    reason,
-                    withdrawal,
-                )
-            };
-            // Dropped during the wait, the retry is never made: its budget goes back.
-            let mut unspent = Unspent(c.budget.as_ref().zip(withdrawal));
-            wait.await;
-            unspent.0 = None;
-            if reason == RetryReason::NotProcessed {
-                not_processed_retries += 1;
+                // Dropped during the wait, the retry is never made: its budget goes back.
+                let mut unspent = Unspent(c.budget.as_ref().zip(withdrawal));
+                wait.await;
+                unspent.0 = None;
+                if reason == RetryReason::NotProcessed {
+                    not_processed_retries += 1;
+                }
+                state.previous_delay = Some(delay);
+                state.retries += 1;
             }
-            state.previous_delay = Some(delay);
-            state.retries += 1;
         }
     }
 }

@@ -64,13 +64,8 @@ impl Middleware for TransportEvidence {
         extensions: &mut Extensions,
         next: Next<'_>,
     ) -> reqwest_middleware::Result<Response> {
-        let origin = Origin::cached(req.url());
-        let attempt = extensions
-            .get::<AttemptHistory>()
-            .map_or(0, |h| h.len() as u32)
-            .saturating_add(1);
-        let started = tokio::time::Instant::now();
-        let result = next.run(req, extensions).await;
+        let (origin, attempt, started, sent) = hand_on(req, extensions, next);
+        let result = sent.await;
         let mut evidence = match &result {
             Ok(response) => {
                 let mut e = RequestEvidence::new(
@@ -125,4 +120,25 @@ impl Middleware for TransportEvidence {
         extensions.insert(evidence);
         result
     }
+}
+
+/// The rest of the stack's answer to one attempt, as `Next::run` returns it.
+type Attempt<'a> =
+    std::pin::Pin<Box<dyn Future<Output = reqwest_middleware::Result<Response>> + Send + 'a>>;
+
+/// Takes what the evidence needs from the request and hands it on. Synchronous on
+/// purpose: a request borrowed inside `handle` keeps a second 264-byte copy of it in the
+/// future, which every request copies into its box.
+fn hand_on<'a>(
+    req: Request,
+    extensions: &'a mut Extensions,
+    next: Next<'a>,
+) -> (Option<Origin>, u32, tokio::time::Instant, Attempt<'a>) {
+    let origin = Origin::cached(req.url());
+    let attempt = extensions
+        .get::<AttemptHistory>()
+        .map_or(0, |h| h.len() as u32)
+        .saturating_add(1);
+    let started = tokio::time::Instant::now();
+    (origin, attempt, started, next.run(req, extensions))
 }

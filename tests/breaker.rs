@@ -571,3 +571,137 @@ async fn half_open_round(probes: u32) -> (usize, usize) {
     assert_eq!(snap[0].rejections, rejected as u64);
     (sent, rejected)
 }
+
+fn snapshot(reg: &BreakerRegistry, server: &FaultServer) -> (BreakerState, u32, u32) {
+    let snap = reg.snapshot();
+    let s = snap
+        .iter()
+        .find(|s| s.origin == origin(server))
+        .expect("a breaker for the origin");
+    (s.state, s.consecutive_failures, s.probes_in_flight)
+}
+
+fn with_deadline(after: Duration) -> Extensions {
+    let mut ext = Extensions::new();
+    ext.insert(Deadline(Instant::now() + after));
+    ext
+}
+
+/// What a deadline cut leaves: tokio's `Elapsed` as the error, and one `Unknown`/`Timeout`
+/// record for the attempt.
+fn assert_cut_at_deadline(
+    result: &reqwest_middleware::Result<reqwest::Response>,
+    ext: &Extensions,
+    server: &FaultServer,
+    elapsed: Duration,
+) {
+    match result.as_ref().expect_err("cut") {
+        reqwest_middleware::Error::Middleware(e) => {
+            assert!(e.is::<tokio::time::error::Elapsed>(), "{e:?}")
+        }
+        other => panic!("not a deadline cut: {other:?}"),
+    }
+    let evidence = ext.get::<RequestEvidence>().expect("evidence");
+    assert_eq!(evidence.transmission, Transmission::Unknown);
+    assert_eq!(evidence.failure, Some(FailureKind::Timeout));
+    assert_eq!(evidence.origin, Some(origin(server)));
+    assert_eq!(evidence.elapsed, elapsed);
+    let history = ext.get::<AttemptHistory>().expect("history");
+    assert_eq!(history.len(), 1);
+    assert_eq!(&history.last().unwrap().evidence, evidence);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_attempt_hanging_past_its_deadline_is_cut_and_counted_as_a_timeout_failure() {
+    let server = FaultServer::always(Action::Stall).await;
+    let reg = registry(BreakerConfig::default().policy(TripPolicy::consecutive_failures(2)));
+    let c = client(&reg);
+    let url = server.url("/hang");
+
+    let t0 = Instant::now();
+    let (result, ext) = get(&c, &url, with_deadline(2 * S)).await;
+    assert_eq!(t0.elapsed(), 2 * S);
+    assert_cut_at_deadline(&result, &ext, &server, 2 * S);
+    assert_eq!(server.requests_seen(), 1);
+    assert_eq!(snapshot(&reg, &server), (BreakerState::Closed, 1, 0));
+
+    let (result, ext) = get(&c, &url, with_deadline(3 * S)).await;
+    assert_cut_at_deadline(&result, &ext, &server, 3 * S);
+    assert_eq!(server.requests_seen(), 2);
+    assert_eq!(reg.state(&origin(&server)), Some(BreakerState::Open));
+
+    let (result, _) = get(&c, &url, with_deadline(2 * S)).await;
+    assert!(matches!(
+        breaker_error(&result),
+        ResilienceError::BreakerOpen { .. }
+    ));
+    assert_eq!(server.requests_seen(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_half_open_probe_cut_at_its_deadline_reopens_the_breaker() {
+    let server = FaultServer::sequence(vec![Action::status(503)], Action::Stall).await;
+    let reg = registry(BreakerConfig::default().policy(TripPolicy::consecutive_failures(1)));
+    let c = client(&reg);
+    let url = server.url("/");
+    assert_eq!(status(&c, &url).await, 503);
+    assert_eq!(reg.state(&origin(&server)), Some(BreakerState::Open));
+    tokio::time::sleep(30 * S).await;
+    assert_eq!(reg.state(&origin(&server)), Some(BreakerState::HalfOpen));
+
+    let (result, ext) = get(&c, &url, with_deadline(S)).await;
+    assert_cut_at_deadline(&result, &ext, &server, S);
+    assert_eq!(server.requests_seen(), 2);
+    let (state, _, probes) = snapshot(&reg, &server);
+    assert_eq!((state, probes), (BreakerState::Open, 0));
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_attempt_admitted_at_its_deadline_is_cut_without_being_counted() {
+    let server = FaultServer::always(Action::Stall).await;
+    let reg = registry(BreakerConfig::default().policy(TripPolicy::consecutive_failures(1)));
+    let c = client(&reg);
+    // The deadline is already due: the server was given no time, so its breaker learns
+    // nothing, though the caller still gets the cut.
+    let (result, ext) = get(&c, &server.url("/"), with_deadline(Duration::ZERO)).await;
+    assert_cut_at_deadline(&result, &ext, &server, Duration::ZERO);
+    assert_eq!(snapshot(&reg, &server), (BreakerState::Closed, 0, 0));
+}
+
+#[tokio::test(start_paused = true)]
+async fn dropped_attempts_in_closed_count_nothing_two_failures_five_drops_two_failures_stay_closed()
+{
+    // Requests 2..=6 hang; the caller drops them (its own timeout: no Deadline).
+    let server = FaultServer::start(|i, _| {
+        if (2..7).contains(&i) {
+            Action::Stall
+        } else {
+            Action::status(503)
+        }
+    })
+    .await;
+    let reg = registry(BreakerConfig::default().policy(TripPolicy::consecutive_failures(5)));
+    let c = client(&reg);
+    let url = server.url("/");
+    for _ in 0..2 {
+        assert_eq!(status(&c, &url).await, 503);
+    }
+    assert_eq!(snapshot(&reg, &server), (BreakerState::Closed, 2, 0));
+    for dropped in 1..=5 {
+        let mut ext = Extensions::new();
+        let req = c.get(&url).build().unwrap();
+        let cancelled = tokio::time::timeout(S, c.execute_with_extensions(req, &mut ext)).await;
+        assert!(cancelled.is_err(), "the caller's timeout dropped it");
+        assert_eq!(server.requests_seen(), 2 + dropped, "it reached the server");
+        assert!(ext.get::<AttemptHistory>().is_none_or(|h| h.is_empty()));
+        assert_eq!(snapshot(&reg, &server), (BreakerState::Closed, 2, 0));
+    }
+    for _ in 0..2 {
+        assert_eq!(status(&c, &url).await, 503);
+    }
+    assert_eq!(snapshot(&reg, &server), (BreakerState::Closed, 4, 0));
+    // The count is exactly 4: the next failure is the 5th and trips it.
+    assert_eq!(status(&c, &url).await, 503);
+    assert_eq!(reg.state(&origin(&server)), Some(BreakerState::Open));
+    assert_eq!(server.requests_seen(), 10);
+}

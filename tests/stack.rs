@@ -16,7 +16,7 @@ use reqwest_middleware::{ClientBuilder, ClientWithMiddleware, Middleware, Next};
 use reqwest_resilience::breaker::{
     BreakerConfig, BreakerRegistry, BreakerState, CircuitBreakerMiddleware, TripPolicy,
 };
-use reqwest_resilience::retry::{MaxRetries, RetryOutcome, RetryReason, StopReason};
+use reqwest_resilience::retry::{MaxRetries, RetryError, RetryOutcome, RetryReason, StopReason};
 use reqwest_resilience::stack::StackPart;
 use reqwest_resilience::{
     AccessToken, AttemptDecision, AttemptHistory, Backoff, BearerAuth, FailureKind, Jitter, Origin,
@@ -778,4 +778,120 @@ async fn debug_of_a_stack_with_a_cached_token_never_shows_the_secret() {
     let text = format!("{stack:?}");
     assert!(!text.contains("s3cr3t-value"), "{text}");
     assert!(text.contains("on_attempt: true"), "{text}");
+}
+
+/// The final `RetryError` of a wrapped failure.
+fn retry_error(result: &reqwest_middleware::Result<reqwest::Response>) -> &RetryError {
+    let err = result.as_ref().expect_err("a failure");
+    match ResilienceError::from_middleware_error(err) {
+        Some(ResilienceError::Retry(retry)) => retry,
+        other => panic!("not a RetryError: {other:?}"),
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_server_that_hangs_until_the_total_deadline_trips_the_breaker_after_three_cut_attempts() {
+    let server = FaultServer::always(Action::Stall).await;
+    let registry =
+        BreakerRegistry::new(BreakerConfig::default().policy(TripPolicy::consecutive_failures(3)))
+            .unwrap();
+    let client = Resilience::new()
+        .max_retries(0)
+        .total_deadline(S(2))
+        .breaker(registry.clone())
+        .build(reqwest_client())
+        .unwrap();
+    let origin = Origin::parse(&server.url("/")).unwrap();
+
+    for call in 1..=3 {
+        let (result, ext, took) = get(&client, &server.url("/hang"), Extensions::new()).await;
+        let retry = retry_error(&result);
+        assert_eq!(retry.attempts(), 1);
+        assert_eq!(retry.stop_reason(), StopReason::DeadlineExceeded);
+        assert!(retry.is_timeout());
+        assert_eq!(took, S(2), "cut exactly at the deadline (virtual time)");
+        assert_eq!(
+            ext.get::<RetryOutcome>().map(|o| (o.attempts, o.stop)),
+            Some((1, StopReason::DeadlineExceeded))
+        );
+        // One record, though both the breaker and the retry watch the same deadline.
+        assert_eq!(
+            history(&ext),
+            [(
+                Transmission::Unknown,
+                Some(FailureKind::Timeout),
+                stop(StopReason::DeadlineExceeded)
+            )]
+        );
+        let evidence = ext.get::<RequestEvidence>().expect("evidence");
+        assert_eq!(evidence.attempt, 1);
+        assert_eq!(evidence.elapsed, S(2));
+        assert_eq!(evidence.origin.as_ref(), Some(&origin));
+        assert_eq!(server.requests_seen(), call);
+        let expected = if call < 3 {
+            BreakerState::Closed
+        } else {
+            BreakerState::Open
+        };
+        assert_eq!(registry.state(&origin), Some(expected), "after call {call}");
+    }
+
+    // Open: turned away at once, the hanging server sees nothing more.
+    let (result, ext, took) = get(&client, &server.url("/hang"), Extensions::new()).await;
+    assert_eq!(took, Duration::ZERO);
+    let retry = retry_error(&result);
+    assert_eq!(retry.attempts(), 1);
+    assert!(!retry.is_timeout());
+    assert!(matches!(
+        ResilienceError::from_middleware_error(retry.last_error()),
+        Some(ResilienceError::BreakerOpen {
+            state: BreakerState::Open,
+            ..
+        })
+    ));
+    assert_eq!(
+        history(&ext)
+            .into_iter()
+            .map(|(t, f, _)| (t, f))
+            .collect::<Vec<_>>(),
+        [(Transmission::NotSent, Some(FailureKind::BreakerOpen))]
+    );
+    assert_eq!(server.requests_seen(), 3);
+}
+
+#[tokio::test(start_paused = true)]
+async fn with_retries_left_a_hanging_attempt_cut_by_the_breaker_still_stops_at_the_deadline() {
+    // Default retries (3) and a per-request deadline instead of the client's: the breaker
+    // cuts the attempt; the retry recognises the cut and makes no further attempt.
+    let server = FaultServer::always(Action::Stall).await;
+    let registry =
+        BreakerRegistry::new(BreakerConfig::default().policy(TripPolicy::consecutive_failures(1)))
+            .unwrap();
+    let client = Resilience::new()
+        .backoff(exact_backoff())
+        .breaker(registry.clone())
+        .build(reqwest_client())
+        .unwrap();
+    let mut ext = Extensions::new();
+    ext.insert(reqwest_resilience::retry::Deadline::after(S(5)));
+    let (result, ext, took) = get(&client, &server.url("/"), ext).await;
+    let retry = retry_error(&result);
+    assert_eq!(
+        (retry.attempts(), retry.stop_reason(), retry.is_timeout()),
+        (1, StopReason::DeadlineExceeded, true)
+    );
+    assert_eq!(took, S(5));
+    assert_eq!(
+        history(&ext),
+        [(
+            Transmission::Unknown,
+            Some(FailureKind::Timeout),
+            stop(StopReason::DeadlineExceeded)
+        )]
+    );
+    assert_eq!(server.requests_seen(), 1);
+    assert_eq!(
+        registry.state(&Origin::parse(&server.url("/")).unwrap()),
+        Some(BreakerState::Open)
+    );
 }

@@ -36,6 +36,28 @@ use crate::{Origin, ResilienceError};
 /// 3. A `429` or `503` whose evidence carries `Retry-After` pauses the origin for every
 ///    caller of the registry (clamped to [`max_pause`](super::BreakerConfig::max_pause)).
 ///
+/// # Deadlines
+///
+/// When the extensions hold a [`Deadline`] (a per-request one, or the one the retry
+/// middleware hands inward from its `total_deadline`), the attempt runs under it. An
+/// attempt still running at the deadline is cut here, and counted: a server that hangs
+/// until every caller gives up is what a breaker is for, and without a reqwest timeout
+/// nothing else would count it. The cut leaves what the retry middleware's own cut
+/// leaves, so either one stops the retry with
+/// [`StopReason::DeadlineExceeded`](crate::retry::StopReason::DeadlineExceeded):
+///
+/// - a [`RequestEvidence`] `Transmission::Unknown` with [`FailureKind::Timeout`] in the
+///   extensions and appended to the [`AttemptHistory`] (unless the transport step already
+///   recorded this attempt; the retry middleware adds no second record);
+/// - the error `reqwest_middleware::Error::Middleware` holding tokio's
+///   [`Elapsed`](tokio::time::error::Elapsed).
+///
+/// The [`AttemptClassifier`] counts it from that evidence ([`DefaultClassifier`]: a
+/// failure). The retry middleware hands the same deadline inward, and when both timers
+/// are due the breaker's fires first (it is polled inside the retry's), so the outcome is
+/// counted however the two race. An attempt admitted at or after its deadline gave the
+/// server no time and is cut without being counted.
+///
 /// ```
 /// use reqwest_middleware::ClientBuilder;
 /// use reqwest_resilience::TransportEvidence;
@@ -55,7 +77,10 @@ use crate::{Origin, ResilienceError};
 ///
 /// Dropping the request future at any point leaves the breaker consistent: a HalfOpen
 /// probe slot held by the dropped attempt is freed (the permit is an RAII guard), no
-/// outcome is counted, and a wait for a pause holds nothing.
+/// outcome is counted, and a wait for a pause holds nothing. Only the deadline above,
+/// which this middleware sees pass, counts an unfinished attempt; a caller's own
+/// timeout or `select!` that drops the future is a cancellation, not a verdict on the
+/// server.
 #[derive(Clone)]
 pub struct CircuitBreakerMiddleware {
     registry: BreakerRegistry,
@@ -151,6 +176,32 @@ fn record_rejection(rejection: &BreakerRejection, extensions: &mut Extensions) {
     }
 }
 
+/// Leaves the evidence of an attempt cut at the deadline, as the retry middleware writes
+/// its own cut: `Unknown` (the request may have reached the server), `Timeout`. Appended to
+/// the history only when nothing inside recorded this attempt, so it is never counted twice
+/// (the retry middleware outside sees the record and adds none).
+fn record_deadline_cut(
+    extensions: &mut Extensions,
+    origin: &Origin,
+    recorded_before: usize,
+    started: Instant,
+) {
+    let history = extensions.get_or_insert_default::<AttemptHistory>();
+    if history.len() != recorded_before {
+        // The transport step finished (and left in the extensions) its record, and a
+        // middleware between it and this one was still working: that record stands.
+        return;
+    }
+    let attempt = u32::try_from(recorded_before)
+        .unwrap_or(u32::MAX)
+        .saturating_add(1);
+    let mut evidence = RequestEvidence::new(Transmission::Unknown, Some(origin.clone()), attempt);
+    evidence.failure = Some(FailureKind::Timeout);
+    evidence.elapsed = started.elapsed();
+    history.push(evidence.clone());
+    extensions.insert(evidence);
+}
+
 /// The pause a server asked for: `Retry-After` on a 429 or 503.
 fn server_pause(
     evidence: Option<&RequestEvidence>,
@@ -205,7 +256,30 @@ impl Middleware for CircuitBreakerMiddleware {
         // Evidence left by an earlier attempt would otherwise be read as this one's when
         // no transport step runs inside.
         extensions.remove::<RequestEvidence>();
-        let result = next.run(req, extensions).await;
+        let result = match extensions.get::<Deadline>().map(|d| d.0) {
+            Some(deadline) => {
+                let recorded_before = extensions.get::<AttemptHistory>().map_or(0, |h| h.len());
+                let started = Instant::now();
+                match tokio::time::timeout_at(deadline, next.run(req, extensions)).await {
+                    Ok(result) => result,
+                    Err(elapsed) => {
+                        record_deadline_cut(extensions, &origin, recorded_before, started);
+                        let result = Err(reqwest_middleware::Error::middleware(elapsed));
+                        // Admitted at or after the deadline, the attempt gave the server no
+                        // time: that says nothing about its health, so nothing is counted
+                        // (the permit's drop frees a probe slot).
+                        if started < deadline {
+                            let outcome = self
+                                .classifier
+                                .classify(extensions.get::<RequestEvidence>(), &result);
+                            permit.record(outcome);
+                        }
+                        return result;
+                    }
+                }
+            }
+            None => next.run(req, extensions).await,
+        };
         let evidence = extensions.get::<RequestEvidence>();
         let outcome = self.classifier.classify(evidence, &result);
         permit.record_with_pause(outcome, server_pause(evidence, &result));

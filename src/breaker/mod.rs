@@ -37,7 +37,9 @@
 //! # Deadlines
 //!
 //! A request may carry a [`Deadline`] in its extensions. In [`PauseMode::Wait`] a request
-//! whose deadline would pass before the pause ends fails fast instead of waiting.
+//! whose deadline would pass before the pause ends fails fast instead of waiting. An
+//! attempt still running at the deadline is cut by the breaker and counted as a timeout
+//! (see [`CircuitBreakerMiddleware`]), so a server that always hangs trips its breaker.
 //!
 //! [`ResilienceError::BreakerOpen`]: crate::ResilienceError::BreakerOpen
 //!

@@ -221,8 +221,10 @@ impl RetryMiddlewareBuilder {
     }
 
     /// A total deadline per logical request (default none): no retry whose delay would end
-    /// past it, and an attempt still running at it is cut (dropped, so a breaker permit it
-    /// holds is freed uncounted). The per-request [`Deadline`] extension replaces it.
+    /// past it, and an attempt still running at it is cut (a
+    /// [`CircuitBreakerMiddleware`](crate::breaker::CircuitBreakerMiddleware) inside,
+    /// which sees the same deadline, cuts it first and counts it as a timeout). The
+    /// per-request [`Deadline`] extension replaces it.
     pub fn total_deadline(mut self, total: Duration) -> Self {
         self.deadline = Some(total);
         self
@@ -489,7 +491,10 @@ impl RetryMiddleware {
                             match tokio::time::timeout_at(d, next.clone().run(req, extensions))
                                 .await
                             {
-                                Ok(result) => (result, false),
+                                Ok(result) => {
+                                    let cut = cut_inside(&result, d);
+                                    (result, cut)
+                                }
                                 Err(elapsed) => {
                                     let mut e = RequestEvidence::new(
                                         Transmission::Unknown,
@@ -598,6 +603,18 @@ impl RetryMiddleware {
             }
         }
     }
+}
+
+/// Whether a middleware inside (the circuit breaker) cut the attempt at this same
+/// deadline. It fires first when both timers are due, being polled inside this one's
+/// future, and then leaves what this middleware's own cut would: the `Unknown`/`Timeout`
+/// evidence and an [`Elapsed`](tokio::time::error::Elapsed) error.
+fn cut_inside(result: &reqwest_middleware::Result<Response>, deadline: Instant) -> bool {
+    matches!(
+        result,
+        Err(reqwest_middleware::Error::Middleware(e))
+            if e.is::<tokio::time::error::Elapsed>()
+    ) && Instant::now() >= deadline
 }
 
 fn finish(

@@ -807,6 +807,103 @@ async fn a_failed_refresh_after_a_401_is_a_token_error_and_no_replay_is_sent() {
     .expect("test finishes");
 }
 
+// Paused clock, so that `retry_after` is exact: the request never reaches a socket.
+#[tokio::test(start_paused = true)]
+async fn a_request_without_a_token_leaves_not_sent_token_unavailable_evidence_and_history() {
+    use reqwest_resilience::{AttemptHistory, FailureKind, RequestEvidence, Transmission};
+    tokio::time::timeout(IO_LIMIT, async {
+        let server = FaultServer::always(Action::ok("never")).await;
+        let (builder, calls) = scripted(vec![Answer::Fail]);
+        let transport: Arc<dyn Middleware> = Arc::new(reqwest_resilience::TransportEvidence::new());
+        let client = client_with(
+            auth_for(builder.build(), &server).build().unwrap(),
+            Some(transport),
+        );
+        let request = client.post(server.url("/x")).body("{}").build().unwrap();
+        let mut ext = Extensions::new();
+        let err = client
+            .execute_with_extensions(request, &mut ext)
+            .await
+            .unwrap_err();
+        assert!(matches!(
+            ResilienceError::from_middleware_error(&err),
+            Some(ResilienceError::Token(_))
+        ));
+        let evidence = ext
+            .get::<RequestEvidence>()
+            .expect("evidence of the attempt");
+        assert_eq!(evidence.transmission, Transmission::NotSent);
+        assert_eq!(evidence.failure, Some(FailureKind::TokenUnavailable));
+        assert_eq!(evidence.origin, Some(origin_of(&server)));
+        assert_eq!(evidence.attempt, 1);
+        // The manager's first failure backoff: when a new fetch can be had.
+        assert_eq!(evidence.retry_after, Some(Duration::from_secs(1)));
+        let history = ext.get::<AttemptHistory>().expect("a history");
+        assert_eq!(history.len(), 1);
+        assert_eq!(&history.attempts()[0].evidence, evidence);
+        assert_eq!(server.requests_seen(), 0);
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
+    })
+    .await
+    .expect("test finishes");
+}
+
+#[tokio::test]
+async fn a_failed_refresh_after_a_401_records_the_unsent_replay_as_attempt_2_token_unavailable() {
+    use reqwest_resilience::{AttemptHistory, FailureKind, Transmission};
+    tokio::time::timeout(IO_LIMIT, async {
+        let server = FaultServer::always(Action::status(401)).await;
+        let (builder, calls) = scripted(vec![Answer::Token(HOUR), Answer::Fail]);
+        let transport: Arc<dyn Middleware> = Arc::new(reqwest_resilience::TransportEvidence::new());
+        let client = client_with(
+            auth_for(builder.build(), &server).build().unwrap(),
+            Some(transport),
+        );
+        let request = client.get(server.url("/x")).build().unwrap();
+        let mut ext = Extensions::new();
+        let err = client
+            .execute_with_extensions(request, &mut ext)
+            .await
+            .unwrap_err();
+        assert!(matches!(
+            ResilienceError::from_middleware_error(&err),
+            Some(ResilienceError::Token(_))
+        ));
+        let recorded: Vec<_> = ext
+            .get::<AttemptHistory>()
+            .expect("a history")
+            .attempts()
+            .iter()
+            .map(|r| {
+                (
+                    r.evidence.attempt,
+                    r.evidence.transmission,
+                    r.evidence.failure,
+                )
+            })
+            .collect();
+        assert_eq!(
+            recorded,
+            [
+                (
+                    1,
+                    Transmission::ResponseReceived(http::StatusCode::UNAUTHORIZED),
+                    None
+                ),
+                (
+                    2,
+                    Transmission::NotSent,
+                    Some(FailureKind::TokenUnavailable)
+                ),
+            ]
+        );
+        assert_eq!(server.requests_seen(), 1, "no replay without a token");
+        assert_eq!(calls.load(Ordering::SeqCst), 2);
+    })
+    .await
+    .expect("test finishes");
+}
+
 #[tokio::test]
 async fn debug_of_bearer_auth_never_shows_the_secret() {
     const SECRET: &str = "sk-live-abcdef";

@@ -895,3 +895,198 @@ async fn with_retries_left_a_hanging_attempt_cut_by_the_breaker_still_stops_at_t
         Some(BreakerState::Open)
     );
 }
+
+/// A token source that fails its first `failures` fetches, then hands out `token-N`.
+fn tokens_failing_first(failures: usize) -> (Arc<AtomicUsize>, impl Fn() -> TokenFetch + Clone) {
+    let fetches = Arc::new(AtomicUsize::new(0));
+    let f = fetches.clone();
+    let source = move || {
+        let n = f.fetch_add(1, Ordering::SeqCst) + 1;
+        Box::pin(async move {
+            if n <= failures {
+                Err(std::io::Error::other("identity provider down"))
+            } else {
+                Ok(AccessToken::new(format!("token-{n}")))
+            }
+        }) as TokenFetch
+    };
+    (fetches, source)
+}
+
+type TokenFetch = std::pin::Pin<
+    Box<dyn std::future::Future<Output = Result<AccessToken, std::io::Error>> + Send>,
+>;
+
+/// The middleware error a stopped retry loop returns, unwrapped down to the `TokenError`.
+fn is_token_error(err: &reqwest_middleware::Error) -> bool {
+    match ResilienceError::from_middleware_error(err) {
+        Some(ResilienceError::Token(_)) => true,
+        Some(ResilienceError::Retry(r)) => is_token_error(r.last_error()),
+        _ => false,
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn post_whose_first_token_fetch_fails_is_retried_and_reaches_the_server_exactly_once() {
+    let server = FaultServer::always(Action::ok("created")).await;
+    let (fetches, source) = tokens_failing_first(1);
+    let client = Resilience::new()
+        .backoff(exact_backoff())
+        .bearer(bearer(&server, TokenManager::new(source)))
+        .build(reqwest_client())
+        .unwrap();
+
+    let request = client
+        .post(server.url("/orders"))
+        .body("{}")
+        .build()
+        .unwrap();
+    let mut ext = Extensions::new();
+    let t0 = Instant::now();
+    let result = tokio::time::timeout(S(3600), client.execute_with_extensions(request, &mut ext))
+        .await
+        .expect("the request finished");
+
+    assert_eq!(result.unwrap().status(), 200);
+    assert_eq!(fetches.load(Ordering::SeqCst), 2);
+    assert_eq!(
+        server.requests_seen(),
+        1,
+        "the tokenless attempt never left"
+    );
+    let seen = &server.requests()[0];
+    assert_eq!(seen.method, "POST");
+    assert_eq!(seen.header("authorization"), Some("Bearer token-2"));
+    // The manager's first failure backoff (1 s) and the retry's first delay (1 s) agree.
+    assert_eq!(t0.elapsed(), S(1));
+    assert_eq!(
+        history(&ext),
+        [
+            (
+                Transmission::NotSent,
+                Some(FailureKind::TokenUnavailable),
+                retry(S(1), RetryReason::NotSent)
+            ),
+            (
+                status(200),
+                None,
+                stop(StopReason::FinalResponse(StatusCode::OK))
+            ),
+        ]
+    );
+    let origin = Origin::parse(&server.url("/")).unwrap();
+    let records = ext.get::<AttemptHistory>().unwrap().attempts().to_vec();
+    let numbered: Vec<_> = records
+        .iter()
+        .map(|r| (r.evidence.attempt, r.evidence.origin.clone()))
+        .collect();
+    assert_eq!(
+        numbered,
+        [(1, Some(origin.clone())), (2, Some(origin.clone()))]
+    );
+    assert_eq!(
+        ext.get::<RetryOutcome>().map(|o| o.attempts),
+        Some(2),
+        "one retry"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn post_after_a_token_failure_waits_for_the_token_managers_next_fetch_not_only_the_backoff() {
+    let server = FaultServer::always(Action::ok("created")).await;
+    let (fetches, source) = tokens_failing_first(1);
+    // The manager will not fetch again for 5 s; a retry after the 1 s backoff would get
+    // the same error back and spend a retry for nothing.
+    let tokens = TokenManager::builder(source)
+        .failure_backoff(S(5), S(30))
+        .build();
+    let client = Resilience::new()
+        .backoff(exact_backoff())
+        .max_retries(1)
+        .bearer(bearer(&server, tokens))
+        .build(reqwest_client())
+        .unwrap();
+
+    let request = client
+        .post(server.url("/orders"))
+        .body("{}")
+        .build()
+        .unwrap();
+    let mut ext = Extensions::new();
+    let t0 = Instant::now();
+    let result = tokio::time::timeout(S(3600), client.execute_with_extensions(request, &mut ext))
+        .await
+        .expect("the request finished");
+
+    assert_eq!(result.unwrap().status(), 200);
+    assert_eq!(t0.elapsed(), S(5));
+    assert_eq!(fetches.load(Ordering::SeqCst), 2);
+    assert_eq!(server.requests_seen(), 1);
+    assert_eq!(
+        history(&ext),
+        [
+            (
+                Transmission::NotSent,
+                Some(FailureKind::TokenUnavailable),
+                retry(S(5), RetryReason::NotSent)
+            ),
+            (
+                status(200),
+                None,
+                stop(StopReason::FinalResponse(StatusCode::OK))
+            ),
+        ]
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn ten_consecutive_token_failures_leave_the_origins_breaker_closed_and_send_nothing() {
+    let server = FaultServer::always(Action::ok("hello")).await;
+    let (fetches, source) = tokens_failing_first(10);
+    // One counted failure would open this breaker.
+    let registry =
+        BreakerRegistry::new(BreakerConfig::default().policy(TripPolicy::consecutive_failures(1)))
+            .unwrap();
+    let client = Resilience::new()
+        .breaker(registry.clone())
+        .bearer(bearer(&server, TokenManager::new(source)))
+        .build(reqwest_client())
+        .unwrap();
+    let origin = Origin::parse(&server.url("/")).unwrap();
+
+    for i in 1..=10 {
+        let (result, ext, _) = get(&client, &server.url("/me"), once()).await;
+        let err = result.expect_err("no token, no request");
+        assert!(is_token_error(&err), "attempt {i}: {err:?}");
+        assert_eq!(
+            history(&ext),
+            [(
+                Transmission::NotSent,
+                Some(FailureKind::TokenUnavailable),
+                stop(StopReason::RetriesExhausted)
+            )],
+            "request {i}"
+        );
+        assert_eq!(
+            registry.state(&origin),
+            Some(BreakerState::Closed),
+            "request {i}"
+        );
+        // Past the manager's failure backoff (capped at 30 s), so every request makes a
+        // fetch of its own that fails.
+        tokio::time::advance(S(31)).await;
+    }
+    assert_eq!(fetches.load(Ordering::SeqCst), 10);
+    assert_eq!(server.requests_seen(), 0);
+    let snapshot = registry.snapshot();
+    assert_eq!(snapshot.len(), 1);
+    assert_eq!(snapshot[0].state, BreakerState::Closed);
+    assert_eq!(snapshot[0].consecutive_failures, 0);
+    assert_eq!(snapshot[0].trips, 0);
+
+    // The 11th fetch succeeds and the closed breaker lets the request through.
+    let (result, _, _) = get(&client, &server.url("/me"), once()).await;
+    assert_eq!(result.unwrap().status(), 200);
+    assert_eq!(server.requests_seen(), 1);
+    assert_eq!(registry.state(&origin), Some(BreakerState::Closed));
+}

@@ -49,7 +49,7 @@ impl Bytes<'_> {
     }
 }
 
-const KINDS: [FailureKind; 16] = [
+const KINDS: [FailureKind; 17] = [
     FailureKind::Connect,
     FailureKind::Dns,
     FailureKind::Tls,
@@ -65,6 +65,7 @@ const KINDS: [FailureKind; 16] = [
     FailureKind::Decode,
     FailureKind::BreakerOpen,
     FailureKind::Paused,
+    FailureKind::TokenUnavailable,
     FailureKind::Other,
 ];
 

@@ -10,6 +10,7 @@ use reqwest_middleware::{Middleware, Next};
 
 use super::manager::TokenManager;
 use super::token::{AccessToken, TokenError, TokenErrorKind};
+use crate::evidence::{AttemptHistory, FailureKind, RequestEvidence};
 use crate::{Origin, ResilienceError};
 
 /// Attaches `Authorization: Bearer <token>` from a [`TokenManager`] to the requests sent
@@ -33,7 +34,12 @@ use crate::{Origin, ResilienceError};
 ///   dropped the token on the cross-origin hop, so that server never saw it.
 /// - **Errors**: when no token can be had, the request is not sent and the call fails
 ///   with [`ResilienceError::Token`] inside `reqwest_middleware::Error::Middleware`
-///   (also when the refresh after a `401` fails: the replay is then not sent).
+///   (also when the refresh after a `401` fails: the replay is then not sent). The
+///   attempt that was not sent is recorded like a breaker rejection: a `NotSent`
+///   [`RequestEvidence`] with [`FailureKind::TokenUnavailable`] in the extensions and
+///   appended to the [`AttemptHistory`], its `retry_after` set to when the manager will
+///   fetch again ([`TokenError::retry_at`]). The breaker counts it as neutral; the retry
+///   middleware retries it (any method: nothing was sent), not before that time.
 ///
 /// Place it inside the retry and breaker middlewares, outside `TransportEvidence`.
 ///
@@ -272,17 +278,40 @@ pub(super) fn is_loopback(origin: &Origin) -> bool {
     bare.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
 }
 
-fn attach(req: &mut Request, token: &AccessToken) -> Result<(), reqwest_middleware::Error> {
+fn attach(req: &mut Request, token: &AccessToken) -> Result<(), TokenError> {
     // The manager only caches tokens that have a header; this is defence in depth.
     let value = token
         .authorization_header()
         .cloned()
-        .ok_or_else(|| token_error(TokenError::new(TokenErrorKind::InvalidSecret, None, None)))?;
+        .ok_or_else(|| TokenError::new(TokenErrorKind::InvalidSecret, None, None))?;
     req.headers_mut().insert(header::AUTHORIZATION, value);
     Ok(())
 }
 
-fn token_error(e: TokenError) -> reqwest_middleware::Error {
+/// The error for a request that got no token, after leaving its `NotSent` evidence where
+/// the breaker, the retry middleware and the caller look (as a breaker rejection does):
+/// without it the attempt would read as `Unknown`, and a POST that never left would be
+/// stopped as "may have been processed".
+fn token_unavailable(
+    e: TokenError,
+    url: &Url,
+    extensions: &mut Extensions,
+) -> reqwest_middleware::Error {
+    let history = extensions.get_or_insert_default::<AttemptHistory>();
+    let attempt = u32::try_from(history.len())
+        .unwrap_or(u32::MAX)
+        .saturating_add(1);
+    let mut evidence = RequestEvidence::rejected_locally(
+        FailureKind::TokenUnavailable,
+        Origin::cached(url),
+        attempt,
+    );
+    // Until then the manager answers with this same error at once: a retry sooner is wasted.
+    evidence.retry_after = e
+        .retry_at()
+        .map(|at| at.saturating_duration_since(tokio::time::Instant::now()));
+    history.push(evidence.clone());
+    extensions.insert(evidence);
     reqwest_middleware::Error::middleware(ResilienceError::Token(e))
 }
 
@@ -297,12 +326,17 @@ impl Middleware for BearerAuth {
         if req.headers().contains_key(header::AUTHORIZATION) || !self.covers(req.url()) {
             return next.run(req, extensions).await;
         }
-        let token = self.manager.token().await.map_err(token_error)?;
+        let token = match self.manager.token().await {
+            Ok(token) => token,
+            Err(e) => return Err(token_unavailable(e, req.url(), extensions)),
+        };
         let replay = req.try_clone();
         // Where the request went, to tell a 401 from elsewhere (after a redirect); the
         // replay copy already knows, so only a streamed request pays for the copy.
         let streamed_url = replay.is_none().then(|| req.url().clone());
-        attach(&mut req, &token)?;
+        if let Err(e) = attach(&mut req, &token) {
+            return Err(token_unavailable(e, req.url(), extensions));
+        }
         let response = next.clone().run(req, extensions).await?;
         if response.status() != StatusCode::UNAUTHORIZED {
             return Ok(response);
@@ -353,8 +387,13 @@ impl BearerAuth {
             return Ok(response);
         };
         drop(response);
-        let fresh = self.manager.token().await.map_err(token_error)?;
-        attach(&mut replay, &fresh)?;
+        let fresh = match self.manager.token().await {
+            Ok(token) => token,
+            Err(e) => return Err(token_unavailable(e, replay.url(), extensions)),
+        };
+        if let Err(e) = attach(&mut replay, &fresh) {
+            return Err(token_unavailable(e, replay.url(), extensions));
+        }
         next.run(replay, extensions).await
     }
 }

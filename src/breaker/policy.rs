@@ -273,9 +273,11 @@ pub trait AttemptClassifier: Send + Sync + 'static {
 
 /// The design's classification: 5xx, 401, 429 and transport failures are failures; 2xx
 /// and 3xx successes; other 4xx neutral. A rejection by another breaker or a pause
-/// (`NotSent`, [`FailureKind::BreakerOpen`] / [`FailureKind::Paused`]), a request that
-/// could not be built, and an error from a middleware inside the breaker with no evidence
-/// of an attempt (a token that could not be had) say nothing about the origin: neutral.
+/// (`NotSent`, [`FailureKind::BreakerOpen`] / [`FailureKind::Paused`]), a bearer token
+/// that could not be had (`NotSent`, [`FailureKind::TokenUnavailable`]: the identity
+/// provider failed, not the origin), a request that could not be built, and an error from
+/// a middleware inside the breaker with no evidence of an attempt say nothing about the
+/// origin: neutral.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct DefaultClassifier;
 
@@ -310,6 +312,7 @@ impl AttemptClassifier for DefaultClassifier {
                 Some(
                     FailureKind::BreakerOpen
                     | FailureKind::Paused
+                    | FailureKind::TokenUnavailable
                     | FailureKind::Builder
                     | FailureKind::Redirect
                     | FailureKind::Decode,
@@ -324,7 +327,8 @@ impl AttemptClassifier for DefaultClassifier {
             }
             Err(reqwest_middleware::Error::Reqwest(_)) => Outcome::Failure,
             // A middleware inside the breaker failed before any transport step saw the
-            // request (e.g. `BearerAuth` could get no token): the origin was not asked.
+            // request (a middleware of the caller's; `BearerAuth` leaves `TokenUnavailable`
+            // evidence instead): the origin was not asked.
             Err(reqwest_middleware::Error::Middleware(_)) => Outcome::Neutral,
         }
     }
@@ -386,6 +390,7 @@ mod tests {
             (FailureKind::Reset, Outcome::Failure),
             (FailureKind::BreakerOpen, Outcome::Neutral),
             (FailureKind::Paused, Outcome::Neutral),
+            (FailureKind::TokenUnavailable, Outcome::Neutral),
             (FailureKind::Builder, Outcome::Neutral),
         ] {
             let mut e = RequestEvidence::new(Transmission::Unknown, None, 1);

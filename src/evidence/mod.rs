@@ -31,7 +31,7 @@ use crate::Origin;
 pub enum Transmission {
     /// Proven: no byte of the request can have reached a server (connect refused or
     /// unreachable, DNS failure, TLS handshake failure, rejected locally by an open breaker
-    /// or a pause, a request that could not be built).
+    /// or a pause, no bearer token to be had, a request that could not be built).
     NotSent,
     /// The request, or part of it, went out and no response head came back.
     SentNoResponse,
@@ -89,6 +89,10 @@ pub enum FailureKind {
     /// A server-directed pause (`Retry-After` shared by the breaker registry) rejected the
     /// request locally.
     Paused,
+    /// `BearerAuth` could get no bearer token (the token source failed, timed out, or
+    /// gave a token no header can carry), so the request was not sent: always with
+    /// [`Transmission::NotSent`]. Says nothing about the origin.
+    TokenUnavailable,
     /// A failure this crate does not recognise.
     Other,
 }
@@ -141,7 +145,8 @@ impl RequestEvidence {
         }
     }
 
-    /// Evidence of a request rejected locally (breaker open, paused): `NotSent`.
+    /// Evidence of a request rejected locally (breaker open, paused, no bearer token):
+    /// `NotSent`.
     pub fn rejected_locally(kind: FailureKind, origin: Option<Origin>, attempt: u32) -> Self {
         RequestEvidence {
             failure: Some(kind),

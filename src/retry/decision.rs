@@ -184,12 +184,20 @@ pub trait RetryStrategy: Send + Sync + 'static {
 /// | evidence | idempotent | non-idempotent |
 /// |---|---|---|
 /// | `NotSent`, transient kind | retry | retry |
+/// | `NotSent`, no bearer token ([`FailureKind::TokenUnavailable`]) | retry | retry |
 /// | sent, server proved not processed | retry | retry once |
 /// | `SentNoResponse` / `Unknown` | retry | never |
 /// | 408, 500, 502, 503, 504 | retry | only with `Retry-After` |
 /// | 429 | retry | retry |
 /// | other statuses | no | no |
 /// | certificate, builder, redirect, decode, permanent connect | no | no |
+///
+/// A request that got no bearer token was not sent, so it is retried like any `NotSent`
+/// attempt, whatever its method and whatever [`TokenErrorKind`](crate::auth::TokenErrorKind)
+/// the manager reported: a fetch error or timeout is the identity provider's outage, and
+/// even a token no header can carry may be replaced by the source's next fetch. The wait
+/// is the backoff, but never shorter than the evidence's `retry_after` (when the token
+/// manager will fetch again): a retry sooner would get the same error back at once.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct DefaultStrategy;
 
@@ -207,6 +215,9 @@ impl RetryStrategy for DefaultStrategy {
                 Some(FailureKind::BreakerOpen | FailureKind::Paused) => {
                     Verdict::Retry(RetryReason::BreakerRejected)
                 }
+                // Nothing was sent: safe for any method (the middleware waits for the token
+                // manager's next fetch, see the type's docs).
+                Some(FailureKind::TokenUnavailable) => Verdict::Retry(RetryReason::NotSent),
                 _ => Verdict::Retry(RetryReason::NotSent),
             },
             _ if ev.not_processed.is_some() && ctx.not_processed_retries == 0 => {
@@ -297,6 +308,18 @@ mod tests {
         let mut keyed = HeaderMap::new();
         keyed.insert("Idempotency-Key", "abc".parse().unwrap());
         assert!(is_idempotent(&Method::POST, &keyed));
+    }
+
+    #[test]
+    fn row_not_sent_without_a_bearer_token_retries_any_method_even_a_post() {
+        let ev = evidence(Transmission::NotSent, Some(FailureKind::TokenUnavailable));
+        for method in [Method::POST, Method::PATCH, Method::GET, Method::PUT] {
+            assert_eq!(
+                decide(&ev, method.clone(), 0),
+                Verdict::Retry(RetryReason::NotSent),
+                "{method}"
+            );
+        }
     }
 
     #[test]
@@ -443,6 +466,7 @@ mod tests {
                 FailureKind::Decode,
                 FailureKind::BreakerOpen,
                 FailureKind::Paused,
+                FailureKind::TokenUnavailable,
                 FailureKind::Other,
             ]))
         }

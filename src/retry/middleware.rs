@@ -386,15 +386,23 @@ impl Config {
                 };
             }
         }
-        match &self.delays {
+        let delay = match &self.delays {
             Delays::Backoff(b) => {
-                Ok(b.delay(state.retries, state.previous_delay, self.random.as_ref()))
+                b.delay(state.retries, state.previous_delay, self.random.as_ref())
             }
             Delays::External(policy) => {
                 let started = state.started_system.unwrap_or_else(SystemTime::now);
-                policy(started, state.retries).ok_or(StopReason::RetriesExhausted)
+                policy(started, state.retries).ok_or(StopReason::RetriesExhausted)?
             }
-        }
+        };
+        // Until its next fetch the token manager answers with the same error at once: a
+        // retry sooner would be spent for nothing.
+        Ok(match (reason, evidence.failure, evidence.retry_after) {
+            (RetryReason::NotSent, Some(FailureKind::TokenUnavailable), Some(refetch)) => {
+                delay.max(refetch)
+            }
+            _ => delay,
+        })
     }
 }
 

@@ -181,3 +181,42 @@ async fn a_failed_request_records_error_type_on_its_span() {
     assert_eq!(get(span, "http.response.status_code"), None);
     assert_eq!(get(span, "http.request.resend_count").as_deref(), Some("0"));
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_request_that_got_no_bearer_token_records_error_type_token_unavailable() {
+    use reqwest_resilience::{AccessToken, BearerAuth, Origin, TokenManager};
+    let capture = Capture::default();
+    let _guard = tracing::subscriber::set_default(capture.clone());
+    let server = FaultServer::always(Action::ok("never")).await;
+    let tokens = TokenManager::new(|| async {
+        Err::<AccessToken, _>(std::io::Error::other("identity provider down"))
+    });
+    let auth = BearerAuth::builder(tokens)
+        .origin(Origin::parse(&server.url("/")).unwrap())
+        .allow_http_on_loopback()
+        .build()
+        .unwrap();
+    let client = Resilience::new()
+        .no_retry()
+        .bearer(auth)
+        .build(reqwest::Client::builder().no_proxy().build().unwrap())
+        .unwrap();
+
+    let result = tokio::time::timeout(
+        Duration::from_secs(60),
+        client.post(server.url("/")).body("{}").send(),
+    )
+    .await
+    .expect("finished");
+    assert!(result.is_err());
+    assert_eq!(server.requests_seen(), 0);
+
+    let spans = capture.spans.lock().unwrap().clone();
+    let span = spans
+        .iter()
+        .find(|f| !f.is_empty())
+        .expect("the request span");
+    assert_eq!(get(span, "error.type").as_deref(), Some("TokenUnavailable"));
+    assert_eq!(get(span, "http.response.status_code"), None);
+    assert_eq!(get(span, "resilience.attempts").as_deref(), Some("1"));
+}

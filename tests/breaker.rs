@@ -705,3 +705,76 @@ async fn dropped_attempts_in_closed_count_nothing_two_failures_five_drops_two_fa
     assert_eq!(reg.state(&origin(&server)), Some(BreakerState::Open));
     assert_eq!(server.requests_seen(), 10);
 }
+
+/// Sends a GET carrying `Deadline(deadline)` and drops it when a timer of the caller's,
+/// polled before the request, fires at `drop_at`: what an outer middleware whose own timer
+/// is seen first does.
+async fn drop_at(c: &ClientWithMiddleware, url: &str, deadline: Instant, drop_at: Instant) {
+    let mut ext = Extensions::new();
+    ext.insert(Deadline(deadline));
+    let req = c.get(url).build().unwrap();
+    let request = c.execute_with_extensions(req, &mut ext);
+    tokio::select! {
+        biased;
+        () = tokio::time::sleep_until(drop_at) => {}
+        result = request => panic!("the request must still be running: {result:?}"),
+    }
+    assert!(
+        ext.get::<AttemptHistory>().is_none_or(|h| h.is_empty()),
+        "a dropped attempt leaves no record of its own"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_attempt_dropped_by_an_outer_timer_at_its_deadline_still_counts_the_timeout() {
+    let server = FaultServer::always(Action::Stall).await;
+    let reg = registry(BreakerConfig::default().policy(TripPolicy::consecutive_failures(1)));
+    let c = client(&reg);
+    let deadline = Instant::now() + 2 * S;
+    tokio::time::timeout(10 * S, drop_at(&c, &server.url("/"), deadline, deadline))
+        .await
+        .expect("dropped at the deadline");
+    assert_eq!(Instant::now(), deadline);
+    assert_eq!(server.requests_seen(), 1);
+    assert_eq!(reg.state(&origin(&server)), Some(BreakerState::Open));
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_attempt_dropped_by_its_caller_before_its_deadline_counts_nothing_and_frees_the_probe() {
+    // The second request fails; every other one hangs.
+    let server = FaultServer::start(|i, _| {
+        if i == 1 {
+            Action::status(503)
+        } else {
+            Action::Stall
+        }
+    })
+    .await;
+    let reg = registry(BreakerConfig::default().policy(TripPolicy::consecutive_failures(1)));
+    let c = client(&reg);
+    let url = server.url("/");
+    let start = Instant::now();
+    // Closed: a request with a deadline in 10 s dropped after 1 s counts nothing.
+    tokio::time::timeout(20 * S, drop_at(&c, &url, start + 10 * S, start + S))
+        .await
+        .expect("dropped by the caller");
+    assert_eq!(server.requests_seen(), 1);
+    assert_eq!(snapshot(&reg, &server), (BreakerState::Closed, 0, 0));
+
+    // One failure trips it; after the open period a probe dropped early frees its slot.
+    assert_eq!(status(&c, &url).await, 503);
+    assert_eq!(reg.state(&origin(&server)), Some(BreakerState::Open));
+    tokio::time::sleep(30 * S).await;
+    let now = Instant::now();
+    tokio::time::timeout(20 * S, drop_at(&c, &url, now + 10 * S, now + S))
+        .await
+        .expect("dropped by the caller");
+    assert_eq!(server.requests_seen(), 3);
+    let (state, _, probes) = snapshot(&reg, &server);
+    assert_eq!((state, probes), (BreakerState::HalfOpen, 0));
+    // The freed slot admits the next probe, which reaches the server.
+    let (result, ext) = get(&c, &url, with_deadline(S)).await;
+    assert_cut_at_deadline(&result, &ext, &server, S);
+    assert_eq!(server.requests_seen(), 4);
+    assert_eq!(reg.state(&origin(&server)), Some(BreakerState::Open));
+}

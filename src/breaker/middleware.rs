@@ -11,7 +11,7 @@ use reqwest_middleware::{Middleware, Next};
 use tokio::time::Instant;
 
 use super::config::PauseMode;
-use super::policy::{AttemptClassifier, DefaultClassifier};
+use super::policy::{AttemptClassifier, DefaultClassifier, Outcome};
 use super::registry::{BreakerPermit, BreakerRegistry, BreakerRejection};
 use super::state::RejectReason;
 use super::{Deadline, RetryIn};
@@ -52,11 +52,14 @@ use crate::{Origin, ResilienceError};
 /// - the error `reqwest_middleware::Error::Middleware` holding tokio's
 ///   [`Elapsed`](tokio::time::error::Elapsed).
 ///
-/// The [`AttemptClassifier`] counts it from that evidence ([`DefaultClassifier`]: a
-/// failure). The retry middleware hands the same deadline inward, and when both timers
-/// are due the breaker's fires first (it is polled inside the retry's), so the outcome is
-/// counted however the two race. An attempt admitted at or after its deadline gave the
-/// server no time and is cut without being counted.
+/// It counts as an [`Outcome::Failure`] (a timeout is a transport failure) without asking
+/// the [`AttemptClassifier`]. The retry middleware hands the same deadline inward; when
+/// both timers are due, the breaker's is normally seen first (it is polled inside the
+/// retry's), and if the retry's cut wins instead (two timers firing together on a
+/// multi-thread runtime), the breaker sees its attempt dropped at the deadline and still
+/// counts the failure, while the retry writes the same evidence itself. An attempt
+/// admitted at or after its deadline gave the server no time and is cut without being
+/// counted.
 ///
 /// ```
 /// use reqwest_middleware::ClientBuilder;
@@ -77,10 +80,10 @@ use crate::{Origin, ResilienceError};
 ///
 /// Dropping the request future at any point leaves the breaker consistent: a HalfOpen
 /// probe slot held by the dropped attempt is freed (the permit is an RAII guard), no
-/// outcome is counted, and a wait for a pause holds nothing. Only the deadline above,
-/// which this middleware sees pass, counts an unfinished attempt; a caller's own
-/// timeout or `select!` that drops the future is a cancellation, not a verdict on the
-/// server.
+/// outcome is counted, and a wait for a pause holds nothing. The one exception is the
+/// deadline above: an attempt dropped at or after its [`Deadline`] (by whichever timer
+/// saw it first) counts as the timeout it is. A caller's own timeout or `select!` that
+/// drops the future before the deadline is a cancellation, not a verdict on the server.
 #[derive(Clone)]
 pub struct CircuitBreakerMiddleware {
     registry: BreakerRegistry,
@@ -176,6 +179,38 @@ fn record_rejection(rejection: &BreakerRejection, extensions: &mut Extensions) {
     }
 }
 
+/// The permit of an attempt running under a deadline. Dropped unrecorded at or after the
+/// deadline, the attempt was cut there, by this middleware's timer or by an outer one due
+/// at the same instant (the retry middleware's, which may be seen first when both fire
+/// together on a multi-thread runtime): the timeout is counted. Dropped before it, the
+/// caller gave up: nothing is counted and a probe slot is freed. An attempt admitted at or
+/// after its deadline gave the server no time and says nothing about its health.
+struct CutAtDeadline<'a> {
+    permit: Option<BreakerPermit<'a>>,
+    deadline: Instant,
+    started: Instant,
+}
+
+impl<'a> CutAtDeadline<'a> {
+    /// The attempt finished in time: its outcome is counted from its result.
+    fn disarm(mut self) -> Option<BreakerPermit<'a>> {
+        self.permit.take()
+    }
+}
+
+impl Drop for CutAtDeadline<'_> {
+    fn drop(&mut self) {
+        if let Some(permit) = self.permit.take()
+            && self.started < self.deadline
+            && Instant::now() >= self.deadline
+        {
+            // A timeout is a transport failure, whatever a classifier would make of the
+            // error, which it cannot see here.
+            permit.record(Outcome::Failure);
+        }
+    }
+}
+
 /// Leaves the evidence of an attempt cut at the deadline, as the retry middleware writes
 /// its own cut: `Unknown` (the request may have reached the server), `Timeout`. Appended to
 /// the history only when nothing inside recorded this attempt, so it is never counted twice
@@ -256,29 +291,29 @@ impl Middleware for CircuitBreakerMiddleware {
         // Evidence left by an earlier attempt would otherwise be read as this one's when
         // no transport step runs inside.
         extensions.remove::<RequestEvidence>();
-        let result = match extensions.get::<Deadline>().map(|d| d.0) {
+        let (result, permit) = match extensions.get::<Deadline>().map(|d| d.0) {
             Some(deadline) => {
                 let recorded_before = extensions.get::<AttemptHistory>().map_or(0, |h| h.len());
                 let started = Instant::now();
+                let guard = CutAtDeadline {
+                    permit: Some(permit),
+                    deadline,
+                    started,
+                };
                 match tokio::time::timeout_at(deadline, next.run(req, extensions)).await {
-                    Ok(result) => result,
+                    Ok(result) => (result, guard.disarm()),
                     Err(elapsed) => {
                         record_deadline_cut(extensions, &origin, recorded_before, started);
-                        let result = Err(reqwest_middleware::Error::middleware(elapsed));
-                        // Admitted at or after the deadline, the attempt gave the server no
-                        // time: that says nothing about its health, so nothing is counted
-                        // (the permit's drop frees a probe slot).
-                        if started < deadline {
-                            let outcome = self
-                                .classifier
-                                .classify(extensions.get::<RequestEvidence>(), &result);
-                            permit.record(outcome);
-                        }
-                        return result;
+                        // Its drop counts the timeout (the deadline has passed).
+                        drop(guard);
+                        return Err(reqwest_middleware::Error::middleware(elapsed));
                     }
                 }
             }
-            None => next.run(req, extensions).await,
+            None => (next.run(req, extensions).await, Some(permit)),
+        };
+        let Some(permit) = permit else {
+            return result;
         };
         let evidence = extensions.get::<RequestEvidence>();
         let outcome = self.classifier.classify(evidence, &result);

@@ -48,6 +48,7 @@
 //! | evidence | idempotent request | non-idempotent request |
 //! |---|---|---|
 //! | `NotSent` with a transient kind (connect refused, DNS, breaker/pause rejection) | retry | retry |
+//! | `NotSent` because no bearer token could be had (`TokenUnavailable`) | retry, not before the token manager's next fetch | same |
 //! | sent, and the server proved it did not process it (HTTP/2 `REFUSED_STREAM`, `GOAWAY` below our stream) | retry | retry once |
 //! | `SentNoResponse` / `Unknown` (reset, timeout, closed) | retry | **never** |
 //! | response 408, 500, 502, 503, 504 | retry | only with `Retry-After` |

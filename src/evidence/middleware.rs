@@ -1,7 +1,5 @@
 //! [`TransportEvidence`]: the innermost middleware, which observes each attempt.
 
-use std::time::SystemTime;
-
 use http::Extensions;
 use reqwest::{Request, Response};
 use reqwest_middleware::{Middleware, Next};
@@ -67,19 +65,7 @@ impl Middleware for TransportEvidence {
         let (origin, attempt, started, sent) = hand_on(req, extensions, next);
         let result = sent.await;
         let mut evidence = match &result {
-            Ok(response) => {
-                let mut e = RequestEvidence::new(
-                    Transmission::ResponseReceived(response.status()),
-                    origin,
-                    attempt,
-                );
-                e.retry_after = response
-                    .headers()
-                    .get(http::header::RETRY_AFTER)
-                    .and_then(|v| v.to_str().ok())
-                    .and_then(|v| crate::retry_after::parse(v, SystemTime::now()));
-                e
-            }
+            Ok(response) => RequestEvidence::of_response(response, origin, attempt),
             Err(reqwest_middleware::Error::Reqwest(err)) => {
                 let c = classify_error(err);
                 let mut e = RequestEvidence::new(c.transmission, origin, attempt);

@@ -154,6 +154,27 @@ impl RequestEvidence {
         }
     }
 
+    /// Evidence of an attempt answered by `response`, with its `Retry-After` parsed
+    /// against the system clock (`SystemTime::now()` is read only when the header is there).
+    pub(crate) fn of_response(
+        response: &reqwest::Response,
+        origin: Option<Origin>,
+        attempt: u32,
+    ) -> Self {
+        RequestEvidence {
+            retry_after: response
+                .headers()
+                .get(http::header::RETRY_AFTER)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| crate::retry_after::parse(v, std::time::SystemTime::now())),
+            ..RequestEvidence::new(
+                Transmission::ResponseReceived(response.status()),
+                origin,
+                attempt,
+            )
+        }
+    }
+
     /// The status, when a response was received.
     pub fn status(&self) -> Option<StatusCode> {
         match self.transmission {

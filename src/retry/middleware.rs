@@ -689,17 +689,7 @@ fn fallback_evidence(
 ) -> RequestEvidence {
     match result {
         Ok(response) => {
-            let mut e = RequestEvidence::new(
-                Transmission::ResponseReceived(response.status()),
-                Origin::from_url(response.url()).ok(),
-                attempt,
-            );
-            e.retry_after = response
-                .headers()
-                .get(http::header::RETRY_AFTER)
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| crate::retry_after::parse(v, SystemTime::now()));
-            e
+            RequestEvidence::of_response(response, Origin::from_url(response.url()).ok(), attempt)
         }
         Err(err) => {
             let reqwest_err = super::find_reqwest_error(err);

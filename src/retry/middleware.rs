@@ -81,7 +81,8 @@ pub struct RetryMiddleware {
 }
 
 struct Config {
-    max_retries: u32,
+    /// `None`: the default for the delays chosen ([`Config::max_retries`]).
+    max_retries: Option<u32>,
     delays: Delays,
     retry_after_cap: Duration,
     retry_after_policy: RetryAfterPolicy,
@@ -119,15 +120,17 @@ impl RetryMiddleware {
     /// A builder starting from the defaults.
     pub fn builder() -> RetryMiddlewareBuilder {
         RetryMiddlewareBuilder {
-            max_retries: None,
-            delays: Delays::Backoff(Backoff::default()),
-            retry_after_cap: Duration::from_secs(60),
-            retry_after_policy: RetryAfterPolicy::Clamp,
-            budget: Some(RetryBudget::default()),
-            deadline: None,
-            strategy: Arc::new(DefaultStrategy),
-            random: Arc::new(ThreadRandom),
-            wrap_errors: true,
+            config: Config {
+                max_retries: None,
+                delays: Delays::Backoff(Backoff::default()),
+                retry_after_cap: Duration::from_secs(60),
+                retry_after_policy: RetryAfterPolicy::Clamp,
+                budget: Some(RetryBudget::default()),
+                deadline: None,
+                strategy: Arc::new(DefaultStrategy),
+                random: Arc::new(ThreadRandom),
+                wrap_errors: true,
+            },
         }
     }
 
@@ -141,7 +144,7 @@ impl fmt::Debug for RetryMiddleware {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let c = &self.config;
         f.debug_struct("RetryMiddleware")
-            .field("max_retries", &c.max_retries)
+            .field("max_retries", &c.max_retries())
             .field(
                 "backoff",
                 &match &c.delays {
@@ -160,23 +163,16 @@ impl fmt::Debug for RetryMiddleware {
 
 /// Builds a [`RetryMiddleware`]; see its documentation for the defaults.
 pub struct RetryMiddlewareBuilder {
-    max_retries: Option<u32>,
-    delays: Delays,
-    retry_after_cap: Duration,
-    retry_after_policy: RetryAfterPolicy,
-    budget: Option<RetryBudget>,
-    deadline: Option<Duration>,
-    strategy: Arc<dyn RetryStrategy>,
-    random: Arc<dyn RandomSource>,
-    wrap_errors: bool,
+    config: Config,
 }
 
 impl fmt::Debug for RetryMiddlewareBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let c = &self.config;
         f.debug_struct("RetryMiddlewareBuilder")
-            .field("max_retries", &self.max_retries)
-            .field("retry_after_cap", &self.retry_after_cap)
-            .field("deadline", &self.deadline)
+            .field("max_retries", &c.max_retries)
+            .field("retry_after_cap", &c.retry_after_cap)
+            .field("deadline", &c.deadline)
             .finish_non_exhaustive()
     }
 }
@@ -184,39 +180,39 @@ impl fmt::Debug for RetryMiddlewareBuilder {
 impl RetryMiddlewareBuilder {
     /// Retries after the first attempt (default 3; 0 disables retrying).
     pub fn max_retries(mut self, max_retries: u32) -> Self {
-        self.max_retries = Some(max_retries);
+        self.config.max_retries = Some(max_retries);
         self
     }
 
     /// The backoff between attempts (default [`Backoff::default`]).
     pub fn backoff(mut self, backoff: Backoff) -> Self {
-        self.delays = Delays::Backoff(backoff);
+        self.config.delays = Delays::Backoff(backoff);
         self
     }
 
     #[cfg_attr(not(feature = "retry-policies"), allow(dead_code))]
     pub(super) fn delays(mut self, delays: Delays) -> Self {
-        self.delays = delays;
+        self.config.delays = delays;
         self
     }
 
     /// The longest `Retry-After` honoured (default 60 s), and what to do beyond it.
     pub fn retry_after_cap(mut self, cap: Duration, policy: RetryAfterPolicy) -> Self {
-        self.retry_after_cap = cap;
-        self.retry_after_policy = policy;
+        self.config.retry_after_cap = cap;
+        self.config.retry_after_policy = policy;
         self
     }
 
     /// The retry budget (default [`RetryBudget::default`]). Pass a clone of one budget to
     /// several middlewares to share it.
     pub fn budget(mut self, budget: RetryBudget) -> Self {
-        self.budget = Some(budget);
+        self.config.budget = Some(budget);
         self
     }
 
     /// No retry budget: every retry the strategy allows is taken.
     pub fn no_budget(mut self) -> Self {
-        self.budget = None;
+        self.config.budget = None;
         self
     }
 
@@ -226,27 +222,27 @@ impl RetryMiddlewareBuilder {
     /// which sees the same deadline, cuts it first and counts it as a timeout). The
     /// per-request [`Deadline`] extension replaces it.
     pub fn total_deadline(mut self, total: Duration) -> Self {
-        self.deadline = Some(total);
+        self.config.deadline = Some(total);
         self
     }
 
     /// Replaces the decision table.
     pub fn strategy(mut self, strategy: impl RetryStrategy) -> Self {
-        self.strategy = Arc::new(strategy);
+        self.config.strategy = Arc::new(strategy);
         self
     }
 
     /// The random source for jitter (default the thread-local generator); use
     /// [`SeededRandom`](crate::backoff::SeededRandom) for reproducible tests.
     pub fn random_source(mut self, random: Arc<dyn RandomSource>) -> Self {
-        self.random = random;
+        self.config.random = random;
         self
     }
 
     /// Whether a final error is wrapped in [`ResilienceError::Retry`] (default `true`) or
     /// returned as the last attempt produced it.
     pub fn wrap_errors(mut self, wrap: bool) -> Self {
-        self.wrap_errors = wrap;
+        self.config.wrap_errors = wrap;
         self
     }
 
@@ -256,28 +252,13 @@ impl RetryMiddlewareBuilder {
     ///
     /// [`ResilienceError::InvalidConfig`] when the `Retry-After` cap exceeds one day.
     pub fn build(self) -> Result<RetryMiddleware, ResilienceError> {
-        if self.retry_after_cap > Duration::from_secs(24 * 60 * 60) {
+        if self.config.retry_after_cap > Duration::from_secs(24 * 60 * 60) {
             return Err(ResilienceError::InvalidConfig(
                 "retry_after_cap must not exceed one day".to_owned(),
             ));
         }
-        let max_retries = self.max_retries.unwrap_or(match self.delays {
-            Delays::Backoff(_) => 3,
-            // An external policy carries its own retry limit.
-            Delays::External(_) => u32::MAX,
-        });
         Ok(RetryMiddleware {
-            config: Arc::new(Config {
-                max_retries,
-                delays: self.delays,
-                retry_after_cap: self.retry_after_cap,
-                retry_after_policy: self.retry_after_policy,
-                budget: self.budget,
-                deadline: self.deadline,
-                strategy: self.strategy,
-                random: self.random,
-                wrap_errors: self.wrap_errors,
-            }),
+            config: Arc::new(self.config),
         })
     }
 }
@@ -319,6 +300,14 @@ struct LoopState {
 }
 
 impl Config {
+    fn max_retries(&self) -> u32 {
+        self.max_retries.unwrap_or(match self.delays {
+            Delays::Backoff(_) => 3,
+            // An external policy carries its own retry limit.
+            Delays::External(_) => u32::MAX,
+        })
+    }
+
     /// Turns a `Retry` verdict into a delay, or the reason it cannot be taken. Pure except
     /// for the budget withdrawal, which comes last so that a refused retry costs nothing.
     fn plan(
@@ -463,7 +452,7 @@ impl RetryMiddleware {
                 deadline,
                 max_retries: extensions
                     .get::<MaxRetries>()
-                    .map_or(c.max_retries, |m| m.0),
+                    .map_or_else(|| c.max_retries(), |m| m.0),
                 retries: 0,
                 previous_delay: None,
             };

@@ -9,8 +9,6 @@
 //! `ClientWithMiddleware` with the same innermost middleware. When an optimisation lowers
 //! one, lower the number here (and in BENCHMARKS.md).
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
 use std::time::Duration;
 
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware, Middleware, Next};
@@ -18,39 +16,8 @@ use reqwest_resilience::{
     AccessToken, BearerAuth, Origin, Resilience, RetryMiddleware, TokenManager, TransportEvidence,
 };
 
-struct Counting;
-
-thread_local! {
-    // Const-initialised and without a destructor: reading it never allocates.
-    static ALLOCATIONS: Cell<u64> = const { Cell::new(0) };
-}
-
-// SAFETY: every call is forwarded unchanged to the system allocator; the counter is a
-// thread-local `Cell` that never allocates.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        let _ = ALLOCATIONS.try_with(|c| c.set(c.get() + 1));
-        // SAFETY: the caller upholds `GlobalAlloc::alloc`'s contract, passed on as is.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: as above, for `dealloc`.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        let _ = ALLOCATIONS.try_with(|c| c.set(c.get() + 1));
-        // SAFETY: as above, for `alloc_zeroed`.
-        unsafe { System.alloc_zeroed(layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        let _ = ALLOCATIONS.try_with(|c| c.set(c.get() + 1));
-        // SAFETY: as above, for `realloc`.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
-
-#[global_allocator]
-static GLOBAL: Counting = Counting;
+#[path = "support/counting_alloc.rs"]
+mod counting_alloc;
 
 /// Stands in for the network: a `200` with no body.
 struct Answer200;
@@ -102,12 +69,12 @@ async fn allocations_for(client: &ClientWithMiddleware) -> u64 {
         let response = client.get(URL).send().await.unwrap();
         assert_eq!(response.status(), 200);
     }
-    let before = ALLOCATIONS.with(Cell::get);
+    let before = counting_alloc::allocations();
     for _ in 0..REQUESTS {
         let response = client.get(URL).send().await.unwrap();
         assert_eq!(response.status(), 200);
     }
-    ALLOCATIONS.with(Cell::get) - before
+    counting_alloc::allocations() - before
 }
 
 /// Extra allocations per request over a `ClientWithMiddleware` holding only `Answer200`.

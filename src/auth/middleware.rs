@@ -10,7 +10,7 @@ use reqwest_middleware::{Middleware, Next};
 
 use super::manager::TokenManager;
 use super::token::{AccessToken, TokenError, TokenErrorKind};
-use crate::evidence::{AttemptHistory, FailureKind, RequestEvidence};
+use crate::evidence::{FailureKind, record_rejected_locally};
 use crate::{Origin, ResilienceError};
 
 /// Attaches `Authorization: Bearer <token>` from a [`TokenManager`] to the requests sent
@@ -297,21 +297,16 @@ fn token_unavailable(
     url: &Url,
     extensions: &mut Extensions,
 ) -> reqwest_middleware::Error {
-    let history = extensions.get_or_insert_default::<AttemptHistory>();
-    let attempt = u32::try_from(history.len())
-        .unwrap_or(u32::MAX)
-        .saturating_add(1);
-    let mut evidence = RequestEvidence::rejected_locally(
-        FailureKind::TokenUnavailable,
-        Origin::cached(url),
-        attempt,
-    );
     // Until then the manager answers with this same error at once: a retry sooner is wasted.
-    evidence.retry_after = e
+    let refetch = e
         .retry_at()
         .map(|at| at.saturating_duration_since(tokio::time::Instant::now()));
-    history.push(evidence.clone());
-    extensions.insert(evidence);
+    record_rejected_locally(
+        extensions,
+        FailureKind::TokenUnavailable,
+        Origin::cached(url),
+        refetch,
+    );
     reqwest_middleware::Error::middleware(ResilienceError::Token(e))
 }
 

@@ -15,7 +15,10 @@ use super::policy::{AttemptClassifier, DefaultClassifier, Outcome};
 use super::registry::{BreakerPermit, BreakerRegistry, BreakerRejection};
 use super::state::RejectReason;
 use super::{Deadline, RetryIn};
-use crate::evidence::{AttemptHistory, FailureKind, RequestEvidence, Transmission};
+use crate::evidence::{
+    AttemptHistory, FailureKind, RequestEvidence, Transmission, next_attempt,
+    record_rejected_locally,
+};
 use crate::{Origin, ResilienceError};
 
 /// One circuit breaker per origin, from a shared [`BreakerRegistry`].
@@ -164,16 +167,13 @@ fn record_rejection(rejection: &BreakerRejection, extensions: &mut Extensions) {
         RejectReason::Paused => FailureKind::Paused,
         _ => FailureKind::BreakerOpen,
     };
-    let history = extensions.get_or_insert_default::<AttemptHistory>();
-    let attempt = u32::try_from(history.len())
-        .unwrap_or(u32::MAX)
-        .saturating_add(1);
-    let mut evidence =
-        RequestEvidence::rejected_locally(kind, Some(rejection.origin.clone()), attempt);
-    // The retry middleware also reads a rejection's "retry in" from here.
-    evidence.retry_after = rejection.retry_in;
-    history.push(evidence.clone());
-    extensions.insert(evidence);
+    // The retry middleware also reads a rejection's "retry in" from the evidence.
+    record_rejected_locally(
+        extensions,
+        kind,
+        Some(rejection.origin.clone()),
+        rejection.retry_in,
+    );
     if let Some(retry_in) = rejection.retry_in {
         extensions.insert(RetryIn(retry_in));
     }
@@ -227,10 +227,11 @@ fn record_deadline_cut(
         // middleware between it and this one was still working: that record stands.
         return;
     }
-    let attempt = u32::try_from(recorded_before)
-        .unwrap_or(u32::MAX)
-        .saturating_add(1);
-    let mut evidence = RequestEvidence::new(Transmission::Unknown, Some(origin.clone()), attempt);
+    let mut evidence = RequestEvidence::new(
+        Transmission::Unknown,
+        Some(origin.clone()),
+        next_attempt(recorded_before),
+    );
     evidence.failure = Some(FailureKind::Timeout);
     evidence.elapsed = started.elapsed();
     history.push(evidence.clone());

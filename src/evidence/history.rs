@@ -2,7 +2,10 @@
 
 use std::time::Duration;
 
-use super::RequestEvidence;
+use http::Extensions;
+
+use super::{FailureKind, RequestEvidence};
+use crate::Origin;
 use crate::retry::{RetryReason, StopReason};
 
 /// What a middleware decided after an attempt.
@@ -105,6 +108,30 @@ impl AttemptHistory {
             last.decision = Some(decision);
         }
     }
+}
+
+/// The number of the attempt that follows `recorded` records.
+pub(crate) fn next_attempt(recorded: usize) -> u32 {
+    u32::try_from(recorded)
+        .unwrap_or(u32::MAX)
+        .saturating_add(1)
+}
+
+/// Leaves the `NotSent` evidence of an attempt rejected locally (breaker open, paused, no
+/// bearer token) where the breaker, the retry middleware and the caller look: appended to
+/// the [`AttemptHistory`] and in the extensions. `retry_after` is when another attempt
+/// could be admitted.
+pub(crate) fn record_rejected_locally(
+    extensions: &mut Extensions,
+    kind: FailureKind,
+    origin: Option<Origin>,
+    retry_after: Option<Duration>,
+) {
+    let history = extensions.get_or_insert_default::<AttemptHistory>();
+    let mut evidence = RequestEvidence::rejected_locally(kind, origin, next_attempt(history.len()));
+    evidence.retry_after = retry_after;
+    history.push(evidence.clone());
+    extensions.insert(evidence);
 }
 
 impl PartialEq for AttemptHistory {

@@ -4,7 +4,7 @@ use http::Extensions;
 use reqwest::{Request, Response};
 use reqwest_middleware::{Middleware, Next};
 
-use super::{AttemptHistory, RequestEvidence, Transmission, classify_error};
+use super::{AttemptHistory, RequestEvidence, Transmission, classify_error, next_attempt};
 use crate::Origin;
 
 /// The transport step: register it last (innermost), right before the `reqwest::Client`.
@@ -121,10 +121,7 @@ fn hand_on<'a>(
     next: Next<'a>,
 ) -> (Option<Origin>, u32, tokio::time::Instant, Attempt<'a>) {
     let origin = Origin::cached(req.url());
-    let attempt = extensions
-        .get::<AttemptHistory>()
-        .map_or(0, |h| h.len() as u32)
-        .saturating_add(1);
+    let attempt = next_attempt(extensions.get::<AttemptHistory>().map_or(0, |h| h.len()));
     let started = tokio::time::Instant::now();
     (origin, attempt, started, next.run(req, extensions))
 }

@@ -17,6 +17,7 @@ mod middleware;
 
 pub use classify::{Classification, classify_error};
 pub use history::{AttemptDecision, AttemptHistory, AttemptRecord};
+pub(crate) use history::{next_attempt, record_rejected_locally};
 pub use middleware::TransportEvidence;
 
 use std::time::Duration;

@@ -227,13 +227,11 @@ fn record_deadline_cut(
         // middleware between it and this one was still working: that record stands.
         return;
     }
-    let mut evidence = RequestEvidence::new(
-        Transmission::Unknown,
+    let evidence = RequestEvidence::cut_at_deadline(
         Some(origin.clone()),
         next_attempt(recorded_before),
+        started,
     );
-    evidence.failure = Some(FailureKind::Timeout);
-    evidence.elapsed = started.elapsed();
     history.push(evidence.clone());
     extensions.insert(evidence);
 }

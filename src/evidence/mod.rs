@@ -155,6 +155,21 @@ impl RequestEvidence {
         }
     }
 
+    /// Evidence of an attempt started at `started` and cut at its deadline (by the retry
+    /// middleware or the breaker): `Unknown`, since the request may have reached the
+    /// server, and `Timeout`.
+    pub(crate) fn cut_at_deadline(
+        origin: Option<Origin>,
+        attempt: u32,
+        started: tokio::time::Instant,
+    ) -> Self {
+        RequestEvidence {
+            failure: Some(FailureKind::Timeout),
+            elapsed: started.elapsed(),
+            ..RequestEvidence::new(Transmission::Unknown, origin, attempt)
+        }
+    }
+
     /// Evidence of an attempt answered by `response`, with its `Retry-After` parsed
     /// against the system clock (`SystemTime::now()` is read only when the header is there).
     pub(crate) fn of_response(

@@ -493,14 +493,9 @@ impl RetryMiddleware {
                                     (result, cut)
                                 }
                                 Err(elapsed) => {
-                                    let mut e = RequestEvidence::new(
-                                        Transmission::Unknown,
-                                        origin,
-                                        attempt,
-                                    );
-                                    e.failure = Some(FailureKind::Timeout);
-                                    e.elapsed = started.elapsed();
-                                    extensions.insert(e);
+                                    extensions.insert(RequestEvidence::cut_at_deadline(
+                                        origin, attempt, started,
+                                    ));
                                     (Err(reqwest_middleware::Error::middleware(elapsed)), true)
                                 }
                             }

@@ -289,10 +289,9 @@ impl BreakerRegistry {
     /// [`BreakerConfig::max_pause`]; a pause already running longer is kept. Returns the
     /// pause applied (zero: none).
     pub fn pause(&self, origin: &Origin, duration: Duration) -> Duration {
-        let duration = duration.min(self.inner.config.max_pause);
-        if duration.is_zero() {
+        let Some(duration) = self.clamp_pause(duration) else {
             return Duration::ZERO;
-        }
+        };
         let entry = self.entry(origin);
         let grew = lock(&entry.breaker).pause_until(Instant::now() + duration);
         trace_pause(origin, duration, grew);
@@ -378,6 +377,11 @@ impl BreakerRegistry {
     /// forgotten, and was served by an untracked breaker.
     pub fn overflowed(&self) -> u64 {
         self.inner.overflowed.load(Ordering::Relaxed)
+    }
+
+    /// A pause clamped to [`BreakerConfig::max_pause`]; `None` when nothing is left of it.
+    fn clamp_pause(&self, pause: Duration) -> Option<Duration> {
+        Some(pause.min(self.inner.config.max_pause)).filter(|p| !p.is_zero())
     }
 
     fn shard_index(&self, origin: &Origin) -> usize {
@@ -526,9 +530,7 @@ impl BreakerPermit<'_> {
         };
         let config = &self.registry.inner.config;
         let now = Instant::now();
-        let pause = pause
-            .map(|p| p.min(config.max_pause))
-            .filter(|p| !p.is_zero());
+        let pause = pause.and_then(|p| self.registry.clamp_pause(p));
         let (transition, grew) = {
             let mut b = lock(&self.entry.breaker);
             let grew = pause.map(|p| b.pause_until(now + p));

@@ -441,7 +441,6 @@ impl RetryMiddleware {
     ) -> impl Future<Output = reqwest_middleware::Result<Response>> + Send + 'a {
         async move {
             let c = &*self.config;
-            let deadline = extensions.get::<Deadline>().map(|d| d.0);
             let idempotent = extensions
                 .get::<Idempotent>()
                 .map_or_else(|| is_idempotent(req.method(), req.headers()), |i| i.0);
@@ -449,7 +448,7 @@ impl RetryMiddleware {
             let mut state = LoopState {
                 // Only an external policy reads the wall clock; the success path skips it.
                 started_system: matches!(c.delays, Delays::External(_)).then(SystemTime::now),
-                deadline,
+                deadline: extensions.get::<Deadline>().map(|d| d.0),
                 max_retries: extensions
                     .get::<MaxRetries>()
                     .map_or_else(|| c.max_retries(), |m| m.0),
@@ -479,7 +478,7 @@ impl RetryMiddleware {
                     let recorded_before = extensions.get::<AttemptHistory>().map_or(0, |h| h.len());
                     // The deadline bounds the attempt too: a server that trickles its answer (or
                     // none) must not hold the caller past it when reqwest has no timeout.
-                    let (result, timed_out) = match deadline {
+                    let (result, timed_out) = match state.deadline {
                         Some(d) => {
                             // Taken now (the request moves into the attempt); a cache hit costs
                             // no allocation, unlike keeping a copy of the URL.

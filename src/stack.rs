@@ -444,21 +444,18 @@ impl Resilience {
 
     fn build_retry(&self) -> Result<Option<RetryMiddleware>, ResilienceError> {
         let s = &self.retry_settings;
-        let conflict = |setting| {
-            ResilienceError::InvalidStack(StackError::Conflict {
+        // The settings configure the default middleware only.
+        if !matches!(self.retry, RetryChoice::Default)
+            && let Some(setting) = s.first_set()
+        {
+            return Err(ResilienceError::InvalidStack(StackError::Conflict {
                 part: StackPart::Retry,
                 setting,
-            })
-        };
+            }));
+        }
         match &self.retry {
-            RetryChoice::Prebuilt(retry) => match s.first_set() {
-                Some(setting) => Err(conflict(setting)),
-                None => Ok(Some(retry.clone())),
-            },
-            RetryChoice::Off => match s.first_set() {
-                Some(setting) => Err(conflict(setting)),
-                None => Ok(None),
-            },
+            RetryChoice::Prebuilt(retry) => Ok(Some(retry.clone())),
+            RetryChoice::Off => Ok(None),
             RetryChoice::Default => {
                 let backoff = s.backoff.unwrap_or_default();
                 let mut b = RetryMiddleware::builder().backoff(backoff);

@@ -51,9 +51,14 @@ const MAX_RESPONSE_BYTES: usize = 64 * 1024;
 pub struct OAuth2Source {
     http: reqwest::Client,
     endpoint: Url,
-    client_id: String,
-    client_secret: Option<String>,
-    client_auth: ClientAuth,
+    client: Client,
+}
+
+/// Who asks for tokens and how: what the builder collects and the source sends as is.
+struct Client {
+    id: String,
+    secret: Option<String>,
+    auth: ClientAuth,
     grant: Grant,
     scope: Option<String>,
     params: Vec<(String, String)>,
@@ -81,12 +86,7 @@ pub enum ClientAuth {
 pub struct OAuth2SourceBuilder {
     http: Option<reqwest::Client>,
     endpoint: String,
-    client_id: String,
-    client_secret: Option<String>,
-    client_auth: ClientAuth,
-    grant: Grant,
-    scope: Option<String>,
-    params: Vec<(String, String)>,
+    client: Client,
     allow_http_on_loopback: bool,
 }
 
@@ -119,7 +119,9 @@ impl OAuth2Source {
             Grant::RefreshToken(Mutex::new(refresh_token.into())),
         )
     }
+}
 
+impl Client {
     fn form(&self) -> String {
         let mut form = url::form_urlencoded::Serializer::new(String::new());
         match &self.grant {
@@ -138,20 +140,33 @@ impl OAuth2Source {
         for (name, value) in &self.params {
             form.append_pair(name, value);
         }
-        match (self.client_auth, &self.client_secret) {
+        match (self.auth, &self.secret) {
             (ClientAuth::RequestBody, Some(secret)) => {
-                form.append_pair("client_id", &self.client_id);
+                form.append_pair("client_id", &self.id);
                 form.append_pair("client_secret", secret);
             }
             // A public client identifies itself in the body (§3.2.1).
             (_, None) => {
-                form.append_pair("client_id", &self.client_id);
+                form.append_pair("client_id", &self.id);
             }
             (ClientAuth::BasicHeader, Some(_)) => {}
         }
         form.finish()
     }
 
+    /// The fields both `Debug` impls show (never the secret or the refresh token).
+    fn debug_fields<'a, 'b, 'c>(
+        &self,
+        d: &'c mut fmt::DebugStruct<'a, 'b>,
+    ) -> &'c mut fmt::DebugStruct<'a, 'b> {
+        d.field("client_id", &self.id)
+            .field("grant", &self.grant)
+            .field("client_auth", &self.auth)
+            .field("scope", &self.scope)
+    }
+}
+
+impl OAuth2Source {
     async fn request(&self) -> Result<(StatusCode, Vec<u8>), OAuth2Error> {
         let mut request = self
             .http
@@ -161,11 +176,11 @@ impl OAuth2Source {
                 http::header::CONTENT_TYPE,
                 "application/x-www-form-urlencoded",
             )
-            .body(self.form());
-        if let (ClientAuth::BasicHeader, Some(secret)) = (self.client_auth, &self.client_secret) {
+            .body(self.client.form());
+        if let (ClientAuth::BasicHeader, Some(secret)) = (self.client.auth, &self.client.secret) {
             // RFC 6749 §2.3.1: both are form-encoded before they go into Basic.
             let id: String =
-                url::form_urlencoded::byte_serialize(self.client_id.as_bytes()).collect();
+                url::form_urlencoded::byte_serialize(self.client.id.as_bytes()).collect();
             let secret: String = url::form_urlencoded::byte_serialize(secret.as_bytes()).collect();
             request = request.basic_auth(id, Some(secret));
         }
@@ -240,7 +255,7 @@ impl OAuth2Source {
             })?),
         };
         if let (Grant::RefreshToken(current), Some(Value::String(rotated))) =
-            (&self.grant, json.get("refresh_token"))
+            (&self.client.grant, json.get("refresh_token"))
             && !rotated.is_empty()
         {
             *current.lock().unwrap_or_else(|e| e.into_inner()) = rotated.clone();
@@ -289,37 +304,39 @@ impl OAuth2SourceBuilder {
         OAuth2SourceBuilder {
             http: None,
             endpoint,
-            client_id,
-            client_secret,
-            client_auth: ClientAuth::default(),
-            grant,
-            scope: None,
-            params: Vec::new(),
+            client: Client {
+                id: client_id,
+                secret: client_secret,
+                auth: ClientAuth::default(),
+                grant,
+                scope: None,
+                params: Vec::new(),
+            },
             allow_http_on_loopback: false,
         }
     }
 
     /// The space-separated scopes to ask for (RFC 6749 §3.3).
     pub fn scope(mut self, scope: impl Into<String>) -> Self {
-        self.scope = Some(scope.into());
+        self.client.scope = Some(scope.into());
         self
     }
 
     /// The client secret (a confidential client using the refresh-token grant).
     pub fn client_secret(mut self, secret: impl Into<String>) -> Self {
-        self.client_secret = Some(secret.into());
+        self.client.secret = Some(secret.into());
         self
     }
 
     /// How the client authenticates; default [`ClientAuth::BasicHeader`].
     pub fn client_auth(mut self, method: ClientAuth) -> Self {
-        self.client_auth = method;
+        self.client.auth = method;
         self
     }
 
     /// An extra form parameter (e.g. `audience` or `resource`, RFC 8707).
     pub fn param(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
-        self.params.push((name.into(), value.into()));
+        self.client.params.push((name.into(), value.into()));
         self
     }
 
@@ -378,37 +395,24 @@ impl OAuth2SourceBuilder {
         Ok(OAuth2Source {
             http,
             endpoint,
-            client_id: self.client_id,
-            client_secret: self.client_secret,
-            client_auth: self.client_auth,
-            grant: self.grant,
-            scope: self.scope,
-            params: self.params,
+            client: self.client,
         })
     }
 }
 
 impl fmt::Debug for OAuth2Source {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("OAuth2Source")
-            .field("endpoint", &self.endpoint.as_str())
-            .field("client_id", &self.client_id)
-            .field("grant", &self.grant)
-            .field("client_auth", &self.client_auth)
-            .field("scope", &self.scope)
-            .finish_non_exhaustive()
+        let mut d = f.debug_struct("OAuth2Source");
+        d.field("endpoint", &self.endpoint.as_str());
+        self.client.debug_fields(&mut d).finish_non_exhaustive()
     }
 }
 
 impl fmt::Debug for OAuth2SourceBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("OAuth2SourceBuilder")
-            .field("endpoint", &self.endpoint)
-            .field("client_id", &self.client_id)
-            .field("grant", &self.grant)
-            .field("client_auth", &self.client_auth)
-            .field("scope", &self.scope)
-            .finish_non_exhaustive()
+        let mut d = f.debug_struct("OAuth2SourceBuilder");
+        d.field("endpoint", &self.endpoint);
+        self.client.debug_fields(&mut d).finish_non_exhaustive()
     }
 }
 

@@ -217,7 +217,8 @@ fn connect_facts(err: &reqwest::Error) -> ConnectFacts {
     };
     let mut source = err.source();
     while let Some(e) = source {
-        let text = format!("{e} {e:?}");
+        let display = e.to_string();
+        let text = format!("{display} {e:?}");
         c.certificate |= is_certificate_text(&text);
         // hyper-util's HttpConnector: "invalid URL, scheme is not http" and friends.
         c.invalid_url |= text.contains("invalid URL");
@@ -242,7 +243,7 @@ fn connect_facts(err: &reqwest::Error) -> ConnectFacts {
             }
         }
         // hyper-util's ConnectError messages: "tcp connect error", "tcp open error", …
-        c.tcp |= e.to_string().starts_with("tcp ");
+        c.tcp |= display.starts_with("tcp ");
         let lower = text.to_ascii_lowercase();
         c.tls |= ["tls", "ssl", "handshake"]
             .iter()

@@ -123,15 +123,11 @@ impl RetryBudget {
     /// Takes a retry from the budget, remembering where, so that a retry never made
     /// (its request dropped during the backoff) can be given back.
     pub(crate) fn withdraw(&self) -> Option<Withdrawal> {
-        let allowed_fn = |requests: u64| self.allowed(requests);
         self.with_window(|w| {
-            let (requests, retries) = w.totals();
-            if retries < allowed_fn(requests) {
+            (self.room(w) > 0).then(|| {
                 w.slots[w.current].1 += 1;
-                Some(Withdrawal { slot: w.seq })
-            } else {
-                None
-            }
+                Withdrawal { slot: w.seq }
+            })
         })
     }
 
@@ -148,15 +144,16 @@ impl RetryBudget {
 
     /// Retries still allowed in the current window.
     pub fn remaining(&self) -> u64 {
-        let allowed_fn = |requests: u64| self.allowed(requests);
-        self.with_window(|w| {
-            let (requests, retries) = w.totals();
-            allowed_fn(requests).saturating_sub(retries)
-        })
+        self.with_window(|w| self.room(w))
     }
 
-    fn allowed(&self, requests: u64) -> u64 {
-        ((requests as f64 * self.inner.ratio) as u64).max(self.inner.floor)
+    /// The retries `w` still allows: the ratio of its requests (at least the floor), less
+    /// the retries it holds.
+    fn room(&self, w: &Window) -> u64 {
+        let (requests, retries) = w.totals();
+        ((requests as f64 * self.inner.ratio) as u64)
+            .max(self.inner.floor)
+            .saturating_sub(retries)
     }
 
     fn with_window<T>(&self, f: impl FnOnce(&mut Window) -> T) -> T {

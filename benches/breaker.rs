@@ -16,7 +16,7 @@ use std::sync::{Arc, Barrier, Mutex};
 use std::time::{Duration, Instant};
 
 use http::Extensions;
-use reqwest_middleware::{ClientBuilder, ClientWithMiddleware, Middleware, Next};
+use reqwest_middleware::{ClientBuilder, ClientWithMiddleware};
 use reqwest_resilience::Origin;
 use reqwest_resilience::breaker::{
     Breaker, BreakerConfig, BreakerRegistry, CircuitBreakerMiddleware, Outcome,
@@ -51,22 +51,9 @@ fn registry(max_origins: usize) -> BreakerRegistry {
     BreakerRegistry::new(BreakerConfig::default().max_origins(max_origins)).unwrap()
 }
 
-/// Answers every request with `200`, never touching the network.
-struct Answer200;
-
-#[async_trait::async_trait]
-impl Middleware for Answer200 {
-    async fn handle(
-        &self,
-        _: reqwest::Request,
-        _: &mut Extensions,
-        _: Next<'_>,
-    ) -> reqwest_middleware::Result<reqwest::Response> {
-        Ok(reqwest::Response::from(
-            http::Response::builder().status(200).body("").unwrap(),
-        ))
-    }
-}
+#[path = "../tests/support/answer200.rs"]
+mod answer200;
+use answer200::Answer200;
 
 fn stack(breaker: Option<CircuitBreakerMiddleware>) -> ClientWithMiddleware {
     let mut builder = ClientBuilder::new(reqwest::Client::new());

@@ -23,8 +23,7 @@ use std::hint::black_box;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use http::Extensions;
-use reqwest_middleware::{ClientBuilder, ClientWithMiddleware, Middleware, Next};
+use reqwest_middleware::{ClientBuilder, ClientWithMiddleware};
 use reqwest_resilience::backoff::{RandomSource, SeededRandom};
 use reqwest_resilience::{Backoff, Jitter, RetryMiddleware, TransportEvidence};
 use support::{Action, FaultServer};
@@ -43,21 +42,9 @@ fn main() {
 // ---------------------------------------------------------------------------------------
 // 1a. Middleware cost alone
 
-struct Answer200;
-
-#[async_trait::async_trait]
-impl Middleware for Answer200 {
-    async fn handle(
-        &self,
-        _: reqwest::Request,
-        _: &mut Extensions,
-        _: Next<'_>,
-    ) -> reqwest_middleware::Result<reqwest::Response> {
-        Ok(reqwest::Response::from(
-            http::Response::builder().status(200).body("").unwrap(),
-        ))
-    }
-}
+#[path = "../tests/support/answer200.rs"]
+mod answer200;
+use answer200::Answer200;
 
 fn reqwest_retry()
 -> reqwest_retry::RetryTransientMiddleware<reqwest_retry::policies::ExponentialBackoff> {

@@ -190,25 +190,9 @@ fn stacks(client: &reqwest::Client, url: &str) -> Vec<Stack> {
     all
 }
 
-/// Ends a stack without I/O, so that only the middlewares' own work is timed.
-struct Answer200;
-
-#[async_trait::async_trait]
-impl Middleware for Answer200 {
-    async fn handle(
-        &self,
-        _: reqwest::Request,
-        _: &mut http::Extensions,
-        _: reqwest_middleware::Next<'_>,
-    ) -> reqwest_middleware::Result<reqwest::Response> {
-        Ok(reqwest::Response::from(
-            http::Response::builder()
-                .status(200)
-                .body("")
-                .expect("a response"),
-        ))
-    }
-}
+#[path = "../tests/support/answer200.rs"]
+mod answer200;
+use answer200::Answer200;
 
 /// The middlewares' CPU cost alone: ns per request with `Answer200` innermost, the full
 /// stack against `ClientWithMiddleware` with only `Answer200`.

@@ -11,7 +11,7 @@
 
 use std::time::Duration;
 
-use reqwest_middleware::{ClientBuilder, ClientWithMiddleware, Middleware, Next};
+use reqwest_middleware::{ClientBuilder, ClientWithMiddleware};
 use reqwest_resilience::{
     AccessToken, BearerAuth, Origin, Resilience, RetryMiddleware, TokenManager, TransportEvidence,
 };
@@ -19,25 +19,9 @@ use reqwest_resilience::{
 #[path = "support/counting_alloc.rs"]
 mod counting_alloc;
 
-/// Stands in for the network: a `200` with no body.
-struct Answer200;
-
-#[async_trait::async_trait]
-impl Middleware for Answer200 {
-    async fn handle(
-        &self,
-        _: reqwest::Request,
-        _: &mut http::Extensions,
-        _: Next<'_>,
-    ) -> reqwest_middleware::Result<reqwest::Response> {
-        Ok(reqwest::Response::from(
-            http::Response::builder()
-                .status(200)
-                .body("")
-                .expect("a response"),
-        ))
-    }
-}
+#[path = "support/answer200.rs"]
+mod answer200;
+use answer200::Answer200;
 
 // Never contacted: `Answer200` answers before reqwest would connect.
 const URL: &str = "http://127.0.0.1:9/x";

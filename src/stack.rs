@@ -493,18 +493,17 @@ fn build_breaker(
     choice: BreakerChoice,
     on_transition: Option<TransitionHook>,
 ) -> Result<Option<CircuitBreakerMiddleware>, ResilienceError> {
-    let conflict = || {
-        ResilienceError::InvalidStack(StackError::Conflict {
-            part: StackPart::Breaker,
-            setting: "on_breaker_transition",
-        })
-    };
     let config = match choice {
-        BreakerChoice::Off if on_transition.is_some() => return Err(conflict()),
-        BreakerChoice::Off => return Ok(None),
-        BreakerChoice::Registry(_) | BreakerChoice::Middleware(_) if on_transition.is_some() => {
-            return Err(conflict());
+        // The hook is installed on a registry this builder makes.
+        BreakerChoice::Off | BreakerChoice::Registry(_) | BreakerChoice::Middleware(_)
+            if on_transition.is_some() =>
+        {
+            return Err(ResilienceError::InvalidStack(StackError::Conflict {
+                part: StackPart::Breaker,
+                setting: "on_breaker_transition",
+            }));
         }
+        BreakerChoice::Off => return Ok(None),
         BreakerChoice::Registry(registry) => {
             return Ok(Some(CircuitBreakerMiddleware::new(registry)));
         }

@@ -314,4 +314,18 @@ mod tests {
             Err(OriginError::InvalidUrl(_))
         ));
     }
+
+    // Found by tests/evidence.rs's origin property test: "xn--0" is an IDNA A-label whose
+    // punycode is invalid, so the URL parser rejects it; that must stay a typed error.
+    #[test]
+    fn an_invalid_idna_a_label_is_a_typed_error_not_a_panic() {
+        assert!(matches!(
+            Origin::parse("http://xn--0/"),
+            Err(OriginError::InvalidUrl(_))
+        ));
+        assert_eq!(
+            Origin::parse("http://xn--bcher-kva.example/").map(|o| o.to_string()),
+            Ok("http://xn--bcher-kva.example:80".to_string())
+        );
+    }
 }

@@ -783,7 +783,12 @@ proptest! {
     #[test]
     fn origin_is_lower_cased_with_the_default_port_explicit(
         scheme in prop::sample::select(vec!["http", "https"]),
-        labels in prop::collection::vec("[a-z][a-z0-9-]{0,8}[a-z0-9]", 1..4),
+        // "xn--" starts an IDNA A-label, whose rest must be valid punycode: the URL parser
+        // rightly rejects "xn--0", so such labels are not plain ASCII hosts.
+        labels in prop::collection::vec(
+            "[a-z][a-z0-9-]{0,8}[a-z0-9]".prop_filter("not an IDNA A-label", |l| !l.starts_with("xn--")),
+            1..4,
+        ),
         port in prop::option::of(1u16..),
         path in "(/[a-zA-Z0-9._~-]{0,8}){0,3}",
         mask in any::<u64>(),

@@ -126,6 +126,7 @@ pub mod breaker;
 pub mod error;
 pub mod evidence;
 pub mod origin;
+pub mod redirect;
 pub mod retry;
 pub mod retry_after;
 pub mod stack;
@@ -135,7 +136,7 @@ pub use backoff::{Backoff, Jitter};
 pub use breaker::{BreakerConfig, BreakerRegistry, BreakerState, CircuitBreakerMiddleware};
 pub use error::ResilienceError;
 pub use evidence::{
-    AttemptDecision, AttemptHistory, AttemptRecord, FailureKind, NotProcessedProof,
+    AttemptDecision, AttemptHistory, AttemptRecord, FailureKind, NotProcessedProof, Redirects,
     RequestEvidence, Transmission, TransportEvidence,
 };
 pub use origin::Origin;

@@ -41,6 +41,7 @@ use reqwest_middleware::{ClientBuilder, ClientWithMiddleware, Middleware, Next};
 
 use crate::breaker::{BreakerConfig, BreakerEvent, BreakerRegistry, CircuitBreakerMiddleware};
 use crate::evidence::{AttemptDecision, AttemptHistory, RequestEvidence, TransportEvidence};
+use crate::redirect::ClientRedirects;
 use crate::retry::RetryAfterPolicy;
 use crate::{Backoff, BearerAuth, ResilienceError, RetryBudget, RetryMiddleware};
 
@@ -211,6 +212,7 @@ pub struct Resilience {
     per_attempt: Vec<Arc<dyn Middleware>>,
     on_attempt: Option<AttemptHook>,
     on_breaker_transition: Option<TransitionHook>,
+    client_redirects: ClientRedirects,
 }
 
 impl Default for Resilience {
@@ -239,6 +241,7 @@ impl fmt::Debug for Resilience {
             // BearerAuth's Debug never shows the token.
             .field("bearer", &self.bearer)
             .field("per_attempt", &self.per_attempt.len())
+            .field("client_redirects", &self.client_redirects)
             .field("on_attempt", &self.on_attempt.is_some())
             .field(
                 "on_breaker_transition",
@@ -259,7 +262,20 @@ impl Resilience {
             per_attempt: Vec::new(),
             on_attempt: None,
             on_breaker_transition: None,
+            client_redirects: ClientRedirects::Unobserved,
         }
+    }
+
+    /// Tells the transport step what the `reqwest::Client` does with redirects (default
+    /// [`ClientRedirects::Unobserved`]): [`Recorded`](ClientRedirects::Recorded) when its
+    /// policy is wrapped in [`redirect::recorded`](crate::redirect::recorded),
+    /// [`Off`](ClientRedirects::Off) for `reqwest::redirect::Policy::none()`. Unobserved,
+    /// an error can come from a later hop, so a non-idempotent request is not retried
+    /// after a failure the transport step would otherwise prove unsent (a refused
+    /// connect): see [`crate::redirect`].
+    pub fn client_redirects(mut self, redirects: ClientRedirects) -> Self {
+        self.client_redirects = redirects;
+        self
     }
 
     /// Retries after the first attempt (default 3; 0 keeps the middleware but never
@@ -439,7 +455,9 @@ impl Resilience {
         for middleware in self.per_attempt {
             builder = builder.with_arc(middleware);
         }
-        Ok(builder.with(TransportEvidence::new()))
+        Ok(builder.with(TransportEvidence::with_client_redirects(
+            self.client_redirects,
+        )))
     }
 
     fn build_retry(&self) -> Result<Option<RetryMiddleware>, ResilienceError> {

@@ -41,9 +41,10 @@ use std::time::{Duration, SystemTime};
 use http::{Extensions, StatusCode};
 use proptest::prelude::*;
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware};
+use reqwest_resilience::redirect::{self, ClientRedirects};
 use reqwest_resilience::{
-    AttemptHistory, FailureKind, NotProcessedProof, Origin, RequestEvidence, Transmission,
-    TransportEvidence,
+    AttemptHistory, FailureKind, NotProcessedProof, Origin, Redirects, RequestEvidence,
+    Transmission, TransportEvidence,
 };
 use support::h2::{H2Action, H2Server};
 use support::tls::TlsServer;
@@ -52,15 +53,22 @@ use support::{Action, FaultServer, FullBacklog, refused_port};
 /// Upper bound for any one test's network work.
 const BOUND: Duration = Duration::from_secs(20);
 
+/// The fault matrix is about one hop: the clients record their redirects (there are
+/// none), so the transport step may prove a failure is the first hop's.
 fn with_evidence(client: reqwest::Client) -> ClientWithMiddleware {
     ClientBuilder::new(client)
-        .with(TransportEvidence::new())
+        .with(TransportEvidence::with_client_redirects(
+            ClientRedirects::Recorded,
+        ))
         .build()
 }
 
-/// A client with reqwest's own retries off, so every attempt is one request on the wire.
+/// A client with reqwest's own retries off, so every attempt is one request on the wire,
+/// and its redirects recorded.
 fn raw_client() -> reqwest::ClientBuilder {
-    reqwest::Client::builder().retry(reqwest::retry::never())
+    reqwest::Client::builder()
+        .retry(reqwest::retry::never())
+        .redirect(redirect::recorded(reqwest::redirect::Policy::default()))
 }
 
 /// Sends `req`, returning the outcome and the attempt history left in the extensions.
@@ -478,7 +486,9 @@ async fn row10_control_the_same_server_trusted_answers() {
 // ---- row 11 ------------------------------------------------------------------------------
 
 fn h2_client(reqwest_retries: bool) -> ClientWithMiddleware {
-    let builder = reqwest::Client::builder().http2_prior_knowledge();
+    let builder = reqwest::Client::builder()
+        .http2_prior_knowledge()
+        .redirect(redirect::recorded(reqwest::redirect::Policy::default()));
     let builder = if reqwest_retries {
         builder
     } else {

@@ -13,6 +13,7 @@ use std::time::{Duration, SystemTime};
 use http::Extensions;
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware, Middleware, Next};
 use reqwest_resilience::backoff::SeededRandom;
+use reqwest_resilience::redirect::{self, ClientRedirects};
 use reqwest_resilience::retry::{
     Deadline, Idempotent, MaxRetries, RetryAfterPolicy, RetryError, RetryOutcome, RetryReason,
     StopReason, find_reqwest_error,
@@ -33,11 +34,14 @@ fn plain() -> reqwest_resilience::retry::RetryMiddlewareBuilder {
         .no_budget()
 }
 
+/// Its redirects are recorded, so a failure without a redirect is proven the first hop's
+/// (tests/redirect.rs covers the other client setups).
 fn reqwest_client() -> reqwest::Client {
     reqwest::Client::builder()
         .no_proxy()
         // No idle-pool timer: with a paused clock it would be the "next timer" tokio jumps to.
         .pool_idle_timeout(None)
+        .redirect(redirect::recorded(reqwest::redirect::Policy::default()))
         .build()
         .unwrap()
 }
@@ -45,7 +49,9 @@ fn reqwest_client() -> reqwest::Client {
 fn client(retry: RetryMiddleware) -> ClientWithMiddleware {
     ClientBuilder::new(reqwest_client())
         .with(retry)
-        .with(TransportEvidence::new())
+        .with(TransportEvidence::with_client_redirects(
+            ClientRedirects::Recorded,
+        ))
         .build()
 }
 
@@ -552,11 +558,14 @@ async fn post_refused_by_http2_refused_stream_is_retried_once() {
             // reqwest 0.13 replays REFUSED_STREAM itself (twice) inside one attempt; off, so
             // the server's count shows this middleware's decisions alone.
             .retry(reqwest::retry::never())
+            .redirect(redirect::recorded(reqwest::redirect::Policy::default()))
             .build()
             .unwrap(),
     )
     .with(plain().build().unwrap())
-    .with(TransportEvidence::new())
+    .with(TransportEvidence::with_client_redirects(
+        ClientRedirects::Recorded,
+    ))
     .build();
     let (res, ext, took) = send(&c, c.post(server.url("/")).body("x"), Extensions::new()).await;
     let err = res.unwrap_err();

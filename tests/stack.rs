@@ -16,6 +16,7 @@ use reqwest_middleware::{ClientBuilder, ClientWithMiddleware, Middleware, Next};
 use reqwest_resilience::breaker::{
     BreakerConfig, BreakerRegistry, BreakerState, CircuitBreakerMiddleware, TripPolicy,
 };
+use reqwest_resilience::redirect::{self, ClientRedirects};
 use reqwest_resilience::retry::{MaxRetries, RetryError, RetryOutcome, RetryReason, StopReason};
 use reqwest_resilience::stack::StackPart;
 use reqwest_resilience::{
@@ -31,11 +32,14 @@ const S: fn(u64) -> Duration = Duration::from_secs;
 /// What a hook or probe saw, shared with the test.
 type Shared<T> = Arc<Mutex<Vec<T>>>;
 
+/// Its redirects are recorded; a stack that relies on that says so with
+/// `.client_redirects(ClientRedirects::Recorded)`.
 fn reqwest_client() -> reqwest::Client {
     reqwest::Client::builder()
         .no_proxy()
         // No idle-pool timer: with a paused clock it would be the "next timer" tokio jumps to.
         .pool_idle_timeout(None)
+        .redirect(redirect::recorded(reqwest::redirect::Policy::default()))
         .build()
         .unwrap()
 }
@@ -531,6 +535,7 @@ async fn on_attempt_hook_reports_a_refused_connection_as_not_sent_for_each_attem
     let client = Resilience::new()
         .max_retries(1)
         .backoff(exact_backoff())
+        .client_redirects(ClientRedirects::Recorded)
         .on_attempt(move |e, _| {
             s.lock()
                 .unwrap()

@@ -10,7 +10,7 @@ use reqwest_middleware::{Middleware, Next};
 
 use super::manager::TokenManager;
 use super::token::{AccessToken, TokenError, TokenErrorKind};
-use crate::evidence::{FailureKind, record_rejected_locally};
+use crate::evidence::{FailureKind, Redirects, RequestEvidence, record_rejected_locally};
 use crate::{Origin, ResilienceError};
 
 /// Attaches `Authorization: Bearer <token>` from a [`TokenManager`] to the requests sent
@@ -29,9 +29,11 @@ use crate::{Origin, ResilienceError};
 ///   be cloned (a streaming body cannot: the `401` is returned, and the next request
 ///   gets the new token). A second `401` is returned as it is. A hook can look at the
 ///   `401` (its `WWW-Authenticate` challenge) first and decline the refresh and replay
-///   ([`BearerAuthBuilder::on_unauthorized`]). A `401` that comes, after a redirect, from
-///   another origin than the request's (in the set or not) is returned as it is: reqwest
-///   dropped the token on the cross-origin hop, so that server never saw it.
+///   ([`BearerAuthBuilder::on_unauthorized`]). A `401` that comes after a redirect (from
+///   any origin: the response's URL is not the request's, or the transport step saw a
+///   redirect) is returned as it is, with no refresh: it answers a later hop, while the
+///   request sent was received and answered (`3xx`), so replaying it would repeat it
+///   (and on a cross-origin hop reqwest dropped the token, so that server never saw it).
 /// - **Errors**: when no token can be had, the request is not sent and the call fails
 ///   with [`ResilienceError::Token`] inside `reqwest_middleware::Error::Middleware`
 ///   (also when the refresh after a `401` fails: the replay is then not sent). The
@@ -355,17 +357,19 @@ impl BearerAuth {
         extensions: &mut Extensions,
         next: Next<'_>,
     ) -> reqwest_middleware::Result<Response> {
-        // After a redirect to another origin the 401 comes from a server that never saw
-        // the token (reqwest strips it on a cross-origin hop), even when that origin is
-        // covered too: nothing to heal, and no refresh to burn.
+        // After a redirect the 401 answers a later hop, not the request this middleware
+        // sent, which was received and answered (3xx): replaying it would repeat it, and
+        // the token may not even have travelled (reqwest strips it on a cross-origin hop).
+        // Nothing to heal, and no refresh to burn.
         let request_url = replay.as_ref().map(Request::url).or(streamed_url.as_ref());
+        let redirected = request_url.is_none_or(|u| {
+            crate::redirect::without_fragment(u)
+                != crate::redirect::without_fragment(response.url())
+        }) || extensions
+            .get::<RequestEvidence>()
+            .is_some_and(|e| matches!(e.redirects, Redirects::Followed { .. }));
         let origin = match Origin::from_url(response.url()) {
-            Ok(origin)
-                if self.covers(response.url())
-                    && request_url.is_some_and(|u| Origin::from_url(u).as_ref() == Ok(&origin)) =>
-            {
-                origin
-            }
+            Ok(origin) if !redirected && self.covers(response.url()) => origin,
             _ => return Ok(response),
         };
         if self.challenge_action(&origin, &response) == ChallengeAction::ReturnResponse {

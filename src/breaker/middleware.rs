@@ -39,6 +39,14 @@ use crate::{Origin, ResilienceError};
 /// 3. A `429` or `503` whose evidence carries `Retry-After` pauses the origin for every
 ///    caller of the registry (clamped to [`max_pause`](super::BreakerConfig::max_pause)).
 ///
+/// After a redirect to another origin ([`RequestEvidence::final_origin`]), each origin
+/// answers for its own hop: this request's origin records a success (it answered, with a
+/// `3xx`), and the last hop's outcome and pause go to the last hop's origin (when its
+/// breaker admits one more attempt; an Open breaker there counts nothing). Where the
+/// transport step cannot tell which hop failed (an error under
+/// [`ClientRedirects::Unobserved`](crate::redirect::ClientRedirects::Unobserved)), the
+/// request's origin is charged.
+///
 /// # Deadlines
 ///
 /// When the extensions hold a [`Deadline`] (a per-request one, or the one the retry
@@ -316,7 +324,19 @@ impl Middleware for CircuitBreakerMiddleware {
         };
         let evidence = extensions.get::<RequestEvidence>();
         let outcome = self.classifier.classify(evidence, &result);
-        permit.record_with_pause(outcome, server_pause(evidence, &result));
+        let pause = server_pause(evidence, &result);
+        match evidence.and_then(|e| e.final_origin.as_ref()) {
+            // Each hop's outcome belongs to the origin that produced it: this origin
+            // answered with a redirect, and the last hop's answer (or failure, and any
+            // pause it asked for) is the other origin's.
+            Some(last) if *last != origin => {
+                permit.record(Outcome::Success);
+                if let Ok(other) = self.registry.acquire(last) {
+                    other.record_with_pause(outcome, pause);
+                }
+            }
+            _ => permit.record_with_pause(outcome, pause),
+        }
         result
     }
 }

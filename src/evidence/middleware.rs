@@ -4,8 +4,12 @@ use http::Extensions;
 use reqwest::{Request, Response};
 use reqwest_middleware::{Middleware, Next};
 
-use super::{AttemptHistory, RequestEvidence, Transmission, classify_error, next_attempt};
+use super::{
+    AttemptHistory, FailureKind, Redirects, RequestEvidence, Transmission, classify_error,
+    next_attempt,
+};
 use crate::Origin;
+use crate::redirect::{ClientRedirects, HopCount, Recording};
 
 /// The transport step: register it last (innermost), right before the `reqwest::Client`.
 ///
@@ -27,6 +31,17 @@ use crate::Origin;
 /// middleware above may send it once more. Build the client with
 /// `.retry(reqwest::retry::never())` to make every request on the wire an attempt of its own.
 ///
+/// # Redirects
+///
+/// reqwest follows redirects inside one attempt. Once one was followed, the request this
+/// step was handed was received and answered, so its evidence is never `NotSent` and
+/// carries no not-processed proof (those would describe a later hop), and
+/// [`RequestEvidence::redirects`] says so; the failure, status and `Retry-After` describe
+/// the last hop, at [`RequestEvidence::final_origin`]. What can be proven depends on the
+/// client ([`ClientRedirects`], set with [`with_client_redirects`](Self::with_client_redirects)):
+/// by default an error proves nothing about earlier hops (reqwest reports it with the
+/// first URL), so it is never `NotSent` either. See [`crate::redirect`].
+///
 /// # Cancel safety
 ///
 /// Dropping the attempt's future (a caller's timeout, a `select!`) records nothing: the
@@ -44,13 +59,24 @@ use crate::Origin;
 /// ```
 #[derive(Debug, Clone, Default)]
 pub struct TransportEvidence {
-    _private: (),
+    redirects: ClientRedirects,
 }
 
 impl TransportEvidence {
-    /// A transport step.
+    /// A transport step for a client whose redirects are not observed
+    /// ([`ClientRedirects::Unobserved`]).
     pub fn new() -> Self {
-        TransportEvidence { _private: () }
+        TransportEvidence::default()
+    }
+
+    /// A transport step told what the client below does with redirects.
+    pub fn with_client_redirects(redirects: ClientRedirects) -> Self {
+        TransportEvidence { redirects }
+    }
+
+    /// What this step assumes about the client's redirects.
+    pub fn client_redirects(&self) -> ClientRedirects {
+        self.redirects
     }
 }
 
@@ -62,8 +88,14 @@ impl Middleware for TransportEvidence {
         extensions: &mut Extensions,
         next: Next<'_>,
     ) -> reqwest_middleware::Result<Response> {
-        let (origin, attempt, started, sent) = hand_on(req, extensions, next);
-        let result = sent.await;
+        let (origin, attempt, started, url_key, sent) = hand_on(req, extensions, next);
+        let (result, hops) = match self.redirects {
+            ClientRedirects::Recorded => {
+                let (result, hops) = Recording::new(sent).await;
+                (result, Some(hops))
+            }
+            _ => (sent.await, None),
+        };
         let mut evidence = match &result {
             Ok(response) => RequestEvidence::of_response(response, origin, attempt),
             Err(reqwest_middleware::Error::Reqwest(err)) => {
@@ -81,6 +113,7 @@ impl Middleware for TransportEvidence {
                 e
             }
         };
+        apply_redirects(&mut evidence, &result, url_key, self.redirects, hops);
         evidence.elapsed = started.elapsed();
         #[cfg(feature = "tracing")]
         // OpenTelemetry HTTP client names where one exists (`resend_count`: the retries
@@ -119,9 +152,122 @@ fn hand_on<'a>(
     req: Request,
     extensions: &'a mut Extensions,
     next: Next<'a>,
-) -> (Option<Origin>, u32, tokio::time::Instant, Attempt<'a>) {
+) -> (
+    Option<Origin>,
+    u32,
+    tokio::time::Instant,
+    UrlKey,
+    Attempt<'a>,
+) {
     let origin = Origin::cached(req.url());
     let attempt = next_attempt(extensions.get::<AttemptHistory>().map_or(0, |h| h.len()));
+    let key = UrlKey::of(req.url());
     let started = tokio::time::Instant::now();
-    (origin, attempt, started, next.run(req, extensions))
+    (origin, attempt, started, key, next.run(req, extensions))
+}
+
+/// The request's URL, kept as a hash to tell whether the response or error came from
+/// another URL without a copy of the URL per attempt. A collision (2^-64) would only
+/// miss a redirect the URL comparison was the sole witness of.
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct UrlKey(u64);
+
+impl UrlKey {
+    fn of(url: &reqwest::Url) -> Self {
+        use std::hash::{BuildHasher, BuildHasherDefault};
+        let hasher = BuildHasherDefault::<std::collections::hash_map::DefaultHasher>::default();
+        UrlKey(hasher.hash_one(crate::redirect::without_fragment(url)))
+    }
+}
+
+/// Fills in what the attempt proves about redirects, and keeps the evidence honest about
+/// the request this step was handed: after a redirect (or where one cannot be ruled out)
+/// it is not `NotSent`, and a later hop's not-processed proof does not speak for it.
+fn apply_redirects(
+    evidence: &mut RequestEvidence,
+    result: &reqwest_middleware::Result<Response>,
+    request: UrlKey,
+    client: ClientRedirects,
+    hops: Option<HopCount>,
+) {
+    let consulted = hops.as_ref().map_or(0, |h| h.consulted);
+    let (redirects, final_url_origin) = match result {
+        Ok(response) => {
+            // A policy that stopped on a 3xx was consulted for the response returned.
+            let stopped_here = response.status().is_redirection()
+                && response.headers().contains_key(http::header::LOCATION);
+            let followed = consulted.saturating_sub(u32::from(stopped_here));
+            // A response built from an `http::Response` (by a middleware inside, a
+            // cache) carries reqwest's placeholder URL, which says nothing about hops.
+            let moved = response.url().host_str() != Some("no.url.provided.local")
+                && UrlKey::of(response.url()) != request;
+            let redirects = match (followed, moved) {
+                (0, false) => Redirects::None,
+                (0, true) => Redirects::Followed { hops: None },
+                (n, _) => Redirects::Followed { hops: Some(n) },
+            };
+            (
+                redirects,
+                moved.then(|| Origin::cached(response.url())).flatten(),
+            )
+        }
+        Err(reqwest_middleware::Error::Reqwest(err)) => {
+            // A Location reqwest would not follow (a scheme it cannot serve) is reported
+            // with the Location's URL; one it could not parse, with a `url::ParseError`.
+            let refused_location = err.is_builder()
+                && (err.url().is_some_and(|u| UrlKey::of(u) != request)
+                    || has_url_parse_error(err));
+            let redirects = if consulted > 0 {
+                Redirects::Followed {
+                    hops: Some(consulted),
+                }
+            } else if refused_location || err.is_redirect() {
+                // A server answered with a redirect the policy or reqwest refused.
+                Redirects::Followed { hops: None }
+            } else if err.is_builder() {
+                // Every later hop's builder error is one of the two above: this one was
+                // raised before the first hop was sent.
+                Redirects::None
+            } else if client == ClientRedirects::Unobserved {
+                Redirects::Unknown
+            } else {
+                Redirects::None
+            };
+            let last = hops.and_then(|h| h.last_location);
+            (redirects, last.filter(|_| !err.is_redirect()))
+        }
+        Err(reqwest_middleware::Error::Middleware(_)) => {
+            let redirects = match consulted {
+                0 => Redirects::None,
+                n => Redirects::Followed { hops: Some(n) },
+            };
+            (redirects, hops.and_then(|h| h.last_location))
+        }
+    };
+    evidence.redirects = redirects;
+    if !redirects.may_have_redirected() {
+        return;
+    }
+    if evidence.transmission == Transmission::NotSent {
+        evidence.transmission = Transmission::Unknown;
+    }
+    evidence.not_processed = None;
+    if let Redirects::Followed { .. } = redirects {
+        evidence.final_origin = final_url_origin.filter(|o| Some(o) != evidence.origin.as_ref());
+    }
+    if evidence.failure == Some(FailureKind::Builder) && redirects != Redirects::Unknown {
+        // The builder error was about the Location, after the first hop was answered.
+        evidence.failure = Some(FailureKind::Redirect);
+    }
+}
+
+fn has_url_parse_error(err: &reqwest::Error) -> bool {
+    let mut source = std::error::Error::source(err);
+    while let Some(e) = source {
+        if e.is::<url::ParseError>() {
+            return true;
+        }
+        source = e.source();
+    }
+    false
 }

@@ -109,6 +109,42 @@ pub enum NotProcessedProof {
     GoAway,
 }
 
+/// Whether the redirects reqwest follows inside one attempt were seen (see
+/// [`crate::redirect`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Redirects {
+    /// No redirect was followed, as far as can be told: proven for an outcome under
+    /// [`ClientRedirects::Recorded`](crate::redirect::ClientRedirects::Recorded) or
+    /// [`ClientRedirects::Off`](crate::redirect::ClientRedirects::Off), and for a
+    /// response whose URL is the request's under `Unobserved` (where a chain that ends at
+    /// the URL it started from cannot be told apart). Also the value of evidence no
+    /// transport step wrote (a local rejection).
+    None,
+    /// At least one redirect was followed: the request the transport step was handed
+    /// was received and answered (`3xx`), and the rest of the evidence describes the
+    /// last hop, at [`RequestEvidence::final_origin`].
+    Followed {
+        /// How many, when the [`recorded`](crate::redirect::recorded) policy counted
+        /// them; `None` when only the response's URL showed it.
+        hops: Option<u32>,
+    },
+    /// An error under
+    /// [`ClientRedirects::Unobserved`](crate::redirect::ClientRedirects::Unobserved):
+    /// reqwest reports a later hop's transport error with the first hop's URL, so
+    /// whether an earlier hop was answered cannot be told. The transmission is then never
+    /// `NotSent`.
+    Unknown,
+}
+
+impl Redirects {
+    /// Whether a redirect was followed, or cannot be ruled out: the first hop may have
+    /// been processed.
+    pub fn may_have_redirected(self) -> bool {
+        !matches!(self, Redirects::None)
+    }
+}
+
 /// What the transport step observed about one attempt.
 ///
 /// Read it from the request's extensions inside a middleware (after `next.run`), from
@@ -130,6 +166,13 @@ pub struct RequestEvidence {
     pub elapsed: Duration,
     /// The response's `Retry-After`, parsed and uncapped, if present and valid.
     pub retry_after: Option<Duration>,
+    /// Whether reqwest followed redirects during the attempt. When it did, the
+    /// transmission, failure, proof and `Retry-After` describe the last hop.
+    pub redirects: Redirects,
+    /// The origin of the last hop when a redirect was followed to another origin (`None`
+    /// otherwise): the one whose breaker the outcome is charged to. See
+    /// [`outcome_origin`](Self::outcome_origin).
+    pub final_origin: Option<Origin>,
 }
 
 impl RequestEvidence {
@@ -143,7 +186,15 @@ impl RequestEvidence {
             attempt,
             elapsed: Duration::ZERO,
             retry_after: None,
+            redirects: Redirects::None,
+            final_origin: None,
         }
+    }
+
+    /// The origin that produced the outcome: the last hop's after a redirect to another
+    /// origin, else the request's.
+    pub fn outcome_origin(&self) -> Option<&Origin> {
+        self.final_origin.as_ref().or(self.origin.as_ref())
     }
 
     /// Evidence of a request rejected locally (breaker open, paused, no bearer token):

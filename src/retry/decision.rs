@@ -9,7 +9,7 @@ use std::fmt;
 
 use http::{HeaderMap, Method, StatusCode};
 
-use crate::evidence::{FailureKind, RequestEvidence, Transmission};
+use crate::evidence::{FailureKind, Redirects, RequestEvidence, Transmission};
 
 /// Why an attempt is followed by another.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -52,12 +52,17 @@ pub enum StopReason {
     BudgetExhausted,
     /// The next delay would end past the deadline.
     DeadlineExceeded,
-    /// `Retry-After` asked for longer than the configured cap and the policy is to give up.
+    /// `Retry-After` (or, for a request that got no bearer token, the token manager's next
+    /// fetch) lies beyond the configured cap and the policy is to give up.
     RetryAfterTooLong,
     /// A circuit breaker rejected the request and did not say when to retry.
     BreakerRejected,
     /// The request body is a stream that cannot be replayed: sent once.
     BodyNotClonable,
+    /// reqwest followed a redirect during the attempt, so the request was received and
+    /// answered (`3xx`) by the first hop: a non-idempotent request is never sent again,
+    /// whatever a later hop answered.
+    RedirectFollowed,
 }
 
 impl fmt::Display for RetryReason {
@@ -96,6 +101,9 @@ impl fmt::Display for StopReason {
                 f.write_str("a circuit breaker rejected it without a retry time")
             }
             StopReason::BodyNotClonable => f.write_str("the body cannot be replayed"),
+            StopReason::RedirectFollowed => {
+                f.write_str("a redirect was followed: the first hop was processed")
+            }
         }
     }
 }
@@ -190,6 +198,7 @@ pub trait RetryStrategy: Send + Sync + 'static {
 /// | 408, 500, 502, 503, 504 | retry | only with `Retry-After` |
 /// | 429 | retry | retry |
 /// | other statuses | no | no |
+/// | anything after a followed redirect ([`Redirects::Followed`]) | as the last hop's row says | never ([`StopReason::RedirectFollowed`]) |
 /// | certificate, builder, redirect, decode, permanent connect | no | no |
 ///
 /// A request that got no bearer token was not sent, so it is retried like any `NotSent`
@@ -204,11 +213,15 @@ pub struct DefaultStrategy;
 impl RetryStrategy for DefaultStrategy {
     fn decide(&self, ctx: &AttemptContext<'_>) -> Verdict {
         let ev = ctx.evidence;
-        if let Transmission::ResponseReceived(status) = ev.transmission {
-            return decide_status(status, ctx.idempotent, ev.retry_after.is_some());
-        }
         if let Some(kind) = ev.failure.filter(|k| is_permanent(*k)) {
             return Verdict::Stop(StopReason::Permanent(kind));
+        }
+        // A later hop's answer does not make the first hop's request safe to repeat.
+        if !ctx.idempotent && matches!(ev.redirects, Redirects::Followed { .. }) {
+            return Verdict::Stop(StopReason::RedirectFollowed);
+        }
+        if let Transmission::ResponseReceived(status) = ev.transmission {
+            return decide_status(status, ctx.idempotent, ev.retry_after.is_some());
         }
         match ev.transmission {
             Transmission::NotSent => match ev.failure {

@@ -366,13 +366,7 @@ impl Config {
         if let (RetryReason::Status(_), Some(after)) = (reason, evidence.retry_after) {
             // 0 or a past date gives no wait of its own: the backoff applies.
             if !after.is_zero() {
-                if after <= self.retry_after_cap {
-                    return Ok(after);
-                }
-                return match self.retry_after_policy {
-                    RetryAfterPolicy::Clamp => Ok(self.retry_after_cap),
-                    RetryAfterPolicy::GiveUp => Err(StopReason::RetryAfterTooLong),
-                };
+                return self.capped(after);
             }
         }
         let delay = match &self.delays {
@@ -385,13 +379,27 @@ impl Config {
             }
         };
         // Until its next fetch the token manager answers with the same error at once: a
-        // retry sooner would be spent for nothing.
-        Ok(match (reason, evidence.failure, evidence.retry_after) {
-            (RetryReason::NotSent, Some(FailureKind::TokenUnavailable), Some(refetch)) => {
-                delay.max(refetch)
+        // retry sooner would be spent for nothing. That wait is capped like `Retry-After`,
+        // or a token manager backing off for an hour would hold every request as long.
+        match (reason, evidence.failure, evidence.retry_after) {
+            (RetryReason::NotSent, Some(FailureKind::TokenUnavailable), Some(refetch))
+                if refetch > delay =>
+            {
+                self.capped(refetch).map(|wait| wait.max(delay))
             }
-            _ => delay,
-        })
+            _ => Ok(delay),
+        }
+    }
+
+    /// A server's (or the token manager's) wait, capped at `retry_after_cap`.
+    fn capped(&self, wait: Duration) -> Result<Duration, StopReason> {
+        if wait <= self.retry_after_cap {
+            return Ok(wait);
+        }
+        match self.retry_after_policy {
+            RetryAfterPolicy::Clamp => Ok(self.retry_after_cap),
+            RetryAfterPolicy::GiveUp => Err(StopReason::RetryAfterTooLong),
+        }
     }
 }
 

@@ -1,0 +1,179 @@
+//! Redirects: what the transport step can prove about the hops reqwest followed.
+//!
+//! reqwest follows redirects *inside* `Client::execute`, below every middleware, under the
+//! client's own [`reqwest::redirect::Policy`] (by default up to 10 hops). One attempt of
+//! this crate can therefore be several requests on the wire: `POST /pay → 303 → GET
+//! /receipt`. Once a redirect was followed, the request the transport step was handed was
+//! received and answered, whatever the later hops did, so it must never be sent again
+//! unless that is harmless. What the transport step can see of the hops:
+//!
+//! | outcome | what proves a redirect | what cannot be told |
+//! |---|---|---|
+//! | a response | `Response::url()` differs from the request's URL | a chain that ends at the URL it started from (`POST /orders → 303 → GET /orders`) |
+//! | an error | nothing: reqwest 0.13 stamps the *first* URL on a later hop's transport error, so a refused connect on hop 2 reads exactly like one on hop 1 | whether any hop before the failing one was answered |
+//!
+//! [`ClientRedirects`] tells the transport step which case it is in:
+//!
+//! - [`ClientRedirects::Unobserved`] (the default, for any client): a response is judged
+//!   by its URL; an error may come from a later hop, so no `NotSent` is claimed for it
+//!   ([`Redirects::Unknown`]). A refused connect is still retried for an idempotent
+//!   request; a `POST` is not, because its first hop may have been processed.
+//! - [`ClientRedirects::Recorded`]: the client was built with [`recorded`]`(policy)`. Every
+//!   hop is then seen exactly (a redirect back to the same URL too), and an error with no
+//!   hop before it is proven to be the first hop's.
+//! - [`ClientRedirects::Off`]: the client does not follow redirects
+//!   (`reqwest::redirect::Policy::none()`): every outcome is the first hop's.
+//!
+//! ```
+//! use reqwest_resilience::Resilience;
+//! use reqwest_resilience::redirect::{self, ClientRedirects};
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let client = reqwest::Client::builder()
+//!     .redirect(redirect::recorded(reqwest::redirect::Policy::default()))
+//!     .build()?;
+//! let client = Resilience::new()
+//!     .client_redirects(ClientRedirects::Recorded)
+//!     .build(client)?;
+//! # drop(client); Ok(()) }
+//! ```
+
+use std::cell::RefCell;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+/// What the transport step may assume about the redirects the `reqwest::Client` below it
+/// follows. See the [module docs](self).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
+pub enum ClientRedirects {
+    /// Nothing is known about the client's redirect policy (reqwest's default follows up
+    /// to 10 hops): responses are judged by their URL, errors prove nothing about earlier
+    /// hops.
+    #[default]
+    Unobserved,
+    /// The client's policy is wrapped in [`recorded`]: every hop is reported.
+    Recorded,
+    /// The client follows no redirects (`reqwest::redirect::Policy::none()`).
+    Off,
+}
+
+/// Wraps a client's redirect `policy` so that every redirect reqwest meets is reported
+/// to the transport step running the attempt ([`ClientRedirects::Recorded`]). The
+/// decisions are `policy`'s own; the wrapper only watches.
+///
+/// It works through a per-thread record that the transport step installs while it polls
+/// an attempt (reqwest consults the policy synchronously inside that poll), so it costs
+/// nothing on a request that is not redirected, and outside a transport step (another
+/// client sharing the policy) it does nothing.
+pub fn recorded(policy: reqwest::redirect::Policy) -> reqwest::redirect::Policy {
+    reqwest::redirect::Policy::custom(move |attempt| {
+        HOPS.with(|hops| {
+            if let Some(current) = hops.borrow_mut().last_mut() {
+                current.consulted = current.consulted.saturating_add(1);
+                current.last_location = crate::Origin::from_url(attempt.url()).ok();
+            }
+        });
+        policy.redirect(attempt)
+    })
+}
+
+/// The part of a URL a response's URL is compared on: reqwest rebuilds `Response::url()`
+/// from the request's `http::Uri`, which has no fragment.
+pub(crate) fn without_fragment(url: &reqwest::Url) -> &str {
+    &url[..url::Position::AfterQuery]
+}
+
+/// Redirects seen during one attempt by the [`recorded`] policy.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct HopCount {
+    /// How often the policy was consulted: each time a `3xx` with a usable `Location`
+    /// came back, so the first hop was answered as soon as this is 1.
+    pub(crate) consulted: u32,
+    /// The origin of the last `Location` the policy was asked about: where the hop after
+    /// it went, if it was followed.
+    pub(crate) last_location: Option<crate::Origin>,
+}
+
+thread_local! {
+    /// One record per attempt being polled on this thread, innermost last (an attempt
+    /// may, through a user's middleware, run another client's attempt inside its poll).
+    static HOPS: RefCell<Vec<HopCount>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Pops this attempt's record even if its poll unwinds.
+struct Installed;
+
+impl Drop for Installed {
+    fn drop(&mut self) {
+        HOPS.with(|hops| {
+            hops.borrow_mut().pop();
+        });
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// An attempt's future with a hop record installed around each of its polls.
+    pub(crate) struct Recording<F> {
+        #[pin]
+        inner: F,
+        hops: HopCount,
+    }
+}
+
+impl<F> Recording<F> {
+    pub(crate) fn new(inner: F) -> Self {
+        Recording {
+            inner,
+            hops: HopCount::default(),
+        }
+    }
+}
+
+impl<F: Future> Future for Recording<F> {
+    type Output = (F::Output, HopCount);
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        HOPS.with(|hops| hops.borrow_mut().push(std::mem::take(this.hops)));
+        let installed = Installed;
+        let polled = this.inner.poll(cx);
+        *this.hops = HOPS
+            .with(|hops| hops.borrow_mut().last_mut().map(std::mem::take))
+            .unwrap_or_default();
+        drop(installed);
+        polled.map(|output| (output, std::mem::take(this.hops)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn consult() {
+        HOPS.with(|hops| {
+            if let Some(current) = hops.borrow_mut().last_mut() {
+                current.consulted += 1;
+            }
+        });
+    }
+
+    #[tokio::test]
+    async fn each_attempt_counts_only_its_own_hops_across_polls_and_nesting() {
+        let (output, hops) = Recording::new(async {
+            consult();
+            tokio::task::yield_now().await;
+            consult();
+            // A nested attempt (another client inside a user's middleware) has its own.
+            let ((), inner) = Recording::new(async { consult() }).await;
+            assert_eq!(inner.consulted, 1);
+            7
+        })
+        .await;
+        assert_eq!((output, hops.consulted), (7, 2));
+        // Outside any attempt the record is empty, and consulting does nothing.
+        consult();
+        assert!(HOPS.with(|h| h.borrow().is_empty()));
+    }
+}

@@ -9,7 +9,8 @@
 //! The safety property both must keep (DESIGN.md, "Retry decision"): a non-idempotent
 //! request is never sent again after an attempt that may have been processed
 //! (`SentNoResponse`/`Unknown`), unless the server proved it did not process it (once),
-//! nor after a 408/5xx without `Retry-After`. On top, the loop never exceeds the retry
+//! nor after a 408/5xx without `Retry-After`, nor after an attempt during which reqwest
+//! followed a redirect (or one cannot be ruled out). On top, the loop never exceeds the retry
 //! count, the budget or the deadline.
 #![no_main]
 
@@ -20,7 +21,9 @@ use http::{Extensions, HeaderMap, Method, StatusCode};
 use libfuzzer_sys::fuzz_target;
 use reqwest::{Request, Response};
 use reqwest_middleware::{ClientBuilder, Middleware, Next};
-use reqwest_resilience::evidence::{FailureKind, NotProcessedProof, RequestEvidence, Transmission};
+use reqwest_resilience::evidence::{
+    FailureKind, NotProcessedProof, Redirects, RequestEvidence, Transmission,
+};
 use reqwest_resilience::retry::{
     AttemptContext, Deadline, DefaultStrategy, Idempotent, MaxRetries, RetryAfterPolicy,
     RetryReason, RetryStrategy, Verdict, is_idempotent,
@@ -105,6 +108,16 @@ fn evidence(b: &mut Bytes<'_>) -> RequestEvidence {
         1 => Some(Duration::ZERO),
         _ => None,
     };
+    // Redirects reqwest followed inside the attempt (issue 10): counted, seen only by the
+    // response's URL, or impossible to rule out.
+    e.redirects = match b.u8() % 8 {
+        0 => Redirects::Followed {
+            hops: Some(1 + u32::from(b.u8() % 10)),
+        },
+        1 => Redirects::Followed { hops: None },
+        2 => Redirects::Unknown,
+        _ => Redirects::None,
+    };
     e
 }
 
@@ -112,6 +125,11 @@ fn evidence(b: &mut Bytes<'_>) -> RequestEvidence {
 fn may_resend(e: &RequestEvidence, idempotent: bool, not_processed_retries: u32) -> bool {
     if idempotent {
         return true;
+    }
+    // After a followed redirect (or where one cannot be ruled out) the first hop was
+    // answered: whatever the last hop says, a non-idempotent request is not sent again.
+    if e.redirects.may_have_redirected() {
+        return false;
     }
     match e.transmission {
         Transmission::NotSent => true,

@@ -225,11 +225,16 @@ impl BreakerConfig {
     }
 
     /// The open period after the `trips`-th trip in a row, with jitter.
+    ///
+    /// Total for any configuration, not only a validated one (the public
+    /// [`Breaker`](super::Breaker) state machine takes its config per call): the period is
+    /// capped at a year, and a jitter ratio outside `[0, 1)` (or NaN) is ignored.
     pub(crate) fn open_duration_for(&self, trips: u32) -> Duration {
-        let d = self.grown_open_duration(trips);
-        if self.open_jitter > 0.0 {
-            let r = self.open_jitter;
-            d.mul_f64(rand::random_range(1.0 - r..1.0 + r))
+        let d = self.grown_open_duration(trips).min(MAX_DURATION);
+        let r = self.open_jitter;
+        if r > 0.0 && r < 1.0 {
+            Duration::try_from_secs_f64(d.as_secs_f64() * rand::random_range(1.0 - r..1.0 + r))
+                .unwrap_or(d)
         } else {
             d
         }

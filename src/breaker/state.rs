@@ -363,6 +363,33 @@ mod tests {
             .open_duration(10 * S)
     }
 
+    #[test]
+    fn configs_the_registry_refuses_never_panic_the_state_machine() {
+        let year = Duration::from_secs(365 * 24 * 3600);
+        for c in [
+            config().open_duration(Duration::MAX),
+            config().open_jitter(3.0),
+            config().open_jitter(f64::NAN),
+            config().open_jitter(-1.0),
+            config()
+                .open_duration(Duration::MAX)
+                .open_growth(OpenGrowth::new(f64::NAN, Duration::MAX)),
+            config().open_growth(OpenGrowth::new(-2.0, Duration::ZERO)),
+        ] {
+            assert!(c.validate().is_err() || c.open_jitter == 0.0, "{c:?}");
+            let mut b = Breaker::new(Instant::now());
+            for _ in 0..2 {
+                trip(&mut b, &c);
+                assert_eq!(b.state(), BreakerState::Open, "{c:?}");
+                let open_for = b.open_until() - Instant::now();
+                assert!(open_for <= year, "{c:?}: open for {open_for:?}");
+                // Into HalfOpen and back to Open: a repeated trip grows from the cap.
+                let (_, _) = b.try_acquire(&c, b.open_until());
+                b.reset(Instant::now());
+            }
+        }
+    }
+
     /// Sends one attempt at `now` and records `outcome`.
     fn attempt(b: &mut Breaker, c: &BreakerConfig, outcome: Outcome) -> Option<Transition> {
         let now = Instant::now();

@@ -216,9 +216,13 @@ impl RetryStrategy for DefaultStrategy {
         if let Some(kind) = ev.failure.filter(|k| is_permanent(*k)) {
             return Verdict::Stop(StopReason::Permanent(kind));
         }
-        // A later hop's answer does not make the first hop's request safe to repeat.
-        if !ctx.idempotent && matches!(ev.redirects, Redirects::Followed { .. }) {
-            return Verdict::Stop(StopReason::RedirectFollowed);
+        // A later hop's answer does not make the first hop's request safe to repeat, and
+        // where a redirect cannot be ruled out, neither does a failure's evidence.
+        match ev.redirects {
+            _ if ctx.idempotent => {}
+            Redirects::Followed { .. } => return Verdict::Stop(StopReason::RedirectFollowed),
+            Redirects::Unknown => return Verdict::Stop(StopReason::MayHaveBeenProcessed),
+            _ => {}
         }
         if let Transmission::ResponseReceived(status) = ev.transmission {
             return decide_status(status, ctx.idempotent, ev.retry_after.is_some());

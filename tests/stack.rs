@@ -17,7 +17,9 @@ use reqwest_resilience::breaker::{
     BreakerConfig, BreakerRegistry, BreakerState, CircuitBreakerMiddleware, TripPolicy,
 };
 use reqwest_resilience::redirect::{self, ClientRedirects};
-use reqwest_resilience::retry::{MaxRetries, RetryError, RetryOutcome, RetryReason, StopReason};
+use reqwest_resilience::retry::{
+    MaxRetries, RetryAfterPolicy, RetryError, RetryOutcome, RetryReason, StopReason,
+};
 use reqwest_resilience::stack::StackPart;
 use reqwest_resilience::{
     AccessToken, AttemptDecision, AttemptHistory, Backoff, BearerAuth, FailureKind, Jitter, Origin,
@@ -1042,6 +1044,62 @@ async fn post_after_a_token_failure_waits_for_the_token_managers_next_fetch_not_
             ),
         ]
     );
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_wait_for_a_token_managers_next_fetch_is_capped_like_retry_after() {
+    // The manager backs off for an hour after a failure: uncapped, every request would
+    // block for that hour (with `Duration::MAX`, for decades).
+    for backoff in [S(3600), Duration::MAX] {
+        let server = FaultServer::always(Action::ok("created")).await;
+        let (fetches, source) = tokens_failing_first(1);
+        let tokens = TokenManager::builder(source)
+            .failure_backoff(backoff, backoff)
+            .build();
+        let client = Resilience::new()
+            .backoff(exact_backoff())
+            .max_retries(1)
+            .bearer(bearer(&server, tokens))
+            .build(reqwest_client())
+            .unwrap();
+        let request = client.post(server.url("/orders")).body("{}").build().unwrap();
+        let mut ext = Extensions::new();
+        let t0 = Instant::now();
+        let result = client.execute_with_extensions(request, &mut ext).await;
+        // Clamped at the 60 s cap; the manager, still holding off, answers the retry with
+        // its error at once, and nothing was sent.
+        assert_eq!(t0.elapsed(), S(60), "{backoff:?}");
+        assert!(is_token_error(&result.unwrap_err()));
+        assert_eq!((fetches.load(Ordering::SeqCst), server.requests_seen()), (1, 0));
+        assert_eq!(
+            history(&ext)[0].2,
+            retry(S(60), RetryReason::NotSent),
+            "{backoff:?}"
+        );
+
+        // With the give-up policy, the token error comes back at once.
+        let (_, source) = tokens_failing_first(1);
+        let tokens = TokenManager::builder(source)
+            .failure_backoff(backoff, backoff)
+            .build();
+        let client = Resilience::new()
+            .backoff(exact_backoff())
+            .retry_after_cap(S(60), RetryAfterPolicy::GiveUp)
+            .bearer(bearer(&server, tokens))
+            .build(reqwest_client())
+            .unwrap();
+        let request = client.post(server.url("/orders")).body("{}").build().unwrap();
+        let mut ext = Extensions::new();
+        let t0 = Instant::now();
+        let result = client.execute_with_extensions(request, &mut ext).await;
+        assert_eq!(t0.elapsed(), Duration::ZERO, "{backoff:?}");
+        assert!(is_token_error(&result.unwrap_err()));
+        assert_eq!(
+            history(&ext)[0].2,
+            stop(StopReason::RetryAfterTooLong),
+            "{backoff:?}"
+        );
+    }
 }
 
 #[tokio::test(start_paused = true)]

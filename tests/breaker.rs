@@ -424,7 +424,9 @@ async fn waiting_caller_fails_fast_when_the_pause_outlasts_its_deadline() {
     ext.insert(Deadline(t0 + 40 * S));
     let (result, _) = get(&c, &url, ext).await;
     assert_eq!(result.unwrap().status(), 200);
-    assert_eq!(t0.elapsed(), 30 * S);
+    // The pause's 30 s, and its share of the 1 s window that spreads the waiters.
+    let waited = t0.elapsed();
+    assert!((30 * S..31 * S).contains(&waited), "{waited:?}");
     assert_eq!(server.requests_seen(), 2);
 }
 
@@ -777,4 +779,65 @@ async fn an_attempt_dropped_by_its_caller_before_its_deadline_counts_nothing_and
     assert_cut_at_deadline(&result, &ext, &server, S);
     assert_eq!(server.requests_seen(), 4);
     assert_eq!(reg.state(&origin(&server)), Some(BreakerState::Open));
+}
+
+/// Stands in for the network and notes the (virtual) instant each request reached it.
+struct Stamp(Arc<std::sync::Mutex<Vec<Instant>>>);
+
+#[async_trait::async_trait]
+impl reqwest_middleware::Middleware for Stamp {
+    async fn handle(
+        &self,
+        _: reqwest::Request,
+        _: &mut Extensions,
+        _: reqwest_middleware::Next<'_>,
+    ) -> reqwest_middleware::Result<reqwest::Response> {
+        self.0.lock().unwrap().push(Instant::now());
+        Ok(reqwest::Response::from(
+            http::Response::builder().status(200).body("").unwrap(),
+        ))
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn waiters_released_by_the_end_of_a_pause_are_spread_over_a_short_window() {
+    // No sockets: the stamps are the instants the breaker let each waiter go, exactly.
+    let reg = registry(BreakerConfig::default());
+    let origin = Origin::parse("http://127.0.0.1:9").unwrap();
+    let stamps = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let client = ClientBuilder::new(reqwest_client())
+        .with(CircuitBreakerMiddleware::new(reg.clone()))
+        .with(Stamp(stamps.clone()))
+        .build();
+    let start = Instant::now();
+    assert_eq!(reg.pause(&origin, 10 * S), 10 * S);
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..100 {
+        let c = client.clone();
+        tasks.spawn(async move {
+            c.get("http://127.0.0.1:9/")
+                .send()
+                .await
+                .map(|r| r.status())
+        });
+    }
+    while let Some(r) = tasks.join_next().await {
+        assert_eq!(r.unwrap().unwrap(), 200);
+    }
+    let offsets: Vec<Duration> = stamps.lock().unwrap().iter().map(|t| *t - start).collect();
+    assert_eq!(offsets.len(), 100);
+    // Nobody before the pause ends; everybody within its 1 s window after it.
+    assert!(
+        offsets.iter().all(|d| (10 * S..11 * S).contains(d)),
+        "{offsets:?}"
+    );
+    // The herd at the pause's end: without the spread all 100 arrive in one instant.
+    // Binomial(100, 1/10) per 100 ms: more than 30 in one has odds below 1e-8.
+    let mut per_100ms = [0usize; 10];
+    for d in &offsets {
+        per_100ms[((*d - 10 * S).as_millis() / 100) as usize] += 1;
+    }
+    let herd = offsets.iter().filter(|d| **d == 10 * S).count();
+    assert!(herd <= 1, "{herd} in the instant the pause ended");
+    assert!(per_100ms.iter().all(|n| *n <= 30), "{per_100ms:?}");
 }

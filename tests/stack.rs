@@ -1062,7 +1062,11 @@ async fn the_wait_for_a_token_managers_next_fetch_is_capped_like_retry_after() {
             .bearer(bearer(&server, tokens))
             .build(reqwest_client())
             .unwrap();
-        let request = client.post(server.url("/orders")).body("{}").build().unwrap();
+        let request = client
+            .post(server.url("/orders"))
+            .body("{}")
+            .build()
+            .unwrap();
         let mut ext = Extensions::new();
         let t0 = Instant::now();
         let result = client.execute_with_extensions(request, &mut ext).await;
@@ -1070,7 +1074,10 @@ async fn the_wait_for_a_token_managers_next_fetch_is_capped_like_retry_after() {
         // its error at once, and nothing was sent.
         assert_eq!(t0.elapsed(), S(60), "{backoff:?}");
         assert!(is_token_error(&result.unwrap_err()));
-        assert_eq!((fetches.load(Ordering::SeqCst), server.requests_seen()), (1, 0));
+        assert_eq!(
+            (fetches.load(Ordering::SeqCst), server.requests_seen()),
+            (1, 0)
+        );
         assert_eq!(
             history(&ext)[0].2,
             retry(S(60), RetryReason::NotSent),
@@ -1088,7 +1095,11 @@ async fn the_wait_for_a_token_managers_next_fetch_is_capped_like_retry_after() {
             .bearer(bearer(&server, tokens))
             .build(reqwest_client())
             .unwrap();
-        let request = client.post(server.url("/orders")).body("{}").build().unwrap();
+        let request = client
+            .post(server.url("/orders"))
+            .body("{}")
+            .build()
+            .unwrap();
         let mut ext = Extensions::new();
         let t0 = Instant::now();
         let result = client.execute_with_extensions(request, &mut ext).await;

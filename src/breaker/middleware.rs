@@ -152,11 +152,13 @@ impl CircuitBreakerMiddleware {
                 rejection.retry_in,
                 self.registry.config().pause_mode,
             ) {
-                let fits = extensions
-                    .get::<Deadline>()
-                    .is_none_or(|d| Instant::now() + wait <= d.0);
+                let deadline = extensions.get::<Deadline>().map(|d| d.0);
+                let fits = deadline.is_none_or(|d| Instant::now() + wait <= d);
                 if fits {
-                    tokio::time::sleep(wait).await;
+                    // Spread over a short window after the pause, never past the deadline.
+                    let spread = super::spread_after_pause(wait);
+                    let wake = Instant::now() + spread;
+                    tokio::time::sleep_until(deadline.map_or(wake, |d| wake.min(d))).await;
                     rejection = match self.registry.acquire(origin) {
                         Ok(permit) => return Ok(permit),
                         Err(r) => r,

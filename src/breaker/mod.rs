@@ -37,7 +37,14 @@
 //! # Deadlines
 //!
 //! A request may carry a [`Deadline`] in its extensions. In [`PauseMode::Wait`] a request
-//! whose deadline would pass before the pause ends fails fast instead of waiting. An
+//! whose deadline would pass before the pause ends fails fast instead of waiting.
+//!
+//! # The end of a pause
+//!
+//! The callers a pause held back do not all go in the instant it ends: each waits a
+//! uniform share of a short window after it (a tenth of the pause, at most 1 s): a 10 s
+//! pause over 100 waiting callers lets about 10 through per 100 ms instead of 100 at once.
+//! (A retry middleware that was turned away waits the rejection's "retry in" exactly.) An
 //! attempt still running at the deadline is cut by the breaker and counted as a timeout
 //! (see [`CircuitBreakerMiddleware`]), so a server that always hangs trips its breaker.
 //!
@@ -116,3 +123,16 @@ pub struct RetryIn(pub Duration);
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Deadline(pub tokio::time::Instant);
+
+/// The wait of one caller held back by a shared pause:
+/// `wait` plus a uniform share of a short window (a tenth of the wait, at most 1 s), so
+/// the callers a pause held do not all reach the server in the instant it ends.
+pub(crate) fn spread_after_pause(wait: Duration) -> Duration {
+    const MAX_WINDOW: Duration = Duration::from_secs(1);
+    let window = (wait / 10).min(MAX_WINDOW);
+    if window.is_zero() {
+        return wait;
+    }
+    let nanos = u64::try_from(window.as_nanos()).unwrap_or(u64::MAX);
+    wait.saturating_add(Duration::from_nanos(rand::random_range(0..nanos)))
+}

@@ -129,6 +129,7 @@ pub mod origin;
 pub mod redirect;
 pub mod retry;
 pub mod retry_after;
+mod scope;
 pub mod stack;
 
 pub use auth::{AccessToken, BearerAuth, TokenManager, TokenSource};

@@ -563,6 +563,7 @@ impl Middleware for RequestObserver {
         extensions: &mut Extensions,
         next: Next<'_>,
     ) -> reqwest_middleware::Result<Response> {
+        let owner = crate::scope::begin(extensions);
         // Extensions reused across calls keep older attempts: report only this call's.
         let before = extensions
             .get::<AttemptHistory>()
@@ -573,10 +574,13 @@ impl Middleware for RequestObserver {
         #[cfg(feature = "tracing")]
         let result = {
             use tracing::Instrument;
-            next.run(req, extensions).instrument(span.clone()).await
+            owner
+                .wrap(next.run(req, extensions))
+                .instrument(span.clone())
+                .await
         };
         #[cfg(not(feature = "tracing"))]
-        let result = next.run(req, extensions).await;
+        let result = owner.wrap(next.run(req, extensions)).await;
 
         let attempts = extensions
             .get::<AttemptHistory>()

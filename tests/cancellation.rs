@@ -333,6 +333,43 @@ async fn a_dropped_request_leaves_no_stale_deadline_in_the_callers_extensions() 
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_deadline_left_by_a_dropped_request_is_not_read_by_a_breaker_used_alone() {
+    let budget = RetryBudget::new(Duration::from_secs(10), 10, 0.0).unwrap();
+    let (transport, _) = fake(0, |_, _| StatusCode::SERVICE_UNAVAILABLE);
+    let retrying = retrying_client(&budget, transport, Some(Duration::from_secs(60)));
+    let mut extensions = Extensions::new();
+    let request = retrying.get(URL).build().unwrap();
+    // Dropped in its first backoff sleep: the deadline it handed inward stays behind.
+    let done = poll_then_drop(
+        retrying.execute_with_extensions(request, &mut extensions),
+        2,
+    )
+    .await;
+    assert!(done.is_none());
+    tokio::time::advance(Duration::from_secs(120)).await;
+
+    // The same extensions through a client with only a breaker: the stale deadline (long
+    // past) would cut its attempt at once, uncounted, without the server seeing it.
+    let registry = BreakerRegistry::new(BreakerConfig::default()).unwrap();
+    let (transport, calls) = fake(1, |_, _| StatusCode::OK);
+    let breaker_only = ClientBuilder::new(reqwest::Client::new())
+        .with(CircuitBreakerMiddleware::new(registry.clone()))
+        .with(transport)
+        .build();
+    let request = breaker_only.get(URL).build().unwrap();
+    let response = bounded(breaker_only.execute_with_extensions(request, &mut extensions))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    assert!(
+        extensions
+            .get::<reqwest_resilience::retry::Deadline>()
+            .is_none()
+    );
+}
+
+#[tokio::test(start_paused = true)]
 async fn dropping_a_full_stack_request_over_loopback_at_every_await_point_then_the_next_succeeds() {
     let server = FaultServer::always(Action::Delay(
         Duration::from_millis(30),

@@ -320,8 +320,9 @@ impl Middleware for BearerAuth {
         extensions: &mut Extensions,
         next: Next<'_>,
     ) -> reqwest_middleware::Result<Response> {
+        let owner = crate::scope::begin(extensions);
         if req.headers().contains_key(header::AUTHORIZATION) || !self.covers(req.url()) {
-            return next.run(req, extensions).await;
+            return owner.wrap(next.run(req, extensions)).await;
         }
         let token = match self.manager.token().await {
             Ok(token) => token,
@@ -330,19 +331,27 @@ impl Middleware for BearerAuth {
         let replay = req.try_clone();
         // Where the request went, to tell a 401 from elsewhere (after a redirect); the
         // replay copy already knows, so only a streamed request pays for the copy.
-        let streamed_url = replay.is_none().then(|| req.url().clone());
+        let sent = Sent {
+            streamed_url: replay.is_none().then(|| req.url().clone()),
+            replay,
+        };
         if let Err(e) = attach(&mut req, &token) {
             return Err(token_unavailable(e, req.url(), extensions));
         }
-        let response = next.clone().run(req, extensions).await?;
+        let response = owner.wrap(next.clone().run(req, extensions)).await?;
         if response.status() != StatusCode::UNAUTHORIZED {
             return Ok(response);
         }
         // Boxed: rare, and its second token wait would otherwise enlarge (and be copied
         // with) every request's future.
-        Box::pin(self.after_unauthorized(token, replay, streamed_url, response, extensions, next))
-            .await
+        Box::pin(self.after_unauthorized(token, sent, response, extensions, next, owner)).await
     }
+}
+
+/// What was sent: a copy to replay, or, for a streamed body, only its URL.
+struct Sent {
+    replay: Option<Request>,
+    streamed_url: Option<Url>,
 }
 
 impl BearerAuth {
@@ -351,16 +360,20 @@ impl BearerAuth {
     async fn after_unauthorized(
         &self,
         token: AccessToken,
-        replay: Option<Request>,
-        streamed_url: Option<Url>,
+        sent: Sent,
         response: Response,
         extensions: &mut Extensions,
         next: Next<'_>,
+        owner: crate::scope::Ownership,
     ) -> reqwest_middleware::Result<Response> {
         // After a redirect the 401 answers a later hop, not the request this middleware
         // sent, which was received and answered (3xx): replaying it would repeat it, and
         // the token may not even have travelled (reqwest strips it on a cross-origin hop).
         // Nothing to heal, and no refresh to burn.
+        let Sent {
+            replay,
+            streamed_url,
+        } = sent;
         let request_url = replay.as_ref().map(Request::url).or(streamed_url.as_ref());
         let redirected = request_url.is_none_or(|u| {
             crate::redirect::without_fragment(u)
@@ -393,7 +406,7 @@ impl BearerAuth {
         if let Err(e) = attach(&mut replay, &fresh) {
             return Err(token_unavailable(e, replay.url(), extensions));
         }
-        next.run(replay, extensions).await
+        owner.wrap(next.run(replay, extensions)).await
     }
 }
 

@@ -277,11 +277,12 @@ impl Middleware for CircuitBreakerMiddleware {
         extensions: &mut Extensions,
         next: Next<'_>,
     ) -> reqwest_middleware::Result<Response> {
+        let owner = crate::scope::begin(extensions);
         // A "retry in" from an earlier attempt must not be read as this one's.
         extensions.remove::<RetryIn>();
         let Some(origin) = Origin::cached(req.url()) else {
             // No origin, no breaker: reqwest will reject the URL itself.
-            return next.run(req, extensions).await;
+            return owner.wrap(next.run(req, extensions)).await;
         };
         let admitted = match self.registry.acquire(&origin) {
             Ok(permit) => Ok(permit),
@@ -309,7 +310,8 @@ impl Middleware for CircuitBreakerMiddleware {
                     deadline,
                     started,
                 };
-                match tokio::time::timeout_at(deadline, next.run(req, extensions)).await {
+                match tokio::time::timeout_at(deadline, owner.wrap(next.run(req, extensions))).await
+                {
                     Ok(result) => (result, guard.disarm()),
                     Err(elapsed) => {
                         record_deadline_cut(extensions, &origin, recorded_before, started);
@@ -319,7 +321,7 @@ impl Middleware for CircuitBreakerMiddleware {
                     }
                 }
             }
-            None => (next.run(req, extensions).await, Some(permit)),
+            None => (owner.wrap(next.run(req, extensions)).await, Some(permit)),
         };
         let Some(permit) = permit else {
             return result;

@@ -88,6 +88,9 @@ impl Middleware for TransportEvidence {
         extensions: &mut Extensions,
         next: Next<'_>,
     ) -> reqwest_middleware::Result<Response> {
+        // Nothing of this crate runs inside the transport step, so as the owner (used
+        // alone) it only clears what an earlier request left behind.
+        let _ = crate::scope::begin(extensions);
         let (origin, attempt, started, url_key, sent) = hand_on(req, extensions, next);
         let (result, hops) = match self.redirects {
             ClientRedirects::Recorded => {

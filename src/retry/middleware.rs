@@ -18,6 +18,7 @@ use crate::backoff::{Backoff, RandomSource, ThreadRandom};
 use crate::evidence::{
     AttemptDecision, AttemptHistory, FailureKind, RequestEvidence, Transmission,
 };
+use crate::scope::{self, HandedOn};
 use crate::{Origin, ResilienceError};
 
 /// What to do with a `Retry-After` longer than the cap.
@@ -263,11 +264,6 @@ impl RetryMiddlewareBuilder {
     }
 }
 
-/// Marks a [`Deadline`] this middleware put in the caller's extensions from its own
-/// `total_deadline`, so that one left behind by a dropped request is recognised.
-#[derive(Clone, Copy)]
-struct HandedOn(Deadline);
-
 /// A retry taken from the budget, given back when dropped before the retry is made.
 struct Unspent<'a>(Option<(&'a RetryBudget, Withdrawal)>);
 
@@ -411,13 +407,9 @@ impl Middleware for RetryMiddleware {
         extensions: &mut Extensions,
         next: Next<'_>,
     ) -> reqwest_middleware::Result<Response> {
-        // A deadline handed on for an earlier request whose future was dropped (before the
-        // removal below) is still in the caller's extensions; it is not this request's.
-        if let Some(HandedOn(stale)) = extensions.remove::<HandedOn>()
-            && extensions.get::<Deadline>() == Some(&stale)
-        {
-            extensions.remove::<Deadline>();
-        }
+        // The owner of the request clears what an earlier one left behind, a deadline
+        // handed on for a request whose future was dropped included.
+        let owner = scope::begin(extensions);
         let client_deadline = match (extensions.get::<Deadline>(), self.config.deadline) {
             (None, Some(total)) => Instant::now().checked_add(total),
             _ => None,
@@ -427,7 +419,7 @@ impl Middleware for RetryMiddleware {
             extensions.insert(Deadline(d));
             extensions.insert(HandedOn(Deadline(d)));
         }
-        let result = self.attempts(req, extensions, next).await;
+        let result = self.attempts(req, extensions, next, owner).await;
         if client_deadline.is_some() {
             extensions.remove::<Deadline>();
             extensions.remove::<HandedOn>();
@@ -446,6 +438,7 @@ impl RetryMiddleware {
         mut req: Request,
         extensions: &'a mut Extensions,
         next: Next<'a>,
+        owner: scope::Ownership,
     ) -> impl Future<Output = reqwest_middleware::Result<Response>> + Send + 'a {
         async move {
             let c = &*self.config;
@@ -492,8 +485,11 @@ impl RetryMiddleware {
                             // no allocation, unlike keeping a copy of the URL.
                             let origin = Origin::cached(req.url());
                             let started = Instant::now();
-                            match tokio::time::timeout_at(d, next.clone().run(req, extensions))
-                                .await
+                            match tokio::time::timeout_at(
+                                d,
+                                owner.wrap(next.clone().run(req, extensions)),
+                            )
+                            .await
                             {
                                 Ok(result) => {
                                     let cut = cut_inside(&result, d);
@@ -507,7 +503,7 @@ impl RetryMiddleware {
                                 }
                             }
                         }
-                        None => (next.clone().run(req, extensions).await, false),
+                        None => (owner.wrap(next.clone().run(req, extensions)).await, false),
                     };
 
                     let evidence = match extensions.get::<RequestEvidence>() {

@@ -9,6 +9,7 @@ mod common;
 use common::{FlakyServer, Reply, refused_url};
 use http::Extensions;
 use reqwest_middleware::ClientBuilder;
+use reqwest_resilience::redirect::{self, ClientRedirects};
 use reqwest_resilience::{AttemptHistory, RequestEvidence, TransportEvidence};
 
 #[tokio::main]
@@ -19,8 +20,15 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         _ => Reply::ok("hello"),
     })
     .await?;
-    let client = ClientBuilder::new(reqwest::Client::new())
-        .with(TransportEvidence::new())
+    // The client records its redirects, so the transport step can prove that a failure
+    // with no redirect before it is the first hop's (see `reqwest_resilience::redirect`).
+    let recorded = reqwest::Client::builder()
+        .redirect(redirect::recorded(reqwest::redirect::Policy::default()))
+        .build()?;
+    let client = ClientBuilder::new(recorded)
+        .with(TransportEvidence::with_client_redirects(
+            ClientRedirects::Recorded,
+        ))
         .build();
 
     // A response carries its own evidence.

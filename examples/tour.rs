@@ -18,10 +18,11 @@ use common::{FlakyServer, Reply, refused_url};
 use http::Extensions;
 use reqwest_middleware::ClientWithMiddleware;
 use reqwest_resilience::breaker::{BreakerConfig, BreakerRegistry, BreakerState, TripPolicy};
+use reqwest_resilience::redirect::{self, ClientRedirects};
 use reqwest_resilience::retry::MaxRetries;
 use reqwest_resilience::{
     AccessToken, AttemptDecision, AttemptHistory, AttemptRecord, Backoff, BearerAuth, Origin,
-    Resilience, ResilienceError, RetryBudget, TokenManager, Transmission,
+    Redirects, Resilience, ResilienceError, RetryBudget, TokenManager, Transmission,
 };
 
 type BoxError = Box<dyn Error + Send + Sync>;
@@ -31,6 +32,14 @@ fn demo_backoff() -> Result<Backoff, BoxError> {
     Ok(Backoff::builder()
         .base(Duration::from_millis(50))
         .max_delay(Duration::from_millis(200))
+        .build()?)
+}
+
+/// A `reqwest::Client` whose redirects the transport step sees (every hop recorded), so
+/// that a refused connect is proven to be the first hop's.
+fn recorded_client() -> Result<reqwest::Client, BoxError> {
+    Ok(reqwest::Client::builder()
+        .redirect(redirect::recorded(reqwest::redirect::Policy::default()))
         .build()?)
 }
 
@@ -100,6 +109,13 @@ fn describe(record: &AttemptRecord) -> String {
         (t, Some(kind)) => format!("{t:?} ({kind:?})"),
         (t, None) => format!("{t:?}"),
     };
+    let what = match (e.redirects, e.outcome_origin()) {
+        (Redirects::Followed { hops }, Some(last)) => {
+            let hops = hops.map_or("a redirect".to_owned(), |n| format!("{n} redirect(s)"));
+            format!("answered with {hops}, then {what} at {last}")
+        }
+        _ => what,
+    };
     let decision = match &record.decision {
         Some(AttemptDecision::Retry { delay, reason }) => {
             format!(" → retry in {delay:.0?}: {reason}")
@@ -158,6 +174,7 @@ async fn main() -> Result<(), BoxError> {
     token_storm(&mut tour).await?;
     healed_401(&mut tour).await?;
     budget(&mut tour).await?;
+    redirected_post(&mut tour).await?;
 
     println!("\nSummary");
     println!("{:<34} {:<26} {:<26} ok", "scene", "expected", "observed");
@@ -186,7 +203,11 @@ async fn main() -> Result<(), BoxError> {
 /// A refused connection is proven not sent, so even a POST may be retried.
 async fn refused_connection(tour: &mut Tour) -> Result<(), BoxError> {
     println!("1. Evidence of a refused connection (nobody listens on the port)");
-    let client = demo_stack()?.build(reqwest::Client::new())?;
+    // Told that the client records its redirects: a refused connect with no redirect
+    // before it is then proven to be the first hop's (see scene 9).
+    let client = demo_stack()?
+        .client_redirects(ClientRedirects::Recorded)
+        .build(recorded_client()?)?;
     let url = refused_url("/orders")?;
     let (result, history) = send(&client, client.post(&url).body("{}"), Extensions::new()).await?;
     print_history(&history);
@@ -523,6 +544,40 @@ async fn budget(tour: &mut Tour) -> Result<(), BoxError> {
         "200 → at most 60".into(),
         format!("{} → {}", sent[0], sent[1]),
         sent[0] == 200 && sent[1] <= 60,
+    );
+    Ok(())
+}
+
+/// A POST answered `303 See Other` was received and processed, whatever the next hop does:
+/// it is never sent again, and the failure of the hop it led to is that origin's.
+async fn redirected_post(tour: &mut Tour) -> Result<(), BoxError> {
+    println!("\n9. A redirected POST: 303 to a receipt host that refuses connections");
+    let receipt = refused_url("/receipt")?;
+    let server =
+        FlakyServer::start(move |_, _| Reply::status(303).header("location", &receipt)).await?;
+    let client = demo_stack()?
+        .client_redirects(ClientRedirects::Recorded)
+        .build(recorded_client()?)?;
+    let (result, history) = send(
+        &client,
+        client.post(server.url("/pay")).body("{\"amount\": 10}"),
+        Extensions::new(),
+    )
+    .await?;
+    print_history(&history);
+    println!(
+        "   the payment server received {} POST(s)",
+        server.requests()
+    );
+    tour.check(
+        "redirect: POST executed once",
+        "1 attempt, error, 1 at server",
+        format!(
+            "{} attempt, {}, {} at server",
+            history.len(),
+            outcome(&result),
+            server.requests()
+        ),
     );
     Ok(())
 }

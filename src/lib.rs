@@ -54,7 +54,17 @@
 //! | response 408, 500, 502, 503, 504 | retry | only with `Retry-After` |
 //! | response 429 | retry | retry |
 //! | any other status | no | no |
+//! | anything after reqwest followed a redirect | as the last hop's row says | **never** |
 //! | certificate, builder, redirect, decode errors | no | no |
+//!
+//! **Redirects.** reqwest follows them inside one attempt. Once one was followed, the
+//! request the stack sent was received and answered (`3xx`): it is never `NotSent`, a
+//! non-idempotent request is never sent again (by the retry or by `BearerAuth` after a
+//! `401`), and each origin's breaker answers for its own hop. By default an *error* proves
+//! nothing about earlier hops (reqwest 0.13 reports a later hop's error with the first
+//! URL), so it is never `NotSent` either; build the client with
+//! [`redirect::recorded`] and tell the stack
+//! ([`Resilience::client_redirects`]) to have every hop seen. See [`redirect`].
 //!
 //! Idempotent: GET, HEAD, OPTIONS, TRACE, PUT, DELETE (RFC 9110 §9.2.2), a request with an
 //! `Idempotency-Key` header, or one marked with [`retry::Idempotent`]. The table is
@@ -97,6 +107,7 @@
 //! | [`retry`] | [`RetryMiddleware`], the decision table, [`RetryBudget`], per-request overrides |
 //! | [`backoff`] | [`Backoff`] and [`Jitter`]: the delays between attempts |
 //! | [`retry_after`] | `Retry-After` parsing |
+//! | [`redirect`] | what can be proven about the redirects reqwest follows: [`redirect::ClientRedirects`], [`redirect::recorded`] |
 //! | [`breaker`] | [`CircuitBreakerMiddleware`], [`BreakerRegistry`], [`BreakerConfig`], trip policies |
 //! | [`auth`] | [`BearerAuth`], [`TokenManager`], [`TokenSource`], [`AccessToken`] |
 //! | [`evidence`] | [`TransportEvidence`], [`RequestEvidence`], [`Transmission`], [`AttemptHistory`] |

@@ -73,6 +73,19 @@ fn build(stack: Resilience, recorded: bool) -> ClientWithMiddleware {
     stack.build(client_with(recorded)).unwrap()
 }
 
+/// Sends `request` with fresh caller-side extensions, returning both.
+async fn execute(
+    request: reqwest_middleware::RequestBuilder,
+) -> (reqwest_middleware::Result<reqwest::Response>, Extensions) {
+    let (client, request) = request.build_split();
+    let mut ext = Extensions::new();
+    let result = client
+        .execute_with_extensions(request.unwrap(), &mut ext)
+        .await;
+    (result, ext)
+}
+
+/// Sends through a stack with retry: the outcome, the history and the `RetryOutcome`.
 async fn send(
     request: reqwest_middleware::RequestBuilder,
 ) -> (
@@ -80,14 +93,20 @@ async fn send(
     AttemptHistory,
     RetryOutcome,
 ) {
-    let (client, request) = request.build_split();
-    let mut ext = Extensions::new();
-    let result = client
-        .execute_with_extensions(request.unwrap(), &mut ext)
-        .await;
+    let (result, ext) = execute(request).await;
     let history = ext.get::<AttemptHistory>().cloned().unwrap();
-    let outcome = *ext.get::<RetryOutcome>().unwrap();
-    (result, history, outcome)
+    (result, history, *ext.get::<RetryOutcome>().unwrap())
+}
+
+/// Sends through a stack without retry: the outcome and the history.
+async fn send_no_retry(
+    request: reqwest_middleware::RequestBuilder,
+) -> (
+    reqwest_middleware::Result<reqwest::Response>,
+    AttemptHistory,
+) {
+    let (result, ext) = execute(request).await;
+    (result, ext.get::<AttemptHistory>().cloned().unwrap())
 }
 
 /// How many requests with `method` and `path` the server saw.
@@ -364,7 +383,7 @@ async fn a_redirect_to_a_dead_origin_trips_that_origins_breaker_not_the_first() 
     let registry = BreakerRegistry::new(BreakerConfig::default()).unwrap();
     let client = build(no_retry(true).breaker(registry.clone()), true);
     for _ in 0..5 {
-        let (result, history, _) = send_no_retry(client.get(a.url("/start"))).await;
+        let (result, history) = send_no_retry(client.get(a.url("/start"))).await;
         assert!(result.is_err());
         assert_eq!(history.len(), 1);
     }
@@ -377,7 +396,7 @@ async fn a_redirect_to_a_dead_origin_trips_that_origins_breaker_not_the_first() 
     let a_snap = snapshot.iter().find(|s| s.origin == origin_a).unwrap();
     assert_eq!(a_snap.consecutive_failures, 0);
     // A still answers: the next call reaches it.
-    let (_, _, _) = send_no_retry(client.get(a.url("/start"))).await;
+    let _ = send_no_retry(client.get(a.url("/start"))).await;
     assert_eq!(a.requests_seen(), 6);
 }
 
@@ -394,21 +413,6 @@ async fn an_unobserved_client_charges_a_later_hops_failure_to_the_first_origin()
     let origin_a = Origin::parse(&a.url("/")).unwrap();
     assert_eq!(registry.state(&origin_a), Some(BreakerState::Open));
     assert_eq!(registry.state(&Origin::parse(&dead).unwrap()), None);
-}
-
-async fn send_no_retry(
-    request: reqwest_middleware::RequestBuilder,
-) -> (
-    reqwest_middleware::Result<reqwest::Response>,
-    AttemptHistory,
-    (),
-) {
-    let (client, request) = request.build_split();
-    let mut ext = Extensions::new();
-    let result = client
-        .execute_with_extensions(request.unwrap(), &mut ext)
-        .await;
-    (result, ext.get::<AttemptHistory>().cloned().unwrap(), ())
 }
 
 // ---- scenario 6: A → B, B answers 503 + Retry-After ---------------------------------------
@@ -428,18 +432,18 @@ async fn a_503_with_retry_after_from_the_second_origin_pauses_it_not_the_first()
     let config = BreakerConfig::default().pause_mode(PauseMode::FailFast);
     let registry = BreakerRegistry::new(config).unwrap();
     let client = build(no_retry(false).breaker(registry.clone()), false);
-    let (result, history, _) = send_no_retry(client.get(a.url("/start"))).await;
+    let (result, history) = send_no_retry(client.get(a.url("/start"))).await;
     assert_eq!(result.unwrap().status(), StatusCode::SERVICE_UNAVAILABLE);
     let e = &history.attempts()[0].evidence;
     assert_eq!(e.final_origin, Some(Origin::parse(&b.url("/")).unwrap()));
     assert_eq!(e.retry_after, Some(s(30)));
 
     // A is not paused: a request to it goes out and is answered.
-    let (result, _, _) = send_no_retry(client.get(a.url("/other"))).await;
+    let (result, _) = send_no_retry(client.get(a.url("/other"))).await;
     assert_eq!(result.unwrap().status(), StatusCode::OK);
     assert_eq!(a.requests_seen(), 2);
     // B is paused for every caller of the registry: rejected locally, nothing sent.
-    let (result, history, _) = send_no_retry(client.get(b.url("/direct"))).await;
+    let (result, history) = send_no_retry(client.get(b.url("/direct"))).await;
     let err = result.unwrap_err();
     assert!(matches!(
         ResilienceError::from_middleware_error(&err),

@@ -1001,35 +1001,15 @@ async fn post_whose_first_token_fetch_fails_is_retried_and_reaches_the_server_ex
 
 #[tokio::test(start_paused = true)]
 async fn post_after_a_token_failure_waits_for_the_token_managers_next_fetch_not_only_the_backoff() {
-    let server = FaultServer::always(Action::ok("created")).await;
-    let (fetches, source) = tokens_failing_first(1);
     // The manager will not fetch again for 5 s; a retry after the 1 s backoff would get
     // the same error back and spend a retry for nothing.
-    let tokens = TokenManager::builder(source)
-        .failure_backoff(S(5), S(30))
-        .build();
-    let client = Resilience::new()
-        .backoff(exact_backoff())
-        .max_retries(1)
-        .bearer(bearer(&server, tokens))
-        .build(reqwest_client())
-        .unwrap();
-
-    let request = client
-        .post(server.url("/orders"))
-        .body("{}")
-        .build()
-        .unwrap();
-    let mut ext = Extensions::new();
-    let t0 = Instant::now();
-    let result = tokio::time::timeout(S(3600), client.execute_with_extensions(request, &mut ext))
-        .await
-        .expect("the request finished");
+    let (result, ext, took, fetches, seen) =
+        post_after_a_token_failure(Resilience::new().max_retries(1), S(5)).await;
 
     assert_eq!(result.unwrap().status(), 200);
-    assert_eq!(t0.elapsed(), S(5));
-    assert_eq!(fetches.load(Ordering::SeqCst), 2);
-    assert_eq!(server.requests_seen(), 1);
+    assert_eq!(took, S(5));
+    assert_eq!(fetches, 2);
+    assert_eq!(seen, 1);
     assert_eq!(
         history(&ext),
         [
@@ -1047,70 +1027,61 @@ async fn post_after_a_token_failure_waits_for_the_token_managers_next_fetch_not_
     );
 }
 
+/// A POST through `stack` whose first token fetch fails, the manager holding off for
+/// `backoff` after it: the outcome, the extensions, the time taken, the token fetches and
+/// the requests the server saw.
+async fn post_after_a_token_failure(
+    stack: Resilience,
+    backoff: Duration,
+) -> (
+    reqwest_middleware::Result<reqwest::Response>,
+    Extensions,
+    Duration,
+    usize,
+    usize,
+) {
+    let server = FaultServer::always(Action::ok("created")).await;
+    let (fetches, source) = tokens_failing_first(1);
+    let tokens = TokenManager::builder(source)
+        .failure_backoff(backoff, backoff)
+        .build();
+    let client = stack
+        .backoff(exact_backoff())
+        .bearer(bearer(&server, tokens))
+        .build(reqwest_client())
+        .unwrap();
+    let request = client
+        .post(server.url("/orders"))
+        .body("{}")
+        .build()
+        .unwrap();
+    let mut ext = Extensions::new();
+    let t0 = Instant::now();
+    let result = client.execute_with_extensions(request, &mut ext).await;
+    let took = t0.elapsed();
+    let fetched = fetches.load(Ordering::SeqCst);
+    (result, ext, took, fetched, server.requests_seen())
+}
+
 #[tokio::test(start_paused = true)]
 async fn the_wait_for_a_token_managers_next_fetch_is_capped_like_retry_after() {
     // The manager backs off for an hour after a failure: uncapped, every request would
     // block for that hour (with `Duration::MAX`, for decades).
     for backoff in [S(3600), Duration::MAX] {
-        let server = FaultServer::always(Action::ok("created")).await;
-        let (fetches, source) = tokens_failing_first(1);
-        let tokens = TokenManager::builder(source)
-            .failure_backoff(backoff, backoff)
-            .build();
-        let client = Resilience::new()
-            .backoff(exact_backoff())
-            .max_retries(1)
-            .bearer(bearer(&server, tokens))
-            .build(reqwest_client())
-            .unwrap();
-        let request = client
-            .post(server.url("/orders"))
-            .body("{}")
-            .build()
-            .unwrap();
-        let mut ext = Extensions::new();
-        let t0 = Instant::now();
-        let result = client.execute_with_extensions(request, &mut ext).await;
+        let (result, ext, took, fetches, seen) =
+            post_after_a_token_failure(Resilience::new().max_retries(1), backoff).await;
         // Clamped at the 60 s cap; the manager, still holding off, answers the retry with
         // its error at once, and nothing was sent.
-        assert_eq!(t0.elapsed(), S(60), "{backoff:?}");
+        assert_eq!((took, fetches, seen), (S(60), 1, 0), "{backoff:?}");
         assert!(is_token_error(&result.unwrap_err()));
-        assert_eq!(
-            (fetches.load(Ordering::SeqCst), server.requests_seen()),
-            (1, 0)
-        );
-        assert_eq!(
-            history(&ext)[0].2,
-            retry(S(60), RetryReason::NotSent),
-            "{backoff:?}"
-        );
+        assert_eq!(history(&ext)[0].2, retry(S(60), RetryReason::NotSent));
 
         // With the give-up policy, the token error comes back at once.
-        let (_, source) = tokens_failing_first(1);
-        let tokens = TokenManager::builder(source)
-            .failure_backoff(backoff, backoff)
-            .build();
-        let client = Resilience::new()
-            .backoff(exact_backoff())
-            .retry_after_cap(S(60), RetryAfterPolicy::GiveUp)
-            .bearer(bearer(&server, tokens))
-            .build(reqwest_client())
-            .unwrap();
-        let request = client
-            .post(server.url("/orders"))
-            .body("{}")
-            .build()
-            .unwrap();
-        let mut ext = Extensions::new();
-        let t0 = Instant::now();
-        let result = client.execute_with_extensions(request, &mut ext).await;
-        assert_eq!(t0.elapsed(), Duration::ZERO, "{backoff:?}");
+        let give_up = Resilience::new().retry_after_cap(S(60), RetryAfterPolicy::GiveUp);
+        let (result, ext, took, fetches, seen) = post_after_a_token_failure(give_up, backoff).await;
+        assert_eq!((took, fetches, seen), (Duration::ZERO, 1, 0), "{backoff:?}");
         assert!(is_token_error(&result.unwrap_err()));
-        assert_eq!(
-            history(&ext)[0].2,
-            stop(StopReason::RetryAfterTooLong),
-            "{backoff:?}"
-        );
+        assert_eq!(history(&ext)[0].2, stop(StopReason::RetryAfterTooLong));
     }
 }
 

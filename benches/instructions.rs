@@ -1,5 +1,5 @@
 //! Instructions per request, counted by valgrind's callgrind: `cargo bench --bench
-//! instructions` (valgrind needed: `apt-get install -y valgrind`; about 5 minutes; results
+//! instructions` (valgrind needed: `apt-get install -y valgrind`; about 30 s; results
 //! and method in BENCHMARKS.md).
 //!
 //! Wall-clock ratios (`benches/stack.rs`) move by a few percent with the machine's load;

@@ -39,6 +39,10 @@ mod counting_alloc;
 mod answer200;
 use answer200::Answer200;
 
+#[path = "../tests/support/pass_through.rs"]
+mod pass_through;
+use pass_through::Passthrough;
+
 mod support;
 use support::{bearer, reqwest_retry_middleware, start_server};
 
@@ -84,6 +88,16 @@ const ROWS: &[Row] = &[
         }),
     },
     Row {
+        name: "full stack + a `per_attempt` pass-through",
+        stacking: Stacking::Layers(|client, url| {
+            Resilience::new()
+                .bearer(bearer(url))
+                .per_attempt(Passthrough)
+                .client_builder(client)
+                .expect("stack")
+        }),
+    },
+    Row {
         name: "reqwest-retry 0.9 alone",
         stacking: Stacking::Layers(|client, _| {
             ClientBuilder::new(client).with(reqwest_retry_middleware())
@@ -112,6 +126,10 @@ const ROWS: &[Row] = &[
                 .with(bearer(url))
                 .with(TransportEvidence::new())
         }),
+    },
+    Row {
+        name: "one pass-through middleware",
+        stacking: Stacking::Layers(|client, _| ClientBuilder::new(client).with(Passthrough)),
     },
     Row {
         name: "`TransportEvidence` alone",

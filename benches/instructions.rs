@@ -23,7 +23,9 @@
 //! Arguments filter the rows by a part of their name (the baselines always run):
 //! `cargo bench --bench instructions -- BearerAuth`. `INSTRUCTIONS_REQUESTS` sets `N`
 //! (default 1 000), `INSTRUCTIONS_KEEP=dir` keeps the callgrind files there for
-//! `callgrind_annotate`, `VALGRIND` names the valgrind binary.
+//! `callgrind_annotate`, `VALGRIND` names the valgrind binary. `INSTRUCTIONS_SAVE=file`
+//! writes the figures; `INSTRUCTIONS_BEFORE=file` adds a column of differences against
+//! such a file (a run on `main`, say, to show what a branch changes).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
@@ -218,7 +220,10 @@ fn callgrind_measured_requests(
     counting_alloc::allocations() - before
 }
 
-fn child(row: &Row, io: Io, n: u64) {
+fn child(row: &Row, io: Io, n: u64) -> Result<(), String> {
+    if !io.runs(row) {
+        return Err(format!("{} has no {} form", row.name, io.arg()));
+    }
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -234,10 +239,7 @@ fn child(row: &Row, io: Io, n: u64) {
             .build()
             .expect("client");
         match (&row.stacking, io) {
-            (Stacking::Bare, Io::Loopback) => Subject::Bare(client),
-            (Stacking::Bare, Io::None) => {
-                unreachable!("the parent runs a bare client end to end only")
-            }
+            (Stacking::Bare, _) => Subject::Bare(client),
             (Stacking::Layers(stack), Io::Loopback) => {
                 Subject::Middleware(stack(client, &url).build())
             }
@@ -249,6 +251,7 @@ fn child(row: &Row, io: Io, n: u64) {
     rt.block_on(requests(&subject, &url, WARM_UP));
     let allocations = callgrind_measured_requests(&rt, &subject, &url, n);
     println!("allocations {allocations}");
+    Ok(())
 }
 
 // ---------------------------------------------------------------------------------------
@@ -331,6 +334,54 @@ fn callgrind_total(path: &Path) -> Result<u64, String> {
         .ok_or_else(|| format!("{}: no totals line", path.display()))
 }
 
+/// One measured row, as `INSTRUCTIONS_SAVE` writes it and `INSTRUCTIONS_BEFORE` reads it:
+/// `mode<TAB>configuration<TAB>instructions<TAB>allocations` a line.
+struct Measured {
+    io: &'static str,
+    name: String,
+    instructions: f64,
+    allocations: f64,
+}
+
+fn save(path: &Path, rows: &[Measured]) -> Result<(), String> {
+    let text: String = rows
+        .iter()
+        .map(|m| {
+            format!(
+                "{}\t{}\t{:.1}\t{:.1}\n",
+                m.io, m.name, m.instructions, m.allocations
+            )
+        })
+        .collect();
+    std::fs::write(path, text).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+fn load(path: &Path) -> Result<Vec<Measured>, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    text.lines()
+        .enumerate()
+        .map(|(i, line)| {
+            let bad = || {
+                format!(
+                    "{}:{}: expected mode, name, instructions, allocations",
+                    path.display(),
+                    i + 1
+                )
+            };
+            let mut fields = line.split('\t');
+            let io = fields.next().and_then(Io::from_arg).ok_or_else(bad)?.arg();
+            let name = fields.next().ok_or_else(bad)?.to_owned();
+            let mut number = || fields.next().and_then(|v| v.parse().ok()).ok_or_else(bad);
+            Ok(Measured {
+                io,
+                name,
+                instructions: number()?,
+                allocations: number()?,
+            })
+        })
+        .collect()
+}
+
 fn valgrind_version(valgrind: &str) -> Option<String> {
     let output = Command::new(valgrind).arg("--version").output().ok()?;
     output
@@ -361,6 +412,11 @@ fn run(filters: &[String]) -> Result<(), String> {
         ));
     };
     let n = env_requests()?;
+    let save_to = std::env::var_os("INSTRUCTIONS_SAVE").map(PathBuf::from);
+    let before = match std::env::var_os("INSTRUCTIONS_BEFORE") {
+        Some(path) => load(Path::new(&path))?,
+        None => Vec::new(),
+    };
     let keep = std::env::var_os("INSTRUCTIONS_KEEP").map(PathBuf::from);
     let dir = keep.clone().unwrap_or_else(|| {
         std::env::temp_dir().join(format!(
@@ -384,9 +440,15 @@ fn run(filters: &[String]) -> Result<(), String> {
             ""
         }
     );
-    let result = Io::ALL.into_iter().try_for_each(|io| {
+    let mut measured = Vec::new();
+    let (before_head, before_rule) = if before.is_empty() {
+        ("", "")
+    } else {
+        (" Δ instructions vs before | Δ allocations |", "---:|---:|")
+    };
+    let result: Result<(), String> = Io::ALL.into_iter().try_for_each(|io| {
         println!(
-            "\n{}\n\n| configuration | instructions / request | over baseline | × baseline | allocations / request |\n|---|---:|---:|---:|---:|",
+            "\n{}\n\n| configuration | instructions / request | over baseline | × baseline | allocations / request |{before_head}\n|---|---:|---:|---:|---:|{before_rule}",
             io.title()
         );
         let mut baseline = None;
@@ -406,10 +468,28 @@ fn run(filters: &[String]) -> Result<(), String> {
                     format!("{:.3}×", base / instructions),
                 ),
             };
+            let delta = if before.is_empty() {
+                String::new()
+            } else {
+                match before.iter().find(|b| b.io == io.arg() && b.name == row.name) {
+                    Some(b) => format!(
+                        " {:+.0} | {:+.1} |",
+                        instructions - b.instructions,
+                        allocations - b.allocations
+                    ),
+                    None => " — | — |".to_owned(),
+                }
+            };
             println!(
-                "| {} | {instructions:.0} | {over} | {ratio} | {allocations:.1} |",
+                "| {} | {instructions:.0} | {over} | {ratio} | {allocations:.1} |{delta}",
                 row.name
             );
+            measured.push(Measured {
+                io: io.arg(),
+                name: row.name.to_owned(),
+                instructions,
+                allocations,
+            });
         }
         Ok(())
     });
@@ -419,7 +499,18 @@ fn run(filters: &[String]) -> Result<(), String> {
             let _ = std::fs::remove_dir_all(&runner.dir);
         }
     }
-    result
+    result?;
+    match save_to {
+        Some(path) => {
+            save(&path, &measured)?;
+            println!(
+                "\nfigures saved to {} (compare with INSTRUCTIONS_BEFORE)",
+                path.display()
+            );
+            Ok(())
+        }
+        None => Ok(()),
+    }
 }
 
 fn main() -> ExitCode {
@@ -436,8 +527,13 @@ fn main() -> ExitCode {
             eprintln!("no row {row}: there are {}", ROWS.len());
             return ExitCode::FAILURE;
         };
-        child(row, io, n);
-        return ExitCode::SUCCESS;
+        return match child(row, io, n) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::FAILURE
+            }
+        };
     }
     // `cargo bench` passes `--bench`; every other argument filters the rows.
     let filters: Vec<String> = args.into_iter().filter(|a| !a.starts_with("--")).collect();

@@ -10,8 +10,10 @@
 //! thread's instructions inside [`callgrind_measured_requests`] are counted
 //! (`--toggle-collect` switches collection per thread): the client, the middlewares and
 //! hyper's connection task, which the current-thread runtime polls on that thread; not the
-//! server's thread. Allocations are counted the same way, by the thread-local counting
-//! allocator of `tests/support/counting_alloc.rs` (present in every row alike).
+//! server's thread. Atomic instructions come from the same run (`--collect-bus=yes`:
+//! callgrind's "global bus events", the lock-prefixed instructions), allocations from the
+//! thread-local counting allocator of `tests/support/counting_alloc.rs` (present in every
+//! row alike).
 //!
 //! Two modes, each with its own baseline (the mode's first row):
 //! - end to end: a keep-alive HTTP/1.1 server on loopback answers `200 ok` (the
@@ -259,10 +261,25 @@ fn child(row: &Row, io: Io, n: u64) -> Result<(), String> {
 
 const DEFAULT_REQUESTS: u64 = 1_000;
 
-/// What one child counted over its `n` measured requests.
-struct Count {
-    instructions: u64,
-    allocations: u64,
+/// Per request, or over a child's `n` requests: instructions (callgrind's `Ir`), atomic
+/// instructions (`Ge`, "global bus events": the lock-prefixed ones) and allocations.
+#[derive(Clone, Copy)]
+struct Figures {
+    instructions: f64,
+    atomics: f64,
+    allocations: f64,
+}
+
+impl Figures {
+    /// `(self − earlier) / n`.
+    fn per(self, earlier: Figures, n: u64) -> Figures {
+        let n = n as f64;
+        Figures {
+            instructions: (self.instructions - earlier.instructions) / n,
+            atomics: (self.atomics - earlier.atomics) / n,
+            allocations: (self.allocations - earlier.allocations) / n,
+        }
+    }
 }
 
 struct Runner {
@@ -272,16 +289,19 @@ struct Runner {
 }
 
 impl Runner {
-    fn count(&self, index: usize, io: Io, n: u64) -> Result<Count, String> {
+    /// What one child counted over its `n` measured requests.
+    fn count(&self, index: usize, io: Io, n: u64) -> Result<Figures, String> {
         let out = self
             .dir
             .join(format!("callgrind.{}-{index:02}-{n}.out", io.arg()));
-        // A fixed, empty environment: its size moves the stack's alignment, and with it the
-        // cost of every `memcpy` of a future (tens of instructions per request).
+        // A fixed, empty environment: the environment's size changes what the process
+        // allocates at start, and glibc's malloc costs depend on that history (hundreds of
+        // instructions per request).
         let output = Command::new(&self.valgrind)
             .env_clear()
             .arg("--tool=callgrind")
             .arg("--quiet")
+            .arg("--collect-bus=yes")
             .arg("--toggle-collect=*callgrind_measured_requests*")
             .arg(format!("--callgrind-out-file={}", out.display()))
             .arg(&self.exe)
@@ -298,58 +318,65 @@ impl Runner {
             ));
         }
         let stdout = String::from_utf8_lossy(&output.stdout);
-        let allocations = stdout
+        let allocations: u64 = stdout
             .lines()
             .find_map(|l| l.strip_prefix("allocations "))
             .and_then(|v| v.trim().parse().ok())
             .ok_or_else(|| format!("no allocation count in the child's output: {stdout}"))?;
-        Ok(Count {
-            instructions: callgrind_total(&out)?,
-            allocations,
+        let text = std::fs::read_to_string(&out).map_err(|e| format!("{}: {e}", out.display()))?;
+        let (instructions, atomics) = callgrind_totals(&text)
+            .ok_or_else(|| format!("{}: no Ir and Ge totals", out.display()))?;
+        Ok(Figures {
+            instructions: instructions as f64,
+            atomics: atomics as f64,
+            allocations: allocations as f64,
         })
     }
 
     /// Per request: the difference between `2n` and `n` requests, over `n`.
-    fn per_request(&self, index: usize, io: Io, n: u64) -> Result<(f64, f64), String> {
+    fn per_request(&self, index: usize, io: Io, n: u64) -> Result<Figures, String> {
         let one = self.count(index, io, n)?;
-        let two = self.count(index, io, 2 * n)?;
-        let per = |a: u64, b: u64| (b as f64 - a as f64) / n as f64;
-        Ok((
-            per(one.instructions, two.instructions),
-            per(one.allocations, two.allocations),
-        ))
+        Ok(self.count(index, io, 2 * n)?.per(one, n))
     }
 }
 
-/// The collected instructions (`Ir`) of a callgrind output file: its `totals:` line (or
-/// `summary:` in older formats).
-fn callgrind_total(path: &Path) -> Result<u64, String> {
-    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    text.lines()
+/// The collected `Ir` and `Ge` of a callgrind output file, in the order its `events:`
+/// line names them, from its `totals:` line (or `summary:` in older formats).
+fn callgrind_totals(text: &str) -> Option<(u64, u64)> {
+    let events: Vec<&str> = text
+        .lines()
+        .find_map(|l| l.strip_prefix("events:"))?
+        .split_whitespace()
+        .collect();
+    let totals: Vec<u64> = text
+        .lines()
         .find_map(|l| {
             l.strip_prefix("totals:")
                 .or_else(|| l.strip_prefix("summary:"))
-        })
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .ok_or_else(|| format!("{}: no totals line", path.display()))
+        })?
+        .split_whitespace()
+        .map(|v| v.parse().ok())
+        .collect::<Option<_>>()?;
+    let total = |event| Some(*totals.get(events.iter().position(|e| *e == event)?)?);
+    Some((total("Ir")?, total("Ge")?))
 }
 
 /// One measured row, as `INSTRUCTIONS_SAVE` writes it and `INSTRUCTIONS_BEFORE` reads it:
-/// `mode<TAB>configuration<TAB>instructions<TAB>allocations` a line.
+/// `mode<TAB>configuration<TAB>instructions<TAB>atomics<TAB>allocations` a line.
 struct Measured {
     io: &'static str,
     name: String,
-    instructions: f64,
-    allocations: f64,
+    figures: Figures,
 }
 
 fn save(path: &Path, rows: &[Measured]) -> Result<(), String> {
     let text: String = rows
         .iter()
         .map(|m| {
+            let f = m.figures;
             format!(
-                "{}\t{}\t{:.1}\t{:.1}\n",
-                m.io, m.name, m.instructions, m.allocations
+                "{}\t{}\t{:.1}\t{:.1}\t{:.1}\n",
+                m.io, m.name, f.instructions, f.atomics, f.allocations
             )
         })
         .collect();
@@ -363,7 +390,7 @@ fn load(path: &Path) -> Result<Vec<Measured>, String> {
         .map(|(i, line)| {
             let bad = || {
                 format!(
-                    "{}:{}: expected mode, name, instructions, allocations",
+                    "{}:{}: expected mode, configuration, instructions, atomics, allocations",
                     path.display(),
                     i + 1
                 )
@@ -372,12 +399,12 @@ fn load(path: &Path) -> Result<Vec<Measured>, String> {
             let io = fields.next().and_then(Io::from_arg).ok_or_else(bad)?.arg();
             let name = fields.next().ok_or_else(bad)?.to_owned();
             let mut number = || fields.next().and_then(|v| v.parse().ok()).ok_or_else(bad);
-            Ok(Measured {
-                io,
-                name,
+            let figures = Figures {
                 instructions: number()?,
+                atomics: number()?,
                 allocations: number()?,
-            })
+            };
+            Ok(Measured { io, name, figures })
         })
         .collect()
 }
@@ -441,58 +468,9 @@ fn run(filters: &[String]) -> Result<(), String> {
         }
     );
     let mut measured = Vec::new();
-    let (before_head, before_rule) = if before.is_empty() {
-        ("", "")
-    } else {
-        (" Δ instructions vs before | Δ allocations |", "---:|---:|")
-    };
-    let result: Result<(), String> = Io::ALL.into_iter().try_for_each(|io| {
-        println!(
-            "\n{}\n\n| configuration | instructions / request | over baseline | × baseline | allocations / request |{before_head}\n|---|---:|---:|---:|---:|{before_rule}",
-            io.title()
-        );
-        let mut baseline = None;
-        for (index, row) in ROWS.iter().enumerate() {
-            let wanted = filters.is_empty() || filters.iter().any(|f| row.name.contains(f.as_str()));
-            if !io.runs(row) || !(wanted || baseline.is_none()) {
-                continue;
-            }
-            let (instructions, allocations) = runner.per_request(index, io, n)?;
-            let (over, ratio) = match baseline {
-                None => {
-                    baseline = Some(instructions);
-                    ("—".to_owned(), "—".to_owned())
-                }
-                Some(base) => (
-                    format!("{:+.0}", instructions - base),
-                    format!("{:.3}×", base / instructions),
-                ),
-            };
-            let delta = if before.is_empty() {
-                String::new()
-            } else {
-                match before.iter().find(|b| b.io == io.arg() && b.name == row.name) {
-                    Some(b) => format!(
-                        " {:+.0} | {:+.1} |",
-                        instructions - b.instructions,
-                        allocations - b.allocations
-                    ),
-                    None => " — | — |".to_owned(),
-                }
-            };
-            println!(
-                "| {} | {instructions:.0} | {over} | {ratio} | {allocations:.1} |{delta}",
-                row.name
-            );
-            measured.push(Measured {
-                io: io.arg(),
-                name: row.name.to_owned(),
-                instructions,
-                allocations,
-            });
-        }
-        Ok(())
-    });
+    let result = Io::ALL
+        .into_iter()
+        .try_for_each(|io| table(&runner, io, n, filters, &before, &mut measured));
     match keep {
         Some(dir) => println!("\ncallgrind files kept in {}", dir.display()),
         None => {
@@ -500,17 +478,81 @@ fn run(filters: &[String]) -> Result<(), String> {
         }
     }
     result?;
-    match save_to {
-        Some(path) => {
-            save(&path, &measured)?;
-            println!(
-                "\nfigures saved to {} (compare with INSTRUCTIONS_BEFORE)",
-                path.display()
-            );
-            Ok(())
-        }
-        None => Ok(()),
+    if let Some(path) = save_to {
+        save(&path, &measured)?;
+        println!(
+            "\nfigures saved to {} (compare with INSTRUCTIONS_BEFORE)",
+            path.display()
+        );
     }
+    Ok(())
+}
+
+/// Measures and prints one mode's table: its baseline (the first row it runs) and the
+/// rows the filters name, with differences against `before` where it has the row.
+fn table(
+    runner: &Runner,
+    io: Io,
+    n: u64,
+    filters: &[String],
+    before: &[Measured],
+    measured: &mut Vec<Measured>,
+) -> Result<(), String> {
+    let (before_head, before_rule) = if before.is_empty() {
+        ("", "")
+    } else {
+        (
+            " Δ instructions vs before | Δ atomics | Δ allocations |",
+            "---:|---:|---:|",
+        )
+    };
+    println!(
+        "\n{}\n\n| configuration | instructions / request | over baseline | × baseline | \
+         atomics / request | allocations / request |{before_head}\n\
+         |---|---:|---:|---:|---:|---:|{before_rule}",
+        io.title()
+    );
+    let mut baseline = None;
+    for (index, row) in ROWS.iter().enumerate() {
+        let wanted = filters.is_empty() || filters.iter().any(|f| row.name.contains(f.as_str()));
+        if !io.runs(row) || !(wanted || baseline.is_none()) {
+            continue;
+        }
+        let f = runner.per_request(index, io, n)?;
+        let (over, ratio) = match baseline {
+            None => {
+                baseline = Some(f.instructions);
+                ("—".to_owned(), "—".to_owned())
+            }
+            Some(base) => (
+                format!("{:+.0}", f.instructions - base),
+                format!("{:.3}×", base / f.instructions),
+            ),
+        };
+        let delta = match before
+            .iter()
+            .find(|b| b.io == io.arg() && b.name == row.name)
+        {
+            _ if before.is_empty() => String::new(),
+            Some(b) => format!(
+                " {:+.0} | {:+.1} | {:+.1} |",
+                f.instructions - b.figures.instructions,
+                f.atomics - b.figures.atomics,
+                f.allocations - b.figures.allocations
+            ),
+            None => " — | — | — |".to_owned(),
+        };
+        println!(
+            "| {} | {:.0} | {over} | {ratio} | {:.1} | {:.1} |{delta}",
+            row.name, f.instructions, f.atomics, f.allocations
+        );
+        measured.push(Measured {
+            io: io.arg(),
+            name: row.name.to_owned(),
+            figures: f,
+        });
+    }
+    Ok(())
 }
 
 fn main() -> ExitCode {

@@ -22,17 +22,13 @@
 //!    connection task all run there; the server's thread is not counted), with a counting
 //!    global allocator.
 
-use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use std::sync::Arc;
 
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware, Middleware};
 use reqwest_resilience::breaker::CircuitBreakerMiddleware;
-use reqwest_resilience::{
-    AccessToken, BearerAuth, Origin, Resilience, RetryMiddleware, TokenManager, TransportEvidence,
-};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use reqwest_resilience::{BearerAuth, Resilience, RetryMiddleware, TransportEvidence};
 
 // ---------------------------------------------------------------------------------------
 // Counting allocator: allocations made by the current thread.
@@ -42,48 +38,11 @@ mod counting_alloc;
 use counting_alloc::allocations;
 
 // ---------------------------------------------------------------------------------------
-// The server: a fixed 200 on every request of a keep-alive connection.
+// The server (a fixed 200 on every request of a keep-alive connection) and the configured
+// middlewares, shared with `benches/instructions.rs`.
 
-const RESPONSE: &[u8] = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
-
-fn start_server() -> (SocketAddr, tokio::runtime::Runtime) {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .expect("server runtime");
-    let listener = rt
-        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
-        .expect("bind 127.0.0.1");
-    let addr = listener.local_addr().expect("addr");
-    rt.spawn(async move {
-        while let Ok((mut stream, _)) = listener.accept().await {
-            let _ = stream.set_nodelay(true);
-            tokio::spawn(async move {
-                let mut buf = vec![0u8; 16 * 1024];
-                let mut filled = 0;
-                loop {
-                    match stream.read(&mut buf[filled..]).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => filled += n,
-                    }
-                    // GETs without bodies: answer every complete head received.
-                    while let Some(end) = buf[..filled].windows(4).position(|w| w == b"\r\n\r\n") {
-                        buf.copy_within(end + 4..filled, 0);
-                        filled -= end + 4;
-                        if stream.write_all(RESPONSE).await.is_err() {
-                            return;
-                        }
-                    }
-                    if filled == buf.len() {
-                        return;
-                    }
-                }
-            });
-        }
-    });
-    (addr, rt)
-}
+mod support;
+use support::{bearer, reqwest_retry_middleware, start_server};
 
 // ---------------------------------------------------------------------------------------
 // The stacks.
@@ -108,18 +67,6 @@ impl Stack {
         let body = response.bytes().await.expect("body");
         assert_eq!(&body[..], b"ok");
     }
-}
-
-/// `BearerAuth` for the server's origin, with a token that never expires.
-fn bearer(url: &str) -> BearerAuth {
-    let tokens = TokenManager::new(|| async {
-        Ok::<_, std::io::Error>(AccessToken::new("benchmark-token"))
-    });
-    BearerAuth::builder(tokens)
-        .origin(Origin::parse(url).expect("origin"))
-        .allow_http_on_loopback()
-        .build()
-        .expect("bearer")
 }
 
 fn stacks(client: &reqwest::Client, url: &str) -> Vec<Stack> {
@@ -239,12 +186,6 @@ async fn cpu_cost(client: &reqwest::Client, url: &str, bearer: BearerAuth) {
         b - a,
         c - a
     );
-}
-
-fn reqwest_retry_middleware()
--> reqwest_retry::RetryTransientMiddleware<reqwest_retry::policies::ExponentialBackoff> {
-    let policy = reqwest_retry::policies::ExponentialBackoff::builder().build_with_max_retries(3);
-    reqwest_retry::RetryTransientMiddleware::new_with_policy(policy)
 }
 
 const ROUNDS: usize = 21;

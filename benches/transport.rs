@@ -187,20 +187,9 @@ fn client() -> reqwest::Client {
         .expect("client")
 }
 
-/// A middleware that does nothing but call the next one.
-struct Passthrough;
-
-#[async_trait::async_trait]
-impl reqwest_middleware::Middleware for Passthrough {
-    async fn handle(
-        &self,
-        req: reqwest::Request,
-        extensions: &mut http::Extensions,
-        next: reqwest_middleware::Next<'_>,
-    ) -> reqwest_middleware::Result<reqwest::Response> {
-        next.run(req, extensions).await
-    }
-}
+#[path = "../tests/support/pass_through.rs"]
+mod pass_through;
+use pass_through::Passthrough;
 
 const BARE: usize = 0;
 const EMPTY: usize = 1;

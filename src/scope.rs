@@ -10,13 +10,17 @@
 //! request left behind, and while it polls the middlewares inside it, they see that a
 //! request is already owned and leave its state alone.
 //!
-//! Ownership is found without allocating: an owner puts the address of the request's
-//! `Extensions` on a per-thread list for the duration of each poll of the rest of the
-//! stack (reqwest-middleware hands the same `&mut Extensions` down the chain, and polls
-//! the inner middlewares inside the outer one's poll). An address can only be on the list
-//! while its owner is being polled, so a dropped or finished request leaves nothing there.
+//! Ownership is found without allocating: an owner marks the address of the request's
+//! `Extensions` as the one being run on this thread for the duration of each poll of the
+//! rest of the stack (reqwest-middleware hands the same `&mut Extensions` down the chain,
+//! and polls the inner middlewares inside the outer one's poll), and puts back the mark it
+//! found afterwards. Only the innermost owner being polled needs to be known: a request's
+//! middlewares never run inside another request's poll, except through a second request a
+//! user's middleware makes, whose own owner then marks it (and unmarks it when its poll
+//! returns). A mark lasts only as long as its owner's poll, so a dropped or finished
+//! request leaves nothing behind.
 
-use std::cell::RefCell;
+use std::cell::Cell;
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -28,8 +32,9 @@ use crate::evidence::{AttemptHistory, RequestEvidence};
 use crate::retry::RetryOutcome;
 
 thread_local! {
-    /// The `Extensions` of the requests whose owners are being polled on this thread.
-    static OWNED: RefCell<Vec<usize>> = const { RefCell::new(Vec::new()) };
+    /// The address of the `Extensions` whose owner is being polled on this thread, 0 for
+    /// none.
+    static OWNED: Cell<usize> = const { Cell::new(0) };
 }
 
 /// Marks a [`Deadline`] a middleware of this crate put in the caller's extensions for the
@@ -48,8 +53,12 @@ pub(crate) struct Ownership(Option<usize>);
 /// in `extensions` is removed.
 pub(crate) fn begin(extensions: &mut Extensions) -> Ownership {
     let key = std::ptr::from_ref::<Extensions>(extensions) as usize;
-    if OWNED.with(|owned| owned.borrow().contains(&key)) {
+    if OWNED.get() == key {
         return Ownership(None);
+    }
+    // A fresh request's extensions (every `send()`) hold nothing to clear.
+    if extensions.is_empty() {
+        return Ownership(Some(key));
     }
     if let Some(HandedOn(stale)) = extensions.remove::<HandedOn>()
         && extensions.get::<Deadline>() == Some(&stale)
@@ -80,14 +89,12 @@ pin_project_lite::pin_project! {
     }
 }
 
-/// Takes the request off the list even if its poll unwinds.
-struct Marked;
+/// Puts back the mark found before a poll, even if the poll unwinds.
+struct Restore(usize);
 
-impl Drop for Marked {
+impl Drop for Restore {
     fn drop(&mut self) {
-        OWNED.with(|owned| {
-            owned.borrow_mut().pop();
-        });
+        OWNED.set(self.0);
     }
 }
 
@@ -99,8 +106,7 @@ impl<F: Future> Future for Owned<F> {
         let Some(key) = *this.key else {
             return this.inner.poll(cx);
         };
-        OWNED.with(|owned| owned.borrow_mut().push(key));
-        let _marked = Marked;
+        let _restore = Restore(OWNED.replace(key));
         this.inner.poll(cx)
     }
 }
@@ -133,6 +139,6 @@ mod tests {
             .await;
         // Its owner done, the next request owns the same extensions anew.
         assert!(begin(&mut ext).0.is_some());
-        assert!(OWNED.with(|o| o.borrow().is_empty()));
+        assert_eq!(OWNED.get(), 0);
     }
 }

@@ -169,17 +169,32 @@ fn hand_on<'a>(
     (origin, attempt, started, key, next.run(req, extensions))
 }
 
-/// The request's URL, kept as a hash to tell whether the response or error came from
-/// another URL without a copy of the URL per attempt. A collision (2^-64) would only
-/// miss a redirect the URL comparison was the sole witness of.
+/// The request's URL without its fragment, kept as a fingerprint (its length and a
+/// multiply-rotate hash of its bytes, 8 at a time) to tell whether the response came from
+/// another URL without a copy of the URL per attempt. Not collision-resistant on purpose
+/// (a tenth of SipHash's cost): only a server that redirects can choose the URLs compared,
+/// and a collision would only hide its own redirect from the URL check, which a server can
+/// do anyway by redirecting to the same URL (the recorded policy sees both).
 #[derive(Clone, Copy, PartialEq, Eq)]
-struct UrlKey(u64);
+struct UrlKey(usize, u64);
 
 impl UrlKey {
     fn of(url: &reqwest::Url) -> Self {
-        use std::hash::{BuildHasher, BuildHasherDefault};
-        let hasher = BuildHasherDefault::<std::collections::hash_map::DefaultHasher>::default();
-        UrlKey(hasher.hash_one(crate::redirect::without_fragment(url)))
+        const K: u64 = 0x9e37_79b9_7f4a_7c15;
+        let bytes = crate::redirect::without_fragment(url).as_bytes();
+        let mut chunks = bytes.chunks_exact(8);
+        let mut h = 0u64;
+        for chunk in &mut chunks {
+            let mut word = [0u8; 8];
+            word.copy_from_slice(chunk);
+            h = (h ^ u64::from_le_bytes(word))
+                .wrapping_mul(K)
+                .rotate_left(29);
+        }
+        let mut tail = [0u8; 8];
+        tail[..chunks.remainder().len()].copy_from_slice(chunks.remainder());
+        h = (h ^ u64::from_le_bytes(tail)).wrapping_mul(K);
+        UrlKey(bytes.len(), h)
     }
 }
 

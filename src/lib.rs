@@ -125,11 +125,15 @@ pub mod backoff;
 pub mod breaker;
 pub mod error;
 pub mod evidence;
+pub mod misconfig;
 pub mod origin;
 pub mod retry;
 pub mod retry_after;
 pub mod stack;
 
+/// The `async_trait` attribute, for implementing [`TokenSource`] (or a
+/// `reqwest_middleware::Middleware`) without an `async-trait` dependency of your own.
+pub use async_trait::async_trait;
 pub use auth::{AccessToken, BearerAuth, TokenManager, TokenSource};
 pub use backoff::{Backoff, Jitter};
 pub use breaker::{BreakerConfig, BreakerRegistry, BreakerState, CircuitBreakerMiddleware};

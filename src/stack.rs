@@ -41,7 +41,7 @@ use reqwest_middleware::{ClientBuilder, ClientWithMiddleware, Middleware, Next};
 
 use crate::breaker::{BreakerConfig, BreakerEvent, BreakerRegistry, CircuitBreakerMiddleware};
 use crate::evidence::{AttemptDecision, AttemptHistory, RequestEvidence, TransportEvidence};
-use crate::retry::RetryAfterPolicy;
+use crate::retry::{ErrorWrapping, RetryAfterPolicy};
 use crate::{Backoff, BearerAuth, ResilienceError, RetryBudget, RetryMiddleware};
 
 type AttemptHook = Arc<dyn Fn(&RequestEvidence, Option<&AttemptDecision>) + Send + Sync>;
@@ -134,6 +134,7 @@ struct RetrySettings {
     total_deadline: Option<Duration>,
     budget: Option<Option<RetryBudget>>,
     retry_after_cap: Option<(Duration, RetryAfterPolicy)>,
+    error_wrapping: Option<ErrorWrapping>,
 }
 
 impl RetrySettings {
@@ -145,6 +146,7 @@ impl RetrySettings {
             (self.total_deadline.is_some(), "total_deadline"),
             (self.budget.is_some(), "retry_budget"),
             (self.retry_after_cap.is_some(), "retry_after_cap"),
+            (self.error_wrapping.is_some(), "error_wrapping"),
         ]
         .into_iter()
         .find_map(|(set, name)| set.then_some(name))
@@ -300,6 +302,15 @@ impl Resilience {
     /// (default: clamp to the cap).
     pub fn retry_after_cap(mut self, cap: Duration, policy: RetryAfterPolicy) -> Self {
         self.retry_settings.retry_after_cap = Some((cap, policy));
+        self
+    }
+
+    /// Which final errors the retry middleware wraps in [`ResilienceError::Retry`]
+    /// (default [`ErrorWrapping::ExceptReqwest`]: a `reqwest::Error` comes back as
+    /// `reqwest_middleware::Error::Reqwest`, as without the stack).
+    /// [`ErrorWrapping::Always`] puts the attempt count and the stop reason on every error.
+    pub fn error_wrapping(mut self, wrapping: ErrorWrapping) -> Self {
+        self.retry_settings.error_wrapping = Some(wrapping);
         self
     }
 
@@ -482,6 +493,9 @@ impl Resilience {
                 }
                 if let Some((cap, policy)) = s.retry_after_cap {
                     b = b.retry_after_cap(cap, policy);
+                }
+                if let Some(wrapping) = s.error_wrapping {
+                    b = b.error_wrapping(wrapping);
                 }
                 b.build().map(Some)
             }

@@ -19,7 +19,6 @@
 //! down), a guard in the task publishes an [`TokenErrorKind::Aborted`] error and clears
 //! the flight, so nobody waits forever and the next call starts a new fetch.
 
-use std::error::Error as StdError;
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -511,7 +510,7 @@ impl<S: TokenSource> ErasedSource for S {
         Box::pin(async move {
             self.fetch()
                 .await
-                .map_err(|e| Arc::new(e) as Arc<dyn StdError + Send + Sync>)
+                .map_err(|e| SharedSourceError::from(e.into()))
         })
     }
 }

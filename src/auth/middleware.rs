@@ -318,6 +318,9 @@ impl Middleware for BearerAuth {
         extensions: &mut Extensions,
         next: Next<'_>,
     ) -> reqwest_middleware::Result<Response> {
+        if let Some(m) = crate::misconfig::check(extensions, "BearerAuth", None) {
+            return Err(crate::misconfig::refuse(extensions, m));
+        }
         if req.headers().contains_key(header::AUTHORIZATION) || !self.covers(req.url()) {
             return next.run(req, extensions).await;
         }

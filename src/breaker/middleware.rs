@@ -267,6 +267,9 @@ impl Middleware for CircuitBreakerMiddleware {
         extensions: &mut Extensions,
         next: Next<'_>,
     ) -> reqwest_middleware::Result<Response> {
+        if let Some(m) = crate::misconfig::check(extensions, "CircuitBreakerMiddleware", None) {
+            return Err(crate::misconfig::refuse(extensions, m));
+        }
         // A "retry in" from an earlier attempt must not be read as this one's.
         extensions.remove::<RetryIn>();
         let Some(origin) = Origin::cached(req.url()) else {

@@ -5,7 +5,7 @@ use reqwest::{Request, Response};
 use reqwest_middleware::{Middleware, Next};
 
 use super::{AttemptHistory, RequestEvidence, Transmission, classify_error, next_attempt};
-use crate::Origin;
+use crate::{Origin, ResilienceError};
 
 /// The transport step: register it last (innermost), right before the `reqwest::Client`.
 ///
@@ -62,8 +62,18 @@ impl Middleware for TransportEvidence {
         extensions: &mut Extensions,
         next: Next<'_>,
     ) -> reqwest_middleware::Result<Response> {
+        if let Some(m) = crate::misconfig::check(extensions, "TransportEvidence", None) {
+            return Err(crate::misconfig::refuse(extensions, m));
+        }
         let (origin, attempt, started, sent) = hand_on(req, extensions, next);
         let result = sent.await;
+        if let Err(e) = &result
+            && let Some(ResilienceError::Misconfigured(_)) = ResilienceError::from_middleware_error(e)
+        {
+            // A middleware of this crate inside refused the request unsent and left its
+            // evidence: that is this attempt's.
+            return result;
+        }
         let mut evidence = match &result {
             Ok(response) => RequestEvidence::of_response(response, origin, attempt),
             Err(reqwest_middleware::Error::Reqwest(err)) => {
@@ -96,11 +106,19 @@ impl Middleware for TransportEvidence {
             elapsed = ?evidence.elapsed,
             "attempt observed"
         );
-        extensions
-            .get_or_insert_default::<AttemptHistory>()
-            .push(evidence.clone());
+        let history = extensions.get_or_insert_default::<AttemptHistory>();
+        history.push(evidence.clone());
+        // More than one record (a `401` replayed by `BearerAuth`) with no retry middleware
+        // above to hand the history on: the response carries it. A single record needs
+        // no copy: `AttemptHistory::of_response` rebuilds it from the evidence.
+        let full = (history.len() > 1 && !crate::misconfig::under_retry(extensions))
+            .then(|| extensions.get::<AttemptHistory>().cloned())
+            .flatten();
         let result = result.map(|mut response| {
             response.extensions_mut().insert(evidence.clone());
+            if let Some(full) = full {
+                response.extensions_mut().insert(full);
+            }
             response
         });
         extensions.insert(evidence);
@@ -119,9 +137,20 @@ fn hand_on<'a>(
     req: Request,
     extensions: &'a mut Extensions,
     next: Next<'a>,
-) -> (Option<Origin>, u32, tokio::time::Instant, Attempt<'a>) {
+) -> (
+    Option<Origin>,
+    u32,
+    tokio::time::Instant,
+    crate::misconfig::Scoped<Attempt<'a>>,
+) {
     let origin = Origin::cached(req.url());
     let attempt = next_attempt(extensions.get::<AttemptHistory>().map_or(0, |h| h.len()));
     let started = tokio::time::Instant::now();
-    (origin, attempt, started, next.run(req, extensions))
+    let key = crate::misconfig::key(extensions);
+    let sent = crate::misconfig::scoped(
+        next.run(req, extensions),
+        crate::misconfig::Layer::Transport,
+        key,
+    );
+    (origin, attempt, started, sent)
 }

@@ -96,6 +96,11 @@ pub enum FailureKind {
     TokenUnavailable,
     /// A failure this crate does not recognise.
     Other,
+    /// The stack is assembled so that it cannot work (installed twice, a middleware of
+    /// this crate inside the transport step, a retry inside a retry): the request was
+    /// refused before it was sent (always with [`Transmission::NotSent`]) and is never
+    /// retried. See [`Misconfiguration`](crate::misconfig::Misconfiguration).
+    Misconfigured,
 }
 
 /// The server's proof that it did not process the request, so even a non-idempotent

@@ -251,6 +251,7 @@ fn is_permanent(kind: FailureKind) -> bool {
             | FailureKind::Redirect
             | FailureKind::Decode
             | FailureKind::ConnectPermanent
+            | FailureKind::Misconfigured
     )
 }
 

@@ -11,13 +11,15 @@ use reqwest_middleware::{Middleware, Next};
 use tokio::time::Instant;
 
 use super::{
-    AttemptContext, Deadline, DefaultStrategy, Idempotent, MaxRetries, RetryBudget, RetryError,
-    RetryOutcome, RetryReason, RetryStrategy, StopReason, Verdict, Withdrawal, is_idempotent,
+    AttemptContext, Deadline, DefaultStrategy, ErrorWrapping, Idempotent, MaxRetries,
+    RetryBudget, RetryError, RetryOutcome, RetryReason, RetryStrategy, StopReason, Verdict,
+    Withdrawal, is_idempotent,
 };
 use crate::backoff::{Backoff, RandomSource, ThreadRandom};
 use crate::evidence::{
     AttemptDecision, AttemptHistory, FailureKind, RequestEvidence, Transmission,
 };
+use crate::misconfig::{self, Layer, Misconfiguration};
 use crate::{Origin, ResilienceError};
 
 /// What to do with a `Retry-After` longer than the cap.
@@ -38,7 +40,8 @@ pub enum RetryAfterPolicy {
 /// Register it outermost, with [`TransportEvidence`](crate::TransportEvidence) innermost.
 /// Defaults: 3 retries, [`Backoff::default`] (1 s, ×2, cap 30 s, ±10 % jitter),
 /// `Retry-After` capped at 60 s (clamped), [`RetryBudget::default`], no deadline,
-/// [`DefaultStrategy`], final errors wrapped in [`ResilienceError::Retry`].
+/// [`DefaultStrategy`], a final `reqwest::Error` returned as it came
+/// ([`ErrorWrapping::ExceptReqwest`]).
 ///
 /// Clones share the configuration and the budget.
 ///
@@ -58,14 +61,39 @@ pub enum RetryAfterPolicy {
 /// # Final outcome
 ///
 /// A response (successful, final, or the last retryable one) is returned unchanged. A final
-/// error is `reqwest_middleware::Error::Middleware` holding [`ResilienceError::Retry`]
-/// ([`RetryError`]: attempts, stop reason, and the last error as `source()`), because a bare
-/// `reqwest::Error` cannot say how many attempts were made or why retrying stopped, and a
-/// caller using `send()` has no other place to learn it. `is_timeout()` stays answerable
-/// through [`RetryError::is_timeout`] or [`find_reqwest_error`](super::find_reqwest_error).
-/// Callers whose code matches on `reqwest_middleware::Error::Reqwest` can keep it with
-/// [`wrap_errors(false)`](RetryMiddlewareBuilder::wrap_errors): the last error is then
-/// returned as it came, and the stop reason only goes to [`RetryOutcome`] in the extensions.
+/// error that is a `reqwest::Error` is returned as `reqwest_middleware::Error::Reqwest`,
+/// as without this middleware: `is_connect()`, `is_timeout()`, `status()` and `url()`
+/// answer as reqwest's do, so existing error handling keeps working. Any other final error
+/// (an open breaker, a pause, no token, the deadline cutting the attempt) is
+/// `reqwest_middleware::Error::Middleware` holding [`ResilienceError::Retry`]
+/// ([`RetryError`]: attempts, stop reason, the last error as `source()`);
+/// [`ResilienceError::find`] reaches the cause in both shapes.
+///
+/// How many attempts were made and why retrying stopped is always in the caller's
+/// extensions as [`RetryOutcome`] (with the whole [`AttemptHistory`]), and on a response as
+/// [`RetryOutcome`] and [`AttemptHistory::of_response`]. A bare `reqwest::Error` cannot carry
+/// it, so a `send()` caller who wants it on *every* error opts into
+/// [`ErrorWrapping::Always`] ([`error_wrapping`](RetryMiddlewareBuilder::error_wrapping),
+/// or `wrap_errors(true)`); [`ErrorWrapping::Never`] returns every error unwrapped.
+///
+/// ```
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// use http::Extensions;
+/// use reqwest_resilience::retry::RetryOutcome;
+/// use reqwest_resilience::{RetryMiddleware, TransportEvidence};
+///
+/// let client = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
+///     .with(RetryMiddleware::new())
+///     .with(TransportEvidence::new())
+///     .build();
+/// let request = client.get("http://127.0.0.1:1/").build()?;
+/// let mut extensions = Extensions::new();
+/// if let Err(e) = client.execute_with_extensions(request, &mut extensions).await {
+///     let outcome = extensions.get::<RetryOutcome>();
+///     eprintln!("connect error: {}, after {:?}", e.is_connect(), outcome.map(|o| o.attempts));
+/// }
+/// # Ok(()) }
+/// ```
 ///
 /// # Cancel safety
 ///
@@ -90,7 +118,7 @@ struct Config {
     deadline: Option<Duration>,
     strategy: Arc<dyn RetryStrategy>,
     random: Arc<dyn RandomSource>,
-    wrap_errors: bool,
+    error_wrapping: ErrorWrapping,
 }
 
 /// Where backoff delays come from.
@@ -129,7 +157,7 @@ impl RetryMiddleware {
                 deadline: None,
                 strategy: Arc::new(DefaultStrategy),
                 random: Arc::new(ThreadRandom),
-                wrap_errors: true,
+                error_wrapping: ErrorWrapping::ExceptReqwest,
             },
         }
     }
@@ -156,7 +184,7 @@ impl fmt::Debug for RetryMiddleware {
             .field("retry_after_policy", &c.retry_after_policy)
             .field("budget", &c.budget)
             .field("deadline", &c.deadline)
-            .field("wrap_errors", &c.wrap_errors)
+            .field("error_wrapping", &c.error_wrapping)
             .finish_non_exhaustive()
     }
 }
@@ -239,10 +267,22 @@ impl RetryMiddlewareBuilder {
         self
     }
 
-    /// Whether a final error is wrapped in [`ResilienceError::Retry`] (default `true`) or
-    /// returned as the last attempt produced it.
+    /// Which final errors are wrapped in [`ResilienceError::Retry`] (default
+    /// [`ErrorWrapping::ExceptReqwest`]: all but a `reqwest::Error`).
+    pub fn error_wrapping(mut self, wrapping: ErrorWrapping) -> Self {
+        self.config.error_wrapping = wrapping;
+        self
+    }
+
+    /// `true`: every final error is wrapped in [`ResilienceError::Retry`]
+    /// ([`ErrorWrapping::Always`]); `false`: none is ([`ErrorWrapping::Never`]). Without
+    /// this call, all but a `reqwest::Error` are ([`ErrorWrapping::ExceptReqwest`]).
     pub fn wrap_errors(mut self, wrap: bool) -> Self {
-        self.config.wrap_errors = wrap;
+        self.config.error_wrapping = if wrap {
+            ErrorWrapping::Always
+        } else {
+            ErrorWrapping::Never
+        };
         self
     }
 
@@ -403,6 +443,9 @@ impl Middleware for RetryMiddleware {
         extensions: &mut Extensions,
         next: Next<'_>,
     ) -> reqwest_middleware::Result<Response> {
+        if let Some(m) = misconfig::check(extensions, "RetryMiddleware", Some(Layer::Retry)) {
+            return Err(misconfig::refuse(extensions, m));
+        }
         // A deadline handed on for an earlier request whose future was dropped (before the
         // removal below) is still in the caller's extensions; it is not this request's.
         if let Some(HandedOn(stale)) = extensions.remove::<HandedOn>()
@@ -484,8 +527,13 @@ impl RetryMiddleware {
                             // no allocation, unlike keeping a copy of the URL.
                             let origin = Origin::cached(req.url());
                             let started = Instant::now();
-                            match tokio::time::timeout_at(d, next.clone().run(req, extensions))
-                                .await
+                            let key = misconfig::key(extensions);
+                            let sent = misconfig::scoped(
+                                next.clone().run(req, extensions),
+                                Layer::Retry,
+                                key,
+                            );
+                            match tokio::time::timeout_at(d, sent).await
                             {
                                 Ok(result) => {
                                     let cut = cut_inside(&result, d);
@@ -499,7 +547,11 @@ impl RetryMiddleware {
                                 }
                             }
                         }
-                        None => (next.clone().run(req, extensions).await, false),
+                        None => {
+                            let key = misconfig::key(extensions);
+                            let sent = next.clone().run(req, extensions);
+                            (misconfig::scoped(sent, Layer::Retry, key).await, false)
+                        }
                     };
 
                     let evidence = match extensions.get::<RequestEvidence>() {
@@ -508,7 +560,7 @@ impl RetryMiddleware {
                             // A response or a reqwest error without evidence means no transport
                             // step; a middleware error may just come from one inside (a token).
                             if !matches!(result, Err(reqwest_middleware::Error::Middleware(_))) {
-                                warn_no_evidence_once();
+                                misconfig::report_once(Misconfiguration::NoTransportEvidence);
                             }
                             fallback_evidence(&result, attempt)
                         }
@@ -620,9 +672,16 @@ fn finish(
     match result {
         Ok(mut response) => {
             response.extensions_mut().insert(outcome);
+            // One record is rebuilt from the response's evidence and outcome by
+            // `AttemptHistory::of_response`; only a retried request pays for the copy.
+            if let Some(history) = extensions.get::<AttemptHistory>()
+                && history.len() > 1
+            {
+                response.extensions_mut().insert(history.clone());
+            }
             Ok(response)
         }
-        Err(e) if c.wrap_errors => Err(reqwest_middleware::Error::middleware(
+        Err(e) if c.error_wrapping.wraps(&e) => Err(reqwest_middleware::Error::middleware(
             ResilienceError::Retry(RetryError::new(attempts, stop, e)),
         )),
         Err(e) => Err(e),
@@ -690,21 +749,6 @@ fn fallback_evidence(
             e.failure = Some(kind);
             e
         }
-    }
-}
-
-fn warn_no_evidence_once() {
-    #[cfg(feature = "tracing")]
-    {
-        static WARNED: std::sync::Once = std::sync::Once::new();
-        WARNED.call_once(|| {
-            tracing::warn!(
-                target: "reqwest_resilience::retry",
-                "no RequestEvidence after an attempt: install TransportEvidence as the \
-                 innermost middleware; failures are treated as Unknown (only idempotent \
-                 requests are retried)"
-            );
-        });
     }
 }
 

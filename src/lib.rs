@@ -144,7 +144,7 @@ pub use evidence::{
 };
 pub use origin::Origin;
 pub use retry::{RetryBudget, RetryMiddleware};
-pub use stack::{Resilience, StackError};
+pub use stack::{Resilience, StackBuilder, StackError};
 
 // README's quick start must compile.
 #[cfg(doctest)]

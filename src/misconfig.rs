@@ -151,12 +151,10 @@ pub(crate) fn key(extensions: &Extensions) -> Key {
 }
 
 fn active() -> Active {
-    ACTIVE
-        .try_with(Cell::get)
-        .unwrap_or(Active {
-            retry: 0,
-            transport: 0,
-        })
+    ACTIVE.try_with(Cell::get).unwrap_or(Active {
+        retry: 0,
+        transport: 0,
+    })
 }
 
 /// Whether a retry middleware is polling the request these extensions belong to.
@@ -184,7 +182,10 @@ pub(crate) fn check(
 
 /// The error for a misconfiguration found before the request was sent, with its
 /// `NotSent` evidence left where the middlewares outside look.
-pub(crate) fn refuse(extensions: &mut Extensions, m: Misconfiguration) -> reqwest_middleware::Error {
+pub(crate) fn refuse(
+    extensions: &mut Extensions,
+    m: Misconfiguration,
+) -> reqwest_middleware::Error {
     record_rejected_locally(extensions, FailureKind::Misconfigured, None, None);
     reqwest_middleware::Error::middleware(ResilienceError::Misconfigured(m))
 }

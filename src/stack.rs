@@ -404,13 +404,14 @@ impl Resilience {
         Ok(self.client_builder(client)?.build())
     }
 
-    /// The stack on a new `ClientBuilder`, for adding initialisers. Do not add middleware
-    /// to it: it would run inside the transport step (see [`install`](Self::install)).
+    /// The stack on a new client builder, for adding initialisers. It has no `.with()`:
+    /// a middleware added after the stack would run inside the transport step (see
+    /// [`StackBuilder`] and [`install`](Self::install)).
     ///
     /// # Errors
     ///
     /// See [Errors at build time](Self#errors-at-build-time).
-    pub fn client_builder(self, client: reqwest::Client) -> Result<ClientBuilder, ResilienceError> {
+    pub fn client_builder(self, client: reqwest::Client) -> Result<StackBuilder, ResilienceError> {
         self.install(ClientBuilder::new(client))
     }
 
@@ -430,7 +431,7 @@ impl Resilience {
     /// # Errors
     ///
     /// See [Errors at build time](Self#errors-at-build-time).
-    pub fn install(self, builder: ClientBuilder) -> Result<ClientBuilder, ResilienceError> {
+    pub fn install(self, builder: ClientBuilder) -> Result<StackBuilder, ResilienceError> {
         let retry = self.build_retry()?;
         let breaker = build_breaker(self.breaker, self.on_breaker_transition)?;
 
@@ -450,7 +451,9 @@ impl Resilience {
         for middleware in self.per_attempt {
             builder = builder.with_arc(middleware);
         }
-        Ok(builder.with(TransportEvidence::new()))
+        Ok(StackBuilder {
+            builder: builder.with(TransportEvidence::new()),
+        })
     }
 
     fn build_retry(&self) -> Result<Option<RetryMiddleware>, ResilienceError> {
@@ -500,6 +503,66 @@ impl Resilience {
                 b.build().map(Some)
             }
         }
+    }
+}
+
+/// A `reqwest_middleware::ClientBuilder` ending in the stack, from
+/// [`Resilience::client_builder`] and [`Resilience::install`]: add request initialisers,
+/// then [`build`](Self::build).
+///
+/// It has no `.with()` on purpose. A middleware added after the stack runs *inside* the
+/// transport step: once per wire request but unseen by the evidence (its failures become
+/// `Unknown`, a retry of its own sends requests the history never shows). Put yours
+/// around the stack ([`Resilience::install`]) or per attempt ([`Resilience::per_attempt`]).
+///
+/// ```compile_fail
+/// # struct Mine;
+/// # #[reqwest_resilience::async_trait]
+/// # impl reqwest_middleware::Middleware for Mine {
+/// #     async fn handle(&self, req: reqwest::Request, ext: &mut http::Extensions,
+/// #         next: reqwest_middleware::Next<'_>) -> reqwest_middleware::Result<reqwest::Response> {
+/// #         next.run(req, ext).await
+/// #     }
+/// # }
+/// let client = reqwest_resilience::Resilience::new()
+///     .client_builder(reqwest::Client::new())
+///     .unwrap()
+///     .with(Mine) // does not compile: it would run inside the transport step
+///     .build();
+/// ```
+///
+/// A stand-in for the network (a test double answering every request) is the one
+/// middleware that belongs there; [`inside_transport_step`](Self::inside_transport_step)
+/// says so in the code.
+#[must_use = "a StackBuilder does nothing until it is built"]
+pub struct StackBuilder {
+    builder: ClientBuilder,
+}
+
+impl fmt::Debug for StackBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StackBuilder").finish_non_exhaustive()
+    }
+}
+
+impl StackBuilder {
+    /// Adds a request initialiser (`reqwest_middleware::ClientBuilder::with_init`).
+    pub fn with_init<I: reqwest_middleware::RequestInitialiser>(self, initialiser: I) -> Self {
+        StackBuilder {
+            builder: self.builder.with_init(initialiser),
+        }
+    }
+
+    /// The client.
+    pub fn build(self) -> ClientWithMiddleware {
+        self.builder.build()
+    }
+
+    /// The underlying `ClientBuilder`, whose `.with()` adds middleware *inside* the
+    /// transport step: only for a stand-in for the network (a test double, a recorded
+    /// answer), whose responses the evidence then describes.
+    pub fn inside_transport_step(self) -> ClientBuilder {
+        self.builder
     }
 }
 

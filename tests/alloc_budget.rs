@@ -103,6 +103,7 @@ async fn the_quick_start_stack_adds_sixteen_allocations_per_request() {
     let client = Resilience::new()
         .client_builder(reqwest_client())
         .unwrap()
+        .inside_transport_step()
         .with(Answer200)
         .build();
     // Retry and transport's 15, and the breaker's boxed future (1): its origin lookup
@@ -116,6 +117,7 @@ async fn the_full_stack_with_bearer_adds_twenty_three_allocations_per_request() 
         .bearer(bearer())
         .client_builder(reqwest_client())
         .unwrap()
+        .inside_transport_step()
         .with(Answer200)
         .build();
     // The quick start's 16; BearerAuth's boxed future (1), `Request::try_clone` for a

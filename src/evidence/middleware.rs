@@ -68,7 +68,8 @@ impl Middleware for TransportEvidence {
         let (origin, attempt, started, sent) = hand_on(req, extensions, next);
         let result = sent.await;
         if let Err(e) = &result
-            && let Some(ResilienceError::Misconfigured(_)) = ResilienceError::from_middleware_error(e)
+            && let Some(ResilienceError::Misconfigured(_)) =
+                ResilienceError::from_middleware_error(e)
         {
             // A middleware of this crate inside refused the request unsent and left its
             // evidence: that is this attempt's.

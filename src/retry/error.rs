@@ -36,9 +36,7 @@ impl ErrorWrapping {
     /// Whether `last` is wrapped.
     pub(crate) fn wraps(self, last: &reqwest_middleware::Error) -> bool {
         match self {
-            ErrorWrapping::ExceptReqwest => {
-                !matches!(last, reqwest_middleware::Error::Reqwest(_))
-            }
+            ErrorWrapping::ExceptReqwest => !matches!(last, reqwest_middleware::Error::Reqwest(_)),
             ErrorWrapping::Always => true,
             ErrorWrapping::Never => false,
         }

@@ -11,9 +11,9 @@ use reqwest_middleware::{Middleware, Next};
 use tokio::time::Instant;
 
 use super::{
-    AttemptContext, Deadline, DefaultStrategy, ErrorWrapping, Idempotent, MaxRetries,
-    RetryBudget, RetryError, RetryOutcome, RetryReason, RetryStrategy, StopReason, Verdict,
-    Withdrawal, is_idempotent,
+    AttemptContext, Deadline, DefaultStrategy, ErrorWrapping, Idempotent, MaxRetries, RetryBudget,
+    RetryError, RetryOutcome, RetryReason, RetryStrategy, StopReason, Verdict, Withdrawal,
+    is_idempotent,
 };
 use crate::backoff::{Backoff, RandomSource, ThreadRandom};
 use crate::evidence::{
@@ -533,8 +533,7 @@ impl RetryMiddleware {
                                 Layer::Retry,
                                 key,
                             );
-                            match tokio::time::timeout_at(d, sent).await
-                            {
+                            match tokio::time::timeout_at(d, sent).await {
                                 Ok(result) => {
                                     let cut = cut_inside(&result, d);
                                     (result, cut)

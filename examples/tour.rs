@@ -117,22 +117,11 @@ fn print_history(history: &AttemptHistory) {
     }
 }
 
-/// This crate's error behind a failed call; the retry middleware wraps the last attempt's
-/// error, so look inside that too.
-fn innermost(err: &reqwest_middleware::Error) -> Option<&ResilienceError> {
-    match ResilienceError::from_middleware_error(err) {
-        Some(ResilienceError::Retry(retry)) => {
-            ResilienceError::from_middleware_error(retry.last_error())
-                .or(ResilienceError::from_middleware_error(err))
-        }
-        other => other,
-    }
-}
-
 fn outcome(result: &Result<reqwest::Response, reqwest_middleware::Error>) -> String {
     match result {
         Ok(response) => format!("{}", response.status().as_u16()),
-        Err(err) => match innermost(err) {
+        // The cause, whether or not the retry middleware wrapped it.
+        Err(err) => match ResilienceError::find(err) {
             Some(ResilienceError::BreakerOpen { .. }) => "breaker open".into(),
             Some(ResilienceError::Paused { .. }) => "paused".into(),
             _ => "error".into(),
@@ -185,7 +174,7 @@ async fn main() -> Result<(), BoxError> {
 
 /// A refused connection is proven not sent, so even a POST may be retried.
 async fn refused_connection(tour: &mut Tour) -> Result<(), BoxError> {
-    println!("1. Evidence of a refused connection (nobody listens on the port)");
+    println!("1. A POST to a refused connection: proven not sent, so retried (nobody listens)");
     let client = demo_stack()?.build(reqwest::Client::new())?;
     let url = refused_url("/orders")?;
     let (result, history) = send(&client, client.post(&url).body("{}"), Extensions::new()).await?;
@@ -200,6 +189,12 @@ async fn refused_connection(tour: &mut Tour) -> Result<(), BoxError> {
         "refused: POST retried (not sent)",
         "4 attempts, error",
         format!("{} attempts, {}", history.len(), outcome(&result)),
+    );
+    // The final error is reqwest's own, as without the stack: existing checks still work.
+    tour.check(
+        "refused: reqwest's is_connect()",
+        "true",
+        result.as_ref().err().is_some_and(|e| e.is_connect()),
     );
     Ok(())
 }
@@ -309,7 +304,12 @@ async fn breaker(tour: &mut Tour) -> Result<(), BoxError> {
     let seen_before = server.requests();
     let (result, history) = send(&client, client.get(server.url("/")), no_retry()).await?;
     print_history(&history);
-    if let Some(err) = result.as_ref().err().and_then(innermost) {
+    println!(
+        "   not retried: this call carries MaxRetries(0); with retries on, the retry \
+         middleware would wait the breaker's \"retry in\" (the rest of the 300 ms) before \
+         asking again, never retry into it at once"
+    );
+    if let Some(err) = result.as_ref().err().and_then(ResilienceError::find) {
         println!("   error: {err}");
     }
     tour.check(

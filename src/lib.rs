@@ -64,14 +64,14 @@
 //!
 //! | setting | default | origin |
 //! |---|---|---|
-//! | retries | 3 | common client default (reqwest-retry, Polly) |
+//! | retries | 3 | Polly v8's `MaxRetryAttempts` default; reqwest-retry has no default (its README example uses 3) |
 //! | backoff | 1 s × 2 per retry, capped at 30 s | exponential backoff, capped |
 //! | jitter | proportional ±10 % ([`Jitter`]; full and decorrelated available) | AWS Architecture Blog, "Exponential Backoff and Jitter" |
 //! | `Retry-After` | honoured for every retryable status, capped at 60 s (clamped) | RFC 9110 §10.2.3; the cap keeps a server from parking a client |
 //! | retry budget | 20 % of requests, at least 10 retries/s, over 10 s ([`RetryBudget`]) | Finagle's `RetryBudget`, gRPC retry throttling |
 //! | idempotency | by method or `Idempotency-Key` | RFC 9110 §9.2.2 |
-//! | breaker trip | 5 consecutive failures (a failure-ratio policy is built in) | Polly / resilience4j |
-//! | breaker open | 30 s, then 1 half-open probe | Polly / resilience4j |
+//! | breaker trip | 5 consecutive failures (a failure-ratio policy is built in) | the seed ADR of this crate's design; for comparison, Polly v8's standard HTTP handler trips at a 10 % failure ratio over 30 s with at least 100 calls, resilience4j at 50 % over the last 100 calls |
+//! | breaker open | 30 s, then 1 half-open probe | the seed ADR; Polly v8 breaks for 5 s, resilience4j for 60 s with 10 half-open calls |
 //! | breaker scope | one per origin `scheme://host:port`, at most 10 000 origins | RFC 6454 origin |
 //! | breaker failures | 5xx, 401, 429, transport failures; other 4xx neutral | a caller's bug must not trip a shared breaker |
 //! | server pause | a `429`/`503` with `Retry-After` pauses the origin for every caller of the registry | |
@@ -119,6 +119,8 @@
 //! Rust 1.88 (`rust-version` in `Cargo.toml`; edition 2024).
 
 #![deny(missing_docs)]
+// docs.rs builds with `--cfg docsrs` on nightly: each feature-gated item gets its badge.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod auth;
 pub mod backoff;

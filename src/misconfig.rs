@@ -11,7 +11,7 @@
 //! The first two are errors because they multiply attempts (a stack inside a stack made
 //! a refused connection take 16 attempts and minutes of backoff while the history said 4)
 //! or make the evidence describe a middleware rather than the wire. Their rejection is
-//! `Transmission::NotSent` with [`FailureKind::Misconfigured`](crate::FailureKind::Misconfigured),
+//! `Transmission::NotSent` with [`FailureKind::Misconfigured`],
 //! which no retry repeats.
 //!
 //! A middleware of another crate added with `.with()` after the stack cannot be seen from

@@ -82,10 +82,15 @@
 //! - Every attempt's [`RequestEvidence`] and the decision taken after it
 //!   ([`AttemptDecision`]) are left in the caller's `http::Extensions` as an
 //!   [`AttemptHistory`] (use `ClientWithMiddleware::execute_with_extensions`).
+//! - A `send()` caller reads the history from the response:
+//!   [`AttemptHistory::of_response`].
 //! - Feature `tracing`: a span per logical request with OpenTelemetry's HTTP client
-//!   fields (`http.request.method`, `server.address`, `server.port`,
+//!   fields (`http.request.method`, `url.full` with credentials and by default the query's
+//!   values redacted, `url.scheme`, `server.address`, `server.port`,
 //!   `http.response.status_code`, `http.request.resend_count`, `error.type`), an event per
-//!   attempt, per retry decision and per breaker transition.
+//!   attempt, per retry decision and per breaker transition. The span is of kind
+//!   `internal`, the logical call: the `client` spans per wire request come from
+//!   reqwest-tracing installed per attempt (see [`stack`]).
 //! - Without `tracing`: [`Resilience::on_attempt`] and
 //!   [`Resilience::on_breaker_transition`] hooks, e.g. to feed metrics.
 //!

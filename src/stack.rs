@@ -17,10 +17,14 @@
 //! build a `ClientBuilder` with it and hand that to [`Resilience::install`]) or *per
 //! attempt* ([`Resilience::per_attempt`]: between `BearerAuth` and the transport step, so
 //! it sees every request that goes on the wire, a `401` replay included). Put
-//! `reqwest-tracing`'s `TracingMiddleware` per attempt to get the span per physical
-//! request that OpenTelemetry's HTTP conventions ask for (each with its own
-//! `http.request.resend_count`), or around the stack for one span per call. Never add
-//! middleware with `.with()` *after* the stack: it would land inside the transport step.
+//! `reqwest-tracing`'s `TracingMiddleware` per attempt to get the `client` span per
+//! physical request that OpenTelemetry's HTTP conventions ask for, under this crate's
+//! `internal` span of the logical call (feature `tracing`). reqwest-tracing records no
+//! `http.request.resend_count`: the attempt number is on this crate's per-attempt
+//! events, in the [`RequestEvidence`] and in the history. Around the stack it gives one
+//! `client` span per call instead (this crate's span, `internal`, then nests inside it).
+//! A middleware cannot be added with `.with()` *after* the stack (the [`StackBuilder`]
+//! has no `.with()`): it would land inside the transport step.
 //!
 //! ```
 //! use reqwest_resilience::Resilience;
@@ -213,6 +217,7 @@ pub struct Resilience {
     per_attempt: Vec<Arc<dyn Middleware>>,
     on_attempt: Option<AttemptHook>,
     on_breaker_transition: Option<TransitionHook>,
+    span_url_query: bool,
 }
 
 impl Default for Resilience {
@@ -261,6 +266,7 @@ impl Resilience {
             per_attempt: Vec::new(),
             on_attempt: None,
             on_breaker_transition: None,
+            span_url_query: false,
         }
     }
 
@@ -395,6 +401,15 @@ impl Resilience {
         self
     }
 
+    /// With feature `tracing`: whether the span's `url.full` keeps the query's values
+    /// (default `false`: each value is `REDACTED`, the keys stay, as OpenTelemetry
+    /// recommends for values that may carry signatures or keys). Credentials in the URL are
+    /// always redacted. Without the feature it changes nothing.
+    pub fn span_url_query(mut self, keep: bool) -> Self {
+        self.span_url_query = keep;
+        self
+    }
+
     /// Builds the client: `reqwest::Client` wrapped in the stack.
     ///
     /// # Errors
@@ -436,7 +451,7 @@ impl Resilience {
         let breaker = build_breaker(self.breaker, self.on_breaker_transition)?;
 
         let mut builder = builder;
-        if let Some(observer) = RequestObserver::new(self.on_attempt) {
+        if let Some(observer) = RequestObserver::new(self.on_attempt, self.span_url_query) {
             builder = builder.with(observer);
         }
         if let Some(retry) = retry {
@@ -602,12 +617,17 @@ fn build_breaker(
 /// `on_attempt` hook. Installed only when one of them is wanted.
 struct RequestObserver {
     on_attempt: Option<AttemptHook>,
+    #[cfg_attr(not(feature = "tracing"), allow(dead_code))]
+    span_url_query: bool,
 }
 
 impl RequestObserver {
-    fn new(on_attempt: Option<AttemptHook>) -> Option<Self> {
+    fn new(on_attempt: Option<AttemptHook>, span_url_query: bool) -> Option<Self> {
         if cfg!(feature = "tracing") || on_attempt.is_some() {
-            Some(RequestObserver { on_attempt })
+            Some(RequestObserver {
+                on_attempt,
+                span_url_query,
+            })
         } else {
             None
         }
@@ -628,7 +648,7 @@ impl Middleware for RequestObserver {
             .map_or(0, AttemptHistory::len);
 
         #[cfg(feature = "tracing")]
-        let span = observe::request_span(&req);
+        let span = observe::request_span(&req, self.span_url_query);
         #[cfg(feature = "tracing")]
         let result = {
             use tracing::Instrument;
@@ -661,14 +681,21 @@ mod observe {
     use crate::retry::{RetryReason, StopReason};
     use crate::{Origin, ResilienceError};
 
-    pub(super) fn request_span(req: &Request) -> tracing::Span {
+    /// The span of the logical call. Its kind is `internal`: it encloses every attempt
+    /// (and the waits between them), while OpenTelemetry's HTTP conventions give each
+    /// request on the wire a `client` span of its own (reqwest-tracing's, installed per
+    /// attempt). A `client` span here would nest `client` spans in a `client` span, which
+    /// exporters then read as a call made from inside another call.
+    pub(super) fn request_span(req: &Request, keep_query: bool) -> tracing::Span {
         let url = req.url();
-        tracing::info_span!(
+        let span = tracing::info_span!(
             target: "reqwest_resilience::stack",
             "http.client.request",
             otel.name = %req.method(),
-            otel.kind = "client",
+            otel.kind = "internal",
             http.request.method = %req.method(),
+            url.full = Empty,
+            url.scheme = url.scheme(),
             server.address = url.host_str().unwrap_or(""),
             server.port = url.port_or_known_default().unwrap_or(0),
             http.response.status_code = Empty,
@@ -676,7 +703,32 @@ mod observe {
             error.type = Empty,
             resilience.attempts = Empty,
             resilience.stop = Empty,
-        )
+        );
+        if !span.is_disabled() {
+            // Formatted only for a subscriber that records the span.
+            span.record("url.full", redacted(url, keep_query).as_str());
+        }
+        span
+    }
+
+    /// `url` as `url.full` may show it: user name and password replaced by `REDACTED`
+    /// (OpenTelemetry's rule), the query's values too unless `keep_query`, no fragment.
+    pub(super) fn redacted(url: &url::Url, keep_query: bool) -> url::Url {
+        let mut url = url.clone();
+        url.set_fragment(None);
+        if !url.username().is_empty() {
+            let _ = url.set_username("REDACTED");
+        }
+        if url.password().is_some() {
+            let _ = url.set_password(Some("REDACTED"));
+        }
+        if !keep_query && url.query().is_some_and(|q| !q.is_empty()) {
+            let keys: Vec<String> = url.query_pairs().map(|(k, _)| k.into_owned()).collect();
+            url.query_pairs_mut()
+                .clear()
+                .extend_pairs(keys.iter().map(|k| (k.as_str(), "REDACTED")));
+        }
+        url
     }
 
     /// A decision as one event field ("retry: …" / "stop: …"), formatted only when a

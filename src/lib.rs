@@ -132,6 +132,7 @@ pub mod backoff;
 pub mod breaker;
 pub mod error;
 pub mod evidence;
+pub mod metrics;
 pub mod misconfig;
 pub mod origin;
 pub mod retry;

@@ -308,6 +308,7 @@ impl FlightGuard {
         outcome: Result<AccessToken, (TokenErrorKind, Option<SharedSourceError>)>,
     ) {
         let Some(tx) = self.tx.take() else { return };
+        crate::metrics::token_fetch(outcome.as_ref().err().map(|(kind, _)| *kind));
         let now = Instant::now();
         let result = {
             let mut state = self.shared.lock();

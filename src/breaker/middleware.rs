@@ -284,6 +284,7 @@ impl Middleware for CircuitBreakerMiddleware {
         let permit = match admitted {
             Ok(permit) => permit,
             Err(rejection) => {
+                crate::metrics::breaker_rejection(&origin, rejection.reason);
                 record_rejection(&rejection, extensions);
                 return Err(reqwest_middleware::Error::middleware(
                     ResilienceError::from(rejection),

@@ -65,7 +65,7 @@ impl Middleware for TransportEvidence {
         if let Some(m) = crate::misconfig::check(extensions, "TransportEvidence", None) {
             return Err(crate::misconfig::refuse(extensions, m));
         }
-        let (origin, attempt, started, sent) = hand_on(req, extensions, next);
+        let (origin, attempt, started, method, sent) = hand_on(req, extensions, next);
         let result = sent.await;
         if let Err(e) = &result
             && let Some(ResilienceError::Misconfigured(_)) =
@@ -93,6 +93,7 @@ impl Middleware for TransportEvidence {
             }
         };
         evidence.elapsed = started.elapsed();
+        crate::metrics::attempt(method, &evidence);
         #[cfg(feature = "tracing")]
         // OpenTelemetry HTTP client names where one exists (`resend_count`: the retries
         // before this attempt, 0 for the first; `error.type`: the failure kind).
@@ -142,16 +143,18 @@ fn hand_on<'a>(
     Option<Origin>,
     u32,
     tokio::time::Instant,
+    crate::metrics::MethodLabel,
     crate::misconfig::Scoped<Attempt<'a>>,
 ) {
     let origin = Origin::cached(req.url());
     let attempt = next_attempt(extensions.get::<AttemptHistory>().map_or(0, |h| h.len()));
     let started = tokio::time::Instant::now();
+    let method = crate::metrics::method_label(req.method());
     let key = crate::misconfig::key(extensions);
     let sent = crate::misconfig::scoped(
         next.run(req, extensions),
         crate::misconfig::Layer::Transport,
         key,
     );
-    (origin, attempt, started, sent)
+    (origin, attempt, started, method, sent)
 }

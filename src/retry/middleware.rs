@@ -597,7 +597,13 @@ impl RetryMiddleware {
                             )
                         }
                     };
-                    record(extensions, &step, attempt, &method);
+                    record(
+                        extensions,
+                        &step,
+                        attempt,
+                        &method,
+                        evidence.origin.as_ref(),
+                    );
 
                     let (delay, reason, next_req, withdrawal) = match (step, spare) {
                         (
@@ -687,11 +693,24 @@ fn finish(
     }
 }
 
-/// Writes the decision into the history and, with `tracing`, emits one event.
-fn record(extensions: &mut Extensions, step: &Step, attempt: u32, method: &http::Method) {
+/// Writes the decision into the history and the metrics and, with `tracing`, emits one
+/// event.
+fn record(
+    extensions: &mut Extensions,
+    step: &Step,
+    attempt: u32,
+    method: &http::Method,
+    origin: Option<&Origin>,
+) {
     let decision = match *step {
-        Step::Retry { delay, reason, .. } => AttemptDecision::Retry { delay, reason },
-        Step::Stop(reason) => AttemptDecision::Stop { reason },
+        Step::Retry { delay, reason, .. } => {
+            crate::metrics::retry(reason, origin);
+            AttemptDecision::Retry { delay, reason }
+        }
+        Step::Stop(reason) => {
+            crate::metrics::stop(reason, origin);
+            AttemptDecision::Stop { reason }
+        }
     };
     if let Some(history) = extensions.get_mut::<AttemptHistory>() {
         history.decide_last(decision);

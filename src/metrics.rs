@@ -117,38 +117,51 @@ mod enabled {
         })
     }
 
-    pub(crate) fn attempt(method: MethodLabel, evidence: &RequestEvidence) {
-        described();
-        let mut labels: Vec<(&'static str, SharedString)> = vec![
-            ("http.request.method", SharedString::const_str(method.0)),
-            (
-                "server.address",
-                evidence
-                    .origin
-                    .as_ref()
-                    .map_or(SharedString::const_str(""), |o| o.host().to_owned().into()),
-            ),
-            (
-                "server.port",
-                evidence
-                    .origin
-                    .as_ref()
-                    .map_or(SharedString::const_str(""), |o| o.port().to_string().into()),
-            ),
-        ];
-        if let Some(status) = evidence.status() {
-            let code = SharedString::from(status.as_str().to_owned());
-            if status.is_client_error() || status.is_server_error() {
-                labels.push(("error.type", code.clone()));
-            }
-            labels.push(("http.response.status_code", code));
-        } else if let Some(kind) = evidence.failure {
-            labels.push(("error.type", SharedString::const_str(failure(kind))));
+    /// `server.address` and `server.port` of the origin last reported on this thread, as
+    /// shared strings: a steady stream of requests to one origin copies no text.
+    fn server_labels(origin: &Origin) -> (SharedString, SharedString) {
+        type Last = Option<(Origin, SharedString, SharedString)>;
+        thread_local! {
+            static LAST: std::cell::RefCell<Last> = const { std::cell::RefCell::new(None) };
         }
-        let labels: Vec<::metrics::Label> = labels
-            .into_iter()
-            .map(|(k, v)| ::metrics::Label::new(k, v))
-            .collect();
+        let make = || {
+            let host: std::sync::Arc<str> = origin.host().into();
+            let port: std::sync::Arc<str> = origin.port().to_string().into();
+            (SharedString::from(host), SharedString::from(port))
+        };
+        LAST.try_with(|last| {
+            let mut last = last.borrow_mut();
+            match &*last {
+                Some((o, host, port)) if o == origin => (host.clone(), port.clone()),
+                _ => {
+                    let (host, port) = make();
+                    *last = Some((origin.clone(), host.clone(), port.clone()));
+                    (host, port)
+                }
+            }
+        })
+        .unwrap_or_else(|_| make())
+    }
+
+    pub(crate) fn attempt(method: MethodLabel, evidence: &RequestEvidence) {
+        use ::metrics::Label;
+        described();
+        let mut labels = Vec::with_capacity(5);
+        labels.push(Label::from_static_parts("http.request.method", method.0));
+        if let Some(origin) = &evidence.origin {
+            let (host, port) = server_labels(origin);
+            labels.push(Label::new("server.address", host));
+            labels.push(Label::new("server.port", port));
+        }
+        if let Some(status) = evidence.status() {
+            let code = status_label(status);
+            if status.is_client_error() || status.is_server_error() {
+                labels.push(Label::new("error.type", code.clone()));
+            }
+            labels.push(Label::new("http.response.status_code", code));
+        } else if let Some(kind) = evidence.failure {
+            labels.push(Label::from_static_parts("error.type", failure(kind)));
+        }
         histogram!(DURATION, labels).record(evidence.elapsed.as_secs_f64());
     }
 
@@ -228,6 +241,18 @@ mod enabled {
             };
             counter!(FAILURES, "kind" => kind).increment(1);
         }
+    }
+
+    /// The status code as a label, without a copy for the common ones.
+    fn status_label(status: http::StatusCode) -> SharedString {
+        const COMMON: [&str; 18] = [
+            "200", "201", "202", "204", "301", "302", "304", "400", "401", "403", "404", "408",
+            "409", "429", "500", "502", "503", "504",
+        ];
+        COMMON.iter().find(|c| **c == status.as_str()).map_or_else(
+            || status.as_str().to_owned().into(),
+            |c| SharedString::const_str(c),
+        )
     }
 
     /// The failure kind as `error.type` (snake case, a fixed set).

@@ -147,6 +147,7 @@ async fn main() -> Result<(), BoxError> {
     token_storm(&mut tour).await?;
     healed_401(&mut tour).await?;
     budget(&mut tour).await?;
+    metrics_scene(&mut tour).await?;
 
     println!("\nSummary");
     println!("{:<34} {:<26} {:<26} ok", "scene", "expected", "observed");
@@ -523,6 +524,71 @@ async fn budget(tour: &mut Tour) -> Result<(), BoxError> {
         "200 → at most 60".into(),
         format!("{} → {}", sent[0], sent[1]),
         sent[0] == 200 && sent[1] <= 60,
+    );
+    Ok(())
+}
+
+/// Feature `metrics`: what a recorder sees of a request retried once (a debugging
+/// recorder here; Prometheus or OpenTelemetry exporters in an application).
+#[cfg(feature = "metrics")]
+async fn metrics_scene(tour: &mut Tour) -> Result<(), BoxError> {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+
+    println!("\n9. Metrics: a 503 then a 200, as a metrics recorder sees them");
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    recorder.install()?;
+    reqwest_resilience::metrics::describe();
+    let server = FlakyServer::start(|i, _| {
+        if i == 0 {
+            Reply::status(503)
+        } else {
+            Reply::ok("ok")
+        }
+    })
+    .await?;
+    let client = demo_stack()?.build(reqwest::Client::new())?;
+    client.get(server.url("/m")).send().await?;
+    let (mut attempts, mut retries) = (0, 0);
+    let mut lines = Vec::new();
+    for (key, unit, _, value) in snapshotter.snapshot().into_vec() {
+        let labels: Vec<String> = key
+            .key()
+            .labels()
+            .filter(|l| l.key() != "origin" && l.key() != "server.port")
+            .map(|l| format!("{}={}", l.key(), l.value()))
+            .collect();
+        let (shown, n) = match &value {
+            DebugValue::Counter(n) => (format!("{n}"), *n),
+            DebugValue::Histogram(v) => (format!("{} sample(s)", v.len()), v.len() as u64),
+            DebugValue::Gauge(g) => (format!("{g}"), 0),
+        };
+        let name = key.key().name();
+        lines.push(format!(
+            "   {name} {{{}}} {unit:?}: {shown}",
+            labels.join(", ")
+        ));
+        match name {
+            "http.client.request.duration" => attempts += n,
+            "reqwest_resilience.retry.retries" => retries += n,
+            _ => {}
+        }
+    }
+    lines.sort();
+    println!("{}", lines.join("\n"));
+    tour.check(
+        "metrics: attempts, retries",
+        "2 attempts, 1 retry",
+        format!("{attempts} attempts, {retries} retry"),
+    );
+    Ok(())
+}
+
+#[cfg(not(feature = "metrics"))]
+async fn metrics_scene(_: &mut Tour) -> Result<(), BoxError> {
+    println!(
+        "\n9. Metrics: run `cargo run --example tour --features metrics` to see what a \
+         metrics recorder records"
     );
     Ok(())
 }

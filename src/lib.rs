@@ -91,6 +91,7 @@
 //!   attempt, per retry decision and per breaker transition. The span is of kind
 //!   `internal`, the logical call: the `client` spans per wire request come from
 //!   reqwest-tracing installed per attempt (see [`stack`]).
+//! - Feature `metrics`: the instruments listed in [`metrics`].
 //! - Without `tracing`: [`Resilience::on_attempt`] and
 //!   [`Resilience::on_breaker_transition`] hooks, e.g. to feed metrics.
 //!
@@ -106,6 +107,8 @@
 //! | [`auth`] | [`BearerAuth`], [`TokenManager`], [`TokenSource`], [`AccessToken`] |
 //! | [`evidence`] | [`TransportEvidence`], [`RequestEvidence`], [`Transmission`], [`AttemptHistory`] |
 //! | [`origin`] | [`Origin`]: the `scheme://host:port` key |
+//! | [`misconfig`] | [`Misconfiguration`](misconfig::Misconfiguration): a stack that cannot work, found on the first request |
+//! | [`metrics`] | the instruments of feature `metrics` |
 //! | [`error`] | [`ResilienceError`] |
 //!
 //! # Feature flags
@@ -115,6 +118,7 @@
 //! | `tracing` | spans and events (optional dependency `tracing`) |
 //! | `retry-policies` | `RetryMiddleware::new_with_policy` takes a `retry_policies::RetryPolicy`, for a one-line migration from reqwest-retry |
 //! | `oauth2` | `auth::OAuth2Source`: OAuth 2.0 client-credentials and refresh-token grants |
+//! | `metrics` | per-attempt `http.client.request.duration` and counters for retries, stops, breakers, pauses, budget and tokens through the `metrics` facade (see [`metrics`]) |
 //!
 //! No feature is on by default. reqwest is used without default features: choose your TLS
 //! backend in your own `reqwest` dependency.

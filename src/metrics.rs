@@ -21,7 +21,7 @@
 //! | *(hedging: next)* | | | *the hedging instruments go here once hedging exists* |
 //! | *(concurrency limit: next)* | | | *limiter rejections and the current limit go here once the limiter exists* |
 //!
-//! [`describe`] registers each instrument's unit and description with the recorder
+//! `describe()` registers each instrument's unit and description with the recorder
 //! installed at the time (call it once after installing one); the first report does it
 //! too, for a recorder installed before it.
 //!
@@ -29,6 +29,7 @@
 //! [`FailureKind`]: crate::FailureKind
 
 #[cfg(feature = "metrics")]
+#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
 pub use enabled::describe;
 #[cfg(feature = "metrics")]
 pub(crate) use enabled::*;

@@ -49,7 +49,7 @@ impl Bytes<'_> {
     }
 }
 
-const KINDS: [FailureKind; 17] = [
+const KINDS: [FailureKind; 18] = [
     FailureKind::Connect,
     FailureKind::Dns,
     FailureKind::Tls,
@@ -67,6 +67,7 @@ const KINDS: [FailureKind; 17] = [
     FailureKind::Paused,
     FailureKind::TokenUnavailable,
     FailureKind::Other,
+    FailureKind::Misconfigured,
 ];
 
 const METHODS: [&str; 10] = [

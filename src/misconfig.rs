@@ -157,11 +157,6 @@ fn active() -> Active {
     })
 }
 
-/// Whether a retry middleware is polling the request these extensions belong to.
-pub(crate) fn under_retry(extensions: &Extensions) -> bool {
-    active().retry == key(extensions).0
-}
-
 /// What is wrong with `middleware` starting here for the request of `extensions`, if
 /// anything.
 pub(crate) fn check(

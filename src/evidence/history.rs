@@ -126,10 +126,11 @@ impl AttemptHistory {
     ///
     /// Cost on the success path: none. A response after one attempt carries its
     /// [`RequestEvidence`] and [`RetryOutcome`](crate::retry::RetryOutcome) anyway, and
-    /// the one record is rebuilt from them here, on demand. A response after retries (or a
-    /// `401` replayed by `BearerAuth`) carries a copy of the whole history, made once
-    /// when the request ends. `None` when no [`TransportEvidence`](super::TransportEvidence)
-    /// saw the request.
+    /// the one record is rebuilt from them here, on demand. After a retry (or a `401`
+    /// replayed by `BearerAuth`) the transport step puts a copy of the history on each
+    /// response it hands back, a cost of the retry path only; the final decision comes
+    /// from the `RetryOutcome`. `None` when no
+    /// [`TransportEvidence`](super::TransportEvidence) saw the request.
     pub fn of_response(response: &reqwest::Response) -> Option<AttemptHistory> {
         let extensions = response.extensions();
         let outcome = extensions.get::<crate::retry::RetryOutcome>();

@@ -110,12 +110,10 @@ impl Middleware for TransportEvidence {
         );
         let history = extensions.get_or_insert_default::<AttemptHistory>();
         history.push(evidence.clone());
-        // More than one record (a `401` replayed by `BearerAuth`) with no retry middleware
-        // above to hand the history on: the response carries it. A single record needs
-        // no copy: `AttemptHistory::of_response` rebuilds it from the evidence.
-        let full = (history.len() > 1 && !crate::misconfig::under_retry(extensions))
-            .then(|| extensions.get::<AttemptHistory>().cloned())
-            .flatten();
+        // After a retry or a `401` replay the response carries a copy of the history (the
+        // retry's last decision comes with its `RetryOutcome`); a single record needs no
+        // copy: `AttemptHistory::of_response` rebuilds it from the evidence.
+        let full = (history.len() > 1).then(|| history.clone());
         let result = result.map(|mut response| {
             response.extensions_mut().insert(evidence.clone());
             if let Some(full) = full {

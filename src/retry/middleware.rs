@@ -76,7 +76,7 @@ pub enum RetryAfterPolicy {
 /// [`ErrorWrapping::Always`] ([`error_wrapping`](RetryMiddlewareBuilder::error_wrapping),
 /// or `wrap_errors(true)`); [`ErrorWrapping::Never`] returns every error unwrapped.
 ///
-/// ```
+/// ```no_run
 /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 /// use http::Extensions;
 /// use reqwest_resilience::retry::RetryOutcome;
@@ -676,14 +676,9 @@ fn finish(
     extensions.insert(outcome);
     match result {
         Ok(mut response) => {
+            // With it, `AttemptHistory::of_response` completes the history the transport
+            // step left on the response (its last decision is this stop).
             response.extensions_mut().insert(outcome);
-            // One record is rebuilt from the response's evidence and outcome by
-            // `AttemptHistory::of_response`; only a retried request pays for the copy.
-            if let Some(history) = extensions.get::<AttemptHistory>()
-                && history.len() > 1
-            {
-                response.extensions_mut().insert(history.clone());
-            }
             Ok(response)
         }
         Err(e) if c.error_wrapping.wraps(&e) => Err(reqwest_middleware::Error::middleware(

@@ -7,17 +7,20 @@
 //! are of bounded cardinality: `origin` is the [`Origin`] text (`scheme://host:port`,
 //! never a path or a query), reasons and states come from fixed sets.
 //!
+//! Counters are plain counts (no unit is registered for them); the histogram is in
+//! seconds (`Unit::Seconds`), as OpenTelemetry's `http.client.request.duration` is.
+//!
 //! | instrument | kind, unit | labels | when |
 //! |---|---|---|---|
 //! | `http.client.request.duration` | histogram, seconds | `http.request.method` (`GET` … or `_OTHER`), `server.address`, `server.port`, `http.response.status_code` (a response), `error.type` (the [`FailureKind`] in snake case, or the status code for a 4xx/5xx response) | each attempt that reached the transport step (a request on the wire; local rejections are not attempts on the wire) |
-//! | `reqwest_resilience.retry.retries` | counter, `{retry}` | `origin`, `reason`: `not_sent`, `breaker_rejected`, `not_processed`, `transient`, `status` | each retry decided (before its backoff) |
-//! | `reqwest_resilience.retry.stops` | counter, `{request}` | `origin`, `reason`: `final_response`, `status_not_safe`, `permanent`, `may_have_been_processed`, `not_processed_retry_used`, `retries_exhausted`, `budget_exhausted`, `deadline_exceeded`, `retry_after_too_long`, `breaker_rejected`, `body_not_clonable` | each logical request the retry middleware ends (a success is `final_response`) |
-//! | `reqwest_resilience.retry.budget_exhausted` | counter, `{retry}` | `origin` | a retry the decision table allowed and the [`RetryBudget`](crate::RetryBudget) refused |
-//! | `reqwest_resilience.breaker.transitions` | counter, `{transition}` | `origin`, `from`, `to`: `closed`, `open`, `half_open`, `isolated` | each breaker state change |
-//! | `reqwest_resilience.breaker.rejections` | counter, `{request}` | `origin`, `reason`: `open`, `probes_busy`, `isolated`, `paused` | each request a breaker or a pause turned away unsent |
-//! | `reqwest_resilience.breaker.pauses` | counter, `{pause}` | `origin` | each server `Retry-After` that started or extended a pause of its origin |
-//! | `reqwest_resilience.auth.token_fetches` | counter, `{fetch}` | — | each token fetch the [`TokenManager`](crate::TokenManager) made (successful or not) |
-//! | `reqwest_resilience.auth.token_failures` | counter, `{fetch}` | `kind`: `fetch`, `timeout`, `aborted`, `invalid_secret` | each fetch that gave no usable token |
+//! | `reqwest_resilience.retry.retries` | counter | `origin`, `reason`: `not_sent`, `breaker_rejected`, `not_processed`, `transient`, `status` | each retry decided (before its backoff) |
+//! | `reqwest_resilience.retry.stops` | counter | `origin`, `reason`: `final_response`, `status_not_safe`, `permanent`, `may_have_been_processed`, `not_processed_retry_used`, `retries_exhausted`, `budget_exhausted`, `deadline_exceeded`, `retry_after_too_long`, `breaker_rejected`, `body_not_clonable` | each logical request the retry middleware ends (a success is `final_response`) |
+//! | `reqwest_resilience.retry.budget_exhausted` | counter | `origin` | a retry the decision table allowed and the [`RetryBudget`](crate::RetryBudget) refused |
+//! | `reqwest_resilience.breaker.transitions` | counter | `origin`, `from`, `to`: `closed`, `open`, `half_open`, `isolated` | each breaker state change |
+//! | `reqwest_resilience.breaker.rejections` | counter | `origin`, `reason`: `open`, `probes_busy`, `isolated`, `paused` | each request a breaker or a pause turned away unsent |
+//! | `reqwest_resilience.breaker.pauses` | counter | `origin` | each server `Retry-After` that started or extended a pause of its origin |
+//! | `reqwest_resilience.auth.token_fetches` | counter | — | each token fetch the [`TokenManager`](crate::TokenManager) made (successful or not) |
+//! | `reqwest_resilience.auth.token_failures` | counter | `kind`: `fetch`, `timeout`, `aborted`, `invalid_secret` | each fetch that gave no usable token |
 //! | *(hedging: next)* | | | *the hedging instruments go here once hedging exists* |
 //! | *(concurrency limit: next)* | | | *limiter rejections and the current limit go here once the limiter exists* |
 //!

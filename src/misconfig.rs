@@ -225,3 +225,74 @@ impl<F: Future + Unpin> Future for Scoped<F> {
         Pin::new(&mut this.inner).poll(cx)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Polls `check` from inside a scope, as a middleware starting under a layer would.
+    struct Probe<'a> {
+        extensions: &'a Extensions,
+        layer: Option<Layer>,
+    }
+
+    impl Future for Probe<'_> {
+        type Output = Option<Misconfiguration>;
+        fn poll(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<Self::Output> {
+            Poll::Ready(check(self.extensions, "Probe", self.layer))
+        }
+    }
+
+    fn poll_once<F: Future + Unpin>(mut f: F) -> F::Output {
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        match Pin::new(&mut f).poll(&mut cx) {
+            Poll::Ready(v) => v,
+            Poll::Pending => unreachable!("the probe is ready at once"),
+        }
+    }
+
+    #[test]
+    fn only_the_same_requests_extensions_under_a_layer_are_misplaced() {
+        let (ours, other) = (Extensions::new(), Extensions::new());
+        let probe = |extensions, layer| Probe { extensions, layer };
+        // Under a transport step: any middleware of the same request is inside it.
+        let under_transport = |inner| scoped(inner, Layer::Transport, key(&ours));
+        assert_eq!(
+            poll_once(under_transport(probe(&ours, None))),
+            Some(Misconfiguration::InsideTransportStep {
+                middleware: "Probe"
+            })
+        );
+        // Another request polled meanwhile is not.
+        assert_eq!(
+            poll_once(under_transport(probe(&other, Some(Layer::Retry)))),
+            None
+        );
+        // Under a retry: only another retry is misplaced.
+        let under_retry = |inner| scoped(inner, Layer::Retry, key(&ours));
+        assert_eq!(poll_once(under_retry(probe(&ours, None))), None);
+        assert_eq!(
+            poll_once(under_retry(probe(&ours, Some(Layer::Retry)))),
+            Some(Misconfiguration::NestedRetry)
+        );
+        // The slot is put back after each poll.
+        assert_eq!(check(&ours, "Probe", Some(Layer::Retry)), None);
+    }
+
+    #[test]
+    fn a_panic_inside_a_scope_puts_the_slot_back() {
+        let ours = Extensions::new();
+        struct Panics;
+        impl Future for Panics {
+            type Output = ();
+            fn poll(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<()> {
+                panic!("inside the scope")
+            }
+        }
+        let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            poll_once(scoped(Panics, Layer::Transport, key(&ours)))
+        }));
+        assert!(caught.is_err());
+        assert_eq!(check(&ours, "Probe", None), None);
+    }
+}

@@ -574,3 +574,47 @@ async fn a_missing_transport_step_is_reported_once_per_process_and_the_request_s
     );
     assert_eq!(server.requests_seen(), 3);
 }
+
+#[tokio::test(start_paused = true)]
+async fn error_wrapping_never_returns_a_breaker_rejection_bare_with_retry_on() {
+    let server = FaultServer::always(Action::status(503)).await;
+    let registry = trip_on_first_failure();
+    let client = exact()
+        .max_retries(0)
+        .error_wrapping(ErrorWrapping::Never)
+        .breaker(registry)
+        .build(reqwest_client())
+        .unwrap();
+    let url = server.url("/");
+    assert_eq!(client.get(&url).send().await.unwrap().status(), 503);
+    let (result, ext, _) = execute(&client, client.get(&url)).await;
+    let err = result.unwrap_err();
+    assert!(matches!(
+        ResilienceError::from_middleware_error(&err),
+        Some(ResilienceError::BreakerOpen { .. })
+    ));
+    assert_eq!(
+        (outcome(&ext).attempts, outcome(&ext).stop),
+        (1, StopReason::RetriesExhausted)
+    );
+    assert_eq!(server.requests_seen(), 1);
+}
+
+#[test]
+fn error_wrapping_for_a_prebuilt_retry_is_a_conflict() {
+    let err = Resilience::new()
+        .retry(RetryMiddleware::new())
+        .error_wrapping(ErrorWrapping::Always)
+        .build(reqwest_client())
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            ResilienceError::InvalidStack(reqwest_resilience::StackError::Conflict {
+                part: reqwest_resilience::stack::StackPart::Retry,
+                setting: "error_wrapping",
+            })
+        ),
+        "{err:?}"
+    );
+}

@@ -562,9 +562,33 @@ impl fmt::Debug for StackBuilder {
 
 impl StackBuilder {
     /// Adds a request initialiser (`reqwest_middleware::ClientBuilder::with_init`).
+    ///
+    /// ```
+    /// use reqwest_middleware::Extension;
+    /// use reqwest_resilience::Resilience;
+    /// use reqwest_resilience::retry::MaxRetries;
+    ///
+    /// # fn main() -> Result<(), reqwest_resilience::ResilienceError> {
+    /// // Every request of this client gets one retry at most.
+    /// let client = Resilience::new()
+    ///     .client_builder(reqwest::Client::new())?
+    ///     .with_init(Extension(MaxRetries(1)))
+    ///     .build();
+    /// # drop(client); Ok(()) }
+    /// ```
     pub fn with_init<I: reqwest_middleware::RequestInitialiser>(self, initialiser: I) -> Self {
         StackBuilder {
             builder: self.builder.with_init(initialiser),
+        }
+    }
+
+    /// Adds a shared request initialiser (`ClientBuilder::with_arc_init`).
+    pub fn with_arc_init(
+        self,
+        initialiser: Arc<dyn reqwest_middleware::RequestInitialiser>,
+    ) -> Self {
+        StackBuilder {
+            builder: self.builder.with_arc_init(initialiser),
         }
     }
 

@@ -156,6 +156,7 @@ async fn cpu_cost(client: &reqwest::Client, url: &str, bearer: BearerAuth) {
         .bearer(bearer)
         .client_builder(client.clone())
         .expect("stack")
+        .inside_transport_step()
         .with(Answer200)
         .build();
     let reqwest_retry = ClientBuilder::new(client.clone())

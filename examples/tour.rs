@@ -133,22 +133,11 @@ fn print_history(history: &AttemptHistory) {
     }
 }
 
-/// This crate's error behind a failed call; the retry middleware wraps the last attempt's
-/// error, so look inside that too.
-fn innermost(err: &reqwest_middleware::Error) -> Option<&ResilienceError> {
-    match ResilienceError::from_middleware_error(err) {
-        Some(ResilienceError::Retry(retry)) => {
-            ResilienceError::from_middleware_error(retry.last_error())
-                .or(ResilienceError::from_middleware_error(err))
-        }
-        other => other,
-    }
-}
-
 fn outcome(result: &Result<reqwest::Response, reqwest_middleware::Error>) -> String {
     match result {
         Ok(response) => format!("{}", response.status().as_u16()),
-        Err(err) => match innermost(err) {
+        // The cause, whether or not the retry middleware wrapped it.
+        Err(err) => match ResilienceError::find(err) {
             Some(ResilienceError::BreakerOpen { .. }) => "breaker open".into(),
             Some(ResilienceError::Paused { .. }) => "paused".into(),
             _ => "error".into(),
@@ -175,6 +164,7 @@ async fn main() -> Result<(), BoxError> {
     healed_401(&mut tour).await?;
     budget(&mut tour).await?;
     redirected_post(&mut tour).await?;
+    metrics_scene(&mut tour).await?;
 
     println!("\nSummary");
     println!("{:<34} {:<26} {:<26} ok", "scene", "expected", "observed");
@@ -202,7 +192,7 @@ async fn main() -> Result<(), BoxError> {
 
 /// A refused connection is proven not sent, so even a POST may be retried.
 async fn refused_connection(tour: &mut Tour) -> Result<(), BoxError> {
-    println!("1. Evidence of a refused connection (nobody listens on the port)");
+    println!("1. A POST to a refused connection: proven not sent, so retried (nobody listens)");
     // Told that the client records its redirects: a refused connect with no redirect
     // before it is then proven to be the first hop's (see scene 9).
     let client = demo_stack()?
@@ -221,6 +211,12 @@ async fn refused_connection(tour: &mut Tour) -> Result<(), BoxError> {
         "refused: POST retried (not sent)",
         "4 attempts, error",
         format!("{} attempts, {}", history.len(), outcome(&result)),
+    );
+    // The final error is reqwest's own, as without the stack: existing checks still work.
+    tour.check(
+        "refused: reqwest's is_connect()",
+        "true",
+        result.as_ref().err().is_some_and(|e| e.is_connect()),
     );
     Ok(())
 }
@@ -330,7 +326,12 @@ async fn breaker(tour: &mut Tour) -> Result<(), BoxError> {
     let seen_before = server.requests();
     let (result, history) = send(&client, client.get(server.url("/")), no_retry()).await?;
     print_history(&history);
-    if let Some(err) = result.as_ref().err().and_then(innermost) {
+    println!(
+        "   not retried: this call carries MaxRetries(0); with retries on, the retry \
+         middleware would wait the breaker's \"retry in\" (the rest of the 300 ms) before \
+         asking again, never retry into it at once"
+    );
+    if let Some(err) = result.as_ref().err().and_then(ResilienceError::find) {
         println!("   error: {err}");
     }
     tour.check(
@@ -578,6 +579,71 @@ async fn redirected_post(tour: &mut Tour) -> Result<(), BoxError> {
             outcome(&result),
             server.requests()
         ),
+    );
+    Ok(())
+}
+
+/// Feature `metrics`: what a recorder sees of a request retried once (a debugging
+/// recorder here; Prometheus or OpenTelemetry exporters in an application).
+#[cfg(feature = "metrics")]
+async fn metrics_scene(tour: &mut Tour) -> Result<(), BoxError> {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+
+    println!("\n10. Metrics: a 503 then a 200, as a metrics recorder sees them");
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    recorder.install()?;
+    reqwest_resilience::metrics::describe();
+    let server = FlakyServer::start(|i, _| {
+        if i == 0 {
+            Reply::status(503)
+        } else {
+            Reply::ok("ok")
+        }
+    })
+    .await?;
+    let client = demo_stack()?.build(reqwest::Client::new())?;
+    client.get(server.url("/m")).send().await?;
+    let (mut attempts, mut retries) = (0, 0);
+    let mut lines = Vec::new();
+    for (key, unit, _, value) in snapshotter.snapshot().into_vec() {
+        let labels: Vec<String> = key
+            .key()
+            .labels()
+            .filter(|l| l.key() != "origin" && l.key() != "server.port")
+            .map(|l| format!("{}={}", l.key(), l.value()))
+            .collect();
+        let (shown, n) = match &value {
+            DebugValue::Counter(n) => (format!("{n}"), *n),
+            DebugValue::Histogram(v) => (format!("{} sample(s)", v.len()), v.len() as u64),
+            DebugValue::Gauge(g) => (format!("{g}"), 0),
+        };
+        let name = key.key().name();
+        lines.push(format!(
+            "   {name} {{{}}} {unit:?}: {shown}",
+            labels.join(", ")
+        ));
+        match name {
+            "http.client.request.duration" => attempts += n,
+            "reqwest_resilience.retry.retries" => retries += n,
+            _ => {}
+        }
+    }
+    lines.sort();
+    println!("{}", lines.join("\n"));
+    tour.check(
+        "metrics: attempts, retries",
+        "2 attempts, 1 retry",
+        format!("{attempts} attempts, {retries} retry"),
+    );
+    Ok(())
+}
+
+#[cfg(not(feature = "metrics"))]
+async fn metrics_scene(_: &mut Tour) -> Result<(), BoxError> {
+    println!(
+        "\n10. Metrics: run `cargo run --example tour --features metrics` to see what a \
+         metrics recorder records"
     );
     Ok(())
 }

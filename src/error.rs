@@ -1,11 +1,42 @@
 //! [`ResilienceError`]: the typed errors this crate's middlewares return.
 //!
-//! They travel inside `reqwest_middleware::Error::Middleware` (an `anyhow::Error`); get
-//! them back with [`ResilienceError::from_middleware_error`] or `downcast_ref`.
+//! They travel inside `reqwest_middleware::Error::Middleware` (an `anyhow::Error`). Find
+//! the cause with [`ResilienceError::find`], which gives the same answer whether or not
+//! the retry middleware is installed; [`ResilienceError::from_middleware_error`] gives the
+//! outermost one (e.g. the [`ResilienceError::Retry`] that wraps it).
 
 use std::fmt;
 
 /// An error raised by one of this crate's middlewares.
+///
+/// A failure that ends in a `reqwest::Error` is *not* one of these by default: it comes
+/// back as `reqwest_middleware::Error::Reqwest`, so existing `is_connect()` /
+/// `is_timeout()` / `status()` checks keep working (see
+/// [`ErrorWrapping`](crate::retry::ErrorWrapping)). These are this crate's own failures.
+///
+/// Match on the cause with [`find`](ResilienceError::find): with the retry middleware on,
+/// a breaker's rejection arrives wrapped in [`ResilienceError::Retry`] (which says how many
+/// attempts were made); without it, bare. `find` gives the innermost either way.
+///
+/// ```no_run
+/// use reqwest_resilience::{Resilience, ResilienceError};
+///
+/// # async fn run() -> Result<(), ResilienceError> {
+/// let client = Resilience::new().build(reqwest::Client::new())?;
+/// match client.get("http://127.0.0.1:8080/items").send().await {
+///     Ok(response) => println!("{}", response.status()),
+///     // reqwest's own answers, as without the stack.
+///     Err(e) if e.is_connect() || e.is_timeout() => eprintln!("network: {e}"),
+///     Err(e) => match ResilienceError::find(&e) {
+///         Some(ResilienceError::BreakerOpen { origin, retry_in, .. }) => {
+///             eprintln!("{origin} is failing; try again in {retry_in:?}")
+///         }
+///         Some(other) => eprintln!("{other}"),
+///         None => eprintln!("{e}"),
+///     },
+/// }
+/// # Ok(()) }
+/// ```
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum ResilienceError {
@@ -41,6 +72,10 @@ pub enum ResilienceError {
     /// The retry middleware stopped after a failed attempt: how many attempts, why it
     /// stopped, and the last error as `source()` (see [`RetryError`](crate::retry::RetryError)).
     Retry(crate::retry::RetryError),
+    /// The stack is assembled so that it cannot work (installed twice, a middleware of
+    /// this crate inside the transport step, a retry inside a retry); found on the
+    /// request, which was not sent.
+    Misconfigured(crate::misconfig::Misconfiguration),
 }
 
 impl fmt::Display for ResilienceError {
@@ -64,7 +99,8 @@ impl fmt::Display for ResilienceError {
                 f,
                 "{origin} is paused by the server's Retry-After: not sent, retry in {retry_in:?}"
             ),
-            ResilienceError::Retry(e) => fmt::Display::fmt(e, f),
+            ResilienceError::Retry(e) => e.fmt_summary(f),
+            ResilienceError::Misconfigured(m) => write!(f, "misconfigured stack: {m}"),
         }
     }
 }
@@ -73,8 +109,9 @@ impl std::error::Error for ResilienceError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             ResilienceError::Token(e) => Some(e),
-            // The retry error's own cause, so `source()` reaches the `reqwest::Error`.
-            ResilienceError::Retry(e) => std::error::Error::source(e),
+            // The `RetryError` itself, so chain walkers see it; its own source is the last
+            // attempt's error.
+            ResilienceError::Retry(e) => Some(e),
             #[allow(unreachable_patterns)]
             _ => None,
         }
@@ -91,10 +128,50 @@ impl ResilienceError {
         }
     }
 
-    /// Finds a `ResilienceError` inside a middleware error, if there is one.
+    /// The outermost `ResilienceError` of a middleware error, if it is one (with the retry
+    /// middleware on, often the [`ResilienceError::Retry`] wrapping the cause; see
+    /// [`find`](Self::find) for the cause itself).
     pub fn from_middleware_error(err: &reqwest_middleware::Error) -> Option<&ResilienceError> {
         match err {
             reqwest_middleware::Error::Middleware(e) => e.downcast_ref::<ResilienceError>(),
+            reqwest_middleware::Error::Reqwest(_) => None,
+        }
+    }
+
+    /// The innermost `ResilienceError` of a middleware error: the cause, whether or not a
+    /// retry middleware wrapped it in [`ResilienceError::Retry`] (then the `Retry` itself
+    /// when the last attempt's error was not one of this crate's, e.g. a `reqwest::Error`
+    /// under [`ErrorWrapping::Always`](crate::retry::ErrorWrapping::Always)), and through
+    /// any context a middleware of yours added with `anyhow`. `None` for a
+    /// `reqwest_middleware::Error::Reqwest` or an error of another middleware.
+    ///
+    /// ```
+    /// use reqwest_resilience::{Origin, ResilienceError, breaker::BreakerState};
+    ///
+    /// let open = || ResilienceError::BreakerOpen {
+    ///     origin: Origin::parse("https://api.example.com").unwrap(),
+    ///     state: BreakerState::Open,
+    ///     retry_in: None,
+    /// };
+    /// let bare = reqwest_middleware::Error::middleware(open());
+    /// let context = reqwest_middleware::Error::Middleware(
+    ///     anyhow::Error::new(open()).context("while fetching the price list"),
+    /// );
+    /// for err in [&bare, &context] {
+    ///     assert!(matches!(
+    ///         ResilienceError::find(err),
+    ///         Some(ResilienceError::BreakerOpen { state: BreakerState::Open, .. })
+    ///     ));
+    /// }
+    /// ```
+    pub fn find(err: &reqwest_middleware::Error) -> Option<&ResilienceError> {
+        match err {
+            // The chain runs outer → inner: `Retry`, its `RetryError`, the last error and
+            // its sources; the last `ResilienceError` in it is the cause.
+            reqwest_middleware::Error::Middleware(e) => e
+                .chain()
+                .filter_map(|link| link.downcast_ref::<ResilienceError>())
+                .last(),
             reqwest_middleware::Error::Reqwest(_) => None,
         }
     }

@@ -74,14 +74,14 @@
 //!
 //! | setting | default | origin |
 //! |---|---|---|
-//! | retries | 3 | common client default (reqwest-retry, Polly) |
+//! | retries | 3 | Polly v8's `MaxRetryAttempts` default; reqwest-retry has no default (its README example uses 3) |
 //! | backoff | 1 s × 2 per retry, capped at 30 s | exponential backoff, capped |
 //! | jitter | proportional ±10 % ([`Jitter`]; full and decorrelated available) | AWS Architecture Blog, "Exponential Backoff and Jitter" |
 //! | `Retry-After` | honoured for every retryable status, capped at 60 s (clamped) | RFC 9110 §10.2.3; the cap keeps a server from parking a client |
 //! | retry budget | 20 % of requests, at least 10 retries/s, over 10 s ([`RetryBudget`]) | Finagle's `RetryBudget`, gRPC retry throttling |
 //! | idempotency | by method or `Idempotency-Key` | RFC 9110 §9.2.2 |
-//! | breaker trip | 5 consecutive failures (a failure-ratio policy is built in) | Polly / resilience4j |
-//! | breaker open | 30 s, then 1 half-open probe | Polly / resilience4j |
+//! | breaker trip | 5 consecutive failures (a failure-ratio policy is built in) | the seed ADR of this crate's design; for comparison, Polly v8's standard HTTP handler trips at a 10 % failure ratio over 30 s with at least 100 calls, resilience4j at 50 % over the last 100 calls |
+//! | breaker open | 30 s, then 1 half-open probe | the seed ADR; Polly v8 breaks for 5 s, resilience4j for 60 s with 10 half-open calls |
 //! | breaker scope | one per origin `scheme://host:port`, at most 10 000 origins | RFC 6454 origin |
 //! | breaker failures | 5xx, 401, 429, transport failures; other 4xx neutral | a caller's bug must not trip a shared breaker |
 //! | server pause | a `429`/`503` with `Retry-After` pauses the origin for every caller of the registry | |
@@ -92,10 +92,16 @@
 //! - Every attempt's [`RequestEvidence`] and the decision taken after it
 //!   ([`AttemptDecision`]) are left in the caller's `http::Extensions` as an
 //!   [`AttemptHistory`] (use `ClientWithMiddleware::execute_with_extensions`).
+//! - A `send()` caller reads the history from the response:
+//!   [`AttemptHistory::of_response`].
 //! - Feature `tracing`: a span per logical request with OpenTelemetry's HTTP client
-//!   fields (`http.request.method`, `server.address`, `server.port`,
+//!   fields (`http.request.method`, `url.full` with credentials and by default the query's
+//!   values redacted, `url.scheme`, `server.address`, `server.port`,
 //!   `http.response.status_code`, `http.request.resend_count`, `error.type`), an event per
-//!   attempt, per retry decision and per breaker transition.
+//!   attempt, per retry decision and per breaker transition. The span is of kind
+//!   `internal`, the logical call: the `client` spans per wire request come from
+//!   reqwest-tracing installed per attempt (see [`stack`]).
+//! - Feature `metrics`: the instruments listed in [`metrics`].
 //! - Without `tracing`: [`Resilience::on_attempt`] and
 //!   [`Resilience::on_breaker_transition`] hooks, e.g. to feed metrics.
 //!
@@ -112,6 +118,8 @@
 //! | [`auth`] | [`BearerAuth`], [`TokenManager`], [`TokenSource`], [`AccessToken`] |
 //! | [`evidence`] | [`TransportEvidence`], [`RequestEvidence`], [`Transmission`], [`AttemptHistory`] |
 //! | [`origin`] | [`Origin`]: the `scheme://host:port` key |
+//! | [`misconfig`] | [`Misconfiguration`](misconfig::Misconfiguration): a stack that cannot work, found on the first request |
+//! | [`metrics`] | the instruments of feature `metrics` |
 //! | [`error`] | [`ResilienceError`] |
 //!
 //! # Feature flags
@@ -121,6 +129,7 @@
 //! | `tracing` | spans and events (optional dependency `tracing`) |
 //! | `retry-policies` | `RetryMiddleware::new_with_policy` takes a `retry_policies::RetryPolicy`, for a one-line migration from reqwest-retry |
 //! | `oauth2` | `auth::OAuth2Source`: OAuth 2.0 client-credentials and refresh-token grants |
+//! | `metrics` | per-attempt `http.client.request.duration` and counters for retries, stops, breakers, pauses, budget and tokens through the `metrics` facade (see [`metrics`]) |
 //!
 //! No feature is on by default. reqwest is used without default features: choose your TLS
 //! backend in your own `reqwest` dependency.
@@ -130,12 +139,16 @@
 //! Rust 1.88 (`rust-version` in `Cargo.toml`; edition 2024).
 
 #![deny(missing_docs)]
+// docs.rs builds with `--cfg docsrs` on nightly: each feature-gated item gets its badge.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod auth;
 pub mod backoff;
 pub mod breaker;
 pub mod error;
 pub mod evidence;
+pub mod metrics;
+pub mod misconfig;
 pub mod origin;
 pub mod redirect;
 pub mod retry;
@@ -143,6 +156,9 @@ pub mod retry_after;
 mod scope;
 pub mod stack;
 
+/// The `async_trait` attribute, for implementing [`TokenSource`] (or a
+/// `reqwest_middleware::Middleware`) without an `async-trait` dependency of your own.
+pub use async_trait::async_trait;
 pub use auth::{AccessToken, BearerAuth, TokenManager, TokenSource};
 pub use backoff::{Backoff, Jitter};
 pub use breaker::{BreakerConfig, BreakerRegistry, BreakerState, CircuitBreakerMiddleware};
@@ -153,7 +169,7 @@ pub use evidence::{
 };
 pub use origin::Origin;
 pub use retry::{RetryBudget, RetryMiddleware};
-pub use stack::{Resilience, StackError};
+pub use stack::{Resilience, StackBuilder, StackError};
 
 // README's quick start must compile.
 #[cfg(doctest)]

@@ -170,6 +170,12 @@ impl Origin {
     pub fn as_str(&self) -> &str {
         &self.text
     }
+
+    /// The text, shared (a metrics label without a copy).
+    #[cfg(feature = "metrics")]
+    pub(crate) fn shared_text(&self) -> Arc<str> {
+        Arc::clone(&self.text)
+    }
 }
 
 impl fmt::Display for Origin {

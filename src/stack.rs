@@ -17,10 +17,14 @@
 //! build a `ClientBuilder` with it and hand that to [`Resilience::install`]) or *per
 //! attempt* ([`Resilience::per_attempt`]: between `BearerAuth` and the transport step, so
 //! it sees every request that goes on the wire, a `401` replay included). Put
-//! `reqwest-tracing`'s `TracingMiddleware` per attempt to get the span per physical
-//! request that OpenTelemetry's HTTP conventions ask for (each with its own
-//! `http.request.resend_count`), or around the stack for one span per call. Never add
-//! middleware with `.with()` *after* the stack: it would land inside the transport step.
+//! `reqwest-tracing`'s `TracingMiddleware` per attempt to get the `client` span per
+//! physical request that OpenTelemetry's HTTP conventions ask for, under this crate's
+//! `internal` span of the logical call (feature `tracing`). reqwest-tracing records no
+//! `http.request.resend_count`: the attempt number is on this crate's per-attempt
+//! events, in the [`RequestEvidence`] and in the history. Around the stack it gives one
+//! `client` span per call instead (this crate's span, `internal`, then nests inside it).
+//! A middleware cannot be added with `.with()` *after* the stack (the [`StackBuilder`]
+//! has no `.with()`): it would land inside the transport step.
 //!
 //! ```
 //! use reqwest_resilience::Resilience;
@@ -42,7 +46,7 @@ use reqwest_middleware::{ClientBuilder, ClientWithMiddleware, Middleware, Next};
 use crate::breaker::{BreakerConfig, BreakerEvent, BreakerRegistry, CircuitBreakerMiddleware};
 use crate::evidence::{AttemptDecision, AttemptHistory, RequestEvidence, TransportEvidence};
 use crate::redirect::ClientRedirects;
-use crate::retry::RetryAfterPolicy;
+use crate::retry::{ErrorWrapping, RetryAfterPolicy};
 use crate::{Backoff, BearerAuth, ResilienceError, RetryBudget, RetryMiddleware};
 
 type AttemptHook = Arc<dyn Fn(&RequestEvidence, Option<&AttemptDecision>) + Send + Sync>;
@@ -135,6 +139,7 @@ struct RetrySettings {
     total_deadline: Option<Duration>,
     budget: Option<Option<RetryBudget>>,
     retry_after_cap: Option<(Duration, RetryAfterPolicy)>,
+    error_wrapping: Option<ErrorWrapping>,
 }
 
 impl RetrySettings {
@@ -146,6 +151,7 @@ impl RetrySettings {
             (self.total_deadline.is_some(), "total_deadline"),
             (self.budget.is_some(), "retry_budget"),
             (self.retry_after_cap.is_some(), "retry_after_cap"),
+            (self.error_wrapping.is_some(), "error_wrapping"),
         ]
         .into_iter()
         .find_map(|(set, name)| set.then_some(name))
@@ -213,6 +219,7 @@ pub struct Resilience {
     on_attempt: Option<AttemptHook>,
     on_breaker_transition: Option<TransitionHook>,
     client_redirects: ClientRedirects,
+    span_url_query: bool,
 }
 
 impl Default for Resilience {
@@ -263,6 +270,7 @@ impl Resilience {
             on_attempt: None,
             on_breaker_transition: None,
             client_redirects: ClientRedirects::Unobserved,
+            span_url_query: false,
         }
     }
 
@@ -316,6 +324,15 @@ impl Resilience {
     /// (default: clamp to the cap).
     pub fn retry_after_cap(mut self, cap: Duration, policy: RetryAfterPolicy) -> Self {
         self.retry_settings.retry_after_cap = Some((cap, policy));
+        self
+    }
+
+    /// Which final errors the retry middleware wraps in [`ResilienceError::Retry`]
+    /// (default [`ErrorWrapping::ExceptReqwest`]: a `reqwest::Error` comes back as
+    /// `reqwest_middleware::Error::Reqwest`, as without the stack).
+    /// [`ErrorWrapping::Always`] puts the attempt count and the stop reason on every error.
+    pub fn error_wrapping(mut self, wrapping: ErrorWrapping) -> Self {
+        self.retry_settings.error_wrapping = Some(wrapping);
         self
     }
 
@@ -400,6 +417,15 @@ impl Resilience {
         self
     }
 
+    /// With feature `tracing`: whether the span's `url.full` keeps the query's values
+    /// (default `false`: each value is `REDACTED`, the keys stay, as OpenTelemetry
+    /// recommends for values that may carry signatures or keys). Credentials in the URL are
+    /// always redacted. Without the feature it changes nothing.
+    pub fn span_url_query(mut self, keep: bool) -> Self {
+        self.span_url_query = keep;
+        self
+    }
+
     /// Builds the client: `reqwest::Client` wrapped in the stack.
     ///
     /// # Errors
@@ -409,13 +435,14 @@ impl Resilience {
         Ok(self.client_builder(client)?.build())
     }
 
-    /// The stack on a new `ClientBuilder`, for adding initialisers. Do not add middleware
-    /// to it: it would run inside the transport step (see [`install`](Self::install)).
+    /// The stack on a new client builder, for adding initialisers. It has no `.with()`:
+    /// a middleware added after the stack would run inside the transport step (see
+    /// [`StackBuilder`] and [`install`](Self::install)).
     ///
     /// # Errors
     ///
     /// See [Errors at build time](Self#errors-at-build-time).
-    pub fn client_builder(self, client: reqwest::Client) -> Result<ClientBuilder, ResilienceError> {
+    pub fn client_builder(self, client: reqwest::Client) -> Result<StackBuilder, ResilienceError> {
         self.install(ClientBuilder::new(client))
     }
 
@@ -435,12 +462,12 @@ impl Resilience {
     /// # Errors
     ///
     /// See [Errors at build time](Self#errors-at-build-time).
-    pub fn install(self, builder: ClientBuilder) -> Result<ClientBuilder, ResilienceError> {
+    pub fn install(self, builder: ClientBuilder) -> Result<StackBuilder, ResilienceError> {
         let retry = self.build_retry()?;
         let breaker = build_breaker(self.breaker, self.on_breaker_transition)?;
 
         let mut builder = builder;
-        if let Some(observer) = RequestObserver::new(self.on_attempt) {
+        if let Some(observer) = RequestObserver::new(self.on_attempt, self.span_url_query) {
             builder = builder.with(observer);
         }
         if let Some(retry) = retry {
@@ -455,9 +482,11 @@ impl Resilience {
         for middleware in self.per_attempt {
             builder = builder.with_arc(middleware);
         }
-        Ok(builder.with(TransportEvidence::with_client_redirects(
-            self.client_redirects,
-        )))
+        Ok(StackBuilder {
+            builder: builder.with(TransportEvidence::with_client_redirects(
+                self.client_redirects,
+            )),
+        })
     }
 
     fn build_retry(&self) -> Result<Option<RetryMiddleware>, ResilienceError> {
@@ -501,9 +530,96 @@ impl Resilience {
                 if let Some((cap, policy)) = s.retry_after_cap {
                     b = b.retry_after_cap(cap, policy);
                 }
+                if let Some(wrapping) = s.error_wrapping {
+                    b = b.error_wrapping(wrapping);
+                }
                 b.build().map(Some)
             }
         }
+    }
+}
+
+/// A `reqwest_middleware::ClientBuilder` ending in the stack, from
+/// [`Resilience::client_builder`] and [`Resilience::install`]: add request initialisers,
+/// then [`build`](Self::build).
+///
+/// It has no `.with()` on purpose. A middleware added after the stack runs *inside* the
+/// transport step: once per wire request but unseen by the evidence (its failures become
+/// `Unknown`, a retry of its own sends requests the history never shows). Put yours
+/// around the stack ([`Resilience::install`]) or per attempt ([`Resilience::per_attempt`]).
+///
+/// ```compile_fail
+/// # struct Mine;
+/// # #[reqwest_resilience::async_trait]
+/// # impl reqwest_middleware::Middleware for Mine {
+/// #     async fn handle(&self, req: reqwest::Request, ext: &mut http::Extensions,
+/// #         next: reqwest_middleware::Next<'_>) -> reqwest_middleware::Result<reqwest::Response> {
+/// #         next.run(req, ext).await
+/// #     }
+/// # }
+/// let client = reqwest_resilience::Resilience::new()
+///     .client_builder(reqwest::Client::new())
+///     .unwrap()
+///     .with(Mine) // does not compile: it would run inside the transport step
+///     .build();
+/// ```
+///
+/// A stand-in for the network (a test double answering every request) is the one
+/// middleware that belongs there; [`inside_transport_step`](Self::inside_transport_step)
+/// says so in the code.
+#[must_use = "a StackBuilder does nothing until it is built"]
+pub struct StackBuilder {
+    builder: ClientBuilder,
+}
+
+impl fmt::Debug for StackBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StackBuilder").finish_non_exhaustive()
+    }
+}
+
+impl StackBuilder {
+    /// Adds a request initialiser (`reqwest_middleware::ClientBuilder::with_init`).
+    ///
+    /// ```
+    /// use reqwest_middleware::Extension;
+    /// use reqwest_resilience::Resilience;
+    /// use reqwest_resilience::retry::MaxRetries;
+    ///
+    /// # fn main() -> Result<(), reqwest_resilience::ResilienceError> {
+    /// // Every request of this client gets one retry at most.
+    /// let client = Resilience::new()
+    ///     .client_builder(reqwest::Client::new())?
+    ///     .with_init(Extension(MaxRetries(1)))
+    ///     .build();
+    /// # drop(client); Ok(()) }
+    /// ```
+    pub fn with_init<I: reqwest_middleware::RequestInitialiser>(self, initialiser: I) -> Self {
+        StackBuilder {
+            builder: self.builder.with_init(initialiser),
+        }
+    }
+
+    /// Adds a shared request initialiser (`ClientBuilder::with_arc_init`).
+    pub fn with_arc_init(
+        self,
+        initialiser: Arc<dyn reqwest_middleware::RequestInitialiser>,
+    ) -> Self {
+        StackBuilder {
+            builder: self.builder.with_arc_init(initialiser),
+        }
+    }
+
+    /// The client.
+    pub fn build(self) -> ClientWithMiddleware {
+        self.builder.build()
+    }
+
+    /// The underlying `ClientBuilder`, whose `.with()` adds middleware *inside* the
+    /// transport step: only for a stand-in for the network (a test double, a recorded
+    /// answer), whose responses the evidence then describes.
+    pub fn inside_transport_step(self) -> ClientBuilder {
+        self.builder
     }
 }
 
@@ -543,12 +659,17 @@ fn build_breaker(
 /// `on_attempt` hook. Installed only when one of them is wanted.
 struct RequestObserver {
     on_attempt: Option<AttemptHook>,
+    #[cfg_attr(not(feature = "tracing"), allow(dead_code))]
+    span_url_query: bool,
 }
 
 impl RequestObserver {
-    fn new(on_attempt: Option<AttemptHook>) -> Option<Self> {
+    fn new(on_attempt: Option<AttemptHook>, span_url_query: bool) -> Option<Self> {
         if cfg!(feature = "tracing") || on_attempt.is_some() {
-            Some(RequestObserver { on_attempt })
+            Some(RequestObserver {
+                on_attempt,
+                span_url_query,
+            })
         } else {
             None
         }
@@ -570,7 +691,7 @@ impl Middleware for RequestObserver {
             .map_or(0, AttemptHistory::len);
 
         #[cfg(feature = "tracing")]
-        let span = observe::request_span(&req);
+        let span = observe::request_span(&req, self.span_url_query);
         #[cfg(feature = "tracing")]
         let result = {
             use tracing::Instrument;
@@ -606,14 +727,21 @@ mod observe {
     use crate::retry::{RetryReason, StopReason};
     use crate::{Origin, ResilienceError};
 
-    pub(super) fn request_span(req: &Request) -> tracing::Span {
+    /// The span of the logical call. Its kind is `internal`: it encloses every attempt
+    /// (and the waits between them), while OpenTelemetry's HTTP conventions give each
+    /// request on the wire a `client` span of its own (reqwest-tracing's, installed per
+    /// attempt). A `client` span here would nest `client` spans in a `client` span, which
+    /// exporters then read as a call made from inside another call.
+    pub(super) fn request_span(req: &Request, keep_query: bool) -> tracing::Span {
         let url = req.url();
-        tracing::info_span!(
+        let span = tracing::info_span!(
             target: "reqwest_resilience::stack",
             "http.client.request",
             otel.name = %req.method(),
-            otel.kind = "client",
+            otel.kind = "internal",
             http.request.method = %req.method(),
+            url.full = Empty,
+            url.scheme = url.scheme(),
             server.address = url.host_str().unwrap_or(""),
             server.port = url.port_or_known_default().unwrap_or(0),
             http.response.status_code = Empty,
@@ -621,7 +749,32 @@ mod observe {
             error.type = Empty,
             resilience.attempts = Empty,
             resilience.stop = Empty,
-        )
+        );
+        if !span.is_disabled() {
+            // Formatted only for a subscriber that records the span.
+            span.record("url.full", redacted(url, keep_query).as_str());
+        }
+        span
+    }
+
+    /// `url` as `url.full` may show it: user name and password replaced by `REDACTED`
+    /// (OpenTelemetry's rule), the query's values too unless `keep_query`, no fragment.
+    pub(super) fn redacted(url: &url::Url, keep_query: bool) -> url::Url {
+        let mut url = url.clone();
+        url.set_fragment(None);
+        if !url.username().is_empty() {
+            let _ = url.set_username("REDACTED");
+        }
+        if url.password().is_some() {
+            let _ = url.set_password(Some("REDACTED"));
+        }
+        if !keep_query && url.query().is_some_and(|q| !q.is_empty()) {
+            let keys: Vec<String> = url.query_pairs().map(|(k, _)| k.into_owned()).collect();
+            url.query_pairs_mut()
+                .clear()
+                .extend_pairs(keys.iter().map(|k| (k.as_str(), "REDACTED")));
+        }
+        url
     }
 
     /// A decision as one event field ("retry: …" / "stop: …"), formatted only when a

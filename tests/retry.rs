@@ -27,11 +27,14 @@ use tokio::time::Instant;
 
 const S: fn(u64) -> Duration = Duration::from_secs;
 
-/// 1 s, 2 s, 4 s … without jitter, no budget, 3 retries.
+/// 1 s, 2 s, 4 s … without jitter, no budget, 3 retries, every final error wrapped in
+/// `ResilienceError::Retry` (these tests read the attempt count from it; the default,
+/// which keeps a `reqwest::Error` unwrapped, has tests of its own).
 fn plain() -> reqwest_resilience::retry::RetryMiddlewareBuilder {
     RetryMiddleware::builder()
         .backoff(Backoff::builder().jitter(Jitter::None).build().unwrap())
         .no_budget()
+        .wrap_errors(true)
 }
 
 /// Its redirects are recorded, so a failure without a redirect is proven the first hop's
@@ -850,12 +853,13 @@ async fn is_timeout_is_answerable_on_the_final_error() {
         (2, StopReason::RetriesExhausted)
     );
     assert!(find_reqwest_error(&err).is_some_and(reqwest::Error::is_timeout));
-    // The reqwest::Error is the source of the ResilienceError, reachable by downcasting.
+    // The chain: ResilienceError::Retry → its RetryError → the reqwest::Error.
     let resilience = ResilienceError::from_middleware_error(&err).unwrap();
     let source = std::error::Error::source(resilience).unwrap();
+    assert!(source.is::<RetryError>(), "{source:?}");
+    let last = std::error::Error::source(source).unwrap();
     assert!(
-        source
-            .downcast_ref::<reqwest::Error>()
+        last.downcast_ref::<reqwest::Error>()
             .is_some_and(|r| r.is_timeout())
     );
     assert_eq!(evidence(&ext)[1].1, Some(FailureKind::Timeout));

@@ -220,3 +220,61 @@ async fn a_request_that_got_no_bearer_token_records_error_type_token_unavailable
     assert_eq!(get(span, "http.response.status_code"), None);
     assert_eq!(get(span, "resilience.attempts").as_deref(), Some("1"));
 }
+
+fn logical_span(capture: &Capture) -> Fields {
+    let spans: Vec<Fields> = capture
+        .spans
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|f| !f.is_empty())
+        .cloned()
+        .collect();
+    assert_eq!(spans.len(), 1, "{spans:?}");
+    spans[0].clone()
+}
+
+fn plain_reqwest() -> reqwest::Client {
+    reqwest::Client::builder()
+        .no_proxy()
+        .pool_idle_timeout(None)
+        .build()
+        .unwrap()
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_span_is_internal_with_url_full_redacting_credentials_and_query_values() {
+    let server = FaultServer::always(Action::ok("ok")).await;
+    let port = server.addr().port();
+    let url = format!("http://alice:s3cr3t@127.0.0.1:{port}/p?sig=abc&user=bob#frag");
+    // A `reqwest::Request` made by hand keeps the credentials in its URL (reqwest's
+    // `RequestBuilder` moves them into an `Authorization` header instead).
+    let by_hand = || reqwest::Request::new(http::Method::GET, url.parse().unwrap());
+    let cases = [
+        (
+            false,
+            by_hand(),
+            format!("http://REDACTED:REDACTED@127.0.0.1:{port}/p?sig=REDACTED&user=REDACTED"),
+        ),
+        (
+            true,
+            by_hand(),
+            format!("http://REDACTED:REDACTED@127.0.0.1:{port}/p?sig=abc&user=bob"),
+        ),
+    ];
+    for (keep_query, request, expected) in cases {
+        let capture = Capture::default();
+        let _guard = tracing::subscriber::set_default(capture.clone());
+        let client = Resilience::new()
+            .span_url_query(keep_query)
+            .build(plain_reqwest())
+            .unwrap();
+        let response = client.execute(request).await.unwrap();
+        assert_eq!(response.status(), 200);
+        let span = logical_span(&capture);
+        assert_eq!(get(&span, "otel.kind").as_deref(), Some("internal"));
+        assert_eq!(get(&span, "url.scheme").as_deref(), Some("http"));
+        assert_eq!(get(&span, "url.full"), Some(expected));
+    }
+    assert_eq!(server.requests_seen(), 2);
+}

@@ -246,8 +246,13 @@ async fn round(requests: usize) -> Round {
             let ok = match result {
                 Ok(response) => response.text().await.is_ok(),
                 Err(e) => {
-                    // Errors are typed: a retry error, a breaker rejection or a token error.
-                    assert!(ResilienceError::from_middleware_error(&e).is_some(), "{e}");
+                    // Errors are typed: reqwest's own (returned as it came, the default
+                    // `ErrorWrapping`), or a retry error, a breaker rejection, a token error.
+                    assert!(
+                        matches!(e, reqwest_middleware::Error::Reqwest(_))
+                            || ResilienceError::from_middleware_error(&e).is_some(),
+                        "{e}"
+                    );
                     false
                 }
             };

@@ -52,7 +52,7 @@ impl Bytes<'_> {
     }
 }
 
-const KINDS: [FailureKind; 17] = [
+const KINDS: [FailureKind; 18] = [
     FailureKind::Connect,
     FailureKind::Dns,
     FailureKind::Tls,
@@ -70,6 +70,7 @@ const KINDS: [FailureKind; 17] = [
     FailureKind::Paused,
     FailureKind::TokenUnavailable,
     FailureKind::Other,
+    FailureKind::Misconfigured,
 ];
 
 const METHODS: [&str; 10] = [

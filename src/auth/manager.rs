@@ -19,7 +19,6 @@
 //! down), a guard in the task publishes an [`TokenErrorKind::Aborted`] error and clears
 //! the flight, so nobody waits forever and the next call starts a new fetch.
 
-use std::error::Error as StdError;
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -309,6 +308,7 @@ impl FlightGuard {
         outcome: Result<AccessToken, (TokenErrorKind, Option<SharedSourceError>)>,
     ) {
         let Some(tx) = self.tx.take() else { return };
+        crate::metrics::token_fetch(outcome.as_ref().err().map(|(kind, _)| *kind));
         let now = Instant::now();
         let result = {
             let mut state = self.shared.lock();
@@ -511,7 +511,7 @@ impl<S: TokenSource> ErasedSource for S {
         Box::pin(async move {
             self.fetch()
                 .await
-                .map_err(|e| Arc::new(e) as Arc<dyn StdError + Send + Sync>)
+                .map_err(|e| SharedSourceError::from(e.into()))
         })
     }
 }

@@ -38,8 +38,8 @@ use crate::{Origin, ResilienceError};
 ///   with [`ResilienceError::Token`] inside `reqwest_middleware::Error::Middleware`
 ///   (also when the refresh after a `401` fails: the replay is then not sent). The
 ///   attempt that was not sent is recorded like a breaker rejection: a `NotSent`
-///   [`RequestEvidence`] with [`FailureKind::TokenUnavailable`] in the extensions and
-///   appended to the [`AttemptHistory`], its `retry_after` set to when the manager will
+///   [`RequestEvidence`](crate::RequestEvidence) with [`FailureKind::TokenUnavailable`] in the extensions and
+///   appended to the [`AttemptHistory`](crate::AttemptHistory), its `retry_after` set to when the manager will
 ///   fetch again ([`TokenError::retry_at`]). The breaker counts it as neutral; the retry
 ///   middleware retries it (any method: nothing was sent), not before that time.
 ///
@@ -320,6 +320,9 @@ impl Middleware for BearerAuth {
         extensions: &mut Extensions,
         next: Next<'_>,
     ) -> reqwest_middleware::Result<Response> {
+        if let Some(m) = crate::misconfig::check(extensions, "BearerAuth", None) {
+            return Err(crate::misconfig::refuse(extensions, m));
+        }
         let owner = crate::scope::begin(extensions);
         if req.headers().contains_key(header::AUTHORIZATION) || !self.covers(req.url()) {
             return owner.wrap(next.run(req, extensions)).await;

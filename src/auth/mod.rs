@@ -51,5 +51,6 @@ mod token;
 pub use manager::{TokenManager, TokenManagerBuilder};
 pub use middleware::{BearerAuth, BearerAuthBuilder, Challenge, ChallengeAction};
 #[cfg(feature = "oauth2")]
+#[cfg_attr(docsrs, doc(cfg(feature = "oauth2")))]
 pub use oauth2::{ClientAuth, OAuth2Error, OAuth2ErrorCode, OAuth2Source, OAuth2SourceBuilder};
 pub use token::{AccessToken, SharedSourceError, TokenError, TokenErrorKind, TokenSource};

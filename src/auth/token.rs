@@ -168,27 +168,36 @@ impl fmt::Debug for AccessToken {
 /// the result among every caller, so an implementation needs no caching or locking of
 /// its own.
 ///
-/// Closures returning a future work as sources:
+/// Closures returning a future work as sources, with any error that converts into
+/// `Box<dyn Error + Send + Sync>`: `anyhow::Error`, a boxed error, any `std::error::Error`.
 ///
 /// ```
 /// use reqwest_resilience::{AccessToken, TokenManager};
 /// use std::time::Duration;
 ///
 /// let manager = TokenManager::new(|| async {
-///     // Ask the identity provider here.
-///     Ok::<_, std::io::Error>(AccessToken::new("s3cr3t").expires_in(Duration::from_secs(3600)))
+///     // Ask the identity provider here; `?` works on any error.
+///     let secret = std::env::var("API_TOKEN")?;
+///     anyhow::Ok(AccessToken::new(secret).expires_in(Duration::from_secs(3600)))
 /// });
+/// # drop(manager);
+///
+/// async fn fetch_token() -> Result<AccessToken, Box<dyn std::error::Error + Send + Sync>> {
+///     Ok(AccessToken::new("s3cr3t"))
+/// }
+/// let manager = TokenManager::new(fetch_token);
 /// # drop(manager);
 /// ```
 ///
-/// Or implement it for a type:
+/// Or implement it for a type, with the [`async_trait`](crate::async_trait) attribute this
+/// crate re-exports (no `async-trait` dependency of your own needed):
 ///
 /// ```
 /// use reqwest_resilience::{AccessToken, TokenSource};
 ///
 /// struct FromEnv;
 ///
-/// #[async_trait::async_trait]
+/// #[reqwest_resilience::async_trait]
 /// impl TokenSource for FromEnv {
 ///     type Error = std::env::VarError;
 ///     async fn fetch(&self) -> Result<AccessToken, Self::Error> {
@@ -198,9 +207,10 @@ impl fmt::Debug for AccessToken {
 /// ```
 #[async_trait::async_trait]
 pub trait TokenSource: Send + Sync + 'static {
-    /// Why a fetch failed. Its `Display` must not contain a secret: it reaches callers and
-    /// logs through [`TokenError`]'s `source()`.
-    type Error: StdError + Send + Sync + 'static;
+    /// Why a fetch failed: any error convertible into `Box<dyn Error + Send + Sync>` (a
+    /// `std::error::Error`, `anyhow::Error`, a boxed error). Its `Display` must not
+    /// contain a secret: it reaches callers and logs through [`TokenError`]'s `source()`.
+    type Error: Into<Box<dyn StdError + Send + Sync>> + Send + 'static;
 
     /// Fetches a fresh token.
     ///
@@ -215,7 +225,7 @@ impl<F, Fut, E> TokenSource for F
 where
     F: Fn() -> Fut + Send + Sync + 'static,
     Fut: Future<Output = Result<AccessToken, E>> + Send,
-    E: StdError + Send + Sync + 'static,
+    E: Into<Box<dyn StdError + Send + Sync>> + Send + 'static,
 {
     type Error = E;
 

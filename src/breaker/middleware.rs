@@ -277,6 +277,9 @@ impl Middleware for CircuitBreakerMiddleware {
         extensions: &mut Extensions,
         next: Next<'_>,
     ) -> reqwest_middleware::Result<Response> {
+        if let Some(m) = crate::misconfig::check(extensions, "CircuitBreakerMiddleware", None) {
+            return Err(crate::misconfig::refuse(extensions, m));
+        }
         let owner = crate::scope::begin(extensions);
         // A "retry in" from an earlier attempt must not be read as this one's.
         extensions.remove::<RetryIn>();
@@ -292,6 +295,7 @@ impl Middleware for CircuitBreakerMiddleware {
         let permit = match admitted {
             Ok(permit) => permit,
             Err(rejection) => {
+                crate::metrics::breaker_rejection(&origin, rejection.reason);
                 record_rejection(&rejection, extensions);
                 return Err(reqwest_middleware::Error::middleware(
                     ResilienceError::from(rejection),

@@ -313,6 +313,7 @@ impl AttemptClassifier for DefaultClassifier {
                     FailureKind::BreakerOpen
                     | FailureKind::Paused
                     | FailureKind::TokenUnavailable
+                    | FailureKind::Misconfigured
                     | FailureKind::Builder
                     | FailureKind::Redirect
                     | FailureKind::Decode,

@@ -451,6 +451,7 @@ impl BreakerRegistry {
 
     fn emit(&self, origin: &Origin, transition: Option<Transition>) {
         let Some(t) = transition else { return };
+        crate::metrics::breaker_transition(origin, t.from, t.to);
         #[cfg(feature = "tracing")]
         tracing::info!(
             origin = %origin,
@@ -612,6 +613,9 @@ fn refill_victims(sm: &mut ShardMap, now: Instant) {
 
 #[cfg_attr(not(feature = "tracing"), allow(unused_variables))]
 fn trace_pause(origin: &Origin, duration: Duration, grew: bool) {
+    if grew {
+        crate::metrics::pause(origin);
+    }
     #[cfg(feature = "tracing")]
     if grew {
         tracing::info!(origin = %origin, pause = ?duration, "origin paused by Retry-After");

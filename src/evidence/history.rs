@@ -40,7 +40,31 @@ pub struct AttemptRecord {
 ///
 /// [`TransportEvidence`](super::TransportEvidence) appends a record per attempt to the
 /// extensions it is handed, which are the caller's own when the caller uses
-/// `execute_with_extensions`.
+/// `execute_with_extensions`. A `send()` caller reads it from the response with
+/// [`of_response`](AttemptHistory::of_response).
+///
+/// ```no_run
+/// use reqwest_resilience::{AttemptDecision, AttemptHistory, Resilience};
+///
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// let client = Resilience::new().build(reqwest::Client::new())?;
+/// let response = client.get("http://127.0.0.1:8080/items").send().await?;
+/// let history = AttemptHistory::of_response(&response).expect("the stack records it");
+/// for record in history.attempts() {
+///     let e = &record.evidence;
+///     match &record.decision {
+///         Some(AttemptDecision::Retry { delay, reason }) => {
+///             println!("attempt {}: {:?}, retried after {delay:?}: {reason}", e.attempt, e.transmission)
+///         }
+///         Some(AttemptDecision::Stop { reason }) => {
+///             println!("attempt {}: {:?}, stopped: {reason}", e.attempt, e.transmission)
+///         }
+///         None => println!("attempt {}: {:?}", e.attempt, e.transmission),
+///         Some(_) => {}
+///     }
+/// }
+/// # Ok(()) }
+/// ```
 #[derive(Clone, Default)]
 pub struct AttemptHistory {
     records: Records,
@@ -95,6 +119,38 @@ impl AttemptHistory {
                 Records::Many(records)
             }
         };
+    }
+
+    /// The history of the logical request that produced `response`, for a caller that
+    /// used `send()` (its extensions were not its own to read).
+    ///
+    /// Cost on the success path: none. A response after one attempt carries its
+    /// [`RequestEvidence`] and [`RetryOutcome`](crate::retry::RetryOutcome) anyway, and
+    /// the one record is rebuilt from them here, on demand. After a retry (or a `401`
+    /// replayed by `BearerAuth`) the transport step puts a copy of the history on each
+    /// response it hands back, a cost of the retry path only; the final decision comes
+    /// from the `RetryOutcome`. `None` when no
+    /// [`TransportEvidence`](super::TransportEvidence) saw the request.
+    pub fn of_response(response: &reqwest::Response) -> Option<AttemptHistory> {
+        let extensions = response.extensions();
+        let outcome = extensions.get::<crate::retry::RetryOutcome>();
+        let mut history = match extensions.get::<AttemptHistory>() {
+            Some(full) => full.clone(),
+            None => {
+                let mut one = AttemptHistory::default();
+                one.push(extensions.get::<RequestEvidence>()?.clone());
+                one
+            }
+        };
+        // The retry middleware decided after the last attempt; its outcome says how.
+        if let (Some(outcome), Some(last)) = (outcome, history.last())
+            && last.decision.is_none()
+        {
+            history.decide_last(AttemptDecision::Stop {
+                reason: outcome.stop,
+            });
+        }
+        Some(history)
     }
 
     /// Records the decision taken after the last attempt.

@@ -8,8 +8,8 @@ use super::{
     AttemptHistory, FailureKind, Redirects, RequestEvidence, Transmission, classify_error,
     next_attempt,
 };
-use crate::Origin;
 use crate::redirect::{ClientRedirects, HopCount, Recording};
+use crate::{Origin, ResilienceError};
 
 /// The transport step: register it last (innermost), right before the `reqwest::Client`.
 ///
@@ -88,10 +88,13 @@ impl Middleware for TransportEvidence {
         extensions: &mut Extensions,
         next: Next<'_>,
     ) -> reqwest_middleware::Result<Response> {
+        if let Some(m) = crate::misconfig::check(extensions, "TransportEvidence", None) {
+            return Err(crate::misconfig::refuse(extensions, m));
+        }
         // Nothing of this crate runs inside the transport step, so as the owner (used
         // alone) it only clears what an earlier request left behind.
         let _ = crate::scope::begin(extensions);
-        let (origin, attempt, started, url_key, sent) = hand_on(req, extensions, next);
+        let (origin, attempt, started, method, url_key, sent) = hand_on(req, extensions, next);
         let (result, hops) = match self.redirects {
             ClientRedirects::Recorded => {
                 let (result, hops) = Recording::new(sent).await;
@@ -99,6 +102,14 @@ impl Middleware for TransportEvidence {
             }
             _ => (sent.await, None),
         };
+        if let Err(e) = &result
+            && let Some(ResilienceError::Misconfigured(_)) =
+                ResilienceError::from_middleware_error(e)
+        {
+            // A middleware of this crate inside refused the request unsent and left its
+            // evidence: that is this attempt's.
+            return result;
+        }
         let mut evidence = match &result {
             Ok(response) => RequestEvidence::of_response(response, origin, attempt),
             Err(reqwest_middleware::Error::Reqwest(err)) => {
@@ -118,6 +129,7 @@ impl Middleware for TransportEvidence {
         };
         apply_redirects(&mut evidence, &result, url_key, self.redirects, hops);
         evidence.elapsed = started.elapsed();
+        crate::metrics::attempt(method, &evidence);
         #[cfg(feature = "tracing")]
         // OpenTelemetry HTTP client names where one exists (`resend_count`: the retries
         // before this attempt, 0 for the first; `error.type`: the failure kind).
@@ -132,11 +144,17 @@ impl Middleware for TransportEvidence {
             elapsed = ?evidence.elapsed,
             "attempt observed"
         );
-        extensions
-            .get_or_insert_default::<AttemptHistory>()
-            .push(evidence.clone());
+        let history = extensions.get_or_insert_default::<AttemptHistory>();
+        history.push(evidence.clone());
+        // After a retry or a `401` replay the response carries a copy of the history (the
+        // retry's last decision comes with its `RetryOutcome`); a single record needs no
+        // copy: `AttemptHistory::of_response` rebuilds it from the evidence.
+        let full = (history.len() > 1).then(|| history.clone());
         let result = result.map(|mut response| {
             response.extensions_mut().insert(evidence.clone());
+            if let Some(full) = full {
+                response.extensions_mut().insert(full);
+            }
             response
         });
         extensions.insert(evidence);
@@ -159,14 +177,22 @@ fn hand_on<'a>(
     Option<Origin>,
     u32,
     tokio::time::Instant,
+    crate::metrics::MethodLabel,
     UrlKey,
-    Attempt<'a>,
+    crate::misconfig::Scoped<Attempt<'a>>,
 ) {
     let origin = Origin::cached(req.url());
     let attempt = next_attempt(extensions.get::<AttemptHistory>().map_or(0, |h| h.len()));
     let key = UrlKey::of(req.url());
     let started = tokio::time::Instant::now();
-    (origin, attempt, started, key, next.run(req, extensions))
+    let method = crate::metrics::method_label(req.method());
+    let owner = crate::misconfig::key(extensions);
+    let sent = crate::misconfig::scoped(
+        next.run(req, extensions),
+        crate::misconfig::Layer::Transport,
+        owner,
+    );
+    (origin, attempt, started, method, key, sent)
 }
 
 /// The request's URL without its fragment, kept as a fingerprint (its length and a

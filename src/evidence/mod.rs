@@ -96,6 +96,11 @@ pub enum FailureKind {
     TokenUnavailable,
     /// A failure this crate does not recognise.
     Other,
+    /// The stack is assembled so that it cannot work (installed twice, a middleware of
+    /// this crate inside the transport step, a retry inside a retry): the request was
+    /// refused before it was sent (always with [`Transmission::NotSent`]) and is never
+    /// retried. See [`Misconfiguration`](crate::misconfig::Misconfiguration).
+    Misconfigured,
 }
 
 /// The server's proof that it did not process the request, so even a non-idempotent
@@ -149,6 +154,32 @@ impl Redirects {
 ///
 /// Read it from the request's extensions inside a middleware (after `next.run`), from
 /// a response's extensions, or from the [`AttemptHistory`] left in the caller's extensions.
+///
+/// ```no_run
+/// use reqwest_resilience::{RequestEvidence, Resilience, Transmission};
+///
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// let client = Resilience::new().build(reqwest::Client::new())?;
+/// let response = client.post("http://127.0.0.1:8080/orders").body("{}").send().await?;
+/// if let Some(evidence) = response.extensions().get::<RequestEvidence>() {
+///     // The last attempt: its status, its origin, how long it took.
+///     assert!(matches!(evidence.transmission, Transmission::ResponseReceived(_)));
+///     println!("attempt {} to {:?} took {:?}", evidence.attempt, evidence.origin, evidence.elapsed);
+/// }
+/// # Ok(()) }
+/// ```
+///
+/// What a retry may rely on:
+///
+/// ```
+/// use reqwest_resilience::{FailureKind, RequestEvidence, Transmission};
+///
+/// let mut refused = RequestEvidence::new(Transmission::NotSent, None, 1);
+/// refused.failure = Some(FailureKind::Connect);
+/// assert!(!refused.transmission.may_have_been_processed()); // safe to send again, even a POST
+/// let reset = RequestEvidence::new(Transmission::SentNoResponse, None, 1);
+/// assert!(reset.transmission.may_have_been_processed()); // only an idempotent request is retried
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct RequestEvidence {

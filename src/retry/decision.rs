@@ -39,7 +39,7 @@ pub enum StopReason {
     /// may have acted on it.
     StatusNotSafe(StatusCode),
     /// A failure that retrying cannot fix (certificate, builder, redirect, decode, a
-    /// connector that cannot serve the request).
+    /// connector that cannot serve the request, a misconfigured stack).
     Permanent(FailureKind),
     /// A non-idempotent request that may have reached the server (sent, no response).
     MayHaveBeenProcessed,
@@ -268,6 +268,7 @@ fn is_permanent(kind: FailureKind) -> bool {
             | FailureKind::Redirect
             | FailureKind::Decode
             | FailureKind::ConnectPermanent
+            | FailureKind::Misconfigured
     )
 }
 
@@ -485,6 +486,7 @@ mod tests {
                 FailureKind::Paused,
                 FailureKind::TokenUnavailable,
                 FailureKind::Other,
+                FailureKind::Misconfigured,
             ]))
         }
 

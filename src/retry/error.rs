@@ -4,13 +4,54 @@ use std::fmt;
 
 use super::StopReason;
 
+/// How the retry middleware returns the last attempt's error when it stops.
+///
+/// The default, [`ExceptReqwest`](ErrorWrapping::ExceptReqwest), keeps existing `reqwest`
+/// error handling working: a failure that ends in a `reqwest::Error` comes back as
+/// `reqwest_middleware::Error::Reqwest`, so `is_connect()`, `is_timeout()`, `status()` and
+/// `url()` answer as reqwest's would (reqwest-retry does the same). The attempt count and
+/// the stop reason are then in [`RetryOutcome`](super::RetryOutcome) and the
+/// [`AttemptHistory`](crate::AttemptHistory) in the caller's extensions
+/// (`execute_with_extensions`). This crate's own failures (breaker open, pause, no token,
+/// the deadline cutting an attempt) are wrapped in
+/// [`ResilienceError::Retry`](crate::ResilienceError::Retry), which carries the count and
+/// the reason itself; [`ResilienceError::find`](crate::ResilienceError::find) reaches the
+/// cause either way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum ErrorWrapping {
+    /// A `reqwest::Error` is returned as it came; any other error is wrapped in
+    /// [`ResilienceError::Retry`](crate::ResilienceError::Retry). The default.
+    #[default]
+    ExceptReqwest,
+    /// Every final error is wrapped in
+    /// [`ResilienceError::Retry`](crate::ResilienceError::Retry), so a `send()` caller
+    /// always learns the attempt count and the stop reason from the error.
+    Always,
+    /// Every final error is returned as the last attempt produced it.
+    Never,
+}
+
+impl ErrorWrapping {
+    /// Whether `last` is wrapped.
+    pub(crate) fn wraps(self, last: &reqwest_middleware::Error) -> bool {
+        match self {
+            ErrorWrapping::ExceptReqwest => !matches!(last, reqwest_middleware::Error::Reqwest(_)),
+            ErrorWrapping::Always => true,
+            ErrorWrapping::Never => false,
+        }
+    }
+}
+
 /// The last attempt failed and no further attempt was made.
 ///
 /// It travels as [`ResilienceError::Retry`](crate::ResilienceError::Retry) inside
-/// `reqwest_middleware::Error::Middleware`. The last attempt's error stays reachable: as
-/// [`last_error`](RetryError::last_error), as [`reqwest_error`](RetryError::reqwest_error),
-/// and as `source()` (the `reqwest::Error` itself, or the inner middleware's error), so
-/// `is_timeout()` and friends can still be asked.
+/// `reqwest_middleware::Error::Middleware` (see [`ErrorWrapping`] for when). The last
+/// attempt's error stays reachable: as [`last_error`](RetryError::last_error), as
+/// [`reqwest_error`](RetryError::reqwest_error), and as `source()` (the `reqwest::Error`
+/// itself, or the inner middleware's error), so `is_timeout()` and friends can still be
+/// asked. In the `source()` chain it sits between the `ResilienceError::Retry` (whose
+/// `Display` says how many attempts and why it stopped) and the last error.
 ///
 /// ```no_run
 /// # async fn run(client: reqwest_middleware::ClientWithMiddleware) {
@@ -81,15 +122,24 @@ impl RetryError {
     }
 }
 
-impl fmt::Display for RetryError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        // The last error is `source()`, not repeated here (Rust API guidelines C-GOOD-ERR).
+impl RetryError {
+    /// The summary `ResilienceError::Retry` displays: the count and the reason.
+    pub(crate) fn fmt_summary(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let plural = if self.attempts == 1 { "" } else { "s" };
         write!(
             f,
             "request failed after {} attempt{plural}; stopped: {}",
             self.attempts, self.stop
         )
+    }
+}
+
+impl fmt::Display for RetryError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The summary is the `ResilienceError::Retry` link above this one and the last
+        // error the `source()` below it; neither is repeated here (Rust API guidelines
+        // C-GOOD-ERR), so a chain printer shows each once.
+        f.write_str("the last attempt failed")
     }
 }
 

@@ -11,13 +11,15 @@ use reqwest_middleware::{Middleware, Next};
 use tokio::time::Instant;
 
 use super::{
-    AttemptContext, Deadline, DefaultStrategy, Idempotent, MaxRetries, RetryBudget, RetryError,
-    RetryOutcome, RetryReason, RetryStrategy, StopReason, Verdict, Withdrawal, is_idempotent,
+    AttemptContext, Deadline, DefaultStrategy, ErrorWrapping, Idempotent, MaxRetries, RetryBudget,
+    RetryError, RetryOutcome, RetryReason, RetryStrategy, StopReason, Verdict, Withdrawal,
+    is_idempotent,
 };
 use crate::backoff::{Backoff, RandomSource, ThreadRandom};
 use crate::evidence::{
     AttemptDecision, AttemptHistory, FailureKind, RequestEvidence, Transmission,
 };
+use crate::misconfig::{self, Layer, Misconfiguration};
 use crate::scope::{self, HandedOn};
 use crate::{Origin, ResilienceError};
 
@@ -39,7 +41,8 @@ pub enum RetryAfterPolicy {
 /// Register it outermost, with [`TransportEvidence`](crate::TransportEvidence) innermost.
 /// Defaults: 3 retries, [`Backoff::default`] (1 s, ×2, cap 30 s, ±10 % jitter),
 /// `Retry-After` capped at 60 s (clamped), [`RetryBudget::default`], no deadline,
-/// [`DefaultStrategy`], final errors wrapped in [`ResilienceError::Retry`].
+/// [`DefaultStrategy`], a final `reqwest::Error` returned as it came
+/// ([`ErrorWrapping::ExceptReqwest`]).
 ///
 /// Clones share the configuration and the budget.
 ///
@@ -59,14 +62,39 @@ pub enum RetryAfterPolicy {
 /// # Final outcome
 ///
 /// A response (successful, final, or the last retryable one) is returned unchanged. A final
-/// error is `reqwest_middleware::Error::Middleware` holding [`ResilienceError::Retry`]
-/// ([`RetryError`]: attempts, stop reason, and the last error as `source()`), because a bare
-/// `reqwest::Error` cannot say how many attempts were made or why retrying stopped, and a
-/// caller using `send()` has no other place to learn it. `is_timeout()` stays answerable
-/// through [`RetryError::is_timeout`] or [`find_reqwest_error`](super::find_reqwest_error).
-/// Callers whose code matches on `reqwest_middleware::Error::Reqwest` can keep it with
-/// [`wrap_errors(false)`](RetryMiddlewareBuilder::wrap_errors): the last error is then
-/// returned as it came, and the stop reason only goes to [`RetryOutcome`] in the extensions.
+/// error that is a `reqwest::Error` is returned as `reqwest_middleware::Error::Reqwest`,
+/// as without this middleware: `is_connect()`, `is_timeout()`, `status()` and `url()`
+/// answer as reqwest's do, so existing error handling keeps working. Any other final error
+/// (an open breaker, a pause, no token, the deadline cutting the attempt) is
+/// `reqwest_middleware::Error::Middleware` holding [`ResilienceError::Retry`]
+/// ([`RetryError`]: attempts, stop reason, the last error as `source()`);
+/// [`ResilienceError::find`] reaches the cause in both shapes.
+///
+/// How many attempts were made and why retrying stopped is always in the caller's
+/// extensions as [`RetryOutcome`] (with the whole [`AttemptHistory`]), and on a response as
+/// [`RetryOutcome`] and [`AttemptHistory::of_response`]. A bare `reqwest::Error` cannot carry
+/// it, so a `send()` caller who wants it on *every* error opts into
+/// [`ErrorWrapping::Always`] ([`error_wrapping`](RetryMiddlewareBuilder::error_wrapping),
+/// or `wrap_errors(true)`); [`ErrorWrapping::Never`] returns every error unwrapped.
+///
+/// ```no_run
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// use http::Extensions;
+/// use reqwest_resilience::retry::RetryOutcome;
+/// use reqwest_resilience::{RetryMiddleware, TransportEvidence};
+///
+/// let client = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
+///     .with(RetryMiddleware::new())
+///     .with(TransportEvidence::new())
+///     .build();
+/// let request = client.get("http://127.0.0.1:1/").build()?;
+/// let mut extensions = Extensions::new();
+/// if let Err(e) = client.execute_with_extensions(request, &mut extensions).await {
+///     let outcome = extensions.get::<RetryOutcome>();
+///     eprintln!("connect error: {}, after {:?}", e.is_connect(), outcome.map(|o| o.attempts));
+/// }
+/// # Ok(()) }
+/// ```
 ///
 /// # Cancel safety
 ///
@@ -91,7 +119,7 @@ struct Config {
     deadline: Option<Duration>,
     strategy: Arc<dyn RetryStrategy>,
     random: Arc<dyn RandomSource>,
-    wrap_errors: bool,
+    error_wrapping: ErrorWrapping,
 }
 
 /// Where backoff delays come from.
@@ -130,7 +158,7 @@ impl RetryMiddleware {
                 deadline: None,
                 strategy: Arc::new(DefaultStrategy),
                 random: Arc::new(ThreadRandom),
-                wrap_errors: true,
+                error_wrapping: ErrorWrapping::ExceptReqwest,
             },
         }
     }
@@ -157,7 +185,7 @@ impl fmt::Debug for RetryMiddleware {
             .field("retry_after_policy", &c.retry_after_policy)
             .field("budget", &c.budget)
             .field("deadline", &c.deadline)
-            .field("wrap_errors", &c.wrap_errors)
+            .field("error_wrapping", &c.error_wrapping)
             .finish_non_exhaustive()
     }
 }
@@ -240,10 +268,22 @@ impl RetryMiddlewareBuilder {
         self
     }
 
-    /// Whether a final error is wrapped in [`ResilienceError::Retry`] (default `true`) or
-    /// returned as the last attempt produced it.
+    /// Which final errors are wrapped in [`ResilienceError::Retry`] (default
+    /// [`ErrorWrapping::ExceptReqwest`]: all but a `reqwest::Error`).
+    pub fn error_wrapping(mut self, wrapping: ErrorWrapping) -> Self {
+        self.config.error_wrapping = wrapping;
+        self
+    }
+
+    /// `true`: every final error is wrapped in [`ResilienceError::Retry`]
+    /// ([`ErrorWrapping::Always`]); `false`: none is ([`ErrorWrapping::Never`]). Without
+    /// this call, all but a `reqwest::Error` are ([`ErrorWrapping::ExceptReqwest`]).
     pub fn wrap_errors(mut self, wrap: bool) -> Self {
-        self.config.wrap_errors = wrap;
+        self.config.error_wrapping = if wrap {
+            ErrorWrapping::Always
+        } else {
+            ErrorWrapping::Never
+        };
         self
     }
 
@@ -407,6 +447,9 @@ impl Middleware for RetryMiddleware {
         extensions: &mut Extensions,
         next: Next<'_>,
     ) -> reqwest_middleware::Result<Response> {
+        if let Some(m) = misconfig::check(extensions, "RetryMiddleware", Some(Layer::Retry)) {
+            return Err(misconfig::refuse(extensions, m));
+        }
         // The owner of the request clears what an earlier one left behind, a deadline
         // handed on for a request whose future was dropped included.
         let owner = scope::begin(extensions);
@@ -485,12 +528,13 @@ impl RetryMiddleware {
                             // no allocation, unlike keeping a copy of the URL.
                             let origin = Origin::cached(req.url());
                             let started = Instant::now();
-                            match tokio::time::timeout_at(
-                                d,
-                                owner.wrap(next.clone().run(req, extensions)),
-                            )
-                            .await
-                            {
+                            let key = misconfig::key(extensions);
+                            let sent = misconfig::scoped(
+                                next.clone().run(req, extensions),
+                                Layer::Retry,
+                                key,
+                            );
+                            match tokio::time::timeout_at(d, owner.wrap(sent)).await {
                                 Ok(result) => {
                                     let cut = cut_inside(&result, d);
                                     (result, cut)
@@ -503,7 +547,14 @@ impl RetryMiddleware {
                                 }
                             }
                         }
-                        None => (owner.wrap(next.clone().run(req, extensions)).await, false),
+                        None => {
+                            let key = misconfig::key(extensions);
+                            let sent = next.clone().run(req, extensions);
+                            (
+                                owner.wrap(misconfig::scoped(sent, Layer::Retry, key)).await,
+                                false,
+                            )
+                        }
                     };
 
                     let evidence = match extensions.get::<RequestEvidence>() {
@@ -512,7 +563,7 @@ impl RetryMiddleware {
                             // A response or a reqwest error without evidence means no transport
                             // step; a middleware error may just come from one inside (a token).
                             if !matches!(result, Err(reqwest_middleware::Error::Middleware(_))) {
-                                warn_no_evidence_once();
+                                misconfig::report_once(Misconfiguration::NoTransportEvidence);
                             }
                             fallback_evidence(&result, attempt)
                         }
@@ -550,7 +601,13 @@ impl RetryMiddleware {
                             )
                         }
                     };
-                    record(extensions, &step, attempt, &method);
+                    record(
+                        extensions,
+                        &step,
+                        attempt,
+                        &method,
+                        evidence.origin.as_ref(),
+                    );
 
                     let (delay, reason, next_req, withdrawal) = match (step, spare) {
                         (
@@ -623,21 +680,36 @@ fn finish(
     extensions.insert(outcome);
     match result {
         Ok(mut response) => {
+            // With it, `AttemptHistory::of_response` completes the history the transport
+            // step left on the response (its last decision is this stop).
             response.extensions_mut().insert(outcome);
             Ok(response)
         }
-        Err(e) if c.wrap_errors => Err(reqwest_middleware::Error::middleware(
+        Err(e) if c.error_wrapping.wraps(&e) => Err(reqwest_middleware::Error::middleware(
             ResilienceError::Retry(RetryError::new(attempts, stop, e)),
         )),
         Err(e) => Err(e),
     }
 }
 
-/// Writes the decision into the history and, with `tracing`, emits one event.
-fn record(extensions: &mut Extensions, step: &Step, attempt: u32, method: &http::Method) {
+/// Writes the decision into the history and the metrics and, with `tracing`, emits one
+/// event.
+fn record(
+    extensions: &mut Extensions,
+    step: &Step,
+    attempt: u32,
+    method: &http::Method,
+    origin: Option<&Origin>,
+) {
     let decision = match *step {
-        Step::Retry { delay, reason, .. } => AttemptDecision::Retry { delay, reason },
-        Step::Stop(reason) => AttemptDecision::Stop { reason },
+        Step::Retry { delay, reason, .. } => {
+            crate::metrics::retry(reason, origin);
+            AttemptDecision::Retry { delay, reason }
+        }
+        Step::Stop(reason) => {
+            crate::metrics::stop(reason, origin);
+            AttemptDecision::Stop { reason }
+        }
     };
     if let Some(history) = extensions.get_mut::<AttemptHistory>() {
         history.decide_last(decision);
@@ -694,21 +766,6 @@ fn fallback_evidence(
             e.failure = Some(kind);
             e
         }
-    }
-}
-
-fn warn_no_evidence_once() {
-    #[cfg(feature = "tracing")]
-    {
-        static WARNED: std::sync::Once = std::sync::Once::new();
-        WARNED.call_once(|| {
-            tracing::warn!(
-                target: "reqwest_resilience::retry",
-                "no RequestEvidence after an attempt: install TransportEvidence as the \
-                 innermost middleware; failures are treated as Unknown (only idempotent \
-                 requests are retried)"
-            );
-        });
     }
 }
 

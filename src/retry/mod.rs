@@ -42,7 +42,7 @@ use budget::Withdrawal;
 pub use decision::{
     AttemptContext, DefaultStrategy, RetryReason, RetryStrategy, StopReason, Verdict, is_idempotent,
 };
-pub use error::{RetryError, find_reqwest_error};
+pub use error::{ErrorWrapping, RetryError, find_reqwest_error};
 pub use middleware::{RetryAfterPolicy, RetryMiddleware, RetryMiddlewareBuilder};
 
 use std::time::Duration;

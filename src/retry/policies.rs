@@ -9,6 +9,7 @@ use retry_policies::{RetryDecision, RetryPolicy};
 use super::middleware::Delays;
 use super::{RetryMiddleware, RetryMiddlewareBuilder};
 
+#[cfg_attr(docsrs, doc(cfg(feature = "retry-policies")))]
 impl RetryMiddleware {
     /// A retry middleware whose delays and retry limit come from a `retry_policies`
     /// policy, as `reqwest_retry::RetryTransientMiddleware::new_with_policy` takes it.
@@ -39,6 +40,7 @@ impl RetryMiddleware {
     }
 }
 
+#[cfg_attr(docsrs, doc(cfg(feature = "retry-policies")))]
 impl RetryMiddlewareBuilder {
     /// Takes delays and the retry limit from a `retry_policies` policy instead of a
     /// [`Backoff`](crate::Backoff). [`max_retries`](Self::max_retries), if also set, still

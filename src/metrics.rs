@@ -1,0 +1,316 @@
+//! Metrics through the [`metrics`](https://docs.rs/metrics) facade (feature `metrics`):
+//! install any recorder (Prometheus, OpenTelemetry, StatsD exporters exist for it) and
+//! the stack reports to it. Without the feature nothing here is compiled in.
+//!
+//! Names follow OpenTelemetry's semantic conventions where one exists
+//! (`http.client.request.duration`), else `reqwest_resilience.<area>.<what>`. Labels
+//! are of bounded cardinality: `origin` is the [`Origin`] text (`scheme://host:port`,
+//! never a path or a query), reasons and states come from fixed sets.
+//!
+//! Counters are plain counts (no unit is registered for them); the histogram is in
+//! seconds (`Unit::Seconds`), as OpenTelemetry's `http.client.request.duration` is.
+//!
+//! | instrument | kind, unit | labels | when |
+//! |---|---|---|---|
+//! | `http.client.request.duration` | histogram, seconds | `http.request.method` (`GET` … or `_OTHER`), `server.address`, `server.port`, `http.response.status_code` (a response), `error.type` (the [`FailureKind`] in snake case, or the status code for a 4xx/5xx response) | each attempt that reached the transport step, from handing the request on to the response head or the failure (the body is not timed; local rejections are not requests on the wire) |
+//! | `reqwest_resilience.retry.retries` | counter | `origin`, `reason`: `not_sent`, `breaker_rejected`, `not_processed`, `transient`, `status` | each retry decided (before its backoff) |
+//! | `reqwest_resilience.retry.stops` | counter | `origin`, `reason`: `final_response`, `status_not_safe`, `permanent`, `may_have_been_processed`, `not_processed_retry_used`, `retries_exhausted`, `budget_exhausted`, `deadline_exceeded`, `retry_after_too_long`, `breaker_rejected`, `body_not_clonable`, `redirect_followed` | each logical request the retry middleware ends (a success is `final_response`) |
+//! | `reqwest_resilience.retry.budget_exhausted` | counter | `origin` | a retry the decision table allowed and the [`RetryBudget`](crate::RetryBudget) refused |
+//! | `reqwest_resilience.breaker.transitions` | counter | `origin`, `from`, `to`: `closed`, `open`, `half_open`, `isolated` | each breaker state change |
+//! | `reqwest_resilience.breaker.rejections` | counter | `origin`, `reason`: `open`, `probes_busy`, `isolated`, `paused` | each request a breaker or a pause turned away unsent |
+//! | `reqwest_resilience.breaker.pauses` | counter | `origin` | each server `Retry-After` that started or extended a pause of its origin |
+//! | `reqwest_resilience.auth.token_fetches` | counter | — | each token fetch the [`TokenManager`](crate::TokenManager) made (successful or not) |
+//! | `reqwest_resilience.auth.token_failures` | counter | `kind`: `fetch`, `timeout`, `aborted`, `invalid_secret` | each fetch that gave no usable token |
+//! | *(hedging: next)* | | | *the hedging instruments go here once hedging exists* |
+//! | *(concurrency limit: next)* | | | *limiter rejections and the current limit go here once the limiter exists* |
+//!
+//! `describe()` registers each instrument's unit and description with the recorder
+//! installed at the time (call it once after installing one); the first report does it
+//! too, for a recorder installed before it.
+//!
+//! [`Origin`]: crate::Origin
+//! [`FailureKind`]: crate::FailureKind
+
+#[cfg(feature = "metrics")]
+#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+pub use enabled::describe;
+#[cfg(feature = "metrics")]
+pub(crate) use enabled::*;
+
+#[cfg(not(feature = "metrics"))]
+pub(crate) use disabled::*;
+
+/// The method label taken when an attempt starts: the text with the feature, nothing
+/// without (so the transport step's future does not grow).
+#[derive(Clone, Copy)]
+pub(crate) struct MethodLabel(#[cfg(feature = "metrics")] &'static str);
+
+#[cfg(feature = "metrics")]
+mod enabled {
+    use std::sync::Once;
+
+    use ::metrics::{SharedString, Unit, counter, histogram};
+
+    use super::MethodLabel;
+    use crate::Origin;
+    use crate::auth::TokenErrorKind;
+    use crate::breaker::{BreakerState, RejectReason};
+    use crate::evidence::{FailureKind, RequestEvidence};
+    use crate::retry::{RetryReason, StopReason};
+
+    const DURATION: &str = "http.client.request.duration";
+    const RETRIES: &str = "reqwest_resilience.retry.retries";
+    const STOPS: &str = "reqwest_resilience.retry.stops";
+    const BUDGET: &str = "reqwest_resilience.retry.budget_exhausted";
+    const TRANSITIONS: &str = "reqwest_resilience.breaker.transitions";
+    const REJECTIONS: &str = "reqwest_resilience.breaker.rejections";
+    const PAUSES: &str = "reqwest_resilience.breaker.pauses";
+    const FETCHES: &str = "reqwest_resilience.auth.token_fetches";
+    const FAILURES: &str = "reqwest_resilience.auth.token_failures";
+
+    /// Registers every instrument's unit and description with the current recorder.
+    pub fn describe() {
+        use ::metrics::{describe_counter, describe_histogram};
+        describe_histogram!(
+            DURATION,
+            Unit::Seconds,
+            "Duration of each HTTP request attempt on the wire"
+        );
+        describe_counter!(RETRIES, "Retries decided, by reason");
+        describe_counter!(
+            STOPS,
+            "Logical requests ended by the retry middleware, by reason"
+        );
+        describe_counter!(BUDGET, "Retries refused by the retry budget");
+        describe_counter!(TRANSITIONS, "Circuit breaker state changes");
+        describe_counter!(
+            REJECTIONS,
+            "Requests turned away unsent by a breaker or a pause"
+        );
+        describe_counter!(PAUSES, "Server Retry-After pauses started or extended");
+        describe_counter!(FETCHES, "Bearer token fetches");
+        describe_counter!(FAILURES, "Bearer token fetches that gave no usable token");
+    }
+
+    fn described() {
+        static ONCE: Once = Once::new();
+        ONCE.call_once(describe);
+    }
+
+    fn origin(origin: Option<&Origin>) -> SharedString {
+        // The text is shared, not copied.
+        origin.map_or(SharedString::const_str(""), |o| {
+            SharedString::from(o.shared_text())
+        })
+    }
+
+    pub(crate) fn method_label(method: &http::Method) -> MethodLabel {
+        use http::Method;
+        MethodLabel(match *method {
+            Method::GET => "GET",
+            Method::HEAD => "HEAD",
+            Method::POST => "POST",
+            Method::PUT => "PUT",
+            Method::DELETE => "DELETE",
+            Method::CONNECT => "CONNECT",
+            Method::OPTIONS => "OPTIONS",
+            Method::TRACE => "TRACE",
+            Method::PATCH => "PATCH",
+            // OpenTelemetry's value for a method it does not know; keeps the set bounded.
+            _ => "_OTHER",
+        })
+    }
+
+    /// `server.address` and `server.port` of the origin last reported on this thread, as
+    /// shared strings: a steady stream of requests to one origin copies no text.
+    fn server_labels(origin: &Origin) -> (SharedString, SharedString) {
+        type Last = Option<(Origin, SharedString, SharedString)>;
+        thread_local! {
+            static LAST: std::cell::RefCell<Last> = const { std::cell::RefCell::new(None) };
+        }
+        let make = || {
+            let host: std::sync::Arc<str> = origin.host().into();
+            let port: std::sync::Arc<str> = origin.port().to_string().into();
+            (SharedString::from(host), SharedString::from(port))
+        };
+        LAST.try_with(|last| {
+            let mut last = last.borrow_mut();
+            match &*last {
+                Some((o, host, port)) if o == origin => (host.clone(), port.clone()),
+                _ => {
+                    let (host, port) = make();
+                    *last = Some((origin.clone(), host.clone(), port.clone()));
+                    (host, port)
+                }
+            }
+        })
+        .unwrap_or_else(|_| make())
+    }
+
+    pub(crate) fn attempt(method: MethodLabel, evidence: &RequestEvidence) {
+        use ::metrics::Label;
+        described();
+        let mut labels = Vec::with_capacity(5);
+        labels.push(Label::from_static_parts("http.request.method", method.0));
+        if let Some(origin) = &evidence.origin {
+            let (host, port) = server_labels(origin);
+            labels.push(Label::new("server.address", host));
+            labels.push(Label::new("server.port", port));
+        }
+        if let Some(status) = evidence.status() {
+            let code = status_label(status);
+            if status.is_client_error() || status.is_server_error() {
+                labels.push(Label::new("error.type", code.clone()));
+            }
+            labels.push(Label::new("http.response.status_code", code));
+        } else if let Some(kind) = evidence.failure {
+            labels.push(Label::from_static_parts("error.type", failure(kind)));
+        }
+        histogram!(DURATION, labels).record(evidence.elapsed.as_secs_f64());
+    }
+
+    pub(crate) fn retry(reason: RetryReason, at: Option<&Origin>) {
+        described();
+        let reason = match reason {
+            RetryReason::NotSent => "not_sent",
+            RetryReason::BreakerRejected => "breaker_rejected",
+            RetryReason::NotProcessed => "not_processed",
+            RetryReason::Transient => "transient",
+            RetryReason::Status(_) => "status",
+        };
+        counter!(RETRIES, "origin" => origin(at), "reason" => reason).increment(1);
+    }
+
+    pub(crate) fn stop(reason: StopReason, at: Option<&Origin>) {
+        described();
+        let label = match reason {
+            StopReason::FinalResponse(_) => "final_response",
+            StopReason::StatusNotSafe(_) => "status_not_safe",
+            StopReason::Permanent(_) => "permanent",
+            StopReason::MayHaveBeenProcessed => "may_have_been_processed",
+            StopReason::NotProcessedRetryUsed => "not_processed_retry_used",
+            StopReason::RetriesExhausted => "retries_exhausted",
+            StopReason::BudgetExhausted => "budget_exhausted",
+            StopReason::DeadlineExceeded => "deadline_exceeded",
+            StopReason::RetryAfterTooLong => "retry_after_too_long",
+            StopReason::BreakerRejected => "breaker_rejected",
+            StopReason::BodyNotClonable => "body_not_clonable",
+            StopReason::RedirectFollowed => "redirect_followed",
+        };
+        counter!(STOPS, "origin" => origin(at), "reason" => label).increment(1);
+        if reason == StopReason::BudgetExhausted {
+            counter!(BUDGET, "origin" => origin(at)).increment(1);
+        }
+    }
+
+    fn state(state: BreakerState) -> &'static str {
+        match state {
+            BreakerState::Closed => "closed",
+            BreakerState::Open => "open",
+            BreakerState::HalfOpen => "half_open",
+            BreakerState::Isolated => "isolated",
+        }
+    }
+
+    pub(crate) fn breaker_transition(at: &Origin, from: BreakerState, to: BreakerState) {
+        described();
+        counter!(TRANSITIONS, "origin" => origin(Some(at)), "from" => state(from), "to" => state(to))
+            .increment(1);
+    }
+
+    pub(crate) fn breaker_rejection(at: &Origin, reason: RejectReason) {
+        described();
+        let reason = match reason {
+            RejectReason::Open => "open",
+            RejectReason::ProbesBusy => "probes_busy",
+            RejectReason::Isolated => "isolated",
+            RejectReason::Paused => "paused",
+        };
+        counter!(REJECTIONS, "origin" => origin(Some(at)), "reason" => reason).increment(1);
+    }
+
+    pub(crate) fn pause(at: &Origin) {
+        described();
+        counter!(PAUSES, "origin" => origin(Some(at))).increment(1);
+    }
+
+    pub(crate) fn token_fetch(failure: Option<TokenErrorKind>) {
+        described();
+        counter!(FETCHES).increment(1);
+        if let Some(kind) = failure {
+            let kind = match kind {
+                TokenErrorKind::Fetch => "fetch",
+                TokenErrorKind::Timeout => "timeout",
+                TokenErrorKind::Aborted => "aborted",
+                TokenErrorKind::InvalidSecret => "invalid_secret",
+            };
+            counter!(FAILURES, "kind" => kind).increment(1);
+        }
+    }
+
+    /// The status code as a label, without a copy for the common ones.
+    fn status_label(status: http::StatusCode) -> SharedString {
+        const COMMON: [&str; 18] = [
+            "200", "201", "202", "204", "301", "302", "304", "400", "401", "403", "404", "408",
+            "409", "429", "500", "502", "503", "504",
+        ];
+        COMMON.iter().find(|c| **c == status.as_str()).map_or_else(
+            || status.as_str().to_owned().into(),
+            |c| SharedString::const_str(c),
+        )
+    }
+
+    /// The failure kind as `error.type` (snake case, a fixed set).
+    fn failure(kind: FailureKind) -> &'static str {
+        match kind {
+            FailureKind::Connect => "connect",
+            FailureKind::Dns => "dns",
+            FailureKind::Tls => "tls",
+            FailureKind::Certificate => "certificate",
+            FailureKind::ConnectPermanent => "connect_permanent",
+            FailureKind::Timeout => "timeout",
+            FailureKind::Reset => "reset",
+            FailureKind::Closed => "closed",
+            FailureKind::Protocol => "protocol",
+            FailureKind::Body => "body",
+            FailureKind::Redirect => "redirect",
+            FailureKind::Builder => "builder",
+            FailureKind::Decode => "decode",
+            FailureKind::BreakerOpen => "breaker_open",
+            FailureKind::Paused => "paused",
+            FailureKind::TokenUnavailable => "token_unavailable",
+            FailureKind::Other => "_OTHER",
+            FailureKind::Misconfigured => "misconfigured",
+        }
+    }
+}
+
+/// The same functions, doing nothing: every call compiles away.
+#[cfg(not(feature = "metrics"))]
+mod disabled {
+    use super::MethodLabel;
+    use crate::Origin;
+    use crate::auth::TokenErrorKind;
+    use crate::breaker::{BreakerState, RejectReason};
+    use crate::evidence::RequestEvidence;
+    use crate::retry::{RetryReason, StopReason};
+
+    #[inline(always)]
+    pub(crate) fn method_label(_: &http::Method) -> MethodLabel {
+        MethodLabel()
+    }
+    #[inline(always)]
+    pub(crate) fn attempt(_: MethodLabel, _: &RequestEvidence) {}
+    #[inline(always)]
+    pub(crate) fn retry(_: RetryReason, _: Option<&Origin>) {}
+    #[inline(always)]
+    pub(crate) fn stop(_: StopReason, _: Option<&Origin>) {}
+    #[inline(always)]
+    pub(crate) fn breaker_transition(_: &Origin, _: BreakerState, _: BreakerState) {}
+    #[inline(always)]
+    pub(crate) fn breaker_rejection(_: &Origin, _: RejectReason) {}
+    #[inline(always)]
+    pub(crate) fn pause(_: &Origin) {}
+    #[inline(always)]
+    pub(crate) fn token_fetch(_: Option<TokenErrorKind>) {}
+}

@@ -1,0 +1,298 @@
+//! [`Misconfiguration`]: a stack assembled so that it cannot work as intended, found on
+//! the first request because a `reqwest_middleware::ClientBuilder` cannot be inspected
+//! when it is built.
+//!
+//! | misconfiguration | how it shows |
+//! |---|---|
+//! | the stack installed twice, or one of this crate's middlewares added with `.with()` after [`TransportEvidence`](crate::TransportEvidence) | [`ResilienceError::Misconfigured`] for every request, before anything is sent ([`Misconfiguration::InsideTransportStep`]) |
+//! | a [`RetryMiddleware`](crate::RetryMiddleware) inside another (for the same request) | [`ResilienceError::Misconfigured`] for every request, before anything is sent ([`Misconfiguration::NestedRetry`]) |
+//! | a retry middleware with no [`TransportEvidence`](crate::TransportEvidence) under it | it still works (failures are `Unknown`, so only idempotent requests are retried); reported **once per process** on standard error, as a `tracing` warning with feature `tracing`, and in [`Misconfiguration::reported`] |
+//!
+//! The first two are errors because they multiply attempts (a stack inside a stack made
+//! a refused connection take 16 attempts and minutes of backoff while the history said 4)
+//! or make the evidence describe a middleware rather than the wire. Their rejection is
+//! `Transmission::NotSent` with [`FailureKind::Misconfigured`],
+//! which no retry repeats.
+//!
+//! A middleware of another crate added with `.with()` after the stack cannot be seen from
+//! inside it; [`Resilience`](crate::Resilience)'s builders return a
+//! [`StackBuilder`](crate::stack::StackBuilder), which has no `.with()`, so that mistake
+//! does not compile.
+//!
+//! Detection costs no allocation: while the retry middleware and the transport step poll
+//! the rest of a request, they note that request's extensions in a thread-local slot, and
+//! a middleware of this crate starting under them for the *same* extensions knows where
+//! it is. Another request made meanwhile (a token fetch through another resilient client)
+//! has extensions of its own and is not mistaken for a nested one.
+
+use std::cell::Cell;
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::task::{Context, Poll};
+
+use http::Extensions;
+
+use crate::ResilienceError;
+use crate::evidence::{FailureKind, record_rejected_locally};
+
+/// A stack that cannot work as intended; see the [module docs](self).
+///
+/// ```
+/// use reqwest_resilience::misconfig::Misconfiguration;
+///
+/// // At startup, after a first request: nothing was found.
+/// assert!(Misconfiguration::reported().is_empty());
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Misconfiguration {
+    /// A middleware of this crate runs inside the transport step of the same request: the
+    /// stack was installed twice, or the middleware was added with `.with()` after it.
+    InsideTransportStep {
+        /// The middleware that found itself there.
+        middleware: &'static str,
+    },
+    /// A retry middleware runs inside another retry middleware for the same request.
+    NestedRetry,
+    /// A retry middleware found no `RequestEvidence` after an attempt: no
+    /// `TransportEvidence` is installed innermost.
+    NoTransportEvidence,
+}
+
+impl fmt::Display for Misconfiguration {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Misconfiguration::InsideTransportStep { middleware } => write!(
+                f,
+                "{middleware} runs inside TransportEvidence: the stack is installed twice, or \
+                 it was added with .with() after the stack"
+            ),
+            Misconfiguration::NestedRetry => f.write_str(
+                "a RetryMiddleware runs inside another one: every retry would multiply the \
+                 attempts; install one retry middleware",
+            ),
+            Misconfiguration::NoTransportEvidence => f.write_str(
+                "no RequestEvidence after an attempt: install TransportEvidence as the \
+                 innermost middleware; failures are treated as Unknown (only idempotent \
+                 requests are retried)",
+            ),
+        }
+    }
+}
+
+impl Misconfiguration {
+    /// The misconfigurations reported once per process so far (the ones that are not
+    /// errors), in the order found.
+    pub fn reported() -> Vec<Misconfiguration> {
+        REPORTED
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    fn bit(self) -> u8 {
+        match self {
+            Misconfiguration::InsideTransportStep { .. } => 1,
+            Misconfiguration::NestedRetry => 2,
+            Misconfiguration::NoTransportEvidence => 4,
+        }
+    }
+}
+
+static REPORTED_BITS: AtomicU8 = AtomicU8::new(0);
+static REPORTED: Mutex<Vec<Misconfiguration>> = Mutex::new(Vec::new());
+
+/// Reports `m` on standard error (and `tracing`) the first time this process finds it.
+pub(crate) fn report_once(m: Misconfiguration) {
+    // The common case after the first report is one atomic load.
+    if REPORTED_BITS.load(Ordering::Relaxed) & m.bit() != 0
+        || REPORTED_BITS.fetch_or(m.bit(), Ordering::Relaxed) & m.bit() != 0
+    {
+        return;
+    }
+    REPORTED
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .push(m);
+    #[cfg(feature = "tracing")]
+    tracing::warn!(target: "reqwest_resilience::misconfig", "{m}");
+    eprintln!("reqwest-resilience: {m} (reported once per process)");
+}
+
+/// The layers that note the request they are polling.
+#[derive(Clone, Copy)]
+pub(crate) enum Layer {
+    Retry,
+    Transport,
+}
+
+/// The extensions (by address) of the request each layer is polling on this thread; 0
+/// when none.
+#[derive(Clone, Copy)]
+struct Active {
+    retry: usize,
+    transport: usize,
+}
+
+thread_local! {
+    static ACTIVE: Cell<Active> = const { Cell::new(Active { retry: 0, transport: 0 }) };
+}
+
+/// Which request a layer is polling: the address of its extensions, which every
+/// middleware of one request is handed in turn.
+#[derive(Clone, Copy)]
+pub(crate) struct Key(usize);
+
+pub(crate) fn key(extensions: &Extensions) -> Key {
+    Key(extensions as *const Extensions as usize)
+}
+
+fn active() -> Active {
+    ACTIVE.try_with(Cell::get).unwrap_or(Active {
+        retry: 0,
+        transport: 0,
+    })
+}
+
+/// What is wrong with `middleware` starting here for the request of `extensions`, if
+/// anything.
+pub(crate) fn check(
+    extensions: &Extensions,
+    middleware: &'static str,
+    layer: Option<Layer>,
+) -> Option<Misconfiguration> {
+    let active = active();
+    let key = key(extensions).0;
+    if active.transport == key {
+        Some(Misconfiguration::InsideTransportStep { middleware })
+    } else if matches!(layer, Some(Layer::Retry)) && active.retry == key {
+        Some(Misconfiguration::NestedRetry)
+    } else {
+        None
+    }
+}
+
+/// The error for a misconfiguration found before the request was sent, with its
+/// `NotSent` evidence left where the middlewares outside look.
+pub(crate) fn refuse(
+    extensions: &mut Extensions,
+    m: Misconfiguration,
+) -> reqwest_middleware::Error {
+    record_rejected_locally(extensions, FailureKind::Misconfigured, None, None);
+    reqwest_middleware::Error::middleware(ResilienceError::Misconfigured(m))
+}
+
+/// Polls `inner` with `layer` noting the request of `key` as its own.
+pub(crate) fn scoped<F: Future + Unpin>(inner: F, layer: Layer, key: Key) -> Scoped<F> {
+    Scoped {
+        inner,
+        layer,
+        key: key.0,
+    }
+}
+
+pub(crate) struct Scoped<F> {
+    inner: F,
+    layer: Layer,
+    key: usize,
+}
+
+/// Puts the slot back as it was, also when the inner future panics.
+struct Restore(Active);
+
+impl Drop for Restore {
+    fn drop(&mut self) {
+        let _ = ACTIVE.try_with(|a| a.set(self.0));
+    }
+}
+
+impl<F: Future + Unpin> Future for Scoped<F> {
+    type Output = F::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let this = self.get_mut();
+        let previous = active();
+        let mut now = previous;
+        match this.layer {
+            Layer::Retry => now.retry = this.key,
+            Layer::Transport => now.transport = this.key,
+        }
+        let _ = ACTIVE.try_with(|a| a.set(now));
+        let _restore = Restore(previous);
+        Pin::new(&mut this.inner).poll(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Polls `check` from inside a scope, as a middleware starting under a layer would.
+    struct Probe<'a> {
+        extensions: &'a Extensions,
+        layer: Option<Layer>,
+    }
+
+    impl Future for Probe<'_> {
+        type Output = Option<Misconfiguration>;
+        fn poll(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<Self::Output> {
+            Poll::Ready(check(self.extensions, "Probe", self.layer))
+        }
+    }
+
+    fn poll_once<F: Future + Unpin>(mut f: F) -> F::Output {
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        match Pin::new(&mut f).poll(&mut cx) {
+            Poll::Ready(v) => v,
+            Poll::Pending => unreachable!("the probe is ready at once"),
+        }
+    }
+
+    #[test]
+    fn only_the_same_requests_extensions_under_a_layer_are_misplaced() {
+        let (ours, other) = (Extensions::new(), Extensions::new());
+        let probe = |extensions, layer| Probe { extensions, layer };
+        // Under a transport step: any middleware of the same request is inside it.
+        let under_transport = |inner| scoped(inner, Layer::Transport, key(&ours));
+        assert_eq!(
+            poll_once(under_transport(probe(&ours, None))),
+            Some(Misconfiguration::InsideTransportStep {
+                middleware: "Probe"
+            })
+        );
+        // Another request polled meanwhile is not.
+        assert_eq!(
+            poll_once(under_transport(probe(&other, Some(Layer::Retry)))),
+            None
+        );
+        // Under a retry: only another retry is misplaced.
+        let under_retry = |inner| scoped(inner, Layer::Retry, key(&ours));
+        assert_eq!(poll_once(under_retry(probe(&ours, None))), None);
+        assert_eq!(
+            poll_once(under_retry(probe(&ours, Some(Layer::Retry)))),
+            Some(Misconfiguration::NestedRetry)
+        );
+        // The slot is put back after each poll.
+        assert_eq!(check(&ours, "Probe", Some(Layer::Retry)), None);
+    }
+
+    #[test]
+    fn a_panic_inside_a_scope_puts_the_slot_back() {
+        let ours = Extensions::new();
+        struct Panics;
+        impl Future for Panics {
+            type Output = ();
+            fn poll(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<()> {
+                panic!("inside the scope")
+            }
+        }
+        let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            poll_once(scoped(Panics, Layer::Transport, key(&ours)))
+        }));
+        assert!(caught.is_err());
+        assert_eq!(check(&ours, "Probe", None), None);
+    }
+}

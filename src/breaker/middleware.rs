@@ -268,7 +268,7 @@ impl Middleware for CircuitBreakerMiddleware {
         next: Next<'_>,
     ) -> reqwest_middleware::Result<Response> {
         if let Some(m) = crate::misconfig::check(extensions, "CircuitBreakerMiddleware", None) {
-            return Err(crate::misconfig::refuse(extensions, m));
+            return Err(crate::misconfig::refuse(extensions, m, req.url()));
         }
         // A "retry in" from an earlier attempt must not be read as this one's.
         extensions.remove::<RetryIn>();

@@ -63,7 +63,7 @@ impl Middleware for TransportEvidence {
         next: Next<'_>,
     ) -> reqwest_middleware::Result<Response> {
         if let Some(m) = crate::misconfig::check(extensions, "TransportEvidence", None) {
-            return Err(crate::misconfig::refuse(extensions, m));
+            return Err(crate::misconfig::refuse(extensions, m, req.url()));
         }
         let (origin, attempt, started, method, sent) = hand_on(req, extensions, next);
         let result = sent.await;

@@ -444,7 +444,7 @@ impl Middleware for RetryMiddleware {
         next: Next<'_>,
     ) -> reqwest_middleware::Result<Response> {
         if let Some(m) = misconfig::check(extensions, "RetryMiddleware", Some(Layer::Retry)) {
-            return Err(misconfig::refuse(extensions, m));
+            return Err(misconfig::refuse(extensions, m, req.url()));
         }
         // A deadline handed on for an earlier request whose future was dropped (before the
         // removal below) is still in the caller's extensions; it is not this request's.

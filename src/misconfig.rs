@@ -180,8 +180,10 @@ pub(crate) fn check(
 pub(crate) fn refuse(
     extensions: &mut Extensions,
     m: Misconfiguration,
+    url: &reqwest::Url,
 ) -> reqwest_middleware::Error {
-    record_rejected_locally(extensions, FailureKind::Misconfigured, None, None);
+    let origin = crate::Origin::cached(url);
+    record_rejected_locally(extensions, FailureKind::Misconfigured, origin, None);
     reqwest_middleware::Error::middleware(ResilienceError::Misconfigured(m))
 }
 

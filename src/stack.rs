@@ -618,6 +618,29 @@ impl StackBuilder {
     /// The underlying `ClientBuilder`, whose `.with()` adds middleware *inside* the
     /// transport step: only for a stand-in for the network (a test double, a recorded
     /// answer), whose responses the evidence then describes.
+    ///
+    /// ```
+    /// struct Canned; // answers every request itself
+    ///
+    /// #[reqwest_resilience::async_trait]
+    /// impl reqwest_middleware::Middleware for Canned {
+    ///     async fn handle(&self, _: reqwest::Request, _: &mut http::Extensions,
+    ///         _: reqwest_middleware::Next<'_>) -> reqwest_middleware::Result<reqwest::Response> {
+    ///         Ok(http::Response::new("canned").into())
+    ///     }
+    /// }
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let client = reqwest_resilience::Resilience::new()
+    ///     .client_builder(reqwest::Client::new())?
+    ///     .inside_transport_step()
+    ///     .with(Canned)
+    ///     .build();
+    /// let response = client.get("http://example.invalid/").send().await?;
+    /// assert_eq!(response.text().await?, "canned");
+    /// # Ok(()) }
+    /// ```
     pub fn inside_transport_step(self) -> ClientBuilder {
         self.builder
     }

@@ -442,6 +442,12 @@ async fn the_stack_installed_twice_is_refused_on_the_first_request_before_anythi
         [(Transmission::NotSent, Some(FailureKind::Misconfigured))]
     );
     assert_eq!(
+        ext.get::<AttemptHistory>().unwrap().attempts()[0]
+            .evidence
+            .origin,
+        Some(Origin::parse(&server.url("/")).unwrap())
+    );
+    assert_eq!(
         (outcome(&ext).attempts, outcome(&ext).stop),
         (1, StopReason::Permanent(FailureKind::Misconfigured))
     );

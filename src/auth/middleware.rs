@@ -321,7 +321,7 @@ impl Middleware for BearerAuth {
         next: Next<'_>,
     ) -> reqwest_middleware::Result<Response> {
         if let Some(m) = crate::misconfig::check(extensions, "BearerAuth", None) {
-            return Err(crate::misconfig::refuse(extensions, m));
+            return Err(crate::misconfig::refuse(extensions, m, req.url()));
         }
         let owner = crate::scope::begin(extensions);
         if req.headers().contains_key(header::AUTHORIZATION) || !self.covers(req.url()) {

@@ -278,7 +278,7 @@ impl Middleware for CircuitBreakerMiddleware {
         next: Next<'_>,
     ) -> reqwest_middleware::Result<Response> {
         if let Some(m) = crate::misconfig::check(extensions, "CircuitBreakerMiddleware", None) {
-            return Err(crate::misconfig::refuse(extensions, m));
+            return Err(crate::misconfig::refuse(extensions, m, req.url()));
         }
         let owner = crate::scope::begin(extensions);
         // A "retry in" from an earlier attempt must not be read as this one's.

@@ -89,7 +89,7 @@ impl Middleware for TransportEvidence {
         next: Next<'_>,
     ) -> reqwest_middleware::Result<Response> {
         if let Some(m) = crate::misconfig::check(extensions, "TransportEvidence", None) {
-            return Err(crate::misconfig::refuse(extensions, m));
+            return Err(crate::misconfig::refuse(extensions, m, req.url()));
         }
         // Nothing of this crate runs inside the transport step, so as the owner (used
         // alone) it only clears what an earlier request left behind.

@@ -448,7 +448,7 @@ impl Middleware for RetryMiddleware {
         next: Next<'_>,
     ) -> reqwest_middleware::Result<Response> {
         if let Some(m) = misconfig::check(extensions, "RetryMiddleware", Some(Layer::Retry)) {
-            return Err(misconfig::refuse(extensions, m));
+            return Err(misconfig::refuse(extensions, m, req.url()));
         }
         // The owner of the request clears what an earlier one left behind, a deadline
         // handed on for a request whose future was dropped included.

@@ -79,7 +79,11 @@ const ROWS: &[Row] = &[
     Row {
         name: "`Resilience::new()`",
         stacking: Stacking::Layers(|client, _| {
-            Resilience::new().client_builder(client).expect("stack")
+            Resilience::new()
+                .client_builder(client)
+                .expect("stack")
+                // The no-I/O mode adds `Answer200` innermost, a test double for the wire.
+                .inside_transport_step()
         }),
     },
     Row {
@@ -89,6 +93,7 @@ const ROWS: &[Row] = &[
                 .bearer(bearer(url))
                 .client_builder(client)
                 .expect("stack")
+                .inside_transport_step()
         }),
     },
     Row {
@@ -99,6 +104,7 @@ const ROWS: &[Row] = &[
                 .per_attempt(Passthrough)
                 .client_builder(client)
                 .expect("stack")
+                .inside_transport_step()
         }),
     },
     Row {

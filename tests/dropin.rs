@@ -15,6 +15,7 @@ use http::Extensions;
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware, Middleware, Next};
 use reqwest_resilience::breaker::{BreakerConfig, BreakerRegistry, BreakerState, TripPolicy};
 use reqwest_resilience::misconfig::Misconfiguration;
+use reqwest_resilience::redirect::{self, ClientRedirects};
 use reqwest_resilience::retry::{ErrorWrapping, RetryError, RetryOutcome, StopReason};
 use reqwest_resilience::{
     AccessToken, AttemptDecision, AttemptHistory, Backoff, BearerAuth, CircuitBreakerMiddleware,
@@ -30,6 +31,16 @@ fn reqwest_client() -> reqwest::Client {
     reqwest::Client::builder()
         .no_proxy()
         .pool_idle_timeout(None)
+        .build()
+        .unwrap()
+}
+
+/// A client whose redirects the stack sees, so a refused connect is proven unsent.
+fn recorded_client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .no_proxy()
+        .pool_idle_timeout(None)
+        .redirect(redirect::recorded(reqwest::redirect::Policy::default()))
         .build()
         .unwrap()
 }
@@ -85,7 +96,11 @@ fn chain<'a>(err: &'a (dyn StdError + 'static)) -> Vec<&'a (dyn StdError + 'stat
 
 #[tokio::test(start_paused = true)]
 async fn through_resilience_new_a_refused_connection_answers_is_connect_and_url_as_reqwest_does() {
-    let client = exact().build(reqwest_client()).unwrap();
+    // A recorded client: the refused POST is proven unsent, so it is retried.
+    let client = exact()
+        .client_redirects(ClientRedirects::Recorded)
+        .build(recorded_client())
+        .unwrap();
     let url = format!("http://127.0.0.1:{}/items", refused_port());
     let (result, ext, took) = execute(&client, client.post(&url).body("x")).await;
     let err = result.unwrap_err();

@@ -41,6 +41,17 @@ pub enum ResilienceError {
     /// The retry middleware stopped after a failed attempt: how many attempts, why it
     /// stopped, and the last error as `source()` (see [`RetryError`](crate::retry::RetryError)).
     Retry(crate::retry::RetryError),
+    /// The origin's concurrency limit turned the request away (at once, or after its wait
+    /// in the queue ended without a permit); it was not sent (`Transmission::NotSent`).
+    /// See [`limit`](crate::limit).
+    ConcurrencyLimited {
+        /// The origin whose limit was reached.
+        origin: crate::Origin,
+        /// The limit at the rejection.
+        limit: u32,
+        /// The attempts in flight to the origin at the rejection.
+        in_flight: u32,
+    },
 }
 
 impl fmt::Display for ResilienceError {
@@ -65,6 +76,15 @@ impl fmt::Display for ResilienceError {
                 "{origin} is paused by the server's Retry-After: not sent, retry in {retry_in:?}"
             ),
             ResilienceError::Retry(e) => fmt::Display::fmt(e, f),
+            ResilienceError::ConcurrencyLimited {
+                origin,
+                limit,
+                in_flight,
+            } => write!(
+                f,
+                "concurrency limit for {origin} reached ({in_flight} in flight, limit \
+                 {limit}): not sent"
+            ),
         }
     }
 }

@@ -125,6 +125,7 @@ pub mod backoff;
 pub mod breaker;
 pub mod error;
 pub mod evidence;
+pub mod limit;
 pub mod origin;
 pub mod retry;
 pub mod retry_after;

@@ -49,7 +49,7 @@ impl Bytes<'_> {
     }
 }
 
-const KINDS: [FailureKind; 17] = [
+const KINDS: [FailureKind; 18] = [
     FailureKind::Connect,
     FailureKind::Dns,
     FailureKind::Tls,
@@ -66,6 +66,7 @@ const KINDS: [FailureKind; 17] = [
     FailureKind::BreakerOpen,
     FailureKind::Paused,
     FailureKind::TokenUnavailable,
+    FailureKind::ConcurrencyLimited,
     FailureKind::Other,
 ];
 

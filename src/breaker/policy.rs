@@ -313,6 +313,7 @@ impl AttemptClassifier for DefaultClassifier {
                     FailureKind::BreakerOpen
                     | FailureKind::Paused
                     | FailureKind::TokenUnavailable
+                    | FailureKind::ConcurrencyLimited
                     | FailureKind::Builder
                     | FailureKind::Redirect
                     | FailureKind::Decode,
@@ -391,6 +392,7 @@ mod tests {
             (FailureKind::BreakerOpen, Outcome::Neutral),
             (FailureKind::Paused, Outcome::Neutral),
             (FailureKind::TokenUnavailable, Outcome::Neutral),
+            (FailureKind::ConcurrencyLimited, Outcome::Neutral),
             (FailureKind::Builder, Outcome::Neutral),
         ] {
             let mut e = RequestEvidence::new(Transmission::Unknown, None, 1);

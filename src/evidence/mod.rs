@@ -94,6 +94,10 @@ pub enum FailureKind {
     /// gave a token no header can carry), so the request was not sent: always with
     /// [`Transmission::NotSent`]. Says nothing about the origin.
     TokenUnavailable,
+    /// The origin's concurrency limit ([`ConcurrencyLimit`](crate::limit::ConcurrencyLimit))
+    /// rejected the request locally: always with [`Transmission::NotSent`]. Says nothing
+    /// about the origin's health.
+    ConcurrencyLimited,
     /// A failure this crate does not recognise.
     Other,
 }

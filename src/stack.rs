@@ -2,7 +2,7 @@
 //! one builder (the analogue of Polly's `AddStandardResilienceHandler`).
 //!
 //! ```text
-//! [your outer middleware] → Retry → CircuitBreaker → BearerAuth → [per_attempt] → TransportEvidence → reqwest::Client
+//! [your outer middleware] → Retry → CircuitBreaker → [ConcurrencyLimit] → BearerAuth → [per_attempt] → TransportEvidence → reqwest::Client
 //! ```
 //!
 //! - **Retry outermost**: every attempt passes through the breaker, gets a fresh token
@@ -41,6 +41,7 @@ use reqwest_middleware::{ClientBuilder, ClientWithMiddleware, Middleware, Next};
 
 use crate::breaker::{BreakerConfig, BreakerEvent, BreakerRegistry, CircuitBreakerMiddleware};
 use crate::evidence::{AttemptDecision, AttemptHistory, RequestEvidence, TransportEvidence};
+use crate::limit::{LimitChoice, LimiterConfig, LimiterRegistry};
 use crate::retry::RetryAfterPolicy;
 use crate::{Backoff, BearerAuth, ResilienceError, RetryBudget, RetryMiddleware};
 
@@ -167,6 +168,7 @@ impl RetrySettings {
 /// | breaker | a new [`BreakerRegistry`] per built stack: open after 5 consecutive failures, 30 s open, 1 half-open probe, server pauses up to 60 s waited out |
 /// | bearer | none (it needs your [`TokenManager`](crate::TokenManager)) |
 /// | transport | [`TransportEvidence`], always |
+/// | concurrency limit | off ([`concurrency_limit`](Self::concurrency_limit) turns it on) |
 /// | hooks | none |
 ///
 /// Each part can be replaced by a prebuilt one ([`retry`](Self::retry),
@@ -211,6 +213,7 @@ pub struct Resilience {
     per_attempt: Vec<Arc<dyn Middleware>>,
     on_attempt: Option<AttemptHook>,
     on_breaker_transition: Option<TransitionHook>,
+    concurrency_limit: Option<LimitChoice>,
 }
 
 impl Default for Resilience {
@@ -244,6 +247,7 @@ impl fmt::Debug for Resilience {
                 "on_breaker_transition",
                 &self.on_breaker_transition.is_some(),
             )
+            .field("concurrency_limit", &self.concurrency_limit.is_some())
             .finish()
     }
 }
@@ -259,6 +263,7 @@ impl Resilience {
             per_attempt: Vec::new(),
             on_attempt: None,
             on_breaker_transition: None,
+            concurrency_limit: None,
         }
     }
 
@@ -384,6 +389,33 @@ impl Resilience {
         self
     }
 
+    /// Turns on a per-origin concurrency limit (off by default), in a new
+    /// [`LimiterRegistry`] with this configuration (checked at build time), between the
+    /// breaker and `BearerAuth`: an open breaker rejects before a permit is taken, and
+    /// every retry takes a permit of its own. See [`limit`](crate::limit).
+    ///
+    /// ```
+    /// use reqwest_resilience::Resilience;
+    /// use reqwest_resilience::limit::LimiterConfig;
+    ///
+    /// # fn main() -> Result<(), reqwest_resilience::ResilienceError> {
+    /// let client = Resilience::new()
+    ///     .concurrency_limit(LimiterConfig::default()) // adaptive, fail fast
+    ///     .build(reqwest::Client::new())?;
+    /// # drop(client); Ok(()) }
+    /// ```
+    pub fn concurrency_limit(mut self, config: LimiterConfig) -> Self {
+        self.concurrency_limit = Some(LimitChoice::Config(config));
+        self
+    }
+
+    /// Like [`concurrency_limit`](Self::concurrency_limit), with a shared registry:
+    /// clients built with clones of one registry share their limits.
+    pub fn concurrency_limiter(mut self, registry: LimiterRegistry) -> Self {
+        self.concurrency_limit = Some(LimitChoice::Registry(registry));
+        self
+    }
+
     /// Builds the client: `reqwest::Client` wrapped in the stack.
     ///
     /// # Errors
@@ -422,6 +454,7 @@ impl Resilience {
     pub fn install(self, builder: ClientBuilder) -> Result<ClientBuilder, ResilienceError> {
         let retry = self.build_retry()?;
         let breaker = build_breaker(self.breaker, self.on_breaker_transition)?;
+        let limit = self.concurrency_limit.map(LimitChoice::build).transpose()?;
 
         let mut builder = builder;
         if let Some(observer) = RequestObserver::new(self.on_attempt) {
@@ -432,6 +465,9 @@ impl Resilience {
         }
         if let Some(breaker) = breaker {
             builder = builder.with(breaker);
+        }
+        if let Some(limit) = limit {
+            builder = builder.with(limit);
         }
         if let Some(bearer) = self.bearer {
             builder = builder.with(bearer);

@@ -79,6 +79,21 @@ impl ConcurrencyLimit {
     }
 }
 
+/// How [`Resilience`](crate::Resilience) was asked for a limit.
+pub(crate) enum LimitChoice {
+    Config(super::LimiterConfig),
+    Registry(LimiterRegistry),
+}
+
+impl LimitChoice {
+    pub(crate) fn build(self) -> Result<ConcurrencyLimit, ResilienceError> {
+        Ok(ConcurrencyLimit::new(match self {
+            LimitChoice::Config(config) => LimiterRegistry::new(config)?,
+            LimitChoice::Registry(registry) => registry,
+        }))
+    }
+}
+
 /// Leaves the rejection's `NotSent` evidence and builds its error.
 fn rejected(rejection: LimitRejection, extensions: &mut Extensions) -> reqwest_middleware::Error {
     record_rejected_locally(

@@ -78,6 +78,7 @@ use std::time::Duration;
 
 pub use config::{LimitPolicy, LimiterConfig};
 pub use gradient::{AdaptiveLimit, Gradient, Sample};
+pub(crate) use middleware::LimitChoice;
 pub use middleware::ConcurrencyLimit;
 pub use registry::{LimitPermit, LimitRejection, LimitSnapshot, LimiterRegistry};
 

@@ -678,3 +678,147 @@ fn read<T>(l: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
 fn write<T>(l: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
     l.write().unwrap_or_else(PoisonError::into_inner)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limit::Gradient;
+
+    const MS: Duration = Duration::from_millis(1);
+
+    fn origin(i: usize) -> Origin {
+        Origin::parse(&format!("http://h{i}.example:8080")).unwrap()
+    }
+
+    fn queued(n: u32, max_queue: usize, timeout: Duration) -> LimiterRegistry {
+        LimiterRegistry::new(LimiterConfig::fixed(n).queue(max_queue, timeout)).unwrap()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn waiters_get_permits_first_come_first_served_and_a_full_queue_rejects() {
+        let r = queued(1, 2, 10 * MS);
+        let o = origin(1);
+        let first = r.try_acquire(&o).unwrap();
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let mut tasks = Vec::new();
+        for i in 0..2 {
+            let (r, o, order) = (r.clone(), o.clone(), order.clone());
+            tasks.push(tokio::spawn(async move {
+                let permit = r.acquire(&o, None).await.unwrap();
+                order.lock().unwrap().push(i);
+                tokio::time::sleep(MS).await;
+                permit.record(Sample::Ignored);
+            }));
+            // Let it join the queue before the next.
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(r.get(&o).unwrap().queued, 2);
+        let full = r.acquire(&o, None).await.unwrap_err();
+        assert_eq!((full.limit, full.in_flight), (1, 1));
+        first.record(Sample::Ignored);
+        for t in tasks {
+            t.await.unwrap();
+        }
+        assert_eq!(*order.lock().unwrap(), [0, 1]);
+        let s = r.get(&o).unwrap();
+        assert_eq!((s.in_flight, s.queued, s.rejections), (0, 0, 1));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_wait_ends_at_the_queue_timeout_or_the_deadline_whichever_is_first() {
+        let r = queued(1, 4, 10 * MS);
+        let o = origin(2);
+        let _held = r.try_acquire(&o).unwrap();
+        let t0 = Instant::now();
+        assert!(r.acquire(&o, None).await.is_err());
+        assert_eq!(t0.elapsed(), 10 * MS);
+        let t0 = Instant::now();
+        assert!(r.acquire(&o, Some(t0 + 3 * MS)).await.is_err());
+        assert_eq!(t0.elapsed(), 3 * MS);
+        let s = r.get(&o).unwrap();
+        assert_eq!((s.in_flight, s.queued, s.rejections), (1, 0, 2));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_dropped_waiter_leaves_the_queue_and_a_permit_granted_to_it_is_passed_on() {
+        let r = queued(1, 4, Duration::from_secs(10));
+        let o = origin(3);
+        let held = r.try_acquire(&o).unwrap();
+        // Dropped while queued: it leaves.
+        let waiting = tokio::spawn({
+            let (r, o) = (r.clone(), o.clone());
+            async move { r.acquire(&o, None).await.map(drop) }
+        });
+        tokio::task::yield_now().await;
+        assert_eq!(r.get(&o).unwrap().queued, 1);
+        waiting.abort();
+        let _ = waiting.await;
+        assert_eq!(r.get(&o).unwrap().queued, 0);
+        // Granted, then dropped before it ran: the permit goes to the next waiter.
+        let Admission::Queued(first) = r.admit(&o, None, true) else {
+            panic!("queued")
+        };
+        let Admission::Queued(mut second) = r.admit(&o, None, true) else {
+            panic!("queued")
+        };
+        held.record(Sample::Ignored);
+        assert_eq!(r.get(&o).unwrap().in_flight, 1, "granted to the first");
+        drop(first);
+        let s = r.get(&o).unwrap();
+        assert_eq!((s.in_flight, s.queued), (1, 0), "passed on to the second");
+        assert_eq!((&mut second.grant).await, Ok(1));
+        let entry = second.disarm();
+        LimitPermit::new(entry, 1, None).record(Sample::Ignored);
+        assert_eq!(r.get(&o).unwrap().in_flight, 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_permit_dropped_at_its_deadline_is_a_timeout_and_before_it_nothing() {
+        let g = Gradient::default()
+            .min_limit(1)
+            .initial_limit(10)
+            .min_window_samples(1);
+        let r = LimiterRegistry::new(LimiterConfig::adaptive(g)).unwrap();
+        let o = origin(4);
+        let deadline = Instant::now() + 5 * MS;
+        // Dropped before the deadline: the caller gave up, the limit learns nothing.
+        for _ in 0..10 {
+            drop(r.acquire(&o, Some(deadline)).await.unwrap());
+        }
+        assert_eq!(r.get(&o).unwrap().limit, 10);
+        // Cut at the deadline: ten overload signals, one window of ten, one cut.
+        let mut cut = Vec::new();
+        for _ in 0..10 {
+            cut.push(r.acquire(&o, Some(deadline)).await.unwrap());
+        }
+        tokio::time::sleep_until(deadline).await;
+        drop(cut);
+        assert_eq!(r.get(&o).unwrap().limit, 9);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_registry_keeps_its_bound_and_busy_origins_share_the_overflow_limit() {
+        let r = LimiterRegistry::new(LimiterConfig::fixed(1).max_origins(4)).unwrap();
+        let busy = r.try_acquire(&origin(0)).unwrap();
+        for i in 1..100 {
+            r.try_acquire(&origin(i)).unwrap().record(Sample::Ignored);
+            assert!(r.len() <= 4);
+        }
+        assert_eq!(r.len(), 4);
+        assert_eq!(r.overflowed(), 0);
+        assert_eq!(r.get(&origin(0)).unwrap().in_flight, 1, "a busy origin is kept");
+        assert!(r.get(&origin(99)).is_some() && r.get(&origin(1)).is_none());
+        let held: Vec<_> = (97..100).map(|i| r.try_acquire(&origin(i)).unwrap()).collect();
+        // Every tracked origin is busy: new ones share one overflow limit of 1.
+        let over = r.try_acquire(&origin(500)).unwrap();
+        let rejected = r.try_acquire(&origin(501)).unwrap_err();
+        assert_eq!(
+            (rejected.origin, rejected.limit, rejected.in_flight),
+            (origin(501), 1, 1)
+        );
+        assert_eq!((r.len(), r.overflowed()), (4, 2));
+        drop((busy, held, over));
+        assert!(r.try_acquire(&origin(501)).is_ok());
+        assert!(r.get(&origin(501)).is_some());
+    }
+}

@@ -78,8 +78,8 @@ use std::time::Duration;
 
 pub use config::{LimitPolicy, LimiterConfig};
 pub use gradient::{AdaptiveLimit, Gradient, Sample};
-pub(crate) use middleware::LimitChoice;
 pub use middleware::ConcurrencyLimit;
+pub(crate) use middleware::LimitChoice;
 pub use registry::{LimitPermit, LimitRejection, LimitSnapshot, LimiterRegistry};
 
 /// Instants are added to configured durations; a year keeps every sum far inside the

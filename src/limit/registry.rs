@@ -806,9 +806,15 @@ mod tests {
         }
         assert_eq!(r.len(), 4);
         assert_eq!(r.overflowed(), 0);
-        assert_eq!(r.get(&origin(0)).unwrap().in_flight, 1, "a busy origin is kept");
+        assert_eq!(
+            r.get(&origin(0)).unwrap().in_flight,
+            1,
+            "a busy origin is kept"
+        );
         assert!(r.get(&origin(99)).is_some() && r.get(&origin(1)).is_none());
-        let held: Vec<_> = (97..100).map(|i| r.try_acquire(&origin(i)).unwrap()).collect();
+        let held: Vec<_> = (97..100)
+            .map(|i| r.try_acquire(&origin(i)).unwrap())
+            .collect();
         // Every tracked origin is busy: new ones share one overflow limit of 1.
         let over = r.try_acquire(&origin(500)).unwrap();
         let rejected = r.try_acquire(&origin(501)).unwrap_err();

@@ -297,7 +297,10 @@ async fn request(
     };
     let attempt = async {
         let response = client.execute_with_extensions(req, &mut extensions).await?;
-        response.bytes().await.map_err(reqwest_middleware::Error::from)
+        response
+            .bytes()
+            .await
+            .map_err(reqwest_middleware::Error::from)
     };
     match tokio::time::timeout_at(deadline, attempt).await {
         Ok(Ok(_)) => Outcome::Answered(started.elapsed()),

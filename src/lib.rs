@@ -40,6 +40,8 @@
 //!   anything interprets it.
 //!
 //! [`Resilience`] installs them in this order; each also works alone (see each module).
+//! An optional per-origin concurrency limit ([`limit`]) goes between the breaker and
+//! [`BearerAuth`] ([`Resilience::concurrency_limit`]).
 //! Your own middleware goes around the stack ([`Resilience::install`]) or per attempt
 //! ([`Resilience::per_attempt`]); see [`stack`].
 //!
@@ -98,6 +100,7 @@
 //! | [`backoff`] | [`Backoff`] and [`Jitter`]: the delays between attempts |
 //! | [`retry_after`] | `Retry-After` parsing |
 //! | [`breaker`] | [`CircuitBreakerMiddleware`], [`BreakerRegistry`], [`BreakerConfig`], trip policies |
+//! | [`limit`] | [`ConcurrencyLimit`](limit::ConcurrencyLimit): per-origin concurrency limits, fixed or adaptive (off by default) |
 //! | [`auth`] | [`BearerAuth`], [`TokenManager`], [`TokenSource`], [`AccessToken`] |
 //! | [`evidence`] | [`TransportEvidence`], [`RequestEvidence`], [`Transmission`], [`AttemptHistory`] |
 //! | [`origin`] | [`Origin`]: the `scheme://host:port` key |

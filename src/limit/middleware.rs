@@ -6,7 +6,6 @@ use std::time::Duration;
 use http::{Extensions, StatusCode};
 use reqwest::{Request, Response};
 use reqwest_middleware::{Middleware, Next};
-use tokio::time::Instant;
 
 use super::gradient::Sample;
 use super::registry::{Admission, LimitRejection, LimiterRegistry};
@@ -158,12 +157,12 @@ impl Middleware for ConcurrencyLimit {
         // Evidence left by an earlier attempt would otherwise be read as this one's when
         // no transport step runs inside.
         extensions.remove::<RequestEvidence>();
-        let started = Instant::now();
         let result = next.run(req, extensions).await;
+        let elapsed = permit.admitted_at().elapsed();
         permit.record(sample_of(
             extensions.get::<RequestEvidence>(),
             &result,
-            started.elapsed(),
+            elapsed,
         ));
         result
     }

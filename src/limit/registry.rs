@@ -368,9 +368,11 @@ impl LimiterRegistry {
     ) -> Admission {
         let entry = self.entry(origin);
         let config = &self.inner.config;
+        // One clock read for the entry's last use and the permit's admission.
+        let now = Instant::now();
         let (admission, in_flight) = {
             let mut st = lock(&entry.state);
-            st.last_used = Instant::now();
+            st.last_used = now;
             let limit = st.limit.get();
             if st.in_flight < limit && st.waiters.is_empty() {
                 st.in_flight += 1;
@@ -394,7 +396,7 @@ impl LimiterRegistry {
         match admission {
             Ok(admitted_with) => {
                 entry.observe(None, in_flight);
-                Admission::Admitted(LimitPermit::new(entry, admitted_with, deadline))
+                Admission::Admitted(LimitPermit::new(entry, admitted_with, deadline, now))
             }
             Err(limit) => Admission::Rejected(rejection(&entry, origin, limit, in_flight)),
         }
@@ -422,7 +424,12 @@ impl LimiterRegistry {
             Some(admitted_with) => {
                 let in_flight = lock(&entry.state).in_flight;
                 entry.observe(None, in_flight);
-                Ok(LimitPermit::new(entry, admitted_with, deadline))
+                Ok(LimitPermit::new(
+                    entry,
+                    admitted_with,
+                    deadline,
+                    Instant::now(),
+                ))
             }
             None => {
                 let (limit, in_flight) = {
@@ -621,12 +628,17 @@ impl fmt::Debug for LimitPermit {
 }
 
 impl LimitPermit {
-    fn new(entry: Arc<Entry>, admitted_with: u32, deadline: Option<Instant>) -> Self {
+    fn new(
+        entry: Arc<Entry>,
+        admitted_with: u32,
+        deadline: Option<Instant>,
+        admitted_at: Instant,
+    ) -> Self {
         LimitPermit {
             entry,
             admitted_with,
             deadline,
-            admitted_at: Instant::now(),
+            admitted_at,
             armed: true,
         }
     }
@@ -768,7 +780,7 @@ mod tests {
         assert_eq!((s.in_flight, s.queued), (1, 0), "passed on to the second");
         assert_eq!((&mut second.grant).await, Ok(1));
         let entry = second.disarm();
-        LimitPermit::new(entry, 1, None).record(Sample::Ignored);
+        LimitPermit::new(entry, 1, None, Instant::now()).record(Sample::Ignored);
         assert_eq!(r.get(&o).unwrap().in_flight, 0);
     }
 

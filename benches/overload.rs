@@ -30,7 +30,7 @@ use std::time::Duration;
 
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware};
 use reqwest_resilience::breaker::Deadline;
-use reqwest_resilience::limit::{ConcurrencyLimit, LimiterConfig, LimiterRegistry};
+use reqwest_resilience::limit::{ConcurrencyLimit, Gradient, LimiterConfig, LimiterRegistry};
 use reqwest_resilience::{Origin, ResilienceError, TransportEvidence};
 use tokio::time::Instant;
 
@@ -454,12 +454,20 @@ fn main() {
          {:.0} req/s for {secs} s per configuration; deadline {DEADLINE:?}",
         2.0 * CAPACITY
     );
-    let configs: Vec<(&'static str, Option<LimiterConfig>)> = vec![
+    let mut configs: Vec<(&'static str, Option<LimiterConfig>)> = vec![
         ("no limit", None),
         ("fixed 16", Some(LimiterConfig::fixed(16))),
         ("fixed 64", Some(LimiterConfig::fixed(64))),
         ("adaptive", Some(LimiterConfig::default())),
     ];
+    // `OVERLOAD_EXTRA=1`: the adaptive limit with a tighter latency tolerance, to show
+    // the trade-off between admitted latency and goodput.
+    if std::env::var("OVERLOAD_EXTRA").is_ok() {
+        configs.push((
+            "adaptive, tolerance 1.25",
+            Some(LimiterConfig::adaptive(Gradient::default().tolerance(1.25))),
+        ));
+    }
     let mut reports = Vec::new();
     for (name, config) in configs {
         if only.as_deref().is_some_and(|o| o != name) {

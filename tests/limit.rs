@@ -493,3 +493,153 @@ fn many_tasks_on_a_multi_thread_runtime_never_exceed_the_limit() {
         });
     }
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_retry_takes_a_permit_of_its_own_and_none_is_held_during_the_backoff() {
+    // A 503 first; every later request is answered after 100 ms.
+    let server = FaultServer::sequence(
+        vec![Action::status(503)],
+        Action::Delay(100 * MS, Box::new(Action::ok(""))),
+    )
+    .await;
+    let limits = LimiterRegistry::new(LimiterConfig::fixed(1)).unwrap();
+    let backoff = reqwest_resilience::Backoff::builder()
+        .jitter(reqwest_resilience::Jitter::None)
+        .build()
+        .unwrap();
+    let client = Resilience::new()
+        .backoff(backoff)
+        .concurrency_limiter(limits.clone())
+        .client_builder(reqwest_client())
+        .unwrap()
+        .build();
+    let url = server.url("/");
+    let first = tokio::spawn({
+        let (client, url) = (client.clone(), url.clone());
+        async move {
+            let mut ext = Extensions::new();
+            let request = client.get(&url).build().unwrap();
+            let status = client
+                .execute_with_extensions(request, &mut ext)
+                .await
+                .unwrap()
+                .status();
+            (status.as_u16(), ext.get::<RetryOutcome>().unwrap().attempts)
+        }
+    });
+    // Half-way through its 1 s backoff the limit of 1 is free: another request gets in.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(limits.get(&origin_of(&server)).unwrap().in_flight, 0);
+    assert_eq!(end_of(client.get(&url).send().await), End::Status(200));
+    // The retry then takes a permit of its own.
+    assert_eq!(first.await.unwrap(), (200, 2));
+    assert_eq!(server.requests_seen(), 3);
+    assert_eq!(server.max_concurrent(), 1);
+    let s = limits.get(&origin_of(&server)).unwrap();
+    assert_eq!((s.in_flight, s.rejections), (0, 0));
+}
+
+/// A recorder that keeps the last value of every gauge and the total of every counter,
+/// by name and `origin` label.
+#[cfg(feature = "metrics")]
+mod recorder {
+    use std::collections::BTreeMap;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::{Arc, Mutex};
+
+    use metrics::{
+        Counter, Gauge, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit,
+    };
+
+    type Values = Arc<Mutex<BTreeMap<(String, String), f64>>>;
+
+    #[derive(Default, Clone)]
+    pub struct Captured(pub Values);
+
+    struct Handle(Values, (String, String), AtomicU64);
+
+    impl metrics::CounterFn for Handle {
+        fn increment(&self, value: u64) {
+            let total = self.2.fetch_add(value, Ordering::SeqCst) + value;
+            self.0.lock().unwrap().insert(self.1.clone(), total as f64);
+        }
+        fn absolute(&self, value: u64) {
+            self.2.store(value, Ordering::SeqCst);
+            self.0.lock().unwrap().insert(self.1.clone(), value as f64);
+        }
+    }
+
+    impl metrics::GaugeFn for Handle {
+        fn increment(&self, _: f64) {
+            unimplemented!("the limiter only sets gauges")
+        }
+        fn decrement(&self, _: f64) {
+            unimplemented!("the limiter only sets gauges")
+        }
+        fn set(&self, value: f64) {
+            self.0.lock().unwrap().insert(self.1.clone(), value);
+        }
+    }
+
+    impl Captured {
+        fn handle(&self, key: &Key) -> Arc<Handle> {
+            let origin = key
+                .labels()
+                .find(|l| l.key() == "origin")
+                .map(|l| l.value().to_owned())
+                .unwrap_or_default();
+            Arc::new(Handle(
+                self.0.clone(),
+                (key.name().to_owned(), origin),
+                AtomicU64::new(0),
+            ))
+        }
+
+        pub fn get(&self, name: &str, origin: &str) -> Option<f64> {
+            self.0
+                .lock()
+                .unwrap()
+                .get(&(name.to_owned(), origin.to_owned()))
+                .copied()
+        }
+    }
+
+    impl Recorder for Captured {
+        fn describe_counter(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+        fn describe_gauge(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+        fn describe_histogram(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+        fn register_counter(&self, key: &Key, _: &Metadata<'_>) -> Counter {
+            Counter::from_arc(self.handle(key))
+        }
+        fn register_gauge(&self, key: &Key, _: &Metadata<'_>) -> Gauge {
+            Gauge::from_arc(self.handle(key))
+        }
+        fn register_histogram(&self, _: &Key, _: &Metadata<'_>) -> Histogram {
+            Histogram::noop()
+        }
+    }
+}
+
+#[cfg(feature = "metrics")]
+#[tokio::test(start_paused = true)]
+async fn metrics_gauges_follow_limit_and_in_flight_and_rejections_are_counted_per_origin() {
+    let captured = recorder::Captured::default();
+    let registry = LimiterRegistry::new(LimiterConfig::fixed(2)).unwrap();
+    let origin = Origin::parse("http://metrics.example:8080").unwrap();
+    let label = origin.to_string();
+    // Instruments are registered when an origin is first seen.
+    let first = metrics::with_local_recorder(&captured, || registry.try_acquire(&origin)).unwrap();
+    let get = |name: &str| captured.get(name, &label);
+    assert_eq!(get("reqwest_resilience.limiter.limit"), Some(2.0));
+    assert_eq!(get("reqwest_resilience.limiter.in_flight"), Some(1.0));
+    let second = registry.try_acquire(&origin).unwrap();
+    assert_eq!(get("reqwest_resilience.limiter.in_flight"), Some(2.0));
+    for _ in 0..3 {
+        assert!(registry.try_acquire(&origin).is_err());
+    }
+    assert_eq!(get("reqwest_resilience.limiter.rejections"), Some(3.0));
+    first.record(Sample::Latency(MS));
+    drop(second);
+    assert_eq!(get("reqwest_resilience.limiter.in_flight"), Some(0.0));
+    assert_eq!(get("reqwest_resilience.limiter.limit"), Some(2.0));
+}

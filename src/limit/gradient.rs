@@ -1,53 +1,55 @@
 //! [`Gradient`] and [`AdaptiveLimit`]: the arithmetic of the adaptive concurrency limit,
 //! pure (no I/O, no clock of its own: every call is handed `now`), so a test drives it
 //! with scripted latencies.
-//!
-//! # The algorithm
-//!
-//! The gradient limit of Netflix's concurrency-limits library (`GradientLimit`, the
-//! first version, whose no-load latency is a minimum; `Gradient2Limit` keeps its
-//! smoothing and its bounded gradient), with two changes, each for a reason:
-//!
-//! - The **no-load latency** is the fastest answer since it was last measured, and it is
-//!   re-measured when no answer has confirmed it for [`Gradient::no_load_window`] (10 s):
-//!   the limit is halved until [`Gradient::min_window_samples`] attempts admitted under
-//!   that half have answered, their fastest becomes the no-load latency, and the limit
-//!   returns (BBR's `PROBE_RTT`, with half the limit instead of four packets). Netflix's
-//!   probe drops the limit to its floor every thousand samples, which costs goodput; and
-//!   a minimum that merely forgets old samples ratchets up, because at a steady limit
-//!   above the server's capacity every answer has queued behind our own attempts. The
-//!   probe drains that queue, and relearns a server that really got slower.
-//! - An **overload signal** (a `429`, a `503`, a timeout: [`Sample::Overload`]) in a
-//!   window cuts the limit by [`Gradient::backoff_ratio`] (0.9), the multiplicative
-//!   decrease of Netflix's `AIMDLimit` and TCP: a server that says it is overloaded is
-//!   believed before its latency shows it. Once per window, so a burst of `503`s is one
-//!   cut, not a collapse.
-//!
-//! The limit is updated once per **window** of samples: as many as the limit was when
-//! the window opened (one "round trip" of the limit's worth of requests, as TCP Vegas
-//! updates once per round trip), at least [`Gradient::min_window_samples`]. At the end of
-//! a window, with `rtt` the window's mean latency and `no_load` the windowed minimum:
-//!
-//! ```text
-//! gradient  = clamp(tolerance × no_load / rtt, 0.5, 1.0)
-//! target    = limit × gradient + √limit            // √limit: the queue allowed to form
-//! limit     = limit × (1 − smoothing) + target × smoothing
-//! limit     = clamp(limit, min_limit, max_limit)
-//! ```
-//!
-//! While the latency stays within `tolerance × no_load` the gradient is 1 and the limit
-//! grows by `smoothing × √limit` per window; once requests queue at the server, latency
-//! grows with the concurrency beyond its capacity and the gradient pulls the limit back.
-//! The gradient is never below 0.5, so one slow window cannot halve the limit (with the
-//! smoothing, a window moves it by at most 10 %). A window in which fewer than half the
-//! limit were in flight at once is *application limited*: it may lower the limit but
-//! never raise it (a client that sends little proves nothing about more).
 
 use std::time::Duration;
 
 use tokio::time::Instant;
 
-/// The parameters of the adaptive limit; see the [module docs](self) for the algorithm.
+/// The parameters of the adaptive limit, and the algorithm they drive.
+///
+/// # The algorithm
+///
+/// The gradient limit of Netflix's concurrency-limits library (`GradientLimit`, the
+/// first version, whose no-load latency is a minimum; `Gradient2Limit` keeps its
+/// smoothing and its bounded gradient), with two changes, each for a reason:
+///
+/// - The **no-load latency** is the fastest answer since it was last measured, and it is
+///   re-measured when no answer has confirmed it for [`Gradient::no_load_window`] (10 s):
+///   the limit is halved until [`Gradient::min_window_samples`] attempts admitted under
+///   that half have answered, their fastest becomes the no-load latency, and the limit
+///   returns (BBR's `PROBE_RTT`, with half the limit instead of four packets). Netflix's
+///   probe drops the limit to its floor every thousand samples, which costs goodput; and
+///   a minimum that merely forgets old samples ratchets up, because at a steady limit
+///   above the server's capacity every answer has queued behind our own attempts. The
+///   probe drains that queue, and relearns a server that really got slower.
+/// - An **overload signal** (a `429`, a `503`, a timeout: [`Sample::Overload`]) in a
+///   window cuts the limit by [`Gradient::backoff_ratio`] (0.9), the multiplicative
+///   decrease of Netflix's `AIMDLimit` and TCP: a server that says it is overloaded is
+///   believed before its latency shows it. Once per window, so a burst of `503`s is one
+///   cut, not a collapse.
+///
+/// The limit is updated once per **window** of samples: as many as the limit was when
+/// the window opened (one "round trip" of the limit's worth of requests, as TCP Vegas
+/// updates once per round trip), at least [`Gradient::min_window_samples`]. At the end of
+/// a window, with `rtt` the window's mean latency and `no_load` the windowed minimum:
+///
+/// ```text
+/// gradient  = clamp(tolerance × no_load / rtt, 0.5, 1.0)
+/// target    = limit × gradient + √limit            // √limit: the queue allowed to form
+/// limit     = limit × (1 − smoothing) + target × smoothing
+/// limit     = clamp(limit, min_limit, max_limit)
+/// ```
+///
+/// While the latency stays within `tolerance × no_load` the gradient is 1 and the limit
+/// grows by `smoothing × √limit` per window; once requests queue at the server, latency
+/// grows with the concurrency beyond its capacity and the gradient pulls the limit back.
+/// The gradient is never below 0.5, so one slow window cannot halve the limit (with the
+/// smoothing, a window moves it by at most 10 %). A window in which fewer than half the
+/// limit were in flight at once is *application limited*: it may lower the limit but
+/// never raise it (a client that sends little proves nothing about more).
+///
+/// # Parameters
 ///
 /// | parameter | default | origin |
 /// |---|---|---|

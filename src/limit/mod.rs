@@ -12,8 +12,8 @@
 //!   concurrency limiter, resilience4j's bulkhead, Envoy's `max_requests`) or
 //!   [`LimitPolicy::Adaptive`] with [`Gradient`] parameters (the default).
 //! - [`AdaptiveLimit`] (`gradient.rs`): the pure arithmetic of the adaptive limit, after
-//!   Netflix concurrency-limits' gradient limit; see [`gradient`](self::Gradient) for the
-//!   algorithm, its parameters and their defaults.
+//!   Netflix concurrency-limits' gradient limit; see [`Gradient`] for the algorithm, its
+//!   parameters and their defaults.
 //! - [`LimiterConfig`]: the policy, a bounded wait queue with its own timeout (default:
 //!   no queue, fail fast), the bound on origins.
 //! - [`LimiterRegistry`] (`registry.rs`): one limit per [`Origin`](crate::Origin),

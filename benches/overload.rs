@@ -202,7 +202,8 @@ struct Report {
     failed: usize,
     wasted: f64,
     backlog: usize,
-    limit_at_end: Option<u32>,
+    /// The limit during the run (after its first second): min, mean, max.
+    limit_seen: Option<(u32, f64, u32)>,
 }
 
 fn client(limit: Option<&LimiterRegistry>) -> ClientWithMiddleware {
@@ -233,6 +234,9 @@ fn run(name: &'static str, limit: Option<LimiterConfig>, secs: u64) -> Report {
     let client = client(registry.as_ref());
     let gave_up: Arc<Vec<AtomicBool>> =
         Arc::new((0..max_ids).map(|_| AtomicBool::new(false)).collect());
+    let origin = Origin::parse(&url).expect("origin");
+    // The limit sampled every 100 ms after the first second: (min, mean, max).
+    let mut limits: Vec<u32> = Vec::new();
     let outcomes = rt.block_on(async {
         let start = Instant::now();
         let end = start + Duration::from_secs(secs);
@@ -241,8 +245,13 @@ fn run(name: &'static str, limit: Option<LimiterConfig>, secs: u64) -> Report {
         let mut tasks = Vec::with_capacity(max_ids);
         let mut due = 0.0f64;
         let mut id = 0usize;
+        let mut ticks = 0u64;
         while Instant::now() < end {
             tick.tick().await;
+            ticks += 1;
+            if ticks % 100 == 0 && start.elapsed() > Duration::from_secs(1) {
+                limits.extend(registry.as_ref().and_then(|r| r.get(&origin)).map(|s| s.limit));
+            }
             // Arrivals owed by now (open loop: independent of how the last ones fared).
             let owed = start.elapsed().as_secs_f64() * rate;
             while due < owed && id < max_ids {
@@ -265,9 +274,10 @@ fn run(name: &'static str, limit: Option<LimiterConfig>, secs: u64) -> Report {
     let wasted = (0..outcomes.len())
         .filter(|&i| gave_up[i].load(Ordering::SeqCst) && server.served[i].load(Ordering::SeqCst))
         .count();
-    let limit_at_end = registry.as_ref().and_then(|r| {
-        let origin = Origin::parse(&url).ok()?;
-        Some(r.get(&origin)?.limit)
+    let limit_seen = (!limits.is_empty()).then(|| {
+        let mean = limits.iter().map(|&l| f64::from(l)).sum::<f64>() / limits.len() as f64;
+        let (min, max) = (limits.iter().min(), limits.iter().max());
+        (*min.unwrap_or(&0), mean, *max.unwrap_or(&0))
     });
     let backlog = server.stop();
     drop(rt);
@@ -277,7 +287,7 @@ fn run(name: &'static str, limit: Option<LimiterConfig>, secs: u64) -> Report {
         secs,
         wasted as f64 / served_in_run.max(1) as f64,
         backlog,
-        limit_at_end,
+        limit_seen,
     )
 }
 
@@ -321,7 +331,7 @@ fn summarize(
     secs: u64,
     wasted: f64,
     backlog: usize,
-    limit_at_end: Option<u32>,
+    limit_seen: Option<(u32, f64, u32)>,
 ) -> Report {
     let mut admitted: Vec<Duration> = outcomes
         .iter()
@@ -350,7 +360,7 @@ fn summarize(
         failed: count(|o| matches!(o, Outcome::Failed)),
         wasted,
         backlog,
-        limit_at_end,
+        limit_seen,
     }
 }
 
@@ -476,7 +486,7 @@ fn main() {
         reports.push(run(name, config, secs));
     }
     println!(
-        "\n| limit | offered | goodput/s | of capacity | admitted p50 | admitted p99 | rejected | timed out | failed | server work on abandoned | backlog at end | limit at end |"
+        "\n| limit | offered | goodput/s | of capacity | admitted p50 | admitted p99 | rejected | timed out | failed | server work on abandoned | backlog at end | limit min / mean / max |"
     );
     println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
     for r in &reports {
@@ -493,7 +503,9 @@ fn main() {
             r.failed,
             100.0 * r.wasted,
             r.backlog,
-            r.limit_at_end.map_or("-".to_owned(), |l| l.to_string()),
+            r.limit_seen.map_or("-".to_owned(), |(min, mean, max)| {
+                format!("{min} / {mean:.1} / {max}")
+            }),
         );
     }
     rejection_cost();

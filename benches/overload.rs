@@ -250,7 +250,12 @@ fn run(name: &'static str, limit: Option<LimiterConfig>, secs: u64) -> Report {
             tick.tick().await;
             ticks += 1;
             if ticks % 100 == 0 && start.elapsed() > Duration::from_secs(1) {
-                limits.extend(registry.as_ref().and_then(|r| r.get(&origin)).map(|s| s.limit));
+                limits.extend(
+                    registry
+                        .as_ref()
+                        .and_then(|r| r.get(&origin))
+                        .map(|s| s.limit),
+                );
             }
             // Arrivals owed by now (open loop: independent of how the last ones fared).
             let owed = start.elapsed().as_secs_f64() * rate;

@@ -31,8 +31,9 @@ use crate::Origin;
 #[non_exhaustive]
 pub enum Transmission {
     /// Proven: no byte of the request can have reached a server (connect refused or
-    /// unreachable, DNS failure, TLS handshake failure, rejected locally by an open breaker
-    /// or a pause, no bearer token to be had, a request that could not be built).
+    /// unreachable, DNS failure, TLS handshake failure, rejected locally by an open breaker,
+    /// a pause or a concurrency limit, no bearer token to be had, a request that could not
+    /// be built).
     NotSent,
     /// The request, or part of it, went out and no response head came back.
     SentNoResponse,

@@ -38,6 +38,12 @@ use crate::{Origin, ResilienceError};
 /// circuit breaker outside counts a rejection as neutral: it says nothing about the
 /// origin's health. Each retry, and each hedge, takes a permit of its own.
 ///
+/// What one permit covers: the attempt as this middleware hands it on. A `401` replay by
+/// `BearerAuth` inside runs under the same permit (after the first request, so the count
+/// in flight stays exact), and so do the redirects reqwest follows within the attempt,
+/// even to another origin: the permit, and the latency sample, belong to the origin the
+/// request was sent to.
+///
 /// ```
 /// use reqwest_middleware::ClientBuilder;
 /// use reqwest_resilience::TransportEvidence;

@@ -643,3 +643,43 @@ async fn metrics_gauges_follow_limit_and_in_flight_and_rejections_are_counted_pe
     assert_eq!(get("reqwest_resilience.limiter.in_flight"), Some(0.0));
     assert_eq!(get("reqwest_resilience.limiter.limit"), Some(2.0));
 }
+
+#[tokio::test(start_paused = true)]
+async fn an_attempt_cut_at_its_deadline_by_the_breaker_is_an_overload_signal_for_the_limit() {
+    let server = FaultServer::always(Action::Stall).await;
+    // Windows of 2 samples from a limit of 2: one cut of 0.9 takes it to 1.
+    let g = Gradient::default()
+        .min_limit(1)
+        .initial_limit(2)
+        .min_window_samples(1);
+    let limits = LimiterRegistry::new(LimiterConfig::adaptive(g)).unwrap();
+    let client = Resilience::new()
+        .total_deadline(Duration::from_secs(2))
+        .concurrency_limiter(limits.clone())
+        .client_builder(reqwest_client())
+        .unwrap()
+        .build();
+    let mut set = JoinSet::new();
+    for _ in 0..2 {
+        let (client, url) = (client.clone(), server.url("/"));
+        set.spawn(async move {
+            let mut ext = Extensions::new();
+            ext.insert(reqwest_resilience::retry::MaxRetries(0));
+            let request = client.get(&url).build().unwrap();
+            let result = client.execute_with_extensions(request, &mut ext).await;
+            let e = ext.get::<AttemptHistory>().unwrap().attempts()[0]
+                .evidence
+                .clone();
+            (result.is_err(), e.transmission, e.failure)
+        });
+    }
+    while let Some(r) = set.join_next().await {
+        assert_eq!(
+            r.unwrap(),
+            (true, Transmission::Unknown, Some(FailureKind::Timeout))
+        );
+    }
+    let s = limits.get(&origin_of(&server)).unwrap();
+    assert_eq!((s.limit, s.in_flight), (1, 0));
+    assert_eq!(server.requests_seen(), 2);
+}

@@ -61,6 +61,7 @@ use tokio::time::Instant;
 /// | `backoff_ratio` | 0.9 | Netflix `AIMDLimit` |
 /// | `no_load_window` | 10 s | BBR's `min_rtt` filter window (and `PROBE_RTT` interval) |
 /// | `min_window_samples` | 10 | Netflix `WindowedLimit` (`windowSize`) |
+/// | `min_latency` | 100 µs | Netflix `WindowedLimit` (`minRttThreshold`) |
 ///
 /// ```
 /// use std::time::Duration;
@@ -92,6 +93,10 @@ pub struct Gradient {
     pub no_load_window: Duration,
     /// The fewest samples in a window, and in a re-measurement (default 10).
     pub min_window_samples: u32,
+    /// Latencies below this are ignored (default 100 µs): an answer that fast did not
+    /// come from the server's work (a cache in between, a canned error) and, taken as the
+    /// no-load latency, would pull the limit down until the next re-measurement.
+    pub min_latency: Duration,
 }
 
 impl Default for Gradient {
@@ -105,6 +110,7 @@ impl Default for Gradient {
             backoff_ratio: 0.9,
             no_load_window: Duration::from_secs(10),
             min_window_samples: 10,
+            min_latency: Duration::from_micros(100),
         }
     }
 }
@@ -137,6 +143,8 @@ impl Gradient {
         no_load_window: Duration,
         /// Sets [`min_window_samples`](Self::min_window_samples).
         min_window_samples: u32,
+        /// Sets [`min_latency`](Self::min_latency).
+        min_latency: Duration,
     }
 
     /// Why these parameters cannot work, if they cannot.
@@ -239,6 +247,7 @@ struct Window {
 struct Probe {
     /// The estimate to return to.
     restore: f64,
+    started: Instant,
     cap: u32,
     samples: u32,
     min: Option<Duration>,
@@ -283,6 +292,7 @@ impl AdaptiveLimit {
         let before = self.limit();
         match sample {
             Sample::Ignored => return None,
+            Sample::Latency(rtt) if rtt < self.params.min_latency => return None,
             Sample::Latency(rtt) => match &mut self.no_load {
                 Some((min, at)) if rtt <= *min => (*min, *at) = (rtt, now),
                 Some(_) => {}
@@ -329,6 +339,7 @@ impl AdaptiveLimit {
             let cap = ((self.estimate / 2.0) as u32).max(self.params.min_limit);
             self.probe = Some(Probe {
                 restore: self.estimate,
+                started: now,
                 cap,
                 samples: 0,
                 min: None,
@@ -355,8 +366,11 @@ impl AdaptiveLimit {
         }
         let done = *probe;
         self.probe = None;
-        if let Some(min) = done.min {
-            self.no_load = Some((min, now));
+        // A faster answer during the probe (one admitted before the halving) stands.
+        match (done.min, self.no_load) {
+            (Some(min), Some((fastest, at))) if at >= done.started && fastest < min => {}
+            (Some(min), _) => self.no_load = Some((min, now)),
+            (None, _) => {}
         }
         let restore = if done.overloaded {
             done.restore * self.params.backoff_ratio
@@ -561,6 +575,24 @@ mod tests {
         }
         assert_eq!(l.limit(), 90);
         assert_eq!(l.window.samples, 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn latencies_below_min_latency_are_ignored() {
+        let mut l = AdaptiveLimit::new(Gradient::default());
+        let now = Instant::now();
+        for _ in 0..1_000 {
+            assert_eq!(
+                l.sample(now, Sample::Latency(Duration::from_micros(99)), 20),
+                None
+            );
+        }
+        assert_eq!(
+            (l.limit(), l.no_load_latency(), l.window.samples),
+            (20, None, 0)
+        );
+        l.sample(now, Sample::Latency(Duration::from_micros(100)), 20);
+        assert_eq!(l.no_load_latency(), Some(Duration::from_micros(100)));
     }
 
     #[tokio::test(start_paused = true)]

@@ -249,7 +249,7 @@ fn run(name: &'static str, limit: Option<LimiterConfig>, secs: u64) -> Report {
         while Instant::now() < end {
             tick.tick().await;
             ticks += 1;
-            if ticks % 100 == 0 && start.elapsed() > Duration::from_secs(1) {
+            if ticks.is_multiple_of(100) && start.elapsed() > Duration::from_secs(1) {
                 limits.extend(
                     registry
                         .as_ref()

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use http::Extensions;
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware};
-use reqwest_resilience::breaker::{BreakerConfig, BreakerRegistry, BreakerState};
+use reqwest_resilience::breaker::{BreakerConfig, BreakerRegistry, BreakerState, Deadline};
 use reqwest_resilience::limit::{
     ConcurrencyLimit, Gradient, LimiterConfig, LimiterRegistry, Sample,
 };
@@ -682,4 +682,62 @@ async fn an_attempt_cut_at_its_deadline_by_the_breaker_is_an_overload_signal_for
     let s = limits.get(&origin_of(&server)).unwrap();
     assert_eq!((s.limit, s.in_flight), (1, 0));
     assert_eq!(server.requests_seen(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_wait_in_the_queue_until_the_deadline_ends_unsent_and_is_not_charged_to_the_origin() {
+    let server = FaultServer::always(Action::Stall).await;
+    let breakers = BreakerRegistry::new(BreakerConfig::default()).unwrap();
+    let limits =
+        LimiterRegistry::new(LimiterConfig::fixed(1).queue(1, Duration::from_secs(3600))).unwrap();
+    let client = Resilience::new()
+        .total_deadline(Duration::from_secs(2))
+        .breaker(breakers.clone())
+        .concurrency_limiter(limits.clone())
+        .client_builder(reqwest_client())
+        .unwrap()
+        .build();
+    let url = server.url("/");
+    // The first holds the permit for an hour (its own per-request deadline).
+    let holder = tokio::spawn({
+        let (client, url) = (client.clone(), url.clone());
+        async move {
+            let mut ext = Extensions::new();
+            ext.insert(Deadline(Instant::now() + Duration::from_secs(3600)));
+            let _ = client
+                .execute_with_extensions(client.get(&url).build().unwrap(), &mut ext)
+                .await;
+        }
+    });
+    tokio::time::sleep(10 * MS).await;
+    assert_eq!(server.requests_seen(), 1);
+    // The second waits for the permit until its 2 s deadline: never sent. The queue's own
+    // timer (polled inside the breaker's) ends the wait, so it is a limit rejection,
+    // neutral for the breaker, not a timeout against the origin.
+    let mut ext = Extensions::new();
+    ext.insert(reqwest_resilience::retry::MaxRetries(0));
+    let t0 = Instant::now();
+    let result = client
+        .execute_with_extensions(client.get(&url).build().unwrap(), &mut ext)
+        .await;
+    assert_eq!(t0.elapsed(), Duration::from_secs(2));
+    assert_eq!(
+        end_of(result),
+        End::Limited {
+            limit: 1,
+            in_flight: 1
+        }
+    );
+    let e = &ext.get::<AttemptHistory>().unwrap().attempts()[0].evidence;
+    assert_eq!(
+        (e.transmission, e.failure),
+        (Transmission::NotSent, Some(FailureKind::ConcurrencyLimited))
+    );
+    let b = &breakers.snapshot()[0];
+    assert_eq!((b.state, b.consecutive_failures), (BreakerState::Closed, 0));
+    assert_eq!(server.requests_seen(), 1);
+    holder.abort();
+    let _ = holder.await;
+    let s = limits.get(&origin_of(&server)).unwrap();
+    assert_eq!((s.in_flight, s.queued, s.rejections), (0, 0, 1));
 }

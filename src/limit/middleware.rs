@@ -61,6 +61,15 @@ use crate::{Origin, ResilienceError};
 /// # drop(client); Ok(()) }
 /// ```
 ///
+/// # Deadlines
+///
+/// A request's [`Deadline`] bounds its wait in the queue: a wait that reaches it ends
+/// with the rejection above (`NotSent`, never sent). When the breaker outside cuts the
+/// attempt at the same deadline, the queue's timer wins (it is polled inside the
+/// breaker's), so a request that only waited locally is never counted as a timeout
+/// against the origin. An attempt that was admitted and is still running at the
+/// deadline is a timeout: an overload signal for the limit.
+///
 /// # Cancel safety
 ///
 /// The permit is an RAII guard: dropping the request future at any point (waiting in

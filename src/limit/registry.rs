@@ -832,6 +832,11 @@ mod tests {
         let over = r.try_acquire(&origin(500)).unwrap();
         let rejected = r.try_acquire(&origin(501)).unwrap_err();
         assert_eq!(
+            rejected.to_string(),
+            "concurrency limit for http://h501.example:8080 reached (1 in flight, limit 1): \
+             not sent"
+        );
+        assert_eq!(
             (rejected.origin, rejected.limit, rejected.in_flight),
             (origin(501), 1, 1)
         );

@@ -741,3 +741,33 @@ async fn a_wait_in_the_queue_until_the_deadline_ends_unsent_and_is_not_charged_t
     let s = limits.get(&origin_of(&server)).unwrap();
     assert_eq!((s.in_flight, s.queued, s.rejections), (0, 0, 1));
 }
+
+#[tokio::test(start_paused = true)]
+async fn clients_handed_one_registry_share_its_limits_and_separate_registries_do_not() {
+    let server = FaultServer::always(Action::Stall).await;
+    let shared = LimiterRegistry::new(LimiterConfig::fixed(1)).unwrap();
+    let a = limited(&shared);
+    let b = limited(&shared.clone());
+    let separate = limited(&LimiterRegistry::new(LimiterConfig::fixed(1)).unwrap());
+    let mut held = spawn_gets(&a, &server.url("/"), 1);
+    tokio::time::sleep(10 * MS).await;
+    assert_eq!(
+        end_of(b.get(server.url("/")).send().await),
+        End::Limited {
+            limit: 1,
+            in_flight: 1
+        }
+    );
+    let mut other = spawn_gets(&separate, &server.url("/"), 1);
+    tokio::time::sleep(10 * MS).await;
+    assert_eq!(
+        server.requests_seen(),
+        2,
+        "the separate registry let its own through"
+    );
+    held.abort_all();
+    other.abort_all();
+    while held.join_next().await.is_some() {}
+    while other.join_next().await.is_some() {}
+    assert_eq!(shared.get(&origin_of(&server)).unwrap().in_flight, 0);
+}

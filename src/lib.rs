@@ -79,6 +79,7 @@
 //! | breaker failures | 5xx, 401, 429, transport failures; other 4xx neutral | a caller's bug must not trip a shared breaker |
 //! | server pause | a `429`/`503` with `Retry-After` pauses the origin for every caller of the registry | |
 //! | token refresh | 5 min before expiry (at most half the lifetime), one fetch at a time | |
+//! | concurrency limit | off; when on: adaptive ([`limit::Gradient`]: initial 20, min 4, max 1 000), no wait queue | Netflix concurrency-limits |
 //!
 //! # Observability
 //!

@@ -165,6 +165,7 @@ async fn main() -> Result<(), BoxError> {
     budget(&mut tour).await?;
     redirected_post(&mut tour).await?;
     metrics_scene(&mut tour).await?;
+    overload(&mut tour).await?;
 
     println!("\nSummary");
     println!("{:<34} {:<26} {:<26} ok", "scene", "expected", "observed");
@@ -644,6 +645,77 @@ async fn metrics_scene(_: &mut Tour) -> Result<(), BoxError> {
     println!(
         "\n10. Metrics: run `cargo run --example tour --features metrics` to see what a \
          metrics recorder records"
+    );
+    Ok(())
+}
+
+/// A server with 4 handlers taking 100 ms each, and 12 requests at once: with a fixed
+/// limit of 4 per origin, the server never has more than 4 (what it can serve); the 8
+/// others are turned away at once, locally, and not retried. With a queue they wait
+/// for a permit instead, and all are served.
+async fn overload(tour: &mut Tour) -> Result<(), BoxError> {
+    use reqwest_resilience::limit::{LimiterConfig, LimiterRegistry};
+    const SERVICE: Duration = Duration::from_millis(100);
+    println!("\n11. Overload: 12 requests at once to a server taking 100 ms, limit 4 per origin");
+    // When each request arrived: each is in the server's hands for the 100 ms after.
+    let arrivals = Arc::new(Mutex::new(Vec::<Instant>::new()));
+    let log = arrivals.clone();
+    let server = FlakyServer::start(move |_, _| {
+        log.lock().unwrap().push(Instant::now());
+        Reply::After(SERVICE, Box::new(Reply::ok("done")))
+    })
+    .await?;
+    let mut lines = Vec::new();
+    for queue in [0, 8] {
+        arrivals.lock().unwrap().clear();
+        let limits =
+            LimiterRegistry::new(LimiterConfig::fixed(4).queue(queue, Duration::from_secs(1)))?;
+        let client = demo_stack()?
+            .concurrency_limiter(limits.clone())
+            .build(reqwest::Client::new())?;
+        let mut tasks = tokio::task::JoinSet::new();
+        for _ in 0..12 {
+            let (client, url) = (client.clone(), server.url("/work"));
+            tasks.spawn(async move {
+                match client
+                    .get(url)
+                    .send()
+                    .await
+                    .as_ref()
+                    .map_err(ResilienceError::find)
+                {
+                    Ok(_) => "200",
+                    Err(Some(ResilienceError::ConcurrencyLimited { .. })) => "limited",
+                    Err(_) => "error",
+                }
+            });
+        }
+        let (mut ok, mut limited) = (0, 0);
+        while let Some(o) = tasks.join_next().await {
+            match o? {
+                "200" => ok += 1,
+                "limited" => limited += 1,
+                _ => {}
+            }
+        }
+        let seen = arrivals.lock().unwrap().clone();
+        let peak = seen
+            .iter()
+            .map(|&a| seen.iter().filter(|&&b| b <= a && a < b + SERVICE).count())
+            .max()
+            .unwrap_or(0);
+        let snap = &limits.snapshot()[0];
+        println!(
+            "   queue {queue}: {ok} × 200, {limited} rejected locally (not sent, not retried); \
+             the server had at most {peak} at once; limiter: {} in flight, {} rejections",
+            snap.in_flight, snap.rejections
+        );
+        lines.push(format!("{ok}+{limited}, peak {peak}"));
+    }
+    tour.check(
+        "overload: fail fast | queue",
+        "4+8, peak 4 | 12+0, peak 4",
+        lines.join(" | "),
     );
     Ok(())
 }

@@ -76,6 +76,17 @@ pub enum ResilienceError {
     /// this crate inside the transport step, a retry inside a retry); found on the
     /// request, which was not sent.
     Misconfigured(crate::misconfig::Misconfiguration),
+    /// The origin's concurrency limit turned the request away (at once, or after its wait
+    /// in the queue ended without a permit); it was not sent (`Transmission::NotSent`).
+    /// See [`limit`](crate::limit).
+    ConcurrencyLimited {
+        /// The origin whose limit was reached.
+        origin: crate::Origin,
+        /// The limit at the rejection.
+        limit: u32,
+        /// The attempts in flight to the origin at the rejection.
+        in_flight: u32,
+    },
 }
 
 impl fmt::Display for ResilienceError {
@@ -101,6 +112,15 @@ impl fmt::Display for ResilienceError {
             ),
             ResilienceError::Retry(e) => e.fmt_summary(f),
             ResilienceError::Misconfigured(m) => write!(f, "misconfigured stack: {m}"),
+            ResilienceError::ConcurrencyLimited {
+                origin,
+                limit,
+                in_flight,
+            } => write!(
+                f,
+                "concurrency limit for {origin} reached ({in_flight} in flight, limit \
+                 {limit}): not sent"
+            ),
         }
     }
 }

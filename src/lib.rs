@@ -40,6 +40,8 @@
 //!   anything interprets it.
 //!
 //! [`Resilience`] installs them in this order; each also works alone (see each module).
+//! An optional per-origin concurrency limit ([`limit`]) goes between the breaker and
+//! [`BearerAuth`] ([`Resilience::concurrency_limit`]).
 //! Your own middleware goes around the stack ([`Resilience::install`]) or per attempt
 //! ([`Resilience::per_attempt`]); see [`stack`].
 //!
@@ -49,6 +51,7 @@
 //! |---|---|---|
 //! | `NotSent` with a transient kind (connect refused, DNS, breaker/pause rejection) | retry | retry |
 //! | `NotSent` because no bearer token could be had (`TokenUnavailable`) | retry, not before the token manager's next fetch | same |
+//! | `NotSent` because the origin's concurrency limit was reached (`ConcurrencyLimited`) | no: the limiter's queue is the wait | no |
 //! | sent, and the server proved it did not process it (HTTP/2 `REFUSED_STREAM`, `GOAWAY` below our stream) | retry | retry once |
 //! | `SentNoResponse` / `Unknown` (reset, timeout, closed) | retry | **never** |
 //! | response 408, 500, 502, 503, 504 | retry | only with `Retry-After` |
@@ -86,6 +89,7 @@
 //! | breaker failures | 5xx, 401, 429, transport failures; other 4xx neutral | a caller's bug must not trip a shared breaker |
 //! | server pause | a `429`/`503` with `Retry-After` pauses the origin for every caller of the registry | |
 //! | token refresh | 5 min before expiry (at most half the lifetime), one fetch at a time | |
+//! | concurrency limit | off; when on: adaptive ([`limit::Gradient`]: initial 20, min 4, max 1 000), no wait queue | Netflix concurrency-limits |
 //!
 //! # Observability
 //!
@@ -115,6 +119,7 @@
 //! | [`retry_after`] | `Retry-After` parsing |
 //! | [`redirect`] | what can be proven about the redirects reqwest follows: [`redirect::ClientRedirects`], [`redirect::recorded`] |
 //! | [`breaker`] | [`CircuitBreakerMiddleware`], [`BreakerRegistry`], [`BreakerConfig`], trip policies |
+//! | [`limit`] | [`ConcurrencyLimit`](limit::ConcurrencyLimit): per-origin concurrency limits, fixed or adaptive (off by default) |
 //! | [`auth`] | [`BearerAuth`], [`TokenManager`], [`TokenSource`], [`AccessToken`] |
 //! | [`evidence`] | [`TransportEvidence`], [`RequestEvidence`], [`Transmission`], [`AttemptHistory`] |
 //! | [`origin`] | [`Origin`]: the `scheme://host:port` key |
@@ -147,6 +152,7 @@ pub mod backoff;
 pub mod breaker;
 pub mod error;
 pub mod evidence;
+pub mod limit;
 pub mod metrics;
 pub mod misconfig;
 pub mod origin;

@@ -14,7 +14,7 @@
 //! |---|---|---|---|
 //! | `http.client.request.duration` | histogram, seconds | `http.request.method` (`GET` … or `_OTHER`), `server.address`, `server.port`, `http.response.status_code` (a response), `error.type` (the [`FailureKind`] in snake case, or the status code for a 4xx/5xx response) | each attempt that reached the transport step, from handing the request on to the response head or the failure (the body is not timed; local rejections are not requests on the wire) |
 //! | `reqwest_resilience.retry.retries` | counter | `origin`, `reason`: `not_sent`, `breaker_rejected`, `not_processed`, `transient`, `status` | each retry decided (before its backoff) |
-//! | `reqwest_resilience.retry.stops` | counter | `origin`, `reason`: `final_response`, `status_not_safe`, `permanent`, `may_have_been_processed`, `not_processed_retry_used`, `retries_exhausted`, `budget_exhausted`, `deadline_exceeded`, `retry_after_too_long`, `breaker_rejected`, `body_not_clonable`, `redirect_followed` | each logical request the retry middleware ends (a success is `final_response`) |
+//! | `reqwest_resilience.retry.stops` | counter | `origin`, `reason`: `final_response`, `status_not_safe`, `permanent`, `may_have_been_processed`, `not_processed_retry_used`, `retries_exhausted`, `budget_exhausted`, `deadline_exceeded`, `retry_after_too_long`, `breaker_rejected`, `body_not_clonable`, `redirect_followed`, `concurrency_limited` | each logical request the retry middleware ends (a success is `final_response`) |
 //! | `reqwest_resilience.retry.budget_exhausted` | counter | `origin` | a retry the decision table allowed and the [`RetryBudget`](crate::RetryBudget) refused |
 //! | `reqwest_resilience.breaker.transitions` | counter | `origin`, `from`, `to`: `closed`, `open`, `half_open`, `isolated` | each breaker state change |
 //! | `reqwest_resilience.breaker.rejections` | counter | `origin`, `reason`: `open`, `probes_busy`, `isolated`, `paused` | each request a breaker or a pause turned away unsent |
@@ -22,7 +22,9 @@
 //! | `reqwest_resilience.auth.token_fetches` | counter | — | each token fetch the [`TokenManager`](crate::TokenManager) made (successful or not) |
 //! | `reqwest_resilience.auth.token_failures` | counter | `kind`: `fetch`, `timeout`, `aborted`, `invalid_secret` | each fetch that gave no usable token |
 //! | *(hedging: next)* | | | *the hedging instruments go here once hedging exists* |
-//! | *(concurrency limit: next)* | | | *limiter rejections and the current limit go here once the limiter exists* |
+//! | `reqwest_resilience.limiter.limit` | gauge | `origin` | the origin's current concurrency limit, set on each change ([`limit`](crate::limit)) |
+//! | `reqwest_resilience.limiter.in_flight` | gauge | `origin` | attempts holding a permit, set on each acquire and release |
+//! | `reqwest_resilience.limiter.rejections` | counter | `origin` | each attempt the limiter turned away unsent |
 //!
 //! `describe()` registers each instrument's unit and description with the recorder
 //! installed at the time (call it once after installing one); the first report does it
@@ -196,6 +198,7 @@ mod enabled {
             StopReason::BreakerRejected => "breaker_rejected",
             StopReason::BodyNotClonable => "body_not_clonable",
             StopReason::RedirectFollowed => "redirect_followed",
+            StopReason::ConcurrencyLimited => "concurrency_limited",
         };
         counter!(STOPS, "origin" => origin(at), "reason" => label).increment(1);
         if reason == StopReason::BudgetExhausted {
@@ -281,6 +284,7 @@ mod enabled {
             FailureKind::TokenUnavailable => "token_unavailable",
             FailureKind::Other => "_OTHER",
             FailureKind::Misconfigured => "misconfigured",
+            FailureKind::ConcurrencyLimited => "concurrency_limited",
         }
     }
 }

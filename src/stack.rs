@@ -2,7 +2,7 @@
 //! one builder (the analogue of Polly's `AddStandardResilienceHandler`).
 //!
 //! ```text
-//! [your outer middleware] → Retry → CircuitBreaker → BearerAuth → [per_attempt] → TransportEvidence → reqwest::Client
+//! [your outer middleware] → Retry → CircuitBreaker → [ConcurrencyLimit] → BearerAuth → [per_attempt] → TransportEvidence → reqwest::Client
 //! ```
 //!
 //! - **Retry outermost**: every attempt passes through the breaker, gets a fresh token
@@ -45,6 +45,7 @@ use reqwest_middleware::{ClientBuilder, ClientWithMiddleware, Middleware, Next};
 
 use crate::breaker::{BreakerConfig, BreakerEvent, BreakerRegistry, CircuitBreakerMiddleware};
 use crate::evidence::{AttemptDecision, AttemptHistory, RequestEvidence, TransportEvidence};
+use crate::limit::{LimitChoice, LimiterConfig, LimiterRegistry};
 use crate::redirect::ClientRedirects;
 use crate::retry::{ErrorWrapping, RetryAfterPolicy};
 use crate::{Backoff, BearerAuth, ResilienceError, RetryBudget, RetryMiddleware};
@@ -174,6 +175,7 @@ impl RetrySettings {
 /// | breaker | a new [`BreakerRegistry`] per built stack: open after 5 consecutive failures, 30 s open, 1 half-open probe, server pauses up to 60 s waited out |
 /// | bearer | none (it needs your [`TokenManager`](crate::TokenManager)) |
 /// | transport | [`TransportEvidence`], always |
+/// | concurrency limit | off ([`concurrency_limit`](Self::concurrency_limit) turns it on) |
 /// | hooks | none |
 ///
 /// Each part can be replaced by a prebuilt one ([`retry`](Self::retry),
@@ -220,6 +222,7 @@ pub struct Resilience {
     on_breaker_transition: Option<TransitionHook>,
     client_redirects: ClientRedirects,
     span_url_query: bool,
+    concurrency_limit: Option<LimitChoice>,
 }
 
 impl Default for Resilience {
@@ -254,6 +257,7 @@ impl fmt::Debug for Resilience {
                 "on_breaker_transition",
                 &self.on_breaker_transition.is_some(),
             )
+            .field("concurrency_limit", &self.concurrency_limit.is_some())
             .finish()
     }
 }
@@ -271,6 +275,7 @@ impl Resilience {
             on_breaker_transition: None,
             client_redirects: ClientRedirects::Unobserved,
             span_url_query: false,
+            concurrency_limit: None,
         }
     }
 
@@ -426,6 +431,33 @@ impl Resilience {
         self
     }
 
+    /// Turns on a per-origin concurrency limit (off by default), in a new
+    /// [`LimiterRegistry`] with this configuration (checked at build time), between the
+    /// breaker and `BearerAuth`: an open breaker rejects before a permit is taken, and
+    /// every retry takes a permit of its own. See [`limit`](crate::limit).
+    ///
+    /// ```
+    /// use reqwest_resilience::Resilience;
+    /// use reqwest_resilience::limit::LimiterConfig;
+    ///
+    /// # fn main() -> Result<(), reqwest_resilience::ResilienceError> {
+    /// let client = Resilience::new()
+    ///     .concurrency_limit(LimiterConfig::default()) // adaptive, fail fast
+    ///     .build(reqwest::Client::new())?;
+    /// # drop(client); Ok(()) }
+    /// ```
+    pub fn concurrency_limit(mut self, config: LimiterConfig) -> Self {
+        self.concurrency_limit = Some(LimitChoice::Config(config));
+        self
+    }
+
+    /// Like [`concurrency_limit`](Self::concurrency_limit), with a shared registry:
+    /// clients built with clones of one registry share their limits.
+    pub fn concurrency_limiter(mut self, registry: LimiterRegistry) -> Self {
+        self.concurrency_limit = Some(LimitChoice::Registry(registry));
+        self
+    }
+
     /// Builds the client: `reqwest::Client` wrapped in the stack.
     ///
     /// # Errors
@@ -465,6 +497,7 @@ impl Resilience {
     pub fn install(self, builder: ClientBuilder) -> Result<StackBuilder, ResilienceError> {
         let retry = self.build_retry()?;
         let breaker = build_breaker(self.breaker, self.on_breaker_transition)?;
+        let limit = self.concurrency_limit.map(LimitChoice::build).transpose()?;
 
         let mut builder = builder;
         if let Some(observer) = RequestObserver::new(self.on_attempt, self.span_url_query) {
@@ -475,6 +508,9 @@ impl Resilience {
         }
         if let Some(breaker) = breaker {
             builder = builder.with(breaker);
+        }
+        if let Some(limit) = limit {
+            builder = builder.with(limit);
         }
         if let Some(bearer) = self.bearer {
             builder = builder.with(bearer);

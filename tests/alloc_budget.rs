@@ -140,3 +140,20 @@ async fn the_full_stack_with_bearer_adds_twenty_three_allocations_per_request() 
         23.0 + OBSERVER + METRICS_ATTEMPT + METRICS_RETRY
     );
 }
+
+#[tokio::test]
+async fn the_quick_start_stack_with_a_concurrency_limit_adds_seventeen_allocations_per_request() {
+    let client = Resilience::new()
+        .concurrency_limit(reqwest_resilience::limit::LimiterConfig::default())
+        .client_builder(reqwest_client())
+        .unwrap()
+        .inside_transport_step()
+        .with(Answer200)
+        .build();
+    // The quick start's 16, and the limiter's boxed future (1): its origin lookup, its
+    // registry entry, the permit and the adaptive limit's sample allocate nothing.
+    assert_eq!(
+        extra_per_request(client).await,
+        17.0 + OBSERVER + METRICS_ATTEMPT + METRICS_RETRY
+    );
+}

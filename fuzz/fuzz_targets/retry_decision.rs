@@ -26,7 +26,7 @@ use reqwest_resilience::evidence::{
 };
 use reqwest_resilience::retry::{
     AttemptContext, Deadline, DefaultStrategy, Idempotent, MaxRetries, RetryAfterPolicy,
-    RetryReason, RetryStrategy, Verdict, is_idempotent,
+    RetryReason, RetryStrategy, StopReason, Verdict, is_idempotent,
 };
 use reqwest_resilience::{Backoff, Jitter, RetryBudget, RetryMiddleware};
 use tokio::time::Instant;
@@ -69,6 +69,7 @@ const KINDS: [FailureKind; 18] = [
     FailureKind::BreakerOpen,
     FailureKind::Paused,
     FailureKind::TokenUnavailable,
+    FailureKind::ConcurrencyLimited,
     FailureKind::Other,
     FailureKind::Misconfigured,
 ];
@@ -160,6 +161,11 @@ fn check_table(b: &mut Bytes<'_>) {
     ctx.attempt = 1 + u32::from(b.u8() % 5);
     ctx.not_processed_retries = not_processed_retries;
     let verdict = DefaultStrategy.decide(&ctx);
+    // A concurrency-limit rejection is never retried (the limiter's queue is the wait).
+    if e.transmission == Transmission::NotSent && e.failure == Some(FailureKind::ConcurrencyLimited)
+    {
+        assert_eq!(verdict, Verdict::Stop(StopReason::ConcurrencyLimited));
+    }
     if let Verdict::Retry(reason) = verdict {
         assert!(
             may_resend(&e, idempotent, not_processed_retries),

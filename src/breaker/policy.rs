@@ -314,6 +314,7 @@ impl AttemptClassifier for DefaultClassifier {
                     | FailureKind::Paused
                     | FailureKind::TokenUnavailable
                     | FailureKind::Misconfigured
+                    | FailureKind::ConcurrencyLimited
                     | FailureKind::Builder
                     | FailureKind::Redirect
                     | FailureKind::Decode,
@@ -392,6 +393,7 @@ mod tests {
             (FailureKind::BreakerOpen, Outcome::Neutral),
             (FailureKind::Paused, Outcome::Neutral),
             (FailureKind::TokenUnavailable, Outcome::Neutral),
+            (FailureKind::ConcurrencyLimited, Outcome::Neutral),
             (FailureKind::Builder, Outcome::Neutral),
         ] {
             let mut e = RequestEvidence::new(Transmission::Unknown, None, 1);

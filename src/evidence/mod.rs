@@ -31,8 +31,9 @@ use crate::Origin;
 #[non_exhaustive]
 pub enum Transmission {
     /// Proven: no byte of the request can have reached a server (connect refused or
-    /// unreachable, DNS failure, TLS handshake failure, rejected locally by an open breaker
-    /// or a pause, no bearer token to be had, a request that could not be built).
+    /// unreachable, DNS failure, TLS handshake failure, rejected locally by an open breaker,
+    /// a pause or a concurrency limit, no bearer token to be had, a request that could not
+    /// be built).
     NotSent,
     /// The request, or part of it, went out and no response head came back.
     SentNoResponse,
@@ -94,6 +95,10 @@ pub enum FailureKind {
     /// gave a token no header can carry), so the request was not sent: always with
     /// [`Transmission::NotSent`]. Says nothing about the origin.
     TokenUnavailable,
+    /// The origin's concurrency limit ([`ConcurrencyLimit`](crate::limit::ConcurrencyLimit))
+    /// rejected the request locally: always with [`Transmission::NotSent`]. Says nothing
+    /// about the origin's health.
+    ConcurrencyLimited,
     /// A failure this crate does not recognise.
     Other,
     /// The stack is assembled so that it cannot work (installed twice, a middleware of

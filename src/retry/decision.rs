@@ -63,6 +63,9 @@ pub enum StopReason {
     /// answered (`3xx`) by the first hop: a non-idempotent request is never sent again,
     /// whatever a later hop answered.
     RedirectFollowed,
+    /// The origin's concurrency limit rejected the request (after its queue, if one is
+    /// configured): retrying after a backoff would only return to a full origin.
+    ConcurrencyLimited,
 }
 
 impl fmt::Display for RetryReason {
@@ -103,6 +106,9 @@ impl fmt::Display for StopReason {
             StopReason::BodyNotClonable => f.write_str("the body cannot be replayed"),
             StopReason::RedirectFollowed => {
                 f.write_str("a redirect was followed: the first hop was processed")
+            }
+            StopReason::ConcurrencyLimited => {
+                f.write_str("the origin's concurrency limit was reached")
             }
         }
     }
@@ -193,6 +199,7 @@ pub trait RetryStrategy: Send + Sync + 'static {
 /// |---|---|---|
 /// | `NotSent`, transient kind | retry | retry |
 /// | `NotSent`, no bearer token ([`FailureKind::TokenUnavailable`]) | retry | retry |
+/// | `NotSent`, over the concurrency limit ([`FailureKind::ConcurrencyLimited`]) | no | no |
 /// | sent, server proved not processed | retry | retry once |
 /// | `SentNoResponse` / `Unknown` | retry | never |
 /// | 408, 500, 502, 503, 504 | retry | only with `Retry-After` |
@@ -207,6 +214,12 @@ pub trait RetryStrategy: Send + Sync + 'static {
 /// even a token no header can carry may be replaced by the source's next fetch. The wait
 /// is the backoff, but never shorter than the evidence's `retry_after` (when the token
 /// manager will fetch again): a retry sooner would get the same error back at once.
+///
+/// A request over its origin's concurrency limit was not sent either, but is not
+/// retried: the limit says the origin already has as many of our attempts as it should
+/// serve at once, so a retry after a backoff would return to a full origin (or, with a
+/// short backoff, spin on it). Waiting for a permit is the limiter's own bounded queue,
+/// within the same deadline ([`LimiterConfig::queue`](crate::limit::LimiterConfig::queue)).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct DefaultStrategy;
 
@@ -235,6 +248,11 @@ impl RetryStrategy for DefaultStrategy {
                 // Nothing was sent: safe for any method (the middleware waits for the token
                 // manager's next fetch, see the type's docs).
                 Some(FailureKind::TokenUnavailable) => Verdict::Retry(RetryReason::NotSent),
+                // Rejected locally by a full origin: the limiter's queue already waited
+                // (within the deadline) if one is configured; see the type's docs.
+                Some(FailureKind::ConcurrencyLimited) => {
+                    Verdict::Stop(StopReason::ConcurrencyLimited)
+                }
                 _ => Verdict::Retry(RetryReason::NotSent),
             },
             _ if ev.not_processed.is_some() && ctx.not_processed_retries == 0 => {
@@ -358,6 +376,18 @@ mod tests {
             decide(&ev, Method::POST, 0),
             Verdict::Retry(RetryReason::BreakerRejected)
         );
+    }
+
+    #[test]
+    fn row_not_sent_over_the_concurrency_limit_stops_at_once_for_any_method() {
+        let ev = evidence(Transmission::NotSent, Some(FailureKind::ConcurrencyLimited));
+        for method in [Method::GET, Method::PUT, Method::POST] {
+            assert_eq!(
+                decide(&ev, method.clone(), 0),
+                Verdict::Stop(StopReason::ConcurrencyLimited),
+                "{method}"
+            );
+        }
     }
 
     #[test]
@@ -485,6 +515,7 @@ mod tests {
                 FailureKind::BreakerOpen,
                 FailureKind::Paused,
                 FailureKind::TokenUnavailable,
+                FailureKind::ConcurrencyLimited,
                 FailureKind::Other,
                 FailureKind::Misconfigured,
             ]))

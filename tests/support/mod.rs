@@ -31,6 +31,8 @@
 //!   applies it to the fresh connection (that is how `CloseWithoutReading` and `Garbage`
 //!   right after accept are produced), `None` serves requests with the script.
 //! - [`FaultServer::sequence`] answers from a queue, then repeats a fallback.
+//! - [`FaultServer::max_concurrent`]: the most requests handled at once (script called,
+//!   answer not yet started; a `Delay` counts), for concurrency-limit tests.
 //!
 //! # Other helpers
 //! - [`refused_port`]: a loopback port with no listener (connect is refused).
@@ -161,6 +163,28 @@ struct Counters {
     requests: Mutex<Vec<RecordedRequest>>,
     requests_seen: AtomicUsize,
     connections: AtomicUsize,
+    /// Requests being handled (script called, answer not yet written).
+    handling: AtomicUsize,
+    /// The most requests handled at once.
+    max_handling: AtomicUsize,
+}
+
+/// Counts a request as handled from the script's call until the guard drops (answer
+/// written, connection ended, or the server dropped).
+struct Handling<'a>(&'a Counters);
+
+impl<'a> Handling<'a> {
+    fn start(c: &'a Counters) -> Self {
+        let now = c.handling.fetch_add(1, Ordering::SeqCst) + 1;
+        c.max_handling.fetch_max(now, Ordering::SeqCst);
+        Handling(c)
+    }
+}
+
+impl Drop for Handling<'_> {
+    fn drop(&mut self) {
+        self.0.handling.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 /// A scripted HTTP/1.1 server on loopback; see the module docs.
@@ -290,6 +314,17 @@ impl FaultServer {
     pub fn connections(&self) -> usize {
         self.counters.connections.load(Ordering::SeqCst)
     }
+
+    /// How many requests are being handled now: the script was called for them and
+    /// their answer (or terminal action, a `Delay` included) is not finished.
+    pub fn handling(&self) -> usize {
+        self.counters.handling.load(Ordering::SeqCst)
+    }
+
+    /// The most requests handled at once so far (see [`handling`](Self::handling)).
+    pub fn max_concurrent(&self) -> usize {
+        self.counters.max_handling.load(Ordering::SeqCst)
+    }
 }
 
 /// A loopback port with no listener: connecting to it is refused.
@@ -363,6 +398,7 @@ async fn serve_http1(mut stream: TcpStream, conn: usize, c: &Counters, script: &
             all.push(req.clone());
             c.requests_seen.fetch_add(1, Ordering::SeqCst)
         };
+        let handling = Handling::start(c);
         let mut action = script(index, &req);
         while let Action::Delay(d, inner) = action {
             tokio::time::sleep(d).await;
@@ -385,6 +421,9 @@ async fn serve_http1(mut stream: TcpStream, conn: usize, c: &Counters, script: &
                 head.push_str(&format!("content-length: {}\r\n\r\n", body.len()));
                 let mut out = head.into_bytes();
                 out.extend_from_slice(&body);
+                // Done before the client can read the answer, so a client that sends its
+                // next request on receiving it never sees this one still counted.
+                drop(handling);
                 if stream.write_all(&out).await.is_err() || close {
                     return;
                 }

@@ -1,0 +1,645 @@
+//! [`Gradient`] and [`AdaptiveLimit`]: the arithmetic of the adaptive concurrency limit,
+//! pure (no I/O, no clock of its own: every call is handed `now`), so a test drives it
+//! with scripted latencies.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+/// The parameters of the adaptive limit, and the algorithm they drive.
+///
+/// # The algorithm
+///
+/// The gradient limit of Netflix's concurrency-limits library (`GradientLimit`, the
+/// first version, whose no-load latency is a minimum; `Gradient2Limit` keeps its
+/// smoothing and its bounded gradient), with two changes, each for a reason:
+///
+/// - The **no-load latency** is the fastest answer since it was last measured, and it is
+///   re-measured when no answer has confirmed it for [`Gradient::no_load_window`] (10 s):
+///   the limit is halved until [`Gradient::min_window_samples`] attempts admitted under
+///   that half have answered, their fastest becomes the no-load latency, and the limit
+///   returns (BBR's `PROBE_RTT`, with half the limit instead of four packets). Netflix's
+///   probe drops the limit to its floor every thousand samples, which costs goodput; and
+///   a minimum that merely forgets old samples ratchets up, because at a steady limit
+///   above the server's capacity every answer has queued behind our own attempts. The
+///   probe drains that queue, and relearns a server that really got slower.
+/// - An **overload signal** (a `429`, a `503`, a timeout: [`Sample::Overload`]) in a
+///   window cuts the limit by [`Gradient::backoff_ratio`] (0.9), the multiplicative
+///   decrease of Netflix's `AIMDLimit` and TCP: a server that says it is overloaded is
+///   believed before its latency shows it. Once per window, so a burst of `503`s is one
+///   cut, not a collapse.
+///
+/// The limit is updated once per **window** of samples: as many as the limit was when
+/// the window opened (one "round trip" of the limit's worth of requests, as TCP Vegas
+/// updates once per round trip), at least [`Gradient::min_window_samples`]. At the end of
+/// a window, with `rtt` the window's mean latency and `no_load` the windowed minimum:
+///
+/// ```text
+/// gradient  = clamp(tolerance × no_load / rtt, 0.5, 1.0)
+/// target    = limit × gradient + √limit            // √limit: the queue allowed to form
+/// limit     = limit × (1 − smoothing) + target × smoothing
+/// limit     = clamp(limit, min_limit, max_limit)
+/// ```
+///
+/// While the latency stays within `tolerance × no_load` the gradient is 1 and the limit
+/// grows by `smoothing × √limit` per window; once requests queue at the server, latency
+/// grows with the concurrency beyond its capacity and the gradient pulls the limit back.
+/// The gradient is never below 0.5, so one slow window cannot halve the limit (with the
+/// smoothing, a window moves it by at most 10 %). A window in which fewer than half the
+/// limit were in flight at once is *application limited*: it may lower the limit but
+/// never raise it (a client that sends little proves nothing about more).
+///
+/// # Parameters
+///
+/// | parameter | default | origin |
+/// |---|---|---|
+/// | `initial_limit` | 20 | Netflix `Gradient2Limit` |
+/// | `min_limit` | 4 | a floor that still lets latency be measured after a collapse |
+/// | `max_limit` | 1 000 | Netflix `GradientLimit` (`maxConcurrency`) |
+/// | `smoothing` | 0.2 | Netflix `GradientLimit` / `Gradient2Limit` |
+/// | `tolerance` | 1.5 | Netflix `Gradient2Limit` (`rttTolerance`) |
+/// | `backoff_ratio` | 0.9 | Netflix `AIMDLimit` |
+/// | `no_load_window` | 10 s | BBR's `min_rtt` filter window (and `PROBE_RTT` interval) |
+/// | `min_window_samples` | 10 | Netflix `WindowedLimit` (`windowSize`) |
+/// | `min_latency` | 100 µs | Netflix `WindowedLimit` (`minRttThreshold`) |
+///
+/// ```
+/// use std::time::Duration;
+/// use reqwest_resilience::limit::Gradient;
+///
+/// let g = Gradient::default().initial_limit(10).tolerance(2.0);
+/// assert_eq!((g.initial_limit, g.max_limit), (10, 1_000));
+/// assert_eq!(g.no_load_window, Duration::from_secs(10));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq)]
+#[non_exhaustive]
+pub struct Gradient {
+    /// The limit before any sample (default 20).
+    pub initial_limit: u32,
+    /// The limit never goes below this (default 4, at least 1).
+    pub min_limit: u32,
+    /// The limit never goes above this (default 1 000).
+    pub max_limit: u32,
+    /// How far one window moves the limit toward its target, in `(0, 1]` (default 0.2).
+    pub smoothing: f64,
+    /// How much slower than the no-load latency a window may be before the limit is
+    /// pulled back, at least 1 (default 1.5).
+    pub tolerance: f64,
+    /// The factor applied to the limit after a window with an overload signal, in
+    /// `(0, 1)` (default 0.9).
+    pub backoff_ratio: f64,
+    /// How long the no-load latency stands without an answer as fast before it is
+    /// re-measured (default 10 s).
+    pub no_load_window: Duration,
+    /// The fewest samples in a window, and in a re-measurement (default 10).
+    pub min_window_samples: u32,
+    /// Latencies below this are ignored (default 100 µs): an answer that fast did not
+    /// come from the server's work (a cache in between, a canned error) and, taken as the
+    /// no-load latency, would pull the limit down until the next re-measurement.
+    pub min_latency: Duration,
+}
+
+impl Default for Gradient {
+    fn default() -> Self {
+        Gradient {
+            initial_limit: 20,
+            min_limit: 4,
+            max_limit: 1_000,
+            smoothing: 0.2,
+            tolerance: 1.5,
+            backoff_ratio: 0.9,
+            no_load_window: Duration::from_secs(10),
+            min_window_samples: 10,
+            min_latency: Duration::from_micros(100),
+        }
+    }
+}
+
+macro_rules! setters {
+    ($($(#[$doc:meta])* $name:ident: $ty:ty),* $(,)?) => {$(
+        $(#[$doc])*
+        pub fn $name(mut self, $name: $ty) -> Self {
+            self.$name = $name;
+            self
+        }
+    )*};
+}
+
+impl Gradient {
+    setters! {
+        /// Sets [`initial_limit`](Self::initial_limit).
+        initial_limit: u32,
+        /// Sets [`min_limit`](Self::min_limit).
+        min_limit: u32,
+        /// Sets [`max_limit`](Self::max_limit).
+        max_limit: u32,
+        /// Sets [`smoothing`](Self::smoothing).
+        smoothing: f64,
+        /// Sets [`tolerance`](Self::tolerance).
+        tolerance: f64,
+        /// Sets [`backoff_ratio`](Self::backoff_ratio).
+        backoff_ratio: f64,
+        /// Sets [`no_load_window`](Self::no_load_window).
+        no_load_window: Duration,
+        /// Sets [`min_window_samples`](Self::min_window_samples).
+        min_window_samples: u32,
+        /// Sets [`min_latency`](Self::min_latency).
+        min_latency: Duration,
+    }
+
+    /// Why these parameters cannot work, if they cannot.
+    pub(crate) fn check(&self) -> Result<(), String> {
+        if self.min_limit == 0 {
+            return Err("gradient min_limit must be at least 1".into());
+        }
+        if !(self.min_limit <= self.initial_limit && self.initial_limit <= self.max_limit) {
+            return Err(format!(
+                "gradient limits must satisfy min_limit <= initial_limit <= max_limit, got \
+                 {} <= {} <= {}",
+                self.min_limit, self.initial_limit, self.max_limit
+            ));
+        }
+        if !(self.smoothing > 0.0 && self.smoothing <= 1.0) {
+            return Err(format!(
+                "gradient smoothing must be in (0, 1], got {}",
+                self.smoothing
+            ));
+        }
+        if !(self.tolerance.is_finite() && self.tolerance >= 1.0) {
+            return Err(format!(
+                "gradient tolerance must be finite and at least 1, got {}",
+                self.tolerance
+            ));
+        }
+        if !(self.backoff_ratio > 0.0 && self.backoff_ratio < 1.0) {
+            return Err(format!(
+                "gradient backoff_ratio must be in (0, 1), got {}",
+                self.backoff_ratio
+            ));
+        }
+        if self.no_load_window.is_zero() || self.no_load_window > super::MAX_DURATION {
+            return Err(format!(
+                "gradient no_load_window must be more than zero and at most a year, got {:?}",
+                self.no_load_window
+            ));
+        }
+        if self.min_window_samples == 0 {
+            return Err("gradient min_window_samples must be at least 1".into());
+        }
+        Ok(())
+    }
+}
+
+/// What one attempt tells the limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Sample {
+    /// The attempt was answered after this latency (time to the response head).
+    Latency(Duration),
+    /// The server signalled overload: a `429`, a `503`, or a timeout.
+    Overload,
+    /// The attempt says nothing about the server's load (cancelled by the caller, refused
+    /// connection, rejected locally).
+    Ignored,
+}
+
+/// The state of one origin's adaptive limit: [`Gradient`] applied to the samples it is
+/// fed. Pure: the clock is an argument.
+///
+/// ```
+/// use std::time::Duration;
+/// use reqwest_resilience::limit::{AdaptiveLimit, Gradient, Sample};
+///
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+/// let now = tokio::time::Instant::now();
+/// let mut limit = AdaptiveLimit::new(Gradient::default());
+/// assert_eq!(limit.limit(), 20);
+/// // A saturated client (20 in flight) whose server answers in 5 ms throughout: it grows.
+/// for _ in 0..100 {
+///     limit.sample(now, Sample::Latency(Duration::from_millis(5)), 20);
+/// }
+/// assert!(limit.limit() > 20);
+/// # }
+/// ```
+#[derive(Debug, Clone)]
+pub struct AdaptiveLimit {
+    params: Gradient,
+    estimate: f64,
+    window: Window,
+    /// The no-load latency and when a sample last confirmed it.
+    no_load: Option<(Duration, Instant)>,
+    probe: Option<Probe>,
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+struct Window {
+    samples: u32,
+    /// Latency samples only (an overload signal has no meaningful latency).
+    latencies: u32,
+    latency_sum: Duration,
+    max_in_flight: u32,
+    overloaded: bool,
+}
+
+/// A re-measurement of the no-load latency: the limit is halved until enough attempts
+/// admitted at or under that half have answered.
+#[derive(Debug, Clone, Copy)]
+struct Probe {
+    /// The estimate to return to.
+    restore: f64,
+    started: Instant,
+    cap: u32,
+    samples: u32,
+    min: Option<Duration>,
+    overloaded: bool,
+}
+
+impl AdaptiveLimit {
+    /// A limit at `params.initial_limit`, with no sample yet.
+    pub fn new(params: Gradient) -> Self {
+        AdaptiveLimit {
+            params,
+            estimate: f64::from(params.initial_limit),
+            window: Window::default(),
+            no_load: None,
+            probe: None,
+        }
+    }
+
+    /// The current limit: how many attempts may be in flight.
+    pub fn limit(&self) -> u32 {
+        match self.probe {
+            Some(p) => p.cap,
+            // The estimate stays within [min_limit, max_limit], both u32.
+            None => self.estimate as u32,
+        }
+    }
+
+    /// The no-load latency: the fastest answer seen since it was last measured (`None`
+    /// before the first answer).
+    pub fn no_load_latency(&self) -> Option<Duration> {
+        self.no_load.map(|n| n.0)
+    }
+
+    /// Whether the limit is halved to re-measure the no-load latency.
+    pub fn is_probing(&self) -> bool {
+        self.probe.is_some()
+    }
+
+    /// Feeds one attempt's outcome; `in_flight` is how many attempts were in flight when
+    /// it was admitted (itself included). Returns the new limit when it changed.
+    pub fn sample(&mut self, now: Instant, sample: Sample, in_flight: u32) -> Option<u32> {
+        let before = self.limit();
+        match sample {
+            Sample::Ignored => return None,
+            Sample::Latency(rtt) if rtt < self.params.min_latency => return None,
+            Sample::Latency(rtt) => match &mut self.no_load {
+                Some((min, at)) if rtt <= *min => (*min, *at) = (rtt, now),
+                Some(_) => {}
+                None => self.no_load = Some((rtt, now)),
+            },
+            Sample::Overload => {}
+        }
+        if self.probe.is_some() {
+            self.probe_sample(now, sample, in_flight);
+        } else {
+            self.window_sample(now, sample, in_flight);
+        }
+        let after = self.limit();
+        (after != before).then_some(after)
+    }
+
+    fn window_sample(&mut self, now: Instant, sample: Sample, in_flight: u32) {
+        let w = &mut self.window;
+        match sample {
+            Sample::Overload => w.overloaded = true,
+            Sample::Latency(rtt) => {
+                w.latencies += 1;
+                w.latency_sum = w.latency_sum.saturating_add(rtt);
+            }
+            Sample::Ignored => return,
+        }
+        w.samples += 1;
+        w.max_in_flight = w.max_in_flight.max(in_flight);
+        let samples = w.samples;
+        if samples < self.limit().max(self.params.min_window_samples) {
+            return;
+        }
+        let window = std::mem::take(&mut self.window);
+        self.estimate = self.next_estimate(&window);
+        // A no-load latency nothing has confirmed for a whole window may be stale: the
+        // server got slower, or every sample since queued behind our own attempts (at a
+        // steady limit above the server's capacity each one does, and the minimum would
+        // ratchet up with the limit). Halving the limit drains that queue; the answers
+        // then say what the server takes unloaded (BBR's PROBE_RTT, with a cap of half
+        // the limit instead of four packets).
+        if let Some((_, at)) = self.no_load
+            && now.saturating_duration_since(at) >= self.params.no_load_window
+        {
+            let cap = ((self.estimate / 2.0) as u32).max(self.params.min_limit);
+            self.probe = Some(Probe {
+                restore: self.estimate,
+                started: now,
+                cap,
+                samples: 0,
+                min: None,
+                overloaded: false,
+            });
+        }
+    }
+
+    fn probe_sample(&mut self, now: Instant, sample: Sample, in_flight: u32) {
+        let Some(probe) = &mut self.probe else {
+            return;
+        };
+        match sample {
+            Sample::Overload => probe.overloaded = true,
+            // Only an attempt admitted under the halved limit saw the drained queue.
+            Sample::Latency(rtt) if in_flight <= probe.cap => {
+                probe.samples += 1;
+                probe.min = Some(probe.min.map_or(rtt, |m| m.min(rtt)));
+            }
+            _ => {}
+        }
+        if probe.samples < self.params.min_window_samples {
+            return;
+        }
+        let done = *probe;
+        self.probe = None;
+        // A faster answer during the probe (one admitted before the halving) stands.
+        match (done.min, self.no_load) {
+            (Some(min), Some((fastest, at))) if at >= done.started && fastest < min => {}
+            (Some(min), _) => self.no_load = Some((min, now)),
+            (None, _) => {}
+        }
+        let restore = if done.overloaded {
+            done.restore * self.params.backoff_ratio
+        } else {
+            done.restore
+        };
+        self.estimate = restore.clamp(
+            f64::from(self.params.min_limit),
+            f64::from(self.params.max_limit),
+        );
+        self.window = Window::default();
+    }
+
+    fn next_estimate(&self, w: &Window) -> f64 {
+        let p = &self.params;
+        let limit = self.estimate;
+        let next = if w.overloaded {
+            limit * p.backoff_ratio
+        } else {
+            let (Some((no_load, _)), Some(rtt)) = (
+                self.no_load,
+                w.latency_sum
+                    .checked_div(w.latencies)
+                    .filter(|d| !d.is_zero()),
+            ) else {
+                return limit;
+            };
+            let gradient =
+                (p.tolerance * no_load.as_secs_f64() / rtt.as_secs_f64()).clamp(0.5, 1.0);
+            let target = limit * gradient + limit.sqrt();
+            let mut next = limit * (1.0 - p.smoothing) + target * p.smoothing;
+            // Application limited: fewer than half the limit in flight proves nothing
+            // about more.
+            if f64::from(w.max_in_flight) * 2.0 < limit {
+                next = next.min(limit);
+            }
+            next
+        };
+        next.clamp(f64::from(p.min_limit), f64::from(p.max_limit))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: Duration = Duration::from_millis(1);
+
+    /// Feeds `windows` windows of samples from a client keeping the limit in flight, the
+    /// clock moving as such a client's answers arrive; `rtt(in_flight)` is the server.
+    /// Returns the limit after each window.
+    fn drive(
+        l: &mut AdaptiveLimit,
+        now: &mut Instant,
+        rtt: impl Fn(u32) -> Duration,
+        windows: usize,
+    ) -> Vec<u32> {
+        let mut out = Vec::new();
+        for _ in 0..windows {
+            loop {
+                let in_flight = l.limit();
+                let latency = rtt(in_flight);
+                *now += latency / in_flight;
+                l.sample(*now, Sample::Latency(latency), in_flight);
+                if l.window.samples == 0 && l.probe.is_none() {
+                    break;
+                }
+            }
+            out.push(l.limit());
+        }
+        out
+    }
+
+    fn flat(d: Duration) -> impl Fn(u32) -> Duration {
+        move |_| d
+    }
+
+    /// A server with `slots` handlers serving in `service`: requests beyond them queue.
+    fn queueing(slots: u32, service: Duration) -> impl Fn(u32) -> Duration {
+        move |n| service.mul_f64((f64::from(n) / f64::from(slots)).max(1.0))
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn steady_latency_grows_the_limit_by_smoothing_times_sqrt_per_window() {
+        let mut l = AdaptiveLimit::new(Gradient::default());
+        let mut now = Instant::now();
+        let limits = drive(&mut l, &mut now, flat(5 * MS), 3);
+        // 20 + 0.2·√20 = 20.89, + 0.2·√20.89 = 21.80, + 0.2·√21.80 = 22.73.
+        assert_eq!(limits, [20, 21, 22]);
+        assert!((l.estimate - 22.734).abs() < 0.01, "{}", l.estimate);
+        assert_eq!(l.no_load_latency(), Some(5 * MS));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn injected_latency_pulls_the_limit_down_and_its_end_lets_it_rise_again() {
+        let mut l = AdaptiveLimit::new(Gradient::default().initial_limit(40));
+        let mut now = Instant::now();
+        drive(&mut l, &mut now, flat(5 * MS), 5);
+        let before = l.limit();
+        assert!(before >= 40, "{before}");
+        // Ten times slower: the gradient clamps at 0.5, each window -10 % + 0.2·√limit.
+        let falling = drive(&mut l, &mut now, flat(50 * MS), 20);
+        assert!(falling.windows(2).all(|w| w[1] <= w[0]), "{falling:?}");
+        let bottom = *falling.last().unwrap();
+        assert!(bottom < before / 2, "{before} -> {bottom}");
+        assert_eq!(l.no_load_latency(), Some(5 * MS));
+        let rising = drive(&mut l, &mut now, flat(5 * MS), 30);
+        assert!(rising.windows(2).all(|w| w[1] >= w[0]), "{rising:?}");
+        assert!(*rising.last().unwrap() > bottom + 10, "{rising:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn queueing_settles_the_limit_near_the_servers_capacity_and_stays() {
+        // 16 handlers serving in 5 ms. The first answers already queued (20 > 16), so
+        // the first no-load latency is too high; the probes every 10 s correct it.
+        let server = queueing(16, 5 * MS);
+        let mut l = AdaptiveLimit::new(Gradient::default());
+        let mut now = Instant::now();
+        let start = now;
+        let (mut probes, mut highest) = (0, 0);
+        let mut settled = (u32::MAX, 0);
+        while now - start < Duration::from_secs(120) {
+            let was = l.is_probing();
+            let in_flight = l.limit();
+            let latency = server(in_flight);
+            now += latency / in_flight;
+            l.sample(now, Sample::Latency(latency), in_flight);
+            probes += usize::from(!was && l.is_probing());
+            highest = highest.max(l.limit());
+            if now - start > Duration::from_secs(40) && !l.is_probing() {
+                settled = (settled.0.min(l.limit()), settled.1.max(l.limit()));
+            }
+        }
+        // Equilibrium of limit − √limit = 1.5 × 16 (tolerance × capacity): about 29,
+        // and it stays there (no ratchet).
+        assert!(settled.0 >= 27 && settled.1 <= 31, "{settled:?}");
+        assert!(highest <= 40, "{highest}");
+        assert!((11..=13).contains(&probes), "{probes}");
+        assert_eq!(l.no_load_latency(), Some(5 * MS));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_server_that_got_slower_is_relearnt_by_the_probe() {
+        let mut l = AdaptiveLimit::new(Gradient::default());
+        let mut now = Instant::now();
+        drive(&mut l, &mut now, queueing(16, 5 * MS), 50);
+        // Ten times slower for good (same 16 handlers): the limit falls, then the probe
+        // after 10 s learns 50 ms as the new no-load latency and the limit recovers.
+        drive(&mut l, &mut now, queueing(16, 50 * MS), 20);
+        let low = l.limit();
+        assert!(low < 16, "{low}");
+        let end = now + Duration::from_secs(30);
+        while now < end {
+            drive(&mut l, &mut now, queueing(16, 50 * MS), 1);
+        }
+        assert_eq!(l.no_load_latency(), Some(50 * MS));
+        assert!((26..=32).contains(&l.limit()), "{}", l.limit());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_probe_halves_the_limit_until_answers_admitted_under_the_half_arrive() {
+        let mut l = AdaptiveLimit::new(Gradient::default().initial_limit(40));
+        let mut now = Instant::now();
+        l.sample(now, Sample::Latency(5 * MS), 40);
+        now += Duration::from_secs(10);
+        for _ in 0..40 {
+            l.sample(now, Sample::Latency(6 * MS), 40);
+        }
+        assert!(l.is_probing());
+        let cap = l.limit();
+        let restore = l.probe.unwrap().restore;
+        assert_eq!(cap, (restore / 2.0) as u32);
+        // Answers admitted before the halving do not count.
+        for _ in 0..100 {
+            l.sample(now, Sample::Latency(6 * MS), cap + 1);
+        }
+        assert!(l.is_probing());
+        for i in 0..10 {
+            l.sample(now, Sample::Latency((7 + i) * MS), cap);
+        }
+        assert!(!l.is_probing());
+        assert_eq!(l.no_load_latency(), Some(7 * MS));
+        assert_eq!(l.limit(), restore as u32);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_overload_signal_cuts_once_per_window_by_the_backoff_ratio() {
+        let mut l = AdaptiveLimit::new(Gradient::default().initial_limit(100));
+        let now = Instant::now();
+        for i in 0..100 {
+            let s = if i % 2 == 0 {
+                Sample::Overload
+            } else {
+                Sample::Latency(5 * MS)
+            };
+            l.sample(now, s, 100);
+        }
+        assert_eq!(l.limit(), 90);
+        // Ignored samples do not count toward the window.
+        for _ in 0..1_000 {
+            assert_eq!(l.sample(now, Sample::Ignored, 90), None);
+        }
+        assert_eq!(l.limit(), 90);
+        assert_eq!(l.window.samples, 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn latencies_below_min_latency_are_ignored() {
+        let mut l = AdaptiveLimit::new(Gradient::default());
+        let now = Instant::now();
+        for _ in 0..1_000 {
+            assert_eq!(
+                l.sample(now, Sample::Latency(Duration::from_micros(99)), 20),
+                None
+            );
+        }
+        assert_eq!(
+            (l.limit(), l.no_load_latency(), l.window.samples),
+            (20, None, 0)
+        );
+        l.sample(now, Sample::Latency(Duration::from_micros(100)), 20);
+        assert_eq!(l.no_load_latency(), Some(Duration::from_micros(100)));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_application_limited_window_never_raises_the_limit() {
+        let mut l = AdaptiveLimit::new(Gradient::default());
+        let now = Instant::now();
+        for _ in 0..1_000 {
+            l.sample(now, Sample::Latency(5 * MS), 9);
+        }
+        assert_eq!(l.limit(), 20);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_limit_stays_within_min_and_max() {
+        let g = Gradient::default()
+            .min_limit(3)
+            .initial_limit(5)
+            .max_limit(6);
+        let mut l = AdaptiveLimit::new(g);
+        let mut now = Instant::now();
+        assert_eq!(
+            *drive(&mut l, &mut now, flat(5 * MS), 200).last().unwrap(),
+            6
+        );
+        for _ in 0..1_000 {
+            l.sample(now, Sample::Overload, 6);
+        }
+        assert_eq!(l.limit(), 3);
+    }
+
+    #[test]
+    fn invalid_parameters_are_refused_with_a_reason() {
+        let ok = Gradient::default();
+        assert_eq!(ok.check(), Ok(()));
+        for bad in [
+            ok.min_limit(0),
+            ok.initial_limit(2),
+            ok.max_limit(10),
+            ok.smoothing(0.0),
+            ok.smoothing(f64::NAN),
+            ok.tolerance(0.9),
+            ok.tolerance(f64::INFINITY),
+            ok.backoff_ratio(1.0),
+            ok.no_load_window(Duration::ZERO),
+            ok.min_window_samples(0),
+        ] {
+            assert!(bad.check().is_err(), "{bad:?}");
+        }
+    }
+}

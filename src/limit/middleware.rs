@@ -1,0 +1,246 @@
+//! [`ConcurrencyLimit`]: takes a permit from the origin's limit before each attempt, and
+//! feeds the attempt's latency or overload signal back to it.
+
+use std::time::Duration;
+
+use http::{Extensions, StatusCode};
+use reqwest::{Request, Response};
+use reqwest_middleware::{Middleware, Next};
+
+use super::gradient::Sample;
+use super::registry::{Admission, LimitRejection, LimiterRegistry};
+use crate::breaker::Deadline;
+use crate::evidence::{FailureKind, RequestEvidence, Transmission, record_rejected_locally};
+use crate::{Origin, ResilienceError};
+
+/// A per-origin concurrency limit, from a shared [`LimiterRegistry`].
+///
+/// Register it inside the circuit breaker (so an open breaker rejects before a permit
+/// is taken) and outside `BearerAuth` and [`TransportEvidence`](crate::TransportEvidence);
+/// [`Resilience::concurrency_limit`](crate::Resilience::concurrency_limit) puts it there.
+/// Per attempt:
+///
+/// 1. It takes a permit from the origin's limit. Over the limit, the request waits in the
+///    origin's queue when one is configured (up to its timeout and the request's
+///    [`Deadline`]), else, or when the wait ends without a permit, it returns
+///    [`ResilienceError::ConcurrencyLimited`] at once, without touching the network, and
+///    leaves in the extensions a `NotSent` [`RequestEvidence`] with
+///    [`FailureKind::ConcurrencyLimited`] (also appended to the
+///    [`AttemptHistory`](crate::AttemptHistory)).
+/// 2. It sends the attempt and, from the evidence the transport step left, tells the
+///    limit what it showed: the latency to the response head, an overload signal (a
+///    `429`, a `503`, a timeout), or nothing (a refused connection, a rejection inside).
+///
+/// The retry middleware does not retry a rejection: waiting for a permit is this
+/// middleware's queue, bounded by the same deadline; a retry after a backoff would only
+/// come back to an origin that was already full (see
+/// [`StopReason::ConcurrencyLimited`](crate::retry::StopReason::ConcurrencyLimited)). A
+/// circuit breaker outside counts a rejection as neutral: it says nothing about the
+/// origin's health. Each retry, and each hedge, takes a permit of its own.
+///
+/// What one permit covers: the attempt as this middleware hands it on. A `401` replay by
+/// `BearerAuth` inside runs under the same permit (after the first request, so the count
+/// in flight stays exact), and so do the redirects reqwest follows within the attempt,
+/// even to another origin: the permit, and the latency sample, belong to the origin the
+/// request was sent to.
+///
+/// ```
+/// use reqwest_middleware::ClientBuilder;
+/// use reqwest_resilience::TransportEvidence;
+/// use reqwest_resilience::limit::{ConcurrencyLimit, LimiterConfig, LimiterRegistry};
+///
+/// # fn main() -> Result<(), reqwest_resilience::ResilienceError> {
+/// let registry = LimiterRegistry::new(LimiterConfig::fixed(16))?;
+/// let client = ClientBuilder::new(reqwest::Client::new())
+///     .with(ConcurrencyLimit::new(registry.clone()))
+///     .with(TransportEvidence::new())
+///     .build();
+/// for limit in registry.snapshot() {
+///     println!("{}: {} of {} in flight", limit.origin, limit.in_flight, limit.limit);
+/// }
+/// # drop(client); Ok(()) }
+/// ```
+///
+/// # Deadlines
+///
+/// A request's [`Deadline`] bounds its wait in the queue: a wait that reaches it ends
+/// with the rejection above (`NotSent`, never sent). When the breaker outside cuts the
+/// attempt at the same deadline, the queue's timer wins (it is polled inside the
+/// breaker's), so a request that only waited locally is never counted as a timeout
+/// against the origin. An attempt that was admitted and is still running at the
+/// deadline is a timeout: an overload signal for the limit.
+///
+/// # Cancel safety
+///
+/// The permit is an RAII guard: dropping the request future at any point (waiting in
+/// the queue, or during the attempt) gives its place back at once. A drop before the
+/// request's [`Deadline`] tells the limit nothing (the caller gave up); a drop at or
+/// after it (an outer middleware cut the attempt there) counts as a timeout.
+#[derive(Clone, Debug, Default)]
+pub struct ConcurrencyLimit {
+    registry: LimiterRegistry,
+}
+
+impl ConcurrencyLimit {
+    /// A middleware using `registry`'s limits.
+    pub fn new(registry: LimiterRegistry) -> Self {
+        ConcurrencyLimit { registry }
+    }
+
+    /// The registry whose limits this middleware uses.
+    pub fn registry(&self) -> &LimiterRegistry {
+        &self.registry
+    }
+}
+
+/// How [`Resilience`](crate::Resilience) was asked for a limit.
+pub(crate) enum LimitChoice {
+    Config(super::LimiterConfig),
+    Registry(LimiterRegistry),
+}
+
+impl LimitChoice {
+    pub(crate) fn build(self) -> Result<ConcurrencyLimit, ResilienceError> {
+        Ok(ConcurrencyLimit::new(match self {
+            LimitChoice::Config(config) => LimiterRegistry::new(config)?,
+            LimitChoice::Registry(registry) => registry,
+        }))
+    }
+}
+
+/// Leaves the rejection's `NotSent` evidence and builds its error.
+fn rejected(rejection: LimitRejection, extensions: &mut Extensions) -> reqwest_middleware::Error {
+    record_rejected_locally(
+        extensions,
+        FailureKind::ConcurrencyLimited,
+        Some(rejection.origin.clone()),
+        None,
+    );
+    reqwest_middleware::Error::middleware(ResilienceError::from(rejection))
+}
+
+/// What an attempt tells its origin's limit.
+fn sample_of(
+    evidence: Option<&RequestEvidence>,
+    result: &reqwest_middleware::Result<Response>,
+    elapsed: Duration,
+) -> Sample {
+    let overload =
+        |s: StatusCode| s == StatusCode::TOO_MANY_REQUESTS || s == StatusCode::SERVICE_UNAVAILABLE;
+    match evidence {
+        Some(e) => match (e.transmission, e.failure) {
+            (Transmission::ResponseReceived(s), _) if overload(s) => Sample::Overload,
+            // The transport step's own time: a token wait in `BearerAuth` is not latency.
+            (Transmission::ResponseReceived(_), _) => Sample::Latency(e.elapsed),
+            (_, Some(FailureKind::Timeout)) => Sample::Overload,
+            _ => Sample::Ignored,
+        },
+        // No transport step inside: the result speaks for itself.
+        None => match result {
+            Ok(r) if overload(r.status()) => Sample::Overload,
+            Ok(_) => Sample::Latency(elapsed),
+            Err(reqwest_middleware::Error::Reqwest(e)) if e.is_timeout() => Sample::Overload,
+            Err(_) => Sample::Ignored,
+        },
+    }
+}
+
+#[async_trait::async_trait]
+impl Middleware for ConcurrencyLimit {
+    async fn handle(
+        &self,
+        req: Request,
+        extensions: &mut Extensions,
+        next: Next<'_>,
+    ) -> reqwest_middleware::Result<Response> {
+        let Some(origin) = Origin::cached(req.url()) else {
+            // No origin, no limit: reqwest will reject the URL itself.
+            return next.run(req, extensions).await;
+        };
+        let deadline = extensions.get::<Deadline>().map(|d| d.0);
+        let permit = match self.registry.admit(&origin, deadline, true) {
+            Admission::Admitted(permit) => permit,
+            // Boxed: rare, and its timer would otherwise enlarge every request's future.
+            Admission::Queued(queued) => {
+                match Box::pin(self.registry.wait(&origin, queued, deadline)).await {
+                    Ok(permit) => permit,
+                    Err(rejection) => return Err(rejected(rejection, extensions)),
+                }
+            }
+            Admission::Rejected(rejection) => return Err(rejected(rejection, extensions)),
+        };
+        // Evidence left by an earlier attempt would otherwise be read as this one's when
+        // no transport step runs inside.
+        extensions.remove::<RequestEvidence>();
+        let result = next.run(req, extensions).await;
+        let elapsed = permit.admitted_at().elapsed();
+        permit.record(sample_of(
+            extensions.get::<RequestEvidence>(),
+            &result,
+            elapsed,
+        ));
+        result
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn response(code: u16) -> reqwest_middleware::Result<Response> {
+        Ok(Response::from(
+            http::Response::builder().status(code).body("").unwrap(),
+        ))
+    }
+
+    #[test]
+    fn samples_read_latency_overload_or_nothing_from_the_evidence() {
+        let ms = Duration::from_millis;
+        let status = |c| Transmission::ResponseReceived(StatusCode::from_u16(c).unwrap());
+        let mut ok = RequestEvidence::new(status(200), None, 1);
+        ok.elapsed = ms(7);
+        // The evidence's time wins over the middleware's own (which may include a token wait).
+        assert_eq!(
+            sample_of(Some(&ok), &response(200), ms(90)),
+            Sample::Latency(ms(7))
+        );
+        for code in [429, 503] {
+            let e = RequestEvidence::new(status(code), None, 1);
+            assert_eq!(
+                sample_of(Some(&e), &response(code), ms(1)),
+                Sample::Overload
+            );
+        }
+        let e = RequestEvidence::new(status(500), None, 1);
+        assert_eq!(
+            sample_of(Some(&e), &response(500), ms(1)),
+            Sample::Latency(ms(0))
+        );
+        let mut timeout = RequestEvidence::new(Transmission::Unknown, None, 1);
+        timeout.failure = Some(FailureKind::Timeout);
+        assert_eq!(
+            sample_of(Some(&timeout), &response(200), ms(1)),
+            Sample::Overload
+        );
+        for kind in [
+            FailureKind::Connect,
+            FailureKind::Reset,
+            FailureKind::BreakerOpen,
+            FailureKind::TokenUnavailable,
+            FailureKind::ConcurrencyLimited,
+        ] {
+            let e = RequestEvidence::rejected_locally(kind, None, 1);
+            assert_eq!(sample_of(Some(&e), &response(200), ms(1)), Sample::Ignored);
+        }
+        // Without evidence: the response itself.
+        assert_eq!(
+            sample_of(None, &response(204), ms(3)),
+            Sample::Latency(ms(3))
+        );
+        assert_eq!(sample_of(None, &response(503), ms(3)), Sample::Overload);
+        let other = Err(reqwest_middleware::Error::middleware(
+            std::io::Error::other("x"),
+        ));
+        assert_eq!(sample_of(None, &other, ms(3)), Sample::Ignored);
+    }
+}

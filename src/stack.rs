@@ -134,6 +134,7 @@ struct RetrySettings {
     total_deadline: Option<Duration>,
     budget: Option<Option<RetryBudget>>,
     retry_after_cap: Option<(Duration, RetryAfterPolicy)>,
+    attempt_timeout: Option<Duration>,
 }
 
 impl RetrySettings {
@@ -145,6 +146,7 @@ impl RetrySettings {
             (self.total_deadline.is_some(), "total_deadline"),
             (self.budget.is_some(), "retry_budget"),
             (self.retry_after_cap.is_some(), "retry_after_cap"),
+            (self.attempt_timeout.is_some(), "attempt_timeout"),
         ]
         .into_iter()
         .find_map(|(set, name)| set.then_some(name))
@@ -300,6 +302,15 @@ impl Resilience {
     /// (default: clamp to the cap).
     pub fn retry_after_cap(mut self, cap: Duration, policy: RetryAfterPolicy) -> Self {
         self.retry_settings.retry_after_cap = Some((cap, policy));
+        self
+    }
+
+    /// Bounds each attempt's wait for its response head (default: none; see
+    /// [`RetryMiddlewareBuilder::attempt_timeout`](crate::retry::RetryMiddlewareBuilder::attempt_timeout)
+    /// for why it is off by default). A cut attempt is a breaker failure and is retried
+    /// only when the request is idempotent; the total deadline still bounds everything.
+    pub fn attempt_timeout(mut self, timeout: Duration) -> Self {
+        self.retry_settings.attempt_timeout = Some(timeout);
         self
     }
 
@@ -482,6 +493,9 @@ impl Resilience {
                 }
                 if let Some((cap, policy)) = s.retry_after_cap {
                     b = b.retry_after_cap(cap, policy);
+                }
+                if let Some(timeout) = s.attempt_timeout {
+                    b = b.attempt_timeout(timeout);
                 }
                 b.build().map(Some)
             }

@@ -10,6 +10,7 @@ use reqwest::{Request, Response};
 use reqwest_middleware::{Middleware, Next};
 use tokio::time::Instant;
 
+use super::attempt_timeout::{self, AttemptScope, attempt_cut};
 use super::{
     AttemptContext, Deadline, DefaultStrategy, Idempotent, MaxRetries, RetryBudget, RetryError,
     RetryOutcome, RetryReason, RetryStrategy, StopReason, Verdict, Withdrawal, is_idempotent,
@@ -91,6 +92,7 @@ struct Config {
     strategy: Arc<dyn RetryStrategy>,
     random: Arc<dyn RandomSource>,
     wrap_errors: bool,
+    attempt_timeout: Option<Duration>,
 }
 
 /// Where backoff delays come from.
@@ -130,6 +132,7 @@ impl RetryMiddleware {
                 strategy: Arc::new(DefaultStrategy),
                 random: Arc::new(ThreadRandom),
                 wrap_errors: true,
+                attempt_timeout: None,
             },
         }
     }
@@ -156,6 +159,7 @@ impl fmt::Debug for RetryMiddleware {
             .field("retry_after_policy", &c.retry_after_policy)
             .field("budget", &c.budget)
             .field("deadline", &c.deadline)
+            .field("attempt_timeout", &c.attempt_timeout)
             .field("wrap_errors", &c.wrap_errors)
             .finish_non_exhaustive()
     }
@@ -246,12 +250,45 @@ impl RetryMiddlewareBuilder {
         self
     }
 
+    /// Bounds each attempt's wait for its response head (default: none). A cut attempt is
+    /// `Unknown` / [`Timeout`](FailureKind::Timeout), so only an idempotent request is
+    /// retried after it, and a [`CircuitBreakerMiddleware`](crate::breaker::CircuitBreakerMiddleware)
+    /// inside counts it as a failure. A body streamed after the head is not cut, and the
+    /// total deadline still bounds everything. The per-request
+    /// [`AttemptTimeout`](super::AttemptTimeout) extension replaces it.
+    ///
+    /// Off by default on purpose: endpoints such as LLM APIs take well over 10 s to their
+    /// first byte, and a default like Polly's 10 s attempt timeout would cut (and, for an
+    /// idempotent request, repeat) every one of their calls.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use reqwest_resilience::RetryMiddleware;
+    ///
+    /// let retry = RetryMiddleware::builder()
+    ///     .attempt_timeout(Duration::from_secs(2))
+    ///     .total_deadline(Duration::from_secs(10))
+    ///     .build()?;
+    /// # drop(retry);
+    /// # Ok::<(), reqwest_resilience::ResilienceError>(())
+    /// ```
+    pub fn attempt_timeout(mut self, timeout: Duration) -> Self {
+        self.config.attempt_timeout = Some(timeout);
+        self
+    }
+
     /// Checks the configuration.
     ///
     /// # Errors
     ///
-    /// [`ResilienceError::InvalidConfig`] when the `Retry-After` cap exceeds one day.
+    /// [`ResilienceError::InvalidConfig`] when the `Retry-After` cap exceeds one day, or the
+    /// attempt timeout is zero.
     pub fn build(self) -> Result<RetryMiddleware, ResilienceError> {
+        if self.config.attempt_timeout == Some(Duration::ZERO) {
+            return Err(ResilienceError::InvalidConfig(
+                "attempt_timeout must be longer than zero".to_owned(),
+            ));
+        }
         if self.config.retry_after_cap > Duration::from_secs(24 * 60 * 60) {
             return Err(ResilienceError::InvalidConfig(
                 "retry_after_cap must not exceed one day".to_owned(),
@@ -297,6 +334,8 @@ struct LoopState {
     max_retries: u32,
     retries: u32,
     previous_delay: Option<Duration>,
+    /// The per-attempt timeout for this request ([`AttemptTimeout`] or the configured one).
+    attempt_timeout: Option<Duration>,
 }
 
 impl Config {
@@ -454,6 +493,7 @@ impl RetryMiddleware {
                     .map_or_else(|| c.max_retries(), |m| m.0),
                 retries: 0,
                 previous_delay: None,
+                attempt_timeout: attempt_timeout::for_request(extensions, c.attempt_timeout),
             };
             if let Some(budget) = &c.budget {
                 budget.deposit();
@@ -478,29 +518,19 @@ impl RetryMiddleware {
                     let recorded_before = extensions.get::<AttemptHistory>().map_or(0, |h| h.len());
                     // The deadline bounds the attempt too: a server that trickles its answer (or
                     // none) must not hold the caller past it when reqwest has no timeout.
-                    let (result, timed_out) = match state.deadline {
-                        Some(d) => {
-                            // Taken now (the request moves into the attempt); a cache hit costs
-                            // no allocation, unlike keeping a copy of the URL.
-                            let origin = Origin::cached(req.url());
-                            let started = Instant::now();
-                            match tokio::time::timeout_at(d, next.clone().run(req, extensions))
-                                .await
-                            {
-                                Ok(result) => {
-                                    let cut = cut_inside(&result, d);
-                                    (result, cut)
-                                }
-                                Err(elapsed) => {
-                                    extensions.insert(RequestEvidence::cut_at_deadline(
-                                        origin, attempt, started,
-                                    ));
-                                    (Err(reqwest_middleware::Error::middleware(elapsed)), true)
-                                }
-                            }
-                        }
-                        None => (next.clone().run(req, extensions).await, false),
-                    };
+                    let cut = attempt_cut(state.deadline, state.attempt_timeout);
+                    let scope = state.attempt_timeout.map(|_| AttemptScope::cut_at(cut));
+                    let result = attempt_timeout::run_attempt(
+                        next.clone(),
+                        req,
+                        extensions,
+                        cut,
+                        scope,
+                        attempt,
+                    )
+                    .await;
+                    // An attempt timeout's cut is an ordinary failed attempt; the deadline's is the end.
+                    let timed_out = state.deadline.is_some_and(|d| cut_inside(&result, d));
 
                     let evidence = match extensions.get::<RequestEvidence>() {
                         Some(e) => e.clone(),
@@ -750,6 +780,7 @@ mod tests {
             max_retries,
             retries,
             previous_delay: None,
+            attempt_timeout: None,
         }
     }
 

@@ -30,6 +30,7 @@
 //! stopped) is in the caller's extensions (with `execute_with_extensions`) and in the
 //! response's.
 
+mod attempt_timeout;
 mod budget;
 mod decision;
 mod error;
@@ -37,6 +38,8 @@ mod middleware;
 #[cfg(feature = "retry-policies")]
 mod policies;
 
+pub(crate) use attempt_timeout::AttemptScope;
+pub use attempt_timeout::AttemptTimeout;
 pub use budget::RetryBudget;
 use budget::Withdrawal;
 pub use decision::{

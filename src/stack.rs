@@ -41,7 +41,7 @@ use reqwest_middleware::{ClientBuilder, ClientWithMiddleware, Middleware, Next};
 
 use crate::breaker::{BreakerConfig, BreakerEvent, BreakerRegistry, CircuitBreakerMiddleware};
 use crate::evidence::{AttemptDecision, AttemptHistory, RequestEvidence, TransportEvidence};
-use crate::retry::RetryAfterPolicy;
+use crate::retry::{Hedging, RetryAfterPolicy};
 use crate::{Backoff, BearerAuth, ResilienceError, RetryBudget, RetryMiddleware};
 
 type AttemptHook = Arc<dyn Fn(&RequestEvidence, Option<&AttemptDecision>) + Send + Sync>;
@@ -135,6 +135,7 @@ struct RetrySettings {
     budget: Option<Option<RetryBudget>>,
     retry_after_cap: Option<(Duration, RetryAfterPolicy)>,
     attempt_timeout: Option<Duration>,
+    hedging: Option<Hedging>,
 }
 
 impl RetrySettings {
@@ -147,6 +148,7 @@ impl RetrySettings {
             (self.budget.is_some(), "retry_budget"),
             (self.retry_after_cap.is_some(), "retry_after_cap"),
             (self.attempt_timeout.is_some(), "attempt_timeout"),
+            (self.hedging.is_some(), "hedging"),
         ]
         .into_iter()
         .find_map(|(set, name)| set.then_some(name))
@@ -311,6 +313,25 @@ impl Resilience {
     /// only when the request is idempotent; the total deadline still bounds everything.
     pub fn attempt_timeout(mut self, timeout: Duration) -> Self {
         self.retry_settings.attempt_timeout = Some(timeout);
+        self
+    }
+
+    /// Hedged requests (default: off): after a delay with no response head, an idempotent
+    /// request sends another copy through the breaker and the transport step, and the
+    /// first answer wins. See [`Hedging`] for the delay, the budget and the limits.
+    ///
+    /// ```
+    /// use reqwest_resilience::Resilience;
+    /// use reqwest_resilience::retry::Hedging;
+    ///
+    /// # fn main() -> Result<(), reqwest_resilience::ResilienceError> {
+    /// let client = Resilience::new()
+    ///     .hedging(Hedging::adaptive(0.95))
+    ///     .build(reqwest::Client::new())?;
+    /// # drop(client); Ok(()) }
+    /// ```
+    pub fn hedging(mut self, hedging: Hedging) -> Self {
+        self.retry_settings.hedging = Some(hedging);
         self
     }
 
@@ -497,6 +518,9 @@ impl Resilience {
                 if let Some(timeout) = s.attempt_timeout {
                     b = b.attempt_timeout(timeout);
                 }
+                if let Some(hedging) = &s.hedging {
+                    b = b.hedging(hedging.clone());
+                }
                 b.build().map(Some)
             }
         }
@@ -621,6 +645,7 @@ mod observe {
     enum Decision {
         Retry(RetryReason),
         Stop(StopReason),
+        Superseded(u32),
     }
 
     impl std::fmt::Display for Decision {
@@ -628,6 +653,7 @@ mod observe {
             match self {
                 Decision::Retry(reason) => write!(f, "retry: {reason}"),
                 Decision::Stop(reason) => write!(f, "stop: {reason}"),
+                Decision::Superseded(by) => write!(f, "superseded by attempt {by}"),
             }
         }
     }
@@ -651,6 +677,7 @@ mod observe {
                     Some(delay.as_millis() as u64),
                 ),
                 Some(AttemptDecision::Stop { reason }) => (Some(Decision::Stop(*reason)), None),
+                Some(AttemptDecision::Superseded { by }) => (Some(Decision::Superseded(*by)), None),
                 None => (None, None),
             };
             tracing::event!(

@@ -24,6 +24,14 @@ pub enum AttemptDecision {
         /// Why it stopped.
         reason: StopReason,
     },
+    /// Not followed by a retry of its own: it was one of several copies of a hedged request
+    /// in flight together, and the request went on with attempt number `by` (the copy that
+    /// answered first, or the last one to fail). A [`FailureKind::Cancelled`] attempt was
+    /// dropped when `by` answered.
+    Superseded {
+        /// The attempt number ([`RequestEvidence::attempt`]) the request went on with.
+        by: u32,
+    },
 }
 
 /// One attempt: what was observed, and what was decided after it.
@@ -95,6 +103,15 @@ impl AttemptHistory {
                 Records::Many(records)
             }
         };
+    }
+
+    /// Appends an attempt whose decision is already known (a hedged round's losers).
+    pub(crate) fn push_record(&mut self, record: AttemptRecord) {
+        let decision = record.decision;
+        self.push(record.evidence);
+        if let Some(decision) = decision {
+            self.decide_last(decision);
+        }
     }
 
     /// Records the decision taken after the last attempt.

@@ -96,6 +96,10 @@ pub enum FailureKind {
     TokenUnavailable,
     /// A failure this crate does not recognise.
     Other,
+    /// A copy of a hedged request, dropped without an outcome because another copy
+    /// answered first (always with [`Transmission::Unknown`]: nothing below the transport
+    /// step reports whether its bytes had gone out, so it may have reached the server).
+    Cancelled,
 }
 
 /// The server's proof that it did not process the request, so even a non-idempotent

@@ -11,6 +11,7 @@ use reqwest_middleware::{Middleware, Next};
 use tokio::time::Instant;
 
 use super::attempt_timeout::{self, AttemptScope, attempt_cut};
+use super::hedge::{Hedging, RoundSpec};
 use super::{
     AttemptContext, Deadline, DefaultStrategy, Idempotent, MaxRetries, RetryBudget, RetryError,
     RetryOutcome, RetryReason, RetryStrategy, StopReason, Verdict, Withdrawal, is_idempotent,
@@ -93,6 +94,7 @@ struct Config {
     random: Arc<dyn RandomSource>,
     wrap_errors: bool,
     attempt_timeout: Option<Duration>,
+    hedging: Option<Hedging>,
 }
 
 /// Where backoff delays come from.
@@ -133,6 +135,7 @@ impl RetryMiddleware {
                 random: Arc::new(ThreadRandom),
                 wrap_errors: true,
                 attempt_timeout: None,
+                hedging: None,
             },
         }
     }
@@ -160,6 +163,7 @@ impl fmt::Debug for RetryMiddleware {
             .field("budget", &c.budget)
             .field("deadline", &c.deadline)
             .field("attempt_timeout", &c.attempt_timeout)
+            .field("hedging", &c.hedging)
             .field("wrap_errors", &c.wrap_errors)
             .finish_non_exhaustive()
     }
@@ -277,13 +281,23 @@ impl RetryMiddlewareBuilder {
         self
     }
 
+    /// Hedged requests (default: off): see [`Hedging`] for when a copy is sent, how the
+    /// first answer wins and what bounds the extra load.
+    pub fn hedging(mut self, hedging: Hedging) -> Self {
+        self.config.hedging = Some(hedging);
+        self
+    }
+
     /// Checks the configuration.
     ///
     /// # Errors
     ///
-    /// [`ResilienceError::InvalidConfig`] when the `Retry-After` cap exceeds one day, or the
-    /// attempt timeout is zero.
+    /// [`ResilienceError::InvalidConfig`] when the `Retry-After` cap exceeds one day, the
+    /// attempt timeout is zero, or the [`Hedging`] settings are out of range.
     pub fn build(self) -> Result<RetryMiddleware, ResilienceError> {
+        if let Some(h) = &self.config.hedging {
+            h.validate()?;
+        }
         if self.config.attempt_timeout == Some(Duration::ZERO) {
             return Err(ResilienceError::InvalidConfig(
                 "attempt_timeout must be longer than zero".to_owned(),
@@ -336,6 +350,8 @@ struct LoopState {
     previous_delay: Option<Duration>,
     /// The per-attempt timeout for this request ([`AttemptTimeout`] or the configured one).
     attempt_timeout: Option<Duration>,
+    /// Hedges sent so far.
+    hedges: u32,
 }
 
 impl Config {
@@ -494,13 +510,18 @@ impl RetryMiddleware {
                 retries: 0,
                 previous_delay: None,
                 attempt_timeout: attempt_timeout::for_request(extensions, c.attempt_timeout),
+                hedges: 0,
             };
             if let Some(budget) = &c.budget {
                 budget.deposit();
             }
+            let hedging = c.hedging.as_ref().filter(|_| idempotent);
+            if let Some(h) = hedging {
+                h.deposit();
+            }
             let mut not_processed_retries = 0;
             loop {
-                let attempt = state.retries + 1;
+                let attempt = state.retries + state.hedges + 1;
                 // One attempt and its decision, in a block of their own: the request, the
                 // response and the evidence end with it, so the future does not also keep
                 // their slots through the backoff wait below (every request pays for the
@@ -518,17 +539,52 @@ impl RetryMiddleware {
                     let recorded_before = extensions.get::<AttemptHistory>().map_or(0, |h| h.len());
                     // The deadline bounds the attempt too: a server that trickles its answer (or
                     // none) must not hold the caller past it when reqwest has no timeout.
-                    let cut = attempt_cut(state.deadline, state.attempt_timeout);
-                    let scope = state.attempt_timeout.map(|_| AttemptScope::cut_at(cut));
-                    let result = attempt_timeout::run_attempt(
-                        next.clone(),
-                        req,
-                        extensions,
-                        cut,
-                        scope,
-                        attempt,
-                    )
-                    .await;
+                    let hedged = hedging
+                        .filter(|h| state.hedges < h.max())
+                        .and_then(|h| Some((h, req.try_clone()?, Origin::cached(req.url())?)));
+                    let (result, hedges) = match hedged {
+                        Some((h, template, origin)) => {
+                            let spec = RoundSpec {
+                                deadline: state.deadline,
+                                attempt_timeout: state.attempt_timeout,
+                                hedges_left: h.max() - state.hedges,
+                                attempt,
+                                template,
+                                origin,
+                            };
+                            let is_final = |evidence: &RequestEvidence, attempt| {
+                                let ctx = AttemptContext {
+                                    evidence,
+                                    method: &method,
+                                    idempotent,
+                                    attempt,
+                                    not_processed_retries,
+                                };
+                                matches!(c.strategy.decide(&ctx), Verdict::Stop(_))
+                            };
+                            // Boxed: only hedged requests carry the race in their future.
+                            let round =
+                                Box::pin(h.round(spec, &next, req, extensions, is_final)).await;
+                            (round.result, round.hedges)
+                        }
+                        None => {
+                            let cut = attempt_cut(state.deadline, state.attempt_timeout);
+                            let scope = state.attempt_timeout.map(|_| AttemptScope::cut_at(cut));
+                            let result = attempt_timeout::run_attempt(
+                                next.clone(),
+                                req,
+                                extensions,
+                                cut,
+                                scope,
+                                attempt,
+                            )
+                            .await;
+                            (result, 0)
+                        }
+                    };
+                    // Each hedge sent is an attempt of its own.
+                    state.hedges += hedges;
+                    let attempt = attempt + hedges;
                     // An attempt timeout's cut is an ordinary failed attempt; the deadline's is the end.
                     let timed_out = state.deadline.is_some_and(|d| cut_inside(&result, d));
 
@@ -696,7 +752,7 @@ fn record(extensions: &mut Extensions, step: &Step, attempt: u32, method: &http:
 
 /// Evidence when the transport step is not installed: a response speaks for itself; an
 /// error proves nothing about transmission, though some kinds are known never to help.
-fn fallback_evidence(
+pub(super) fn fallback_evidence(
     result: &reqwest_middleware::Result<Response>,
     attempt: u32,
 ) -> RequestEvidence {
@@ -781,6 +837,7 @@ mod tests {
             retries,
             previous_delay: None,
             attempt_timeout: None,
+            hedges: 0,
         }
     }
 

@@ -34,6 +34,8 @@ mod attempt_timeout;
 mod budget;
 mod decision;
 mod error;
+mod hedge;
+mod latency;
 mod middleware;
 #[cfg(feature = "retry-policies")]
 mod policies;
@@ -46,6 +48,7 @@ pub use decision::{
     AttemptContext, DefaultStrategy, RetryReason, RetryStrategy, StopReason, Verdict, is_idempotent,
 };
 pub use error::{RetryError, find_reqwest_error};
+pub use hedge::{HedgeDelay, Hedging};
 pub use middleware::{RetryAfterPolicy, RetryMiddleware, RetryMiddlewareBuilder};
 
 use std::time::Duration;

@@ -1,0 +1,207 @@
+//! Hedging benchmark (a plain binary: `cargo bench --bench hedging`, under a minute).
+//!
+//! A heavy-tail loopback server ("The Tail at Scale"'s setting): each request, hedges
+//! included, independently answered after 2 ms (98 %) or 500 ms (2 %), drawn from a
+//! seeded hash of the request's index. 10 000 logical GETs arriving at 2 000/s (open
+//! loop, the same offered load for every configuration), at most 64 in flight, through
+//! `RetryMiddleware → CircuitBreakerMiddleware → TransportEvidence`, for: no hedging, a
+//! fixed 10 ms delay, and adaptive delays at several percentiles (each with the default
+//! hedge budget). Each configuration first sends 1 000 unmeasured requests (pool warm,
+//! estimator full). Reports p50 / p99 / p99.9 latency per logical request and the extra
+//! requests the server saw, and p99.9 against extra load per percentile.
+//!
+//! `HEDGING_BENCH_REQUESTS=N` changes the measured count (default 10 000).
+
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use reqwest_middleware::{ClientBuilder, ClientWithMiddleware};
+use reqwest_resilience::breaker::{BreakerConfig, BreakerRegistry, CircuitBreakerMiddleware};
+use reqwest_resilience::retry::Hedging;
+use reqwest_resilience::{RetryMiddleware, TransportEvidence};
+use support::{Action, FaultServer};
+
+const CONCURRENCY: usize = 64;
+/// Arrivals per second: well below what the loopback pair sustains on a shared 2-core
+/// machine, so a configuration's figures are its own, not the machine's saturation.
+const RATE: u32 = 2_000;
+const WARMUP: usize = 1_000;
+const FAST: Duration = Duration::from_millis(2);
+const SLOW: Duration = Duration::from_millis(500);
+/// Per mille of requests that are slow.
+const SLOW_PER_MILLE: u64 = 20;
+
+/// SplitMix64: a seeded, independent draw per request index.
+fn draw(index: usize) -> u64 {
+    let mut z = (index as u64).wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// Starts the heavy-tail server on a thread (and runtime) of its own.
+fn start_server() -> (String, Arc<dyn Fn() -> usize + Send + Sync>) {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let server = Arc::new(
+                FaultServer::start(|i, _| {
+                    let wait = if draw(i) % 1000 < SLOW_PER_MILLE {
+                        SLOW
+                    } else {
+                        FAST
+                    };
+                    Action::DelayUnlessClosed(wait, Box::new(Action::ok("ok")))
+                })
+                .await,
+            );
+            let s = server.clone();
+            let seen: Arc<dyn Fn() -> usize + Send + Sync> = Arc::new(move || s.requests_seen());
+            tx.send((server.url("/"), seen)).unwrap();
+            std::future::pending::<()>().await;
+        });
+    });
+    rx.recv().unwrap()
+}
+
+fn client(hedging: Option<Hedging>) -> ClientWithMiddleware {
+    let mut retry = RetryMiddleware::builder();
+    if let Some(h) = hedging {
+        retry = retry.hedging(h);
+    }
+    let registry = BreakerRegistry::new(BreakerConfig::default()).unwrap();
+    ClientBuilder::new(reqwest::Client::builder().no_proxy().build().unwrap())
+        .with(retry.build().unwrap())
+        .with(CircuitBreakerMiddleware::new(registry))
+        .with(TransportEvidence::new())
+        .build()
+}
+
+/// Sends `n` GETs arriving at `RATE` per second (open loop: every configuration offers
+/// the same load), at most `CONCURRENCY` in flight; returns each one's latency from its
+/// scheduled arrival (a wait for a free slot counts), sorted.
+async fn run(client: &ClientWithMiddleware, url: &str, n: usize) -> Vec<Duration> {
+    let slots = Arc::new(tokio::sync::Semaphore::new(CONCURRENCY));
+    let mut tick = tokio::time::interval(Duration::from_secs(1) / RATE);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..n {
+        let arrival = tick.tick().await.into_std();
+        let slot = slots.clone().acquire_owned().await.expect("open");
+        let (client, url) = (client.clone(), url.to_owned());
+        tasks.spawn(async move {
+            let response = client.get(&url).send().await.expect("a response");
+            let _ = response.bytes().await.expect("a body");
+            drop(slot);
+            arrival.elapsed()
+        });
+    }
+    let mut all = Vec::with_capacity(n);
+    while let Some(latency) = tasks.join_next().await {
+        all.push(latency.unwrap());
+    }
+    all.sort();
+    all
+}
+
+fn pct(sorted: &[Duration], q: f64) -> Duration {
+    let rank = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len()) - 1;
+    sorted[rank]
+}
+
+struct Row {
+    name: String,
+    p50: Duration,
+    p99: Duration,
+    p999: Duration,
+    extra: f64,
+    wall: Duration,
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.1}", d.as_secs_f64() * 1000.0)
+}
+
+fn main() {
+    let n: usize = std::env::var("HEDGING_BENCH_REQUESTS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(10_000);
+    let (url, seen) = start_server();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let configs: Vec<(String, Option<Hedging>)> = vec![
+        ("no hedging".into(), None),
+        (
+            "fixed 10 ms".into(),
+            Some(Hedging::fixed(Duration::from_millis(10))),
+        ),
+        ("adaptive p90".into(), Some(Hedging::adaptive(0.90))),
+        ("adaptive p95".into(), Some(Hedging::adaptive(0.95))),
+        ("adaptive p97".into(), Some(Hedging::adaptive(0.97))),
+        ("adaptive p99".into(), Some(Hedging::adaptive(0.99))),
+    ];
+    let mut rows = Vec::new();
+    for (name, hedging) in configs {
+        let c = client(hedging);
+        rt.block_on(async {
+            run(&c, &url, WARMUP).await;
+            let before = seen();
+            let t0 = Instant::now();
+            let lat = run(&c, &url, n).await;
+            let wall = t0.elapsed();
+            let sent = seen() - before;
+            rows.push(Row {
+                name,
+                p50: pct(&lat, 0.50),
+                p99: pct(&lat, 0.99),
+                p999: pct(&lat, 0.999),
+                extra: (sent as f64 - n as f64) / n as f64,
+                wall,
+            });
+        });
+    }
+    // The figures' context: a loaded machine stretches the tails of every configuration.
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    println!(
+        "load average: {}",
+        load.split_whitespace()
+            .take(3)
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
+    let base = &rows[0];
+    let (base_p50, base_p999) = (base.p50, base.p999);
+    println!(
+        "{n} GETs at {RATE}/s, at most {CONCURRENCY} in flight; server: {}% after {} ms, else {} ms\n",
+        SLOW_PER_MILLE as f64 / 10.0,
+        SLOW.as_millis(),
+        FAST.as_millis()
+    );
+    println!(
+        "| configuration | p50 ms | p99 ms | p99.9 ms | extra requests | p99.9 cut | p50 vs none | run s |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
+    for r in &rows {
+        println!(
+            "| {} | {} | {} | {} | {:.2} % | {:.1}× | {:+.1} % | {:.2} |",
+            r.name,
+            ms(r.p50),
+            ms(r.p99),
+            ms(r.p999),
+            r.extra * 100.0,
+            base_p999.as_secs_f64() / r.p999.as_secs_f64(),
+            (r.p50.as_secs_f64() / base_p50.as_secs_f64() - 1.0) * 100.0,
+            r.wall.as_secs_f64(),
+        );
+    }
+}

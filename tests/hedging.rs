@@ -544,3 +544,41 @@ fn out_of_range_hedging_settings_are_typed_errors() {
         );
     }
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_hedge_never_takes_a_half_open_probe_slot() {
+    let server = first_slow(Action::status(500), slow(1000, "slow")).await;
+    // Two probe slots: without the rule, the hedge would take the second.
+    let reg = BreakerRegistry::new(
+        BreakerConfig::default()
+            .policy(TripPolicy::consecutive_failures(1))
+            .open_duration(Duration::from_secs(5))
+            .open_jitter(0.0)
+            .half_open_probes(2),
+    )
+    .unwrap();
+    let c = client(
+        plain()
+            .max_retries(0)
+            .hedging(Hedging::fixed(MS(100)).no_budget())
+            .build()
+            .unwrap(),
+        &reg,
+    );
+    let origin = Origin::parse(&server.url("/")).unwrap();
+    // A 500 opens the breaker; 5 s later it is half-open.
+    let sent = send(&c, c.get(server.url("/probe"))).await;
+    assert_eq!(sent.result.unwrap().status(), 500);
+    assert_eq!(reg.state(&origin), Some(BreakerState::Open));
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(reg.state(&origin), Some(BreakerState::HalfOpen));
+
+    // The probe is slow; its hedge is refused rather than becoming a second probe.
+    let sent = send(&c, c.get(server.url("/probe"))).await;
+    assert_eq!(sent.took, MS(1000));
+    assert_eq!(sent.history().len(), 1);
+    assert_eq!(sent.body().await, "slow");
+    assert_eq!(server.requests_seen(), 2);
+    // The refused hedge's slot was given back with its permit.
+    assert_eq!(reg.snapshot()[0].probes_in_flight, 0);
+}

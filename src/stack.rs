@@ -170,6 +170,8 @@ impl RetrySettings {
 /// | retry | 3 retries; backoff 1 s × 2 capped at 30 s with ±10 % jitter; `Retry-After` honoured up to 60 s (clamped); [`RetryBudget::default`] (20 % of requests, at least 10 retries/s); no deadline |
 /// | breaker | a new [`BreakerRegistry`] per built stack: open after 5 consecutive failures, 30 s open, 1 half-open probe, server pauses up to 60 s waited out |
 /// | bearer | none (it needs your [`TokenManager`](crate::TokenManager)) |
+/// | attempt timeout | none ([`attempt_timeout`](Self::attempt_timeout)) |
+/// | hedging | off ([`hedging`](Self::hedging)) |
 /// | transport | [`TransportEvidence`], always |
 /// | hooks | none |
 ///

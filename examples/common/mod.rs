@@ -13,6 +13,7 @@ use std::io;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -43,6 +44,8 @@ pub enum Reply {
     },
     /// Close the connection having read the request, without a byte of answer.
     HangUp,
+    /// Wait, then reply (a slow server).
+    After(Duration, Box<Reply>),
 }
 
 impl Reply {
@@ -139,8 +142,13 @@ async fn serve(mut stream: TcpStream, counter: Arc<AtomicUsize>, script: Arc<Scr
     let mut buf = Vec::with_capacity(4096);
     while let Ok(Some(received)) = read_request(&mut stream, &mut buf).await {
         let index = counter.fetch_add(1, Ordering::SeqCst);
-        match script(index, &received) {
-            Reply::HangUp => return,
+        let mut reply = script(index, &received);
+        while let Reply::After(wait, then) = reply {
+            tokio::time::sleep(wait).await;
+            reply = *then;
+        }
+        match reply {
+            Reply::HangUp | Reply::After(..) => return,
             Reply::Respond {
                 status,
                 headers,

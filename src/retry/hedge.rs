@@ -366,6 +366,9 @@ impl Hedging {
             match event {
                 Event::HedgeDue => {
                     timer = None;
+                    let Some(copy) = template.try_clone() else {
+                        continue;
+                    };
                     let withdrawal = match &self.budget {
                         None => None,
                         Some(b) => match b.withdraw() {
@@ -373,9 +376,6 @@ impl Hedging {
                             // Spent: no hedge now, nor later in this round.
                             None => continue,
                         },
-                    };
-                    let Some(copy) = template.try_clone() else {
-                        continue;
                     };
                     let attempt = spec.attempt + copies.len() as u32;
                     copies.push(Copy {

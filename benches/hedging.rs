@@ -1,16 +1,22 @@
 //! Hedging benchmark (a plain binary: `cargo bench --bench hedging`, about 25 s).
 //!
 //! A heavy-tail loopback server ("The Tail at Scale"'s setting): each request, hedges
-//! included, independently answered after 2 ms (98 %) or 500 ms (2 %), drawn from a
-//! seeded hash of the request's index. 10 000 logical GETs per configuration arriving at
-//! 500/s (open loop: the same offered load for every configuration), at most 64 in flight,
-//! all configurations at the same time against one server, through
-//! `RetryMiddleware → CircuitBreakerMiddleware → TransportEvidence`, for: no hedging, a
-//! fixed 10 ms delay, and adaptive delays at several percentiles (each with the default
-//! hedge budget). Each configuration first sends 1 000 unmeasured requests (pool warm,
-//! estimator full); running them together makes a stall of the (shared) machine fall on
-//! all of them alike. Reports p50 / p99 / p99.9 latency per logical request, the extra
-//! requests the server saw, and so p99.9 against extra load per percentile.
+//! included, independently answered after ~2 ms (98 %, uniform in 1.5–2.5 ms) or ~500 ms
+//! (2 %, uniform in 450–550 ms), drawn from a seeded hash of the request's index. 10 000
+//! logical GETs per configuration arriving at 500/s (open loop: the same offered load for
+//! every configuration), at most 64 in flight, through `RetryMiddleware →
+//! CircuitBreakerMiddleware → TransportEvidence`, for: no hedging, a fixed 10 ms delay,
+//! and adaptive delays at several percentiles (each with the default hedge budget). All
+//! configurations run at the same time against one server, each with its own client and
+//! path, so a stall of the (shared) machine falls on all of them alike; each first sends
+//! 1 000 unmeasured requests (pool warm, estimator full). Reports p50 / p99 / p99.9
+//! latency per logical request and the extra requests the server saw: p99.9 against
+//! extra load per percentile.
+//!
+//! Real time throughout (the middleware's CPU time and the machine's stalls count): a
+//! paused clock would make every latency a whole number of milliseconds (tokio's timer
+//! granularity), so the adaptive delay would tie with the commonest answer time and spend
+//! the hedge budget on copies cancelled at once, which no real server produces.
 //!
 //! `HEDGING_BENCH_REQUESTS=N` changes the measured count (default 10 000).
 
@@ -19,7 +25,9 @@ mod support;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware};
 use reqwest_resilience::breaker::{BreakerConfig, BreakerRegistry, CircuitBreakerMiddleware};
@@ -32,10 +40,20 @@ const CONCURRENCY: usize = 64;
 /// what the loopback pair sustains on a shared 2-core machine).
 const RATE: u32 = 500;
 const WARMUP: usize = 1_000;
-const FAST: Duration = Duration::from_millis(2);
-const SLOW: Duration = Duration::from_millis(500);
 /// Per mille of requests that are slow.
 const SLOW_PER_MILLE: u64 = 20;
+
+/// The server's wait for request `index`: ~2 ms, or ~500 ms for 2 % of requests.
+fn wait_for(index: usize) -> Duration {
+    let d = draw(index);
+    // The low bits choose the mode, the high bits the jitter within it (±25 %, ±10 %).
+    let jitter = (d >> 32) as f64 / u32::MAX as f64;
+    if d % 1000 < SLOW_PER_MILLE {
+        Duration::from_micros(450_000 + (jitter * 100_000.0) as u64)
+    } else {
+        Duration::from_micros(1_500 + (jitter * 1_000.0) as u64)
+    }
+}
 
 /// SplitMix64: a seeded, independent draw per request index.
 fn draw(index: usize) -> u64 {
@@ -48,10 +66,23 @@ fn draw(index: usize) -> u64 {
 /// Requests the server saw per configuration (by path `/<index>`).
 type Seen = Arc<Vec<AtomicUsize>>;
 
-/// Starts the heavy-tail server on a thread (and runtime) of its own.
-fn start_server(configs: usize) -> (String, Seen) {
-    let seen: Seen = Arc::new((0..configs).map(|_| AtomicUsize::new(0)).collect());
-    let counts = seen.clone();
+/// The heavy-tail server, counting requests per configuration (path `/<index>`).
+async fn serve(seen: Seen) -> FaultServer {
+    FaultServer::start(move |i, req| {
+        if let Some(c) = req.path[1..]
+            .parse::<usize>()
+            .ok()
+            .and_then(|k| seen.get(k))
+        {
+            c.fetch_add(1, Ordering::Relaxed);
+        }
+        Action::DelayUnlessClosed(wait_for(i), Box::new(Action::ok("ok")))
+    })
+    .await
+}
+
+/// Starts the server on a thread (and runtime) of its own; returns its base URL.
+fn start_server_thread(seen: Seen) -> String {
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         let rt = tokio::runtime::Builder::new_current_thread()
@@ -59,27 +90,12 @@ fn start_server(configs: usize) -> (String, Seen) {
             .build()
             .unwrap();
         rt.block_on(async move {
-            let server = FaultServer::start(move |i, req| {
-                if let Some(c) = req.path[1..]
-                    .parse::<usize>()
-                    .ok()
-                    .and_then(|k| counts.get(k))
-                {
-                    c.fetch_add(1, Ordering::Relaxed);
-                }
-                let wait = if draw(i) % 1000 < SLOW_PER_MILLE {
-                    SLOW
-                } else {
-                    FAST
-                };
-                Action::DelayUnlessClosed(wait, Box::new(Action::ok("ok")))
-            })
-            .await;
+            let server = serve(seen).await;
             tx.send(server.url("")).unwrap();
             std::future::pending::<()>().await;
         });
     });
-    (rx.recv().unwrap(), seen)
+    rx.recv().unwrap()
 }
 
 fn client(hedging: Option<Hedging>) -> ClientWithMiddleware {
@@ -88,7 +104,13 @@ fn client(hedging: Option<Hedging>) -> ClientWithMiddleware {
         retry = retry.hedging(h);
     }
     let registry = BreakerRegistry::new(BreakerConfig::default()).unwrap();
-    ClientBuilder::new(reqwest::Client::builder().no_proxy().build().unwrap())
+    // No idle-pool timer: on the paused clock it would be a timer to jump to.
+    let http = reqwest::Client::builder()
+        .no_proxy()
+        .pool_idle_timeout(None)
+        .build()
+        .unwrap();
+    ClientBuilder::new(http)
         .with(retry.build().unwrap())
         .with(CircuitBreakerMiddleware::new(registry))
         .with(TransportEvidence::new())
@@ -104,7 +126,7 @@ async fn run(client: &ClientWithMiddleware, url: &str, n: usize) -> Vec<Duration
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
     let mut tasks = tokio::task::JoinSet::new();
     for _ in 0..n {
-        let arrival = tick.tick().await.into_std();
+        let arrival = tick.tick().await;
         let slot = slots.clone().acquire_owned().await.expect("open");
         let (client, url) = (client.clone(), url.to_owned());
         tasks.spawn(async move {
@@ -141,12 +163,8 @@ fn ms(d: Duration) -> String {
     format!("{:.1}", d.as_secs_f64() * 1000.0)
 }
 
-fn main() {
-    let n: usize = std::env::var("HEDGING_BENCH_REQUESTS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(10_000);
-    let configs: Vec<(String, Option<Hedging>)> = vec![
+fn configs() -> Vec<(String, Option<Hedging>)> {
+    vec![
         ("no hedging".into(), None),
         (
             "fixed 10 ms".into(),
@@ -156,14 +174,12 @@ fn main() {
         ("adaptive p95".into(), Some(Hedging::adaptive(0.95))),
         ("adaptive p97".into(), Some(Hedging::adaptive(0.97))),
         ("adaptive p99".into(), Some(Hedging::adaptive(0.99))),
-    ];
-    let (base_url, seen) = start_server(configs.len());
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    // Every configuration runs at the same time, each with its own client and path: a
-    // stall of the machine (it is shared) falls on all of them alike.
+    ]
+}
+
+/// Runs every configuration at once against the server at `base_url`.
+async fn measure(base_url: &str, seen: &Seen, n: usize) -> Vec<Row> {
+    let configs = configs();
     let clients: Vec<(ClientWithMiddleware, String)> = configs
         .iter()
         .enumerate()
@@ -189,56 +205,76 @@ fn main() {
             out
         }
     };
-    let (results, sent) = rt.block_on(async {
-        all(WARMUP).await;
-        let before: Vec<usize> = seen.iter().map(|s| s.load(Ordering::Relaxed)).collect();
-        let results = all(n).await;
-        let sent: Vec<usize> = seen
-            .iter()
-            .zip(before)
-            .map(|(s, b)| s.load(Ordering::Relaxed) - b)
-            .collect();
-        (results, sent)
-    });
-    let mut rows = Vec::new();
-    for (((name, _), (mut lat, wall)), sent) in configs.into_iter().zip(results).zip(sent) {
-        lat.sort();
-        let count = lat.len();
-        rows.push(Row {
-            name,
-            p50: pct(&lat, 0.50),
-            p99: pct(&lat, 0.99),
-            p999: pct(&lat, 0.999),
-            extra: (sent as f64 - count as f64) / count as f64,
-            wall,
-            slow: lat
-                .iter()
-                .filter(|l| **l >= Duration::from_millis(400))
-                .count(),
-        });
-    }
+    all(WARMUP).await;
+    let before: Vec<usize> = seen.iter().map(|s| s.load(Ordering::Relaxed)).collect();
+    let results = all(n).await;
+    let sent = seen
+        .iter()
+        .zip(before)
+        .map(|(s, b)| s.load(Ordering::Relaxed) - b);
+    configs
+        .into_iter()
+        .zip(results)
+        .zip(sent)
+        .map(|(((name, _), (mut lat, wall)), sent)| {
+            lat.sort();
+            let count = lat.len();
+            Row {
+                name,
+                p50: pct(&lat, 0.50),
+                p99: pct(&lat, 0.99),
+                p999: pct(&lat, 0.999),
+                extra: (sent as f64 - count as f64) / count as f64,
+                wall,
+                slow: lat
+                    .iter()
+                    .filter(|l| **l >= Duration::from_millis(400))
+                    .count(),
+            }
+        })
+        .collect()
+}
+
+fn new_seen() -> Seen {
+    Arc::new((0..configs().len()).map(|_| AtomicUsize::new(0)).collect())
+}
+
+fn main() {
+    let n: usize = std::env::var("HEDGING_BENCH_REQUESTS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(10_000);
+    println!(
+        "{n} GETs per configuration at {RATE}/s each, all configurations at once, at most \
+         {CONCURRENCY} in flight each; server: {} % after ~500 ms, else ~2 ms",
+        SLOW_PER_MILLE as f64 / 10.0
+    );
+
+    let seen = new_seen();
+    let url = start_server_thread(seen.clone());
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let real = rt.block_on(measure(&url, &seen, n));
     // The figures' context: a loaded machine stretches the tails of every configuration.
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
-    println!(
-        "load average: {}",
-        load.split_whitespace()
-            .take(3)
-            .collect::<Vec<_>>()
-            .join(" ")
-    );
-    let base = &rows[0];
-    let (base_p50, base_p999) = (base.p50, base.p999);
-    println!(
-        "{n} GETs per configuration at {RATE}/s each, all at once, at most {CONCURRENCY} in flight each; server: {}% after {} ms, else {} ms\n",
-        SLOW_PER_MILLE as f64 / 10.0,
-        SLOW.as_millis(),
-        FAST.as_millis()
-    );
+    let load = load
+        .split_whitespace()
+        .take(3)
+        .collect::<Vec<_>>()
+        .join(" ");
+    print_rows(&format!("load average {load}"), &real);
+}
+
+fn print_rows(title: &str, rows: &[Row]) {
+    let (base_p50, base_p999) = (rows[0].p50, rows[0].p999);
+    println!("\n{title}\n");
     println!(
         "| configuration | p50 ms | p99 ms | p99.9 ms | extra requests | p99.9 cut | p50 vs none | ≥ 400 ms | run s |"
     );
     println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
-    for r in &rows {
+    for r in rows {
         println!(
             "| {} | {} | {} | {} | {:.2} % | {:.1}× | {:+.1} % | {} | {:.2} |",
             r.name,

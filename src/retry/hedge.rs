@@ -79,7 +79,10 @@ pub enum HedgeDelay {
 /// answers a slow server, a retry a failing one, and a burst of slowness must not use up
 /// the retries a failing server needs (nor an outage's retries stop hedging). Dean and
 /// Barroso's p95 delay sends about 5 % more requests: the budget lets that through and
-/// caps a server whose latency moves faster than the estimate at 1.05× the load.
+/// caps a server whose latency moves faster than the estimate at 1.05× the load. Choose
+/// an adaptive percentile whose share of hedged requests (`1 − quantile`) fits the
+/// budget: with p90 and a 5 % budget the budget runs dry, and the hedges it allows go to
+/// whichever copies cross the delay first, most of them about to answer anyway.
 ///
 /// # Cost
 ///

@@ -63,6 +63,9 @@ fn draw(index: usize) -> u64 {
     z ^ (z >> 31)
 }
 
+/// The stall probe's findings: the longest stall and the count over 10 ms.
+static STALLS: std::sync::Mutex<(Duration, u32)> = std::sync::Mutex::new((Duration::ZERO, 0));
+
 /// Requests the server saw per configuration (by path `/<index>`).
 type Seen = Arc<Vec<AtomicUsize>>;
 
@@ -256,7 +259,24 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
-    let real = rt.block_on(measure(&url, &seen, n));
+    let (real, stalls) = rt.block_on(async {
+        // A probe of the client runtime's stalls (the machine is shared): how late a 1 ms
+        // sleep wakes, the longest and how many wake more than 10 ms late.
+        let probe = tokio::spawn(async {
+            let (mut longest, mut over_10ms) = (Duration::ZERO, 0u32);
+            loop {
+                let t0 = Instant::now();
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                let late = t0.elapsed().saturating_sub(Duration::from_millis(2));
+                longest = longest.max(late);
+                over_10ms += u32::from(late > Duration::from_millis(10));
+                STALLS.lock().unwrap().clone_from(&(longest, over_10ms));
+            }
+        });
+        let rows = measure(&url, &seen, n).await;
+        probe.abort();
+        (rows, *STALLS.lock().unwrap())
+    });
     // The figures' context: a loaded machine stretches the tails of every configuration.
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     let load = load
@@ -264,7 +284,14 @@ fn main() {
         .take(3)
         .collect::<Vec<_>>()
         .join(" ");
-    print_rows(&format!("load average {load}"), &real);
+    print_rows(
+        &format!(
+            "load average {load}; client runtime stalls: longest {} ms, {} over 10 ms",
+            ms(stalls.0),
+            stalls.1
+        ),
+        &real,
+    );
 }
 
 fn print_rows(title: &str, rows: &[Row]) {

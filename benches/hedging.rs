@@ -63,8 +63,24 @@ fn draw(index: usize) -> u64 {
     z ^ (z >> 31)
 }
 
-/// The stall probe's findings: the longest stall and the count over 10 ms.
-static STALLS: std::sync::Mutex<(Duration, u32)> = std::sync::Mutex::new((Duration::ZERO, 0));
+/// A stall probe's findings: the longest stall and the count over 10 ms.
+type Stalls = std::sync::Mutex<(Duration, u32)>;
+static CLIENT_STALLS: Stalls = std::sync::Mutex::new((Duration::ZERO, 0));
+static SERVER_STALLS: Stalls = std::sync::Mutex::new((Duration::ZERO, 0));
+
+/// Measures how late a 1 ms sleep wakes on this runtime (the machine is shared): the
+/// longest lateness, and how often it exceeds 10 ms. Runs until aborted or the runtime ends.
+async fn probe_stalls(into: &'static Stalls) {
+    loop {
+        let t0 = Instant::now();
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        // A 1 ms sleep may take up to 2 ms (tokio's timer granularity).
+        let late = t0.elapsed().saturating_sub(Duration::from_millis(2));
+        let mut s = into.lock().unwrap();
+        s.0 = s.0.max(late);
+        s.1 += u32::from(late > Duration::from_millis(10));
+    }
+}
 
 /// Requests the server saw per configuration (by path `/<index>`).
 type Seen = Arc<Vec<AtomicUsize>>;
@@ -93,6 +109,7 @@ fn start_server_thread(seen: Seen) -> String {
             .build()
             .unwrap();
         rt.block_on(async move {
+            tokio::spawn(probe_stalls(&SERVER_STALLS));
             let server = serve(seen).await;
             tx.send(server.url("")).unwrap();
             std::future::pending::<()>().await;
@@ -260,22 +277,10 @@ fn main() {
         .build()
         .unwrap();
     let (real, stalls) = rt.block_on(async {
-        // A probe of the client runtime's stalls (the machine is shared): how late a 1 ms
-        // sleep wakes, the longest and how many wake more than 10 ms late.
-        let probe = tokio::spawn(async {
-            let (mut longest, mut over_10ms) = (Duration::ZERO, 0u32);
-            loop {
-                let t0 = Instant::now();
-                tokio::time::sleep(Duration::from_millis(1)).await;
-                let late = t0.elapsed().saturating_sub(Duration::from_millis(2));
-                longest = longest.max(late);
-                over_10ms += u32::from(late > Duration::from_millis(10));
-                STALLS.lock().unwrap().clone_from(&(longest, over_10ms));
-            }
-        });
+        let probe = tokio::spawn(probe_stalls(&CLIENT_STALLS));
         let rows = measure(&url, &seen, n).await;
         probe.abort();
-        (rows, *STALLS.lock().unwrap())
+        (rows, *CLIENT_STALLS.lock().unwrap())
     });
     // The figures' context: a loaded machine stretches the tails of every configuration.
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
@@ -284,11 +289,15 @@ fn main() {
         .take(3)
         .collect::<Vec<_>>()
         .join(" ");
+    let server_stalls = *SERVER_STALLS.lock().unwrap();
     print_rows(
         &format!(
-            "load average {load}; client runtime stalls: longest {} ms, {} over 10 ms",
+            "load average {load}; stalls (a 1 ms sleep waking late): client longest {} ms, \
+             {} over 10 ms; server longest {} ms, {} over 10 ms",
             ms(stalls.0),
-            stalls.1
+            stalls.1,
+            ms(server_stalls.0),
+            server_stalls.1
         ),
         &real,
     );

@@ -582,3 +582,70 @@ async fn a_hedge_never_takes_a_half_open_probe_slot() {
     // The refused hedge's slot was given back with its permit.
     assert_eq!(reg.snapshot()[0].probes_in_flight, 0);
 }
+
+#[tokio::test(start_paused = true)]
+async fn each_hedged_copy_has_its_own_attempt_timeout_and_each_cut_is_a_breaker_failure() {
+    let server = FaultServer::always(Action::Stall).await;
+    let reg = registry(100);
+    let c = client(
+        plain()
+            .max_retries(1)
+            .attempt_timeout(MS(150))
+            .hedging(Hedging::fixed(MS(100)).no_budget())
+            .build()
+            .unwrap(),
+        &reg,
+    );
+    let sent = send(&c, c.get(server.url("/"))).await;
+    // Copies at 0 and 100 ms, cut at 150 and 250 ms; the retry after 1 s has no hedge
+    // left and is cut at 1.4 s.
+    assert_eq!(sent.took, MS(250 + 1000 + 150));
+    assert_eq!(server.requests_seen(), 3);
+    let got: Vec<_> = sent
+        .history()
+        .attempts()
+        .iter()
+        .map(|r| {
+            (
+                r.evidence.attempt,
+                r.evidence.failure,
+                r.evidence.elapsed,
+                r.decision.clone(),
+            )
+        })
+        .collect();
+    let timeout = Some(FailureKind::Timeout);
+    assert_eq!(
+        got,
+        [
+            (
+                1,
+                timeout,
+                MS(150),
+                Some(AttemptDecision::Superseded { by: 2 })
+            ),
+            (
+                2,
+                timeout,
+                MS(150),
+                Some(AttemptDecision::Retry {
+                    delay: Duration::from_secs(1),
+                    reason: RetryReason::Transient
+                })
+            ),
+            (
+                3,
+                timeout,
+                MS(150),
+                Some(AttemptDecision::Stop {
+                    reason: StopReason::RetriesExhausted
+                })
+            ),
+        ]
+    );
+    assert_eq!(
+        reg.snapshot()[0].consecutive_failures,
+        3,
+        "every cut counted once"
+    );
+}

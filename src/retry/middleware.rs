@@ -76,7 +76,8 @@ pub enum RetryAfterPolicy {
 /// behind is harmless: the records already in the caller's [`AttemptHistory`], and, when
 /// the deadline came from [`total_deadline`](RetryMiddlewareBuilder::total_deadline), the
 /// [`Deadline`] it handed to the inner middlewares through the caller's extensions (the
-/// next request through this middleware recognises it and sets its own).
+/// next request through this middleware recognises it and sets its own). With
+/// [hedging](RetryMiddlewareBuilder::hedging), every copy in flight is dropped with it.
 #[derive(Clone)]
 pub struct RetryMiddleware {
     config: Arc<Config>,

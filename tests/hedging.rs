@@ -534,6 +534,7 @@ fn out_of_range_hedging_settings_are_typed_errors() {
         Hedging::adaptive(f64::NAN),
         Hedging::adaptive(0.9).delay_bounds(MS(10), MS(5)),
         Hedging::fixed(MS(10)).max_hedges(0),
+        Hedging::fixed(MS(10)).max_hedges(5),
     ] {
         assert!(
             matches!(
@@ -543,6 +544,12 @@ fn out_of_range_hedging_settings_are_typed_errors() {
             "{hedging:?}"
         );
     }
+    assert!(
+        RetryMiddleware::builder()
+            .hedging(Hedging::fixed(MS(10)).max_hedges(4))
+            .build()
+            .is_ok()
+    );
 }
 
 #[tokio::test(start_paused = true)]

@@ -126,6 +126,9 @@ impl std::fmt::Debug for Hedging {
     }
 }
 
+/// The most hedges of one request (gRPC A6 caps `maxAttempts` at 5).
+const MAX_HEDGES: u32 = 4;
+
 /// The default adaptive delay's bounds: at least 1 ms (below that a hedge races the
 /// scheduler, not the server), and 2 s (Polly's default hedging delay) at most and while
 /// the origin has too few samples.
@@ -170,8 +173,9 @@ impl Hedging {
         self
     }
 
-    /// Extra copies per logical request (default 1): at most `1 + max_hedges` in flight.
-    /// Each waits one more delay after the previous one.
+    /// Extra copies per logical request (default 1, at most 4): at most `1 + max_hedges`
+    /// in flight. Each waits one more delay after the previous one. The ceiling is gRPC
+    /// A6's: five copies of one request in all.
     pub fn max_hedges(mut self, max_hedges: u32) -> Self {
         self.max_hedges = max_hedges;
         self
@@ -214,8 +218,8 @@ impl Hedging {
 
     pub(super) fn validate(&self) -> Result<(), ResilienceError> {
         let invalid = |why: &str| Err(ResilienceError::InvalidConfig(why.to_owned()));
-        if self.max_hedges == 0 {
-            return invalid("max_hedges must be at least 1 (leave hedging off instead)");
+        if !(1..=MAX_HEDGES).contains(&self.max_hedges) {
+            return invalid("max_hedges must be within 1..=4 (leave hedging off for none)");
         }
         if let HedgeDelay::Adaptive { quantile, min, max } = self.delay {
             if !(quantile > 0.0 && quantile < 1.0) {

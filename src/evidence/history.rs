@@ -114,6 +114,18 @@ impl AttemptHistory {
         }
     }
 
+    /// Keeps the first `len` records (a hedged round re-adds its own in its order).
+    pub(crate) fn truncate(&mut self, len: usize) {
+        self.records = match std::mem::take(&mut self.records) {
+            Records::One(first) if len >= 1 => Records::One(first),
+            Records::Many(mut records) => {
+                records.truncate(len);
+                Records::Many(records)
+            }
+            _ => Records::Empty,
+        };
+    }
+
     /// Records the decision taken after the last attempt.
     pub fn decide_last(&mut self, decision: AttemptDecision) {
         let last = match &mut self.records {

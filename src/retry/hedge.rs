@@ -86,9 +86,12 @@ pub enum HedgeDelay {
 ///
 /// # Cost
 ///
-/// An eligible request copies its extensions once per copy (each copy runs with its own,
-/// merged back into the caller's afterwards) and keeps a clone of the request to hedge
-/// from. Requests that are not eligible pay nothing.
+/// The first copy runs with the caller's extensions; an eligible request also keeps a
+/// clone of the request and of its extensions (what this crate's own middlewares put
+/// there for the request, and yours) to hedge from, and each hedge gets its own copy,
+/// merged back afterwards. An answer faster than the delay costs 10 allocations more than
+/// the unhedged retry loop (`tests/alloc_budget.rs`, with the caller passing no
+/// extensions). Requests that are not eligible pay nothing.
 ///
 /// # Cancel safety
 ///
@@ -271,29 +274,55 @@ pub(super) struct Round {
     pub(super) hedges: u32,
 }
 
-type CopyOutput = (reqwest_middleware::Result<Response>, Extensions);
-type CopyFuture<'a> = Pin<Box<dyn Future<Output = CopyOutput> + Send + 'a>>;
+/// Where a copy's extensions are: the first copy runs with the caller's own (the common
+/// case of no hedge costs no copy of them), each hedge with a copy of its own.
+enum CopyExt<'x> {
+    Caller(&'x mut Extensions),
+    Own(Extensions),
+}
+
+impl CopyExt<'_> {
+    fn get(&self) -> &Extensions {
+        match self {
+            CopyExt::Caller(e) => e,
+            CopyExt::Own(e) => e,
+        }
+    }
+}
+
+type CopyOutput<'x> = (reqwest_middleware::Result<Response>, CopyExt<'x>);
+type CopyFuture<'x> = Pin<Box<dyn Future<Output = CopyOutput<'x>> + Send + 'x>>;
 
 /// One copy of the request in a round.
-struct Copy<'a> {
-    future: Option<CopyFuture<'a>>,
+struct Copy<'x> {
+    future: Option<CopyFuture<'x>>,
     attempt: u32,
     started: Instant,
     /// Its hedge budget withdrawal (hedges only), given back if the breaker refused it.
     withdrawal: Option<Withdrawal>,
 }
 
-enum Event {
-    Done(usize, CopyOutput),
+enum Event<'x> {
+    Done(usize, CopyOutput<'x>),
     HedgeDue,
 }
 
 /// A finished copy waiting to learn whether it won.
-struct Finished {
-    index: usize,
+struct Finished<'x> {
     result: reqwest_middleware::Result<Response>,
-    extensions: Extensions,
+    extensions: CopyExt<'x>,
     evidence: RequestEvidence,
+}
+
+/// A decided race, owning what it hands back (so the caller's extensions are free again).
+struct RaceOutcome {
+    result: reqwest_middleware::Result<Response>,
+    evidence: RequestEvidence,
+    /// The winner's extensions, when a hedge won (the first copy's are the caller's).
+    hedge_extensions: Option<Extensions>,
+    /// Copies that failed first, then the cancelled losers.
+    losers: Vec<AttemptRecord>,
+    hedges: u32,
 }
 
 impl Hedging {
@@ -310,35 +339,108 @@ impl Hedging {
     where
         F: Fn(&RequestEvidence, u32) -> bool + Sync,
     {
+        let recorded_before = extensions.get::<AttemptHistory>().map_or(0, |h| h.len());
+        // Each hedge runs with a copy of the caller's extensions, less this logical
+        // request's records (merged back after the race, renumbered).
+        let mut base = extensions.clone();
+        base.remove::<AttemptHistory>();
+        base.remove::<RequestEvidence>();
+        let RaceOutcome {
+            mut result,
+            evidence,
+            hedge_extensions,
+            losers,
+            hedges,
+        } = self
+            .race(&spec, next, req, &mut *extensions, &base, &is_final)
+            .await;
+
+        // A first copy cancelled before its breaker took its scope leaves it behind.
+        extensions.remove::<AttemptScope>();
+        let by = evidence.attempt;
+        let history = extensions.get_or_insert_default::<AttemptHistory>();
+        // The first copy's own record (if it finished) is re-added in the race's order.
+        history.truncate(recorded_before);
+        for mut record in losers {
+            record.decision = Some(AttemptDecision::Superseded { by });
+            history.push_record(record);
+        }
+        history.push(evidence.clone());
+        if let Ok(response) = &mut result
+            && let Some(e) = response.extensions_mut().get_mut::<RequestEvidence>()
+        {
+            e.attempt = by;
+        }
+        match hedge_extensions {
+            Some(mut winner) => {
+                // The first copy's "retry in" is not the winner's.
+                extensions.remove::<crate::breaker::RetryIn>();
+                winner.remove::<AttemptHistory>();
+                winner.insert(evidence);
+                extensions.extend(winner);
+            }
+            // Renumbered in place: no new box for the common case.
+            None => match extensions.get_mut::<RequestEvidence>() {
+                Some(e) => *e = evidence,
+                None => {
+                    extensions.insert(evidence);
+                }
+            },
+        }
+        Round { result, hedges }
+    }
+
+    /// The race itself: the first copy on the caller's extensions, hedges on copies of
+    /// `base`, until one wins.
+    async fn race<'x, F>(
+        &self,
+        spec: &RoundSpec,
+        next: &Next<'x>,
+        req: Request,
+        extensions: &'x mut Extensions,
+        base: &Extensions,
+        is_final: &F,
+    ) -> RaceOutcome
+    where
+        F: Fn(&RequestEvidence, u32) -> bool + Sync,
+    {
         let RoundSpec {
             template, origin, ..
-        } = &spec;
+        } = spec;
         let window = matches!(self.delay, HedgeDelay::Adaptive { .. })
             .then(|| self.latencies.window(origin));
         let delay = self.delay_from(window.as_deref().and_then(Window::estimate));
         let lost = Arc::new(AtomicBool::new(false));
-        // Each copy runs with its own extensions: the caller's, less this logical request's
-        // records (merged back after the race, renumbered).
-        let mut base = extensions.clone();
-        base.remove::<AttemptHistory>();
-        base.remove::<RequestEvidence>();
-        let launch = |req: Request, hedge: bool, attempt: u32| -> CopyFuture<'a> {
+        let scope = |hedge: bool| {
             let cut = attempt_cut(spec.deadline, spec.attempt_timeout);
             let scope = AttemptScope {
                 cut,
                 lost: Some(lost.clone()),
                 hedge,
             };
+            (cut, scope)
+        };
+        let launch = |req: Request, attempt: u32| -> CopyFuture<'x> {
+            let (cut, scope) = scope(true);
             let mut ext = base.clone();
             let next = next.clone();
             Box::pin(async move {
                 let result = run_attempt(next, req, &mut ext, cut, Some(scope), attempt).await;
-                (result, ext)
+                (result, CopyExt::Own(ext))
+            })
+        };
+        let first: CopyFuture<'x> = {
+            let (cut, scope) = scope(false);
+            let (next, attempt) = (next.clone(), spec.attempt);
+            Box::pin(async move {
+                let result =
+                    run_attempt(next, req, &mut *extensions, cut, Some(scope), attempt).await;
+                (result, CopyExt::Caller(extensions))
             })
         };
         let now = Instant::now();
         let mut copies = vec![Copy {
-            future: Some(launch(req, false, spec.attempt)),
+            future: Some(first),
             attempt: spec.attempt,
             started: now,
             withdrawal: None,
@@ -386,7 +488,7 @@ impl Hedging {
                     };
                     let attempt = spec.attempt + copies.len() as u32;
                     copies.push(Copy {
-                        future: Some(launch(copy, true, attempt)),
+                        future: Some(launch(copy, attempt)),
                         attempt,
                         started: Instant::now(),
                         withdrawal,
@@ -396,7 +498,7 @@ impl Hedging {
                 }
                 Event::Done(index, (result, ext)) => {
                     copies[index].future = None;
-                    let evidence = copy_evidence(&result, &ext, copies[index].attempt);
+                    let evidence = copy_evidence(&result, ext.get(), copies[index].attempt);
                     let in_flight = copies.iter().any(|c| c.future.is_some());
                     if index > 0 && refused(&evidence) {
                         // The breaker turned the hedge away: nothing went out.
@@ -409,14 +511,12 @@ impl Hedging {
                             continue;
                         }
                         break last_failure.take().unwrap_or(Finished {
-                            index,
                             result,
                             extensions: ext,
                             evidence,
                         });
                     }
                     let finished = Finished {
-                        index,
                         result,
                         extensions: ext,
                         evidence,
@@ -453,7 +553,7 @@ impl Hedging {
             // The first copy's latency: its time to an answer, or, cancelled, the time it
             // had run (a lower bound that keeps the slow tail's share true).
             let first = copies.first().map(|c| c.attempt);
-            let sample = if winner.index == 0 {
+            let sample = if Some(winner.evidence.attempt) == first {
                 winner.evidence.status().map(|_| winner.evidence.elapsed)
             } else {
                 cancelled
@@ -471,28 +571,18 @@ impl Hedging {
             }
         }
 
-        let Finished {
-            mut result,
-            extensions: mut winner_ext,
-            evidence,
-            ..
-        } = winner;
-        let by = evidence.attempt;
-        let history = extensions.get_or_insert_default::<AttemptHistory>();
-        for mut record in superseded.into_iter().chain(cancelled) {
-            record.decision = Some(AttemptDecision::Superseded { by });
-            history.push_record(record);
+        let hedge_extensions = match winner.extensions {
+            CopyExt::Own(e) => Some(e),
+            CopyExt::Caller(_) => None,
+        };
+        superseded.extend(cancelled);
+        RaceOutcome {
+            result: winner.result,
+            evidence: winner.evidence,
+            hedge_extensions,
+            losers: superseded,
+            hedges,
         }
-        history.push(evidence.clone());
-        if let Ok(response) = &mut result
-            && let Some(e) = response.extensions_mut().get_mut::<RequestEvidence>()
-        {
-            e.attempt = by;
-        }
-        winner_ext.remove::<AttemptHistory>();
-        winner_ext.insert(evidence);
-        extensions.extend(winner_ext);
-        Round { result, hedges }
     }
 }
 

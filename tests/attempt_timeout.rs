@@ -365,3 +365,28 @@ async fn the_stack_builder_installs_the_timeout_and_a_deadline_extension_still_w
         Err(ResilienceError::InvalidConfig(_))
     ));
 }
+
+#[test]
+fn the_stack_refuses_timeout_or_hedging_settings_for_a_prebuilt_retry() {
+    use reqwest_resilience::retry::Hedging;
+    use reqwest_resilience::{StackError, stack::StackPart};
+    let conflict = |setting| {
+        ResilienceError::InvalidStack(StackError::Conflict {
+            part: StackPart::Retry,
+            setting,
+        })
+        .to_string()
+    };
+    let err = Resilience::new()
+        .retry(RetryMiddleware::new())
+        .attempt_timeout(S(1))
+        .build(reqwest_client())
+        .unwrap_err();
+    assert_eq!(err.to_string(), conflict("attempt_timeout"));
+    let err = Resilience::new()
+        .no_retry()
+        .hedging(Hedging::fixed(S(1)))
+        .build(reqwest_client())
+        .unwrap_err();
+    assert_eq!(err.to_string(), conflict("hedging"));
+}

@@ -19,7 +19,7 @@ use http::Extensions;
 use reqwest_middleware::ClientWithMiddleware;
 use reqwest_resilience::breaker::{BreakerConfig, BreakerRegistry, BreakerState, TripPolicy};
 use reqwest_resilience::redirect::{self, ClientRedirects};
-use reqwest_resilience::retry::MaxRetries;
+use reqwest_resilience::retry::{Hedging, MaxRetries};
 use reqwest_resilience::{
     AccessToken, AttemptDecision, AttemptHistory, AttemptRecord, Backoff, BearerAuth, Origin,
     Redirects, Resilience, ResilienceError, RetryBudget, TokenManager, Transmission,
@@ -166,6 +166,8 @@ async fn main() -> Result<(), BoxError> {
     redirected_post(&mut tour).await?;
     metrics_scene(&mut tour).await?;
     overload(&mut tour).await?;
+    hedging(&mut tour).await?;
+    attempt_timeout(&mut tour).await?;
 
     println!("\nSummary");
     println!("{:<34} {:<26} {:<26} ok", "scene", "expected", "observed");
@@ -716,6 +718,83 @@ async fn overload(tour: &mut Tour) -> Result<(), BoxError> {
         "overload: fail fast | queue",
         "4+8, peak 4 | 12+0, peak 4",
         lines.join(" | "),
+    );
+    Ok(())
+}
+
+/// A slow first answer: after 100 ms without a response head a second copy goes out, and
+/// the first answer wins; the slow copy is cancelled (its connection closed).
+async fn hedging(tour: &mut Tour) -> Result<(), BoxError> {
+    println!(
+        "\n12. A hedge winning: the first copy takes 2 s, a copy sent after 100 ms answers at once"
+    );
+    let server = FlakyServer::start(|i, _| {
+        if i == 0 {
+            Reply::After(Duration::from_secs(2), Box::new(Reply::ok("slow")))
+        } else {
+            Reply::ok("fast")
+        }
+    })
+    .await?;
+    let client = demo_stack()?
+        .hedging(Hedging::fixed(Duration::from_millis(100)))
+        .build(reqwest::Client::new())?;
+    let t0 = Instant::now();
+    let (result, history) = send(
+        &client,
+        client.get(server.url("/search")),
+        Extensions::new(),
+    )
+    .await?;
+    let took = t0.elapsed();
+    print_history(&history);
+    let body = result?.text().await?;
+    println!("   answered {body:?} in {took:.0?}");
+    tour.check(
+        "hedge: answer, copies at server",
+        "fast, 2",
+        format!("{body}, {}", server.requests()),
+    );
+    tour.verify(
+        "hedge: well before the slow copy",
+        "< 1 s".into(),
+        format!("{took:.0?}"),
+        took < Duration::from_secs(1),
+    );
+    Ok(())
+}
+
+/// A silent server: each attempt is cut after 200 ms. The GET is retried (3 retries), a
+/// POST is not (it may have been processed).
+async fn attempt_timeout(tour: &mut Tour) -> Result<(), BoxError> {
+    println!("\n13. An attempt timeout: a server that never answers, each attempt cut at 200 ms");
+    let server = FlakyServer::start(|_, _| {
+        Reply::After(Duration::from_secs(3600), Box::new(Reply::ok("never")))
+    })
+    .await?;
+    let client = demo_stack()?
+        .no_breaker()
+        .attempt_timeout(Duration::from_millis(200))
+        .build(reqwest::Client::new())?;
+    let (_, history) = send(&client, client.get(server.url("/slow")), Extensions::new()).await?;
+    print_history(&history);
+    let at_server = server.requests();
+    let (_, post) = send(
+        &client,
+        client.post(server.url("/slow")).body("x"),
+        Extensions::new(),
+    )
+    .await?;
+    print_history(&post);
+    tour.check(
+        "attempt timeout: GET, POST",
+        "4 attempts, 1 attempt",
+        format!("{} attempts, {} attempt", history.len(), post.len()),
+    );
+    tour.check(
+        "attempt timeout: at server",
+        "4 + 1",
+        format!("{at_server} + {}", server.requests() - at_server),
     );
     Ok(())
 }

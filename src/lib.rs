@@ -114,7 +114,7 @@
 //! | module | what it holds |
 //! |---|---|
 //! | [`stack`] | [`Resilience`]: the whole stack in one builder |
-//! | [`retry`] | [`RetryMiddleware`], the decision table, [`RetryBudget`], per-request overrides |
+//! | [`retry`] | [`RetryMiddleware`], the decision table, [`RetryBudget`], per-request overrides, attempt timeout, [hedging](retry::Hedging) |
 //! | [`backoff`] | [`Backoff`] and [`Jitter`]: the delays between attempts |
 //! | [`retry_after`] | `Retry-After` parsing |
 //! | [`redirect`] | what can be proven about the redirects reqwest follows: [`redirect::ClientRedirects`], [`redirect::recorded`] |

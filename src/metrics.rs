@@ -285,6 +285,7 @@ mod enabled {
             FailureKind::Other => "_OTHER",
             FailureKind::Misconfigured => "misconfigured",
             FailureKind::ConcurrencyLimited => "concurrency_limited",
+            FailureKind::Cancelled => "cancelled",
         }
     }
 }

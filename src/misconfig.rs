@@ -20,18 +20,14 @@
 //! does not compile.
 //!
 //! Detection costs no allocation: while the retry middleware and the transport step poll
-//! the rest of a request, they note that request's extensions in a thread-local slot, and
-//! a middleware of this crate starting under them for the *same* extensions knows where
-//! it is. Another request made meanwhile (a token fetch through another resilient client)
+//! the rest of a request, they note that request's extensions in the thread-local marks
+//! that also tell a request's owner (`src/scope.rs`), and a middleware of this crate
+//! starting under them for the *same* extensions knows where it is. Another request made meanwhile (a token fetch through another resilient client)
 //! has extensions of its own and is not mistaken for a nested one.
 
-use std::cell::Cell;
 use std::fmt;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU8, Ordering};
-use std::task::{Context, Poll};
 
 use http::Extensions;
 
@@ -122,39 +118,10 @@ pub(crate) fn report_once(m: Misconfiguration) {
     eprintln!("reqwest-resilience: {m} (reported once per process)");
 }
 
-/// The layers that note the request they are polling.
+/// The layers whose place the checks look for.
 #[derive(Clone, Copy)]
 pub(crate) enum Layer {
     Retry,
-    Transport,
-}
-
-/// The extensions (by address) of the request each layer is polling on this thread; 0
-/// when none.
-#[derive(Clone, Copy)]
-struct Active {
-    retry: usize,
-    transport: usize,
-}
-
-thread_local! {
-    static ACTIVE: Cell<Active> = const { Cell::new(Active { retry: 0, transport: 0 }) };
-}
-
-/// Which request a layer is polling: the address of its extensions, which every
-/// middleware of one request is handed in turn.
-#[derive(Clone, Copy)]
-pub(crate) struct Key(usize);
-
-pub(crate) fn key(extensions: &Extensions) -> Key {
-    Key(extensions as *const Extensions as usize)
-}
-
-fn active() -> Active {
-    ACTIVE.try_with(Cell::get).unwrap_or(Active {
-        retry: 0,
-        transport: 0,
-    })
 }
 
 /// What is wrong with `middleware` starting here for the request of `extensions`, if
@@ -164,8 +131,8 @@ pub(crate) fn check(
     middleware: &'static str,
     layer: Option<Layer>,
 ) -> Option<Misconfiguration> {
-    let active = active();
-    let key = key(extensions).0;
+    let active = crate::scope::active();
+    let key = crate::scope::key(extensions);
     if active.transport == key {
         Some(Misconfiguration::InsideTransportStep { middleware })
     } else if matches!(layer, Some(Layer::Retry)) && active.retry == key {
@@ -187,49 +154,12 @@ pub(crate) fn refuse(
     reqwest_middleware::Error::middleware(ResilienceError::Misconfigured(m))
 }
 
-/// Polls `inner` with `layer` noting the request of `key` as its own.
-pub(crate) fn scoped<F: Future + Unpin>(inner: F, layer: Layer, key: Key) -> Scoped<F> {
-    Scoped {
-        inner,
-        layer,
-        key: key.0,
-    }
-}
-
-pub(crate) struct Scoped<F> {
-    inner: F,
-    layer: Layer,
-    key: usize,
-}
-
-/// Puts the slot back as it was, also when the inner future panics.
-struct Restore(Active);
-
-impl Drop for Restore {
-    fn drop(&mut self) {
-        let _ = ACTIVE.try_with(|a| a.set(self.0));
-    }
-}
-
-impl<F: Future + Unpin> Future for Scoped<F> {
-    type Output = F::Output;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
-        let this = self.get_mut();
-        let previous = active();
-        let mut now = previous;
-        match this.layer {
-            Layer::Retry => now.retry = this.key,
-            Layer::Transport => now.transport = this.key,
-        }
-        let _ = ACTIVE.try_with(|a| a.set(now));
-        let _restore = Restore(previous);
-        Pin::new(&mut this.inner).poll(cx)
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use std::future::Future;
+    use std::pin::Pin;
+    use std::task::{Context, Poll};
+
     use super::*;
 
     /// Polls `check` from inside a scope, as a middleware starting under a layer would.
@@ -258,7 +188,8 @@ mod tests {
         let (ours, other) = (Extensions::new(), Extensions::new());
         let probe = |extensions, layer| Probe { extensions, layer };
         // Under a transport step: any middleware of the same request is inside it.
-        let under_transport = |inner| scoped(inner, Layer::Transport, key(&ours));
+        let under_transport =
+            |inner| crate::scope::under_transport(crate::scope::key(&ours), inner);
         assert_eq!(
             poll_once(under_transport(probe(&ours, None))),
             Some(Misconfiguration::InsideTransportStep {
@@ -271,7 +202,7 @@ mod tests {
             None
         );
         // Under a retry: only another retry is misplaced.
-        let under_retry = |inner| scoped(inner, Layer::Retry, key(&ours));
+        let under_retry = |inner| crate::scope::claim(&ours).wrap_retry(inner);
         assert_eq!(poll_once(under_retry(probe(&ours, None))), None);
         assert_eq!(
             poll_once(under_retry(probe(&ours, Some(Layer::Retry)))),
@@ -292,7 +223,10 @@ mod tests {
             }
         }
         let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            poll_once(scoped(Panics, Layer::Transport, key(&ours)))
+            poll_once(crate::scope::under_transport(
+                crate::scope::key(&ours),
+                Panics,
+            ))
         }));
         assert!(caught.is_err());
         assert_eq!(check(&ours, "Probe", None), None);

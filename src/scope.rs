@@ -12,7 +12,8 @@
 //!
 //! Ownership is found without allocating: an owner marks the address of the request's
 //! `Extensions` as the one being run on this thread for the duration of each poll of the
-//! rest of the stack (reqwest-middleware hands the same `&mut Extensions` down the chain,
+//! rest of the stack (the retry middleware and the transport step mark their place the
+//! same way, for the [misconfiguration](crate::misconfig) checks) (reqwest-middleware hands the same `&mut Extensions` down the chain,
 //! and polls the inner middlewares inside the outer one's poll), and puts back the mark it
 //! found afterwards. Only the innermost owner being polled needs to be known: a request's
 //! middlewares never run inside another request's poll, except through a second request a
@@ -31,10 +32,31 @@ use crate::breaker::{Deadline, RetryIn};
 use crate::evidence::{AttemptHistory, RequestEvidence};
 use crate::retry::RetryOutcome;
 
+/// The requests (by the address of their `Extensions`, 0 for none) that this thread is
+/// polling the rest of, as their owner, under a retry middleware, and under the transport
+/// step. The misconfiguration checks read the last two
+/// ([`misconfig`](crate::misconfig)).
+#[derive(Clone, Copy, Default)]
+pub(crate) struct Active {
+    pub(crate) owner: usize,
+    pub(crate) retry: usize,
+    pub(crate) transport: usize,
+}
+
 thread_local! {
-    /// The address of the `Extensions` whose owner is being polled on this thread, 0 for
-    /// none.
-    static OWNED: Cell<usize> = const { Cell::new(0) };
+    static ACTIVE: Cell<Active> = const {
+        Cell::new(Active { owner: 0, retry: 0, transport: 0 })
+    };
+}
+
+/// What this thread is polling now.
+pub(crate) fn active() -> Active {
+    ACTIVE.try_with(Cell::get).unwrap_or_default()
+}
+
+/// The key of the request whose middlewares are handed `extensions`.
+pub(crate) fn key(extensions: &Extensions) -> usize {
+    std::ptr::from_ref::<Extensions>(extensions) as usize
 }
 
 /// Marks a [`Deadline`] a middleware of this crate put in the caller's extensions for the
@@ -43,70 +65,123 @@ thread_local! {
 #[derive(Clone, Copy)]
 pub(crate) struct HandedOn(pub(crate) Deadline);
 
-/// Whether a middleware owns the request it runs; see the [module docs](self).
+/// A middleware's place in the request it runs: the request's key, and whether this
+/// middleware owns it; see the [module docs](self).
 #[derive(Clone, Copy)]
 #[must_use]
-pub(crate) struct Ownership(Option<usize>);
+pub(crate) struct Ownership {
+    key: usize,
+    owner: bool,
+}
 
 /// Called first by every middleware of this crate. When no middleware of this crate
 /// outside it is running the request, this one owns it, and what an earlier request left
 /// in `extensions` is removed.
 pub(crate) fn begin(extensions: &mut Extensions) -> Ownership {
-    let key = std::ptr::from_ref::<Extensions>(extensions) as usize;
-    if OWNED.get() == key {
-        return Ownership(None);
+    let key = key(extensions);
+    if active().owner == key {
+        return Ownership { key, owner: false };
     }
     // A fresh request's extensions (every `send()`) hold nothing to clear.
-    if extensions.is_empty() {
-        return Ownership(Some(key));
+    if !extensions.is_empty() {
+        if let Some(HandedOn(stale)) = extensions.remove::<HandedOn>()
+            && extensions.get::<Deadline>() == Some(&stale)
+        {
+            extensions.remove::<Deadline>();
+        }
+        extensions.remove::<AttemptHistory>();
+        extensions.remove::<RequestEvidence>();
+        extensions.remove::<RetryOutcome>();
+        extensions.remove::<RetryIn>();
     }
-    if let Some(HandedOn(stale)) = extensions.remove::<HandedOn>()
-        && extensions.get::<Deadline>() == Some(&stale)
-    {
-        extensions.remove::<Deadline>();
+    Ownership { key, owner: true }
+}
+
+/// The ownership of a copy of a request with extensions of its own (a hedge), run by the
+/// middleware that owns the request: nothing to clear, and owned.
+pub(crate) fn claim(extensions: &Extensions) -> Ownership {
+    Ownership {
+        key: key(extensions),
+        owner: true,
     }
-    extensions.remove::<AttemptHistory>();
-    extensions.remove::<RequestEvidence>();
-    extensions.remove::<RetryOutcome>();
-    extensions.remove::<RetryIn>();
-    Ownership(Some(key))
 }
 
 impl Ownership {
-    /// The rest of the stack's future, polled with this request marked as owned when this
+    /// The rest of the stack's future, polled with the request marked as owned when this
     /// middleware is its owner.
-    pub(crate) fn wrap<F: Future>(self, inner: F) -> Owned<F> {
-        Owned { inner, key: self.0 }
+    pub(crate) fn wrap<F: Future>(self, inner: F) -> Marked<F> {
+        Marked::new(inner, self.key, self.owner, Role::None)
     }
+
+    /// As [`wrap`](Self::wrap), and marked as running under a retry middleware.
+    pub(crate) fn wrap_retry<F: Future>(self, inner: F) -> Marked<F> {
+        Marked::new(inner, self.key, self.owner, Role::Retry)
+    }
+}
+
+/// The rest of the stack's future inside the transport step, marked as such.
+pub(crate) fn under_transport<F: Future>(key: usize, inner: F) -> Marked<F> {
+    Marked::new(inner, key, false, Role::Transport)
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Role {
+    None,
+    Retry,
+    Transport,
 }
 
 pin_project_lite::pin_project! {
-    /// A future of the middlewares inside an owner.
-    pub(crate) struct Owned<F> {
+    /// A future of the middlewares inside one of this crate's, polled with its marks set.
+    pub(crate) struct Marked<F> {
         #[pin]
         inner: F,
-        key: Option<usize>,
+        key: usize,
+        owner: bool,
+        role: Role,
     }
 }
 
-/// Puts back the mark found before a poll, even if the poll unwinds.
-struct Restore(usize);
+impl<F> Marked<F> {
+    fn new(inner: F, key: usize, owner: bool, role: Role) -> Self {
+        Marked {
+            inner,
+            key,
+            owner,
+            role,
+        }
+    }
+}
+
+/// Puts back the marks found before a poll, even if the poll unwinds.
+struct Restore(Active);
 
 impl Drop for Restore {
     fn drop(&mut self) {
-        OWNED.set(self.0);
+        let _ = ACTIVE.try_with(|a| a.set(self.0));
     }
 }
 
-impl<F: Future> Future for Owned<F> {
+impl<F: Future> Future for Marked<F> {
     type Output = F::Output;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
         let this = self.project();
-        let Some(key) = *this.key else {
+        if !*this.owner && *this.role == Role::None {
             return this.inner.poll(cx);
-        };
-        let _restore = Restore(OWNED.replace(key));
+        }
+        let before = active();
+        let mut now = before;
+        if *this.owner {
+            now.owner = *this.key;
+        }
+        match *this.role {
+            Role::None => {}
+            Role::Retry => now.retry = *this.key,
+            Role::Transport => now.transport = *this.key,
+        }
+        let _ = ACTIVE.try_with(|a| a.set(now));
+        let _restore = Restore(before);
         this.inner.poll(cx)
     }
 }
@@ -123,7 +198,7 @@ mod tests {
         history.push(RequestEvidence::new(Transmission::NotSent, None, 1));
         ext.insert(history);
         let outer = begin(&mut ext);
-        assert!(outer.0.is_some());
+        assert!(outer.owner);
         assert!(
             ext.get::<AttemptHistory>().is_none(),
             "an earlier request's"
@@ -133,12 +208,12 @@ mod tests {
         outer
             .wrap(async move {
                 let inner = begin(ext_ref);
-                assert!(inner.0.is_none(), "nested inside its owner");
+                assert!(!inner.owner, "nested inside its owner");
                 assert!(ext_ref.get::<AttemptHistory>().is_some(), "kept");
             })
             .await;
         // Its owner done, the next request owns the same extensions anew.
-        assert!(begin(&mut ext).0.is_some());
-        assert_eq!(OWNED.get(), 0);
+        assert!(begin(&mut ext).owner);
+        assert_eq!(active().owner, 0);
     }
 }

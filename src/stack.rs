@@ -47,7 +47,7 @@ use crate::breaker::{BreakerConfig, BreakerEvent, BreakerRegistry, CircuitBreake
 use crate::evidence::{AttemptDecision, AttemptHistory, RequestEvidence, TransportEvidence};
 use crate::limit::{LimitChoice, LimiterConfig, LimiterRegistry};
 use crate::redirect::ClientRedirects;
-use crate::retry::{ErrorWrapping, RetryAfterPolicy};
+use crate::retry::{ErrorWrapping, Hedging, RetryAfterPolicy};
 use crate::{Backoff, BearerAuth, ResilienceError, RetryBudget, RetryMiddleware};
 
 type AttemptHook = Arc<dyn Fn(&RequestEvidence, Option<&AttemptDecision>) + Send + Sync>;
@@ -141,6 +141,8 @@ struct RetrySettings {
     budget: Option<Option<RetryBudget>>,
     retry_after_cap: Option<(Duration, RetryAfterPolicy)>,
     error_wrapping: Option<ErrorWrapping>,
+    attempt_timeout: Option<Duration>,
+    hedging: Option<Hedging>,
 }
 
 impl RetrySettings {
@@ -153,6 +155,8 @@ impl RetrySettings {
             (self.budget.is_some(), "retry_budget"),
             (self.retry_after_cap.is_some(), "retry_after_cap"),
             (self.error_wrapping.is_some(), "error_wrapping"),
+            (self.attempt_timeout.is_some(), "attempt_timeout"),
+            (self.hedging.is_some(), "hedging"),
         ]
         .into_iter()
         .find_map(|(set, name)| set.then_some(name))
@@ -174,6 +178,8 @@ impl RetrySettings {
 /// | retry | 3 retries; backoff 1 s × 2 capped at 30 s with ±10 % jitter; `Retry-After` honoured up to 60 s (clamped); [`RetryBudget::default`] (20 % of requests, at least 10 retries/s); no deadline |
 /// | breaker | a new [`BreakerRegistry`] per built stack: open after 5 consecutive failures, 30 s open, 1 half-open probe, server pauses up to 60 s waited out |
 /// | bearer | none (it needs your [`TokenManager`](crate::TokenManager)) |
+/// | attempt timeout | none ([`attempt_timeout`](Self::attempt_timeout)) |
+/// | hedging | off ([`hedging`](Self::hedging)) |
 /// | transport | [`TransportEvidence`], always |
 /// | concurrency limit | off ([`concurrency_limit`](Self::concurrency_limit) turns it on) |
 /// | hooks | none |
@@ -338,6 +344,34 @@ impl Resilience {
     /// [`ErrorWrapping::Always`] puts the attempt count and the stop reason on every error.
     pub fn error_wrapping(mut self, wrapping: ErrorWrapping) -> Self {
         self.retry_settings.error_wrapping = Some(wrapping);
+        self
+    }
+
+    /// Bounds each attempt's wait for its response head (default: none; see
+    /// [`RetryMiddlewareBuilder::attempt_timeout`](crate::retry::RetryMiddlewareBuilder::attempt_timeout)
+    /// for why it is off by default). A cut attempt is a breaker failure and is retried
+    /// only when the request is idempotent; the total deadline still bounds everything.
+    pub fn attempt_timeout(mut self, timeout: Duration) -> Self {
+        self.retry_settings.attempt_timeout = Some(timeout);
+        self
+    }
+
+    /// Hedged requests (default: off): after a delay with no response head, an idempotent
+    /// request sends another copy through the breaker and the transport step, and the
+    /// first answer wins. See [`Hedging`] for the delay, the budget and the limits.
+    ///
+    /// ```
+    /// use reqwest_resilience::Resilience;
+    /// use reqwest_resilience::retry::Hedging;
+    ///
+    /// # fn main() -> Result<(), reqwest_resilience::ResilienceError> {
+    /// let client = Resilience::new()
+    ///     .hedging(Hedging::adaptive(0.95))
+    ///     .build(reqwest::Client::new())?;
+    /// # drop(client); Ok(()) }
+    /// ```
+    pub fn hedging(mut self, hedging: Hedging) -> Self {
+        self.retry_settings.hedging = Some(hedging);
         self
     }
 
@@ -568,6 +602,12 @@ impl Resilience {
                 }
                 if let Some(wrapping) = s.error_wrapping {
                     b = b.error_wrapping(wrapping);
+                }
+                if let Some(timeout) = s.attempt_timeout {
+                    b = b.attempt_timeout(timeout);
+                }
+                if let Some(hedging) = &s.hedging {
+                    b = b.hedging(hedging.clone());
                 }
                 b.build().map(Some)
             }
@@ -841,6 +881,7 @@ mod observe {
     enum Decision {
         Retry(RetryReason),
         Stop(StopReason),
+        Superseded(u32),
     }
 
     impl std::fmt::Display for Decision {
@@ -848,6 +889,7 @@ mod observe {
             match self {
                 Decision::Retry(reason) => write!(f, "retry: {reason}"),
                 Decision::Stop(reason) => write!(f, "stop: {reason}"),
+                Decision::Superseded(by) => write!(f, "superseded by attempt {by}"),
             }
         }
     }
@@ -871,6 +913,7 @@ mod observe {
                     Some(delay.as_millis() as u64),
                 ),
                 Some(AttemptDecision::Stop { reason }) => (Some(Decision::Stop(*reason)), None),
+                Some(AttemptDecision::Superseded { by }) => (Some(Decision::Superseded(*by)), None),
                 None => (None, None),
             };
             tracing::event!(

@@ -157,3 +157,26 @@ async fn the_quick_start_stack_with_a_concurrency_limit_adds_seventeen_allocatio
         17.0 + OBSERVER + METRICS_ATTEMPT + METRICS_RETRY
     );
 }
+
+#[tokio::test]
+async fn hedging_an_answer_faster_than_the_delay_adds_ten_allocations_per_request() {
+    for hedging in [
+        reqwest_resilience::retry::Hedging::fixed(std::time::Duration::from_secs(1)),
+        reqwest_resilience::retry::Hedging::adaptive(0.95),
+    ] {
+        let client = ClientBuilder::new(reqwest_client())
+            .with(RetryMiddleware::builder().hedging(hedging).build().unwrap())
+            .with(TransportEvidence::new())
+            .with(Answer200)
+            .build();
+        // Retry with the transport step's 15, and the race's own 10: its boxed future and
+        // the first copy's, the list of copies, the shared "lost" flag, the hedge timer
+        // (5); the request template to copy hedges from (4); the first copy's scope in the
+        // caller's extensions (1). The first copy runs with the caller's extensions, so
+        // nothing of them is copied unless a hedge goes out.
+        assert_eq!(
+            extra_per_request(client).await,
+            25.0 + METRICS_ATTEMPT + METRICS_RETRY
+        );
+    }
+}

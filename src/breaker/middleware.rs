@@ -3,6 +3,7 @@
 //! every caller of the registry.
 
 use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 use std::time::{Duration, SystemTime};
 
 use http::{Extensions, StatusCode};
@@ -19,6 +20,7 @@ use crate::evidence::{
     AttemptHistory, FailureKind, RequestEvidence, Transmission, next_attempt,
     record_rejected_locally,
 };
+use crate::retry::AttemptScope;
 use crate::{Origin, ResilienceError};
 
 /// One circuit breaker per origin, from a shared [`BreakerRegistry`].
@@ -71,6 +73,13 @@ use crate::{Origin, ResilienceError};
 /// counts the failure, while the retry writes the same evidence itself. An attempt
 /// admitted at or after its deadline gave the server no time and is cut without being
 /// counted.
+///
+/// The retry middleware's [attempt timeout](crate::retry::RetryMiddlewareBuilder::attempt_timeout)
+/// is handed inward for each attempt and cuts it here the same way, at the earlier of the
+/// two: a cut attempt is a failure either way. A hedge (an extra copy of a hedged request)
+/// is turned away at once by an Open breaker or a pause, never waits one out, and never
+/// takes a HalfOpen probe slot; a copy dropped because another copy answered first is a
+/// cancellation and is never counted.
 ///
 /// ```
 /// use reqwest_middleware::ClientBuilder;
@@ -171,6 +180,17 @@ impl CircuitBreakerMiddleware {
     }
 }
 
+/// Why a hedge was refused a half-open breaker's probe slot: as if its probes were busy
+/// (the hedge's request is still in flight as the probe or beside it).
+fn hedge_refused(origin: &Origin) -> BreakerRejection {
+    BreakerRejection {
+        origin: origin.clone(),
+        reason: RejectReason::ProbesBusy,
+        state: super::BreakerState::HalfOpen,
+        retry_in: None,
+    }
+}
+
 /// Leaves the rejection's evidence where the retry middleware and the caller look.
 fn record_rejection(rejection: &BreakerRejection, extensions: &mut Extensions) {
     let kind = match rejection.reason {
@@ -195,10 +215,15 @@ fn record_rejection(rejection: &BreakerRejection, extensions: &mut Extensions) {
 /// together on a multi-thread runtime): the timeout is counted. Dropped before it, the
 /// caller gave up: nothing is counted and a probe slot is freed. An attempt admitted at or
 /// after its deadline gave the server no time and says nothing about its health.
+///
+/// The deadline is the earlier of the request's [`Deadline`] and the attempt's own cut
+/// (the retry middleware's attempt timeout). A copy of a hedged request dropped because
+/// another copy won (`lost` set) was cancelled, whenever that happened: nothing is counted.
 struct CutAtDeadline<'a> {
     permit: Option<BreakerPermit<'a>>,
     deadline: Instant,
     started: Instant,
+    lost: Option<Arc<AtomicBool>>,
 }
 
 impl<'a> CutAtDeadline<'a> {
@@ -213,6 +238,7 @@ impl Drop for CutAtDeadline<'_> {
         if let Some(permit) = self.permit.take()
             && self.started < self.deadline
             && Instant::now() >= self.deadline
+            && !AttemptScope::is_lost(self.lost.as_ref())
         {
             // A timeout is a transport failure, whatever a classifier would make of the
             // error, which it cannot see here.
@@ -287,8 +313,14 @@ impl Middleware for CircuitBreakerMiddleware {
             // No origin, no breaker: reqwest will reject the URL itself.
             return owner.wrap(next.run(req, extensions)).await;
         };
+        // The retry middleware's word on this attempt: its own cut, whether it is a hedge.
+        let scope = extensions.remove::<AttemptScope>().unwrap_or_default();
         let admitted = match self.registry.acquire(&origin) {
+            // A hedge is never a probe: one slow probe must not become two.
+            Ok(permit) if scope.hedge && permit.is_probe() => Err(hedge_refused(&origin)),
             Ok(permit) => Ok(permit),
+            // A hedge does not wait out a pause: it would only add load when it ends.
+            Err(first) if scope.hedge => Err(first),
             // Boxed: rare, and its sleep would otherwise enlarge every request's future.
             Err(first) => Box::pin(self.admit_after(&origin, extensions, first)).await,
         };
@@ -305,7 +337,12 @@ impl Middleware for CircuitBreakerMiddleware {
         // Evidence left by an earlier attempt would otherwise be read as this one's when
         // no transport step runs inside.
         extensions.remove::<RequestEvidence>();
-        let (result, permit) = match extensions.get::<Deadline>().map(|d| d.0) {
+        let deadline = extensions.get::<Deadline>().map(|d| d.0);
+        let cut = match (deadline, scope.cut) {
+            (Some(d), Some(c)) => Some(d.min(c)),
+            (d, c) => d.or(c),
+        };
+        let (result, permit) = match cut {
             Some(deadline) => {
                 let recorded_before = extensions.get::<AttemptHistory>().map_or(0, |h| h.len());
                 let started = Instant::now();
@@ -313,6 +350,7 @@ impl Middleware for CircuitBreakerMiddleware {
                     permit: Some(permit),
                     deadline,
                     started,
+                    lost: scope.lost,
                 };
                 match tokio::time::timeout_at(deadline, owner.wrap(next.run(req, extensions))).await
                 {
@@ -325,6 +363,7 @@ impl Middleware for CircuitBreakerMiddleware {
                     }
                 }
             }
+            // A hedge loser dropped here frees its permit unrecorded, like any cancellation.
             None => (owner.wrap(next.run(req, extensions)).await, Some(permit)),
         };
         let Some(permit) = permit else {

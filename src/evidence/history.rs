@@ -24,6 +24,14 @@ pub enum AttemptDecision {
         /// Why it stopped.
         reason: StopReason,
     },
+    /// Not followed by a retry of its own: it was one of several copies of a hedged request
+    /// in flight together, and the request went on with attempt number `by` (the copy that
+    /// answered first, or the last one to fail). A [`FailureKind::Cancelled`] attempt was
+    /// dropped when `by` answered.
+    Superseded {
+        /// The attempt number ([`RequestEvidence::attempt`]) the request went on with.
+        by: u32,
+    },
 }
 
 /// One attempt: what was observed, and what was decided after it.
@@ -151,6 +159,27 @@ impl AttemptHistory {
             });
         }
         Some(history)
+    }
+
+    /// Appends an attempt whose decision is already known (a hedged round's losers).
+    pub(crate) fn push_record(&mut self, record: AttemptRecord) {
+        let decision = record.decision;
+        self.push(record.evidence);
+        if let Some(decision) = decision {
+            self.decide_last(decision);
+        }
+    }
+
+    /// Keeps the first `len` records (a hedged round re-adds its own in its order).
+    pub(crate) fn truncate(&mut self, len: usize) {
+        self.records = match std::mem::take(&mut self.records) {
+            Records::One(first) if len >= 1 => Records::One(first),
+            Records::Many(mut records) => {
+                records.truncate(len);
+                Records::Many(records)
+            }
+            _ => Records::Empty,
+        };
     }
 
     /// Records the decision taken after the last attempt.

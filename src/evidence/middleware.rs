@@ -179,19 +179,15 @@ fn hand_on<'a>(
     tokio::time::Instant,
     crate::metrics::MethodLabel,
     UrlKey,
-    crate::misconfig::Scoped<Attempt<'a>>,
+    crate::scope::Marked<Attempt<'a>>,
 ) {
     let origin = Origin::cached(req.url());
     let attempt = next_attempt(extensions.get::<AttemptHistory>().map_or(0, |h| h.len()));
     let key = UrlKey::of(req.url());
     let started = tokio::time::Instant::now();
     let method = crate::metrics::method_label(req.method());
-    let owner = crate::misconfig::key(extensions);
-    let sent = crate::misconfig::scoped(
-        next.run(req, extensions),
-        crate::misconfig::Layer::Transport,
-        owner,
-    );
+    let at = crate::scope::key(extensions);
+    let sent = crate::scope::under_transport(at, next.run(req, extensions));
     (origin, attempt, started, method, key, sent)
 }
 

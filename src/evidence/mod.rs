@@ -106,6 +106,10 @@ pub enum FailureKind {
     /// refused before it was sent (always with [`Transmission::NotSent`]) and is never
     /// retried. See [`Misconfiguration`](crate::misconfig::Misconfiguration).
     Misconfigured,
+    /// A copy of a hedged request, dropped without an outcome because another copy
+    /// answered first (always with [`Transmission::Unknown`]: nothing below the transport
+    /// step reports whether its bytes had gone out, so it may have reached the server).
+    Cancelled,
 }
 
 /// The server's proof that it did not process the request, so even a non-idempotent

@@ -10,6 +10,8 @@ use reqwest::{Request, Response};
 use reqwest_middleware::{Middleware, Next};
 use tokio::time::Instant;
 
+use super::attempt_timeout::{self, AttemptScope, attempt_cut};
+use super::hedge::{Hedging, RoundSpec};
 use super::{
     AttemptContext, Deadline, DefaultStrategy, ErrorWrapping, Idempotent, MaxRetries, RetryBudget,
     RetryError, RetryOutcome, RetryReason, RetryStrategy, StopReason, Verdict, Withdrawal,
@@ -103,7 +105,8 @@ pub enum RetryAfterPolicy {
 /// behind is harmless: the records already in the caller's [`AttemptHistory`], and, when
 /// the deadline came from [`total_deadline`](RetryMiddlewareBuilder::total_deadline), the
 /// [`Deadline`] it handed to the inner middlewares through the caller's extensions (the
-/// next request through this middleware recognises it and sets its own).
+/// next request through this middleware recognises it and sets its own). With
+/// [hedging](RetryMiddlewareBuilder::hedging), every copy in flight is dropped with it.
 #[derive(Clone)]
 pub struct RetryMiddleware {
     config: Arc<Config>,
@@ -120,6 +123,8 @@ struct Config {
     strategy: Arc<dyn RetryStrategy>,
     random: Arc<dyn RandomSource>,
     error_wrapping: ErrorWrapping,
+    attempt_timeout: Option<Duration>,
+    hedging: Option<Hedging>,
 }
 
 /// Where backoff delays come from.
@@ -159,6 +164,8 @@ impl RetryMiddleware {
                 strategy: Arc::new(DefaultStrategy),
                 random: Arc::new(ThreadRandom),
                 error_wrapping: ErrorWrapping::ExceptReqwest,
+                attempt_timeout: None,
+                hedging: None,
             },
         }
     }
@@ -185,6 +192,8 @@ impl fmt::Debug for RetryMiddleware {
             .field("retry_after_policy", &c.retry_after_policy)
             .field("budget", &c.budget)
             .field("deadline", &c.deadline)
+            .field("attempt_timeout", &c.attempt_timeout)
+            .field("hedging", &c.hedging)
             .field("error_wrapping", &c.error_wrapping)
             .finish_non_exhaustive()
     }
@@ -287,12 +296,55 @@ impl RetryMiddlewareBuilder {
         self
     }
 
+    /// Bounds each attempt's wait for its response head (default: none). A cut attempt is
+    /// `Unknown` / [`Timeout`](FailureKind::Timeout), so only an idempotent request is
+    /// retried after it, and a [`CircuitBreakerMiddleware`](crate::breaker::CircuitBreakerMiddleware)
+    /// inside counts it as a failure. A body streamed after the head is not cut, and the
+    /// total deadline still bounds everything. The per-request
+    /// [`AttemptTimeout`](super::AttemptTimeout) extension replaces it.
+    ///
+    /// Off by default on purpose: endpoints such as LLM APIs take well over 10 s to their
+    /// first byte, and a default like Polly's 10 s attempt timeout would cut (and, for an
+    /// idempotent request, repeat) every one of their calls.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use reqwest_resilience::RetryMiddleware;
+    ///
+    /// let retry = RetryMiddleware::builder()
+    ///     .attempt_timeout(Duration::from_secs(2))
+    ///     .total_deadline(Duration::from_secs(10))
+    ///     .build()?;
+    /// # drop(retry);
+    /// # Ok::<(), reqwest_resilience::ResilienceError>(())
+    /// ```
+    pub fn attempt_timeout(mut self, timeout: Duration) -> Self {
+        self.config.attempt_timeout = Some(timeout);
+        self
+    }
+
+    /// Hedged requests (default: off): see [`Hedging`] for when a copy is sent, how the
+    /// first answer wins and what bounds the extra load.
+    pub fn hedging(mut self, hedging: Hedging) -> Self {
+        self.config.hedging = Some(hedging);
+        self
+    }
+
     /// Checks the configuration.
     ///
     /// # Errors
     ///
-    /// [`ResilienceError::InvalidConfig`] when the `Retry-After` cap exceeds one day.
+    /// [`ResilienceError::InvalidConfig`] when the `Retry-After` cap exceeds one day, the
+    /// attempt timeout is zero, or the [`Hedging`] settings are out of range.
     pub fn build(self) -> Result<RetryMiddleware, ResilienceError> {
+        if let Some(h) = &self.config.hedging {
+            h.validate()?;
+        }
+        if self.config.attempt_timeout == Some(Duration::ZERO) {
+            return Err(ResilienceError::InvalidConfig(
+                "attempt_timeout must be longer than zero".to_owned(),
+            ));
+        }
         if self.config.retry_after_cap > Duration::from_secs(24 * 60 * 60) {
             return Err(ResilienceError::InvalidConfig(
                 "retry_after_cap must not exceed one day".to_owned(),
@@ -333,6 +385,10 @@ struct LoopState {
     max_retries: u32,
     retries: u32,
     previous_delay: Option<Duration>,
+    /// The per-attempt timeout for this request ([`AttemptTimeout`] or the configured one).
+    attempt_timeout: Option<Duration>,
+    /// Hedges sent so far.
+    hedges: u32,
 }
 
 impl Config {
@@ -498,13 +554,19 @@ impl RetryMiddleware {
                     .map_or_else(|| c.max_retries(), |m| m.0),
                 retries: 0,
                 previous_delay: None,
+                attempt_timeout: attempt_timeout::for_request(extensions, c.attempt_timeout),
+                hedges: 0,
             };
             if let Some(budget) = &c.budget {
                 budget.deposit();
             }
+            let hedging = c.hedging.as_ref().filter(|_| idempotent);
+            if let Some(h) = hedging {
+                h.deposit();
+            }
             let mut not_processed_retries = 0;
             loop {
-                let attempt = state.retries + 1;
+                let attempt = state.retries + state.hedges + 1;
                 // One attempt and its decision, in a block of their own: the request, the
                 // response and the evidence end with it, so the future does not also keep
                 // their slots through the backoff wait below (every request pays for the
@@ -522,40 +584,56 @@ impl RetryMiddleware {
                     let recorded_before = extensions.get::<AttemptHistory>().map_or(0, |h| h.len());
                     // The deadline bounds the attempt too: a server that trickles its answer (or
                     // none) must not hold the caller past it when reqwest has no timeout.
-                    let (result, timed_out) = match state.deadline {
-                        Some(d) => {
-                            // Taken now (the request moves into the attempt); a cache hit costs
-                            // no allocation, unlike keeping a copy of the URL.
-                            let origin = Origin::cached(req.url());
-                            let started = Instant::now();
-                            let key = misconfig::key(extensions);
-                            let sent = misconfig::scoped(
-                                next.clone().run(req, extensions),
-                                Layer::Retry,
-                                key,
-                            );
-                            match tokio::time::timeout_at(d, owner.wrap(sent)).await {
-                                Ok(result) => {
-                                    let cut = cut_inside(&result, d);
-                                    (result, cut)
-                                }
-                                Err(elapsed) => {
-                                    extensions.insert(RequestEvidence::cut_at_deadline(
-                                        origin, attempt, started,
-                                    ));
-                                    (Err(reqwest_middleware::Error::middleware(elapsed)), true)
-                                }
-                            }
+                    let hedged = hedging
+                        .filter(|h| state.hedges < h.max())
+                        .and_then(|h| Some((h, req.try_clone()?, Origin::cached(req.url())?)));
+                    let (result, hedges) = match hedged {
+                        Some((h, template, origin)) => {
+                            let spec = RoundSpec {
+                                deadline: state.deadline,
+                                attempt_timeout: state.attempt_timeout,
+                                hedges_left: h.max() - state.hedges,
+                                attempt,
+                                template,
+                                origin,
+                                owner,
+                            };
+                            let is_final = |evidence: &RequestEvidence, attempt| {
+                                let ctx = AttemptContext {
+                                    evidence,
+                                    method: &method,
+                                    idempotent,
+                                    attempt,
+                                    not_processed_retries,
+                                };
+                                matches!(c.strategy.decide(&ctx), Verdict::Stop(_))
+                            };
+                            // Boxed: only hedged requests carry the race in their future.
+                            let round =
+                                Box::pin(h.round(spec, &next, req, extensions, is_final)).await;
+                            (round.result, round.hedges)
                         }
                         None => {
-                            let key = misconfig::key(extensions);
-                            let sent = next.clone().run(req, extensions);
-                            (
-                                owner.wrap(misconfig::scoped(sent, Layer::Retry, key)).await,
-                                false,
+                            let cut = attempt_cut(state.deadline, state.attempt_timeout);
+                            let scope = state.attempt_timeout.map(|_| AttemptScope::cut_at(cut));
+                            let result = attempt_timeout::run_attempt(
+                                next.clone(),
+                                req,
+                                extensions,
+                                owner,
+                                cut,
+                                scope,
+                                attempt,
                             )
+                            .await;
+                            (result, 0)
                         }
                     };
+                    // Each hedge sent is an attempt of its own.
+                    state.hedges += hedges;
+                    let attempt = attempt + hedges;
+                    // An attempt timeout's cut is an ordinary failed attempt; the deadline's is the end.
+                    let timed_out = state.deadline.is_some_and(|d| cut_inside(&result, d));
 
                     let evidence = match extensions.get::<RequestEvidence>() {
                         Some(e) => e.clone(),
@@ -742,7 +820,7 @@ fn record(
 
 /// Evidence when the transport step is not installed: a response speaks for itself; an
 /// error proves nothing about transmission, though some kinds are known never to help.
-fn fallback_evidence(
+pub(super) fn fallback_evidence(
     result: &reqwest_middleware::Result<Response>,
     attempt: u32,
 ) -> RequestEvidence {
@@ -811,6 +889,8 @@ mod tests {
             max_retries,
             retries,
             previous_delay: None,
+            attempt_timeout: None,
+            hedges: 0,
         }
     }
 

@@ -1,5 +1,6 @@
 //! The retry engine: [`RetryMiddleware`], its decision table ([`RetryStrategy`],
-//! [`DefaultStrategy`]), the [`RetryBudget`], and the per-request overrides.
+//! [`DefaultStrategy`]), the [`RetryBudget`], the per-request overrides, and the tail
+//! latency tools that work on its attempts: the attempt timeout and [`Hedging`].
 //!
 //! The middleware re-runs the rest of the stack per attempt and decides from the
 //! [`RequestEvidence`](crate::RequestEvidence) the transport step left, never from the error
@@ -26,23 +27,29 @@
 //! ```
 //!
 //! Per-request overrides are extensions: [`MaxRetries`] (0 disables retrying),
-//! [`Idempotent`], [`Deadline`]. After the request, [`RetryOutcome`] (attempt count, why it
+//! [`Idempotent`], [`Deadline`], [`AttemptTimeout`]. After the request, [`RetryOutcome`] (attempt count, why it
 //! stopped) is in the caller's extensions (with `execute_with_extensions`) and in the
 //! response's.
 
+mod attempt_timeout;
 mod budget;
 mod decision;
 mod error;
+mod hedge;
+mod latency;
 mod middleware;
 #[cfg(feature = "retry-policies")]
 mod policies;
 
+pub(crate) use attempt_timeout::AttemptScope;
+pub use attempt_timeout::AttemptTimeout;
 pub use budget::RetryBudget;
 use budget::Withdrawal;
 pub use decision::{
     AttemptContext, DefaultStrategy, RetryReason, RetryStrategy, StopReason, Verdict, is_idempotent,
 };
 pub use error::{ErrorWrapping, RetryError, find_reqwest_error};
+pub use hedge::{HedgeDelay, Hedging};
 pub use middleware::{RetryAfterPolicy, RetryMiddleware, RetryMiddlewareBuilder};
 
 use std::time::Duration;

@@ -92,6 +92,12 @@ pub enum Action {
     Garbage(Vec<u8>),
     /// Wait (on tokio's clock, so a paused clock applies), then do the inner action.
     Delay(Duration, Box<Action>),
+    /// Like `Delay`, but watching the connection: if the client closes it first (a hedge
+    /// loser dropped), count it in [`FaultServer::closed_by_client`] and stop.
+    DelayUnlessClosed(Duration, Box<Action>),
+    /// `200 OK` with its head (and `Content-Length`) at once and the body after the delay:
+    /// a response head that is quick and a body that is slow.
+    BodyAfter(Duration, Vec<u8>),
 }
 
 impl Action {
@@ -167,6 +173,7 @@ struct Counters {
     handling: AtomicUsize,
     /// The most requests handled at once.
     max_handling: AtomicUsize,
+    closed_by_client: AtomicUsize,
 }
 
 /// Counts a request as handled from the script's call until the guard drops (answer
@@ -325,6 +332,12 @@ impl FaultServer {
     pub fn max_concurrent(&self) -> usize {
         self.counters.max_handling.load(Ordering::SeqCst)
     }
+
+    /// How many requests answered with `DelayUnlessClosed` saw the client close their
+    /// connection before the delay was over.
+    pub fn closed_by_client(&self) -> usize {
+        self.counters.closed_by_client.load(Ordering::SeqCst)
+    }
 }
 
 /// A loopback port with no listener: connecting to it is refused.
@@ -400,11 +413,39 @@ async fn serve_http1(mut stream: TcpStream, conn: usize, c: &Counters, script: &
         };
         let handling = Handling::start(c);
         let mut action = script(index, &req);
-        while let Action::Delay(d, inner) = action {
-            tokio::time::sleep(d).await;
-            action = *inner;
-        }
+        let action = loop {
+            action = match action {
+                Action::Delay(d, inner) => {
+                    tokio::time::sleep(d).await;
+                    *inner
+                }
+                Action::DelayUnlessClosed(d, inner) => {
+                    let mut probe = [0u8; 1];
+                    tokio::select! {
+                        _ = tokio::time::sleep(d) => *inner,
+                        // The client sends nothing more while it waits for this answer: EOF
+                        // or an error is the client closing the connection.
+                        _ = stream.read(&mut probe) => {
+                            c.closed_by_client.fetch_add(1, Ordering::SeqCst);
+                            return;
+                        }
+                    }
+                }
+                other => break other,
+            };
+        };
         match action {
+            Action::BodyAfter(d, body) => {
+                let head = format!("HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n", body.len());
+                if stream.write_all(head.as_bytes()).await.is_err() {
+                    return;
+                }
+                let _ = stream.flush().await;
+                tokio::time::sleep(d).await;
+                if stream.write_all(&body).await.is_err() || close {
+                    return;
+                }
+            }
             Action::Respond {
                 status,
                 headers,
@@ -436,7 +477,7 @@ async fn serve_http1(mut stream: TcpStream, conn: usize, c: &Counters, script: &
 /// Applies an action that ends the connection (anything but `Respond`).
 async fn apply_terminal(stream: &mut TcpStream, action: Action) {
     match action {
-        Action::Respond { .. } => {
+        Action::Respond { .. } | Action::BodyAfter(..) => {
             unreachable!("Respond is only valid after a request was read")
         }
         Action::CloseWithoutReading | Action::ReadThenClose => {}
@@ -457,7 +498,7 @@ async fn apply_terminal(stream: &mut TcpStream, action: Action) {
             let _ = stream.write_all(&bytes).await;
             let _ = stream.flush().await;
         }
-        Action::Delay(d, inner) => {
+        Action::Delay(d, inner) | Action::DelayUnlessClosed(d, inner) => {
             tokio::time::sleep(d).await;
             Box::pin(apply_terminal(stream, *inner)).await
         }

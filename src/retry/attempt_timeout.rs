@@ -1,0 +1,148 @@
+//! The per-attempt timeout ([`AttemptTimeout`]) and what the retry middleware tells the
+//! middlewares inside it about one attempt ([`AttemptScope`]).
+//!
+//! The total deadline bounds a logical request; the attempt timeout bounds one attempt's
+//! wait for its response head (Polly's attempt timeout, Envoy's `per_try_timeout`), so a
+//! server that hangs on one connection costs one attempt, not the whole deadline. A body
+//! streamed after the head is not cut: reading it is the caller's business, past this stack.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use http::Extensions;
+use reqwest::{Request, Response};
+use reqwest_middleware::Next;
+use tokio::time::Instant;
+
+use crate::Origin;
+use crate::evidence::RequestEvidence;
+
+/// Per-request override of the attempt timeout: each attempt of this request waits at
+/// most this long for its response head. `AttemptTimeout(Duration::MAX)` turns the timeout
+/// off for the request.
+///
+/// ```
+/// use std::time::Duration;
+/// use reqwest_resilience::retry::AttemptTimeout;
+///
+/// let client = reqwest_middleware::ClientWithMiddleware::from(reqwest::Client::new());
+/// // This endpoint streams a long completion: give its first byte two minutes.
+/// let request = client
+///     .post("http://127.0.0.1:8080/v1/completions")
+///     .with_extension(AttemptTimeout(Duration::from_secs(120)));
+/// # drop(request);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AttemptTimeout(pub Duration);
+
+/// What the retry middleware hands the middlewares inside it for one attempt. The circuit
+/// breaker takes it (so it never outlives the attempt it was meant for): it cuts the
+/// attempt at `cut` and counts that as a failure, as it does at the total deadline.
+#[derive(Clone, Default)]
+pub(crate) struct AttemptScope {
+    /// When the attempt timeout cuts this attempt (`None`: only the total deadline).
+    pub(crate) cut: Option<Instant>,
+    /// Set once another copy of a hedged request won: a copy dropped after that was
+    /// cancelled, and says nothing about the server's health.
+    pub(crate) lost: Option<Arc<AtomicBool>>,
+    /// A hedge (an extra copy): the breaker turns it away at once rather than wait out a
+    /// pause or take a half-open probe slot.
+    pub(crate) hedge: bool,
+}
+
+impl AttemptScope {
+    /// The scope of an attempt cut at `cut`, not part of a hedged race.
+    pub(crate) fn cut_at(cut: Option<Instant>) -> Self {
+        AttemptScope {
+            cut,
+            ..AttemptScope::default()
+        }
+    }
+
+    /// Whether this copy lost a hedged race (then its drop is no verdict on the server).
+    pub(crate) fn is_lost(lost: Option<&Arc<AtomicBool>>) -> bool {
+        lost.is_some_and(|l| l.load(Ordering::Acquire))
+    }
+}
+
+/// The request's attempt timeout: its [`AttemptTimeout`], else the configured one.
+pub(super) fn for_request(
+    extensions: &Extensions,
+    configured: Option<Duration>,
+) -> Option<Duration> {
+    match extensions.get::<AttemptTimeout>() {
+        Some(AttemptTimeout(t)) => Some(*t),
+        None => configured,
+    }
+}
+
+/// The earlier of the total deadline and `now + timeout`.
+pub(super) fn attempt_cut(deadline: Option<Instant>, timeout: Option<Duration>) -> Option<Instant> {
+    // A timeout beyond the clock's range is no timeout.
+    let own = timeout.and_then(|t| Instant::now().checked_add(t));
+    match (deadline, own) {
+        (Some(d), Some(o)) => Some(d.min(o)),
+        (d, o) => d.or(o),
+    }
+}
+
+/// Runs one attempt through the rest of the stack, cut at `cut`. A cut leaves the same
+/// evidence as the total deadline's (`Unknown` / `Timeout`: the request may have reached
+/// the server) and tokio's `Elapsed` as the error, so the decision table treats both alike
+/// (retried only when idempotent).
+///
+/// `owner` marks the request while the rest of the stack runs: as under a retry
+/// middleware, and as owned when the retry owns it (or the copy is its own).
+pub(super) async fn run_attempt(
+    next: Next<'_>,
+    req: Request,
+    extensions: &mut Extensions,
+    owner: crate::scope::Ownership,
+    cut: Option<Instant>,
+    scope: Option<AttemptScope>,
+    attempt: u32,
+) -> reqwest_middleware::Result<Response> {
+    let scoped = scope.is_some();
+    if let Some(scope) = scope {
+        extensions.insert(scope);
+    }
+    let result = match cut {
+        None => owner.wrap_retry(next.run(req, extensions)).await,
+        Some(cut) => {
+            // Taken now (the request moves into the attempt); a cache hit costs no
+            // allocation, unlike keeping a copy of the URL.
+            let origin = Origin::cached(req.url());
+            let started = Instant::now();
+            match tokio::time::timeout_at(cut, owner.wrap_retry(next.run(req, extensions))).await {
+                Ok(result) => result,
+                Err(elapsed) => {
+                    extensions.insert(RequestEvidence::cut_at_deadline(origin, attempt, started));
+                    Err(reqwest_middleware::Error::middleware(elapsed))
+                }
+            }
+        }
+    };
+    if scoped {
+        // Without a breaker inside nothing took it.
+        extensions.remove::<AttemptScope>();
+    }
+    result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn the_cut_is_the_earlier_of_deadline_and_timeout() {
+        let now = Instant::now();
+        let s = Duration::from_secs;
+        assert_eq!(attempt_cut(None, None), None);
+        assert_eq!(attempt_cut(Some(now + s(5)), None), Some(now + s(5)));
+        assert_eq!(attempt_cut(None, Some(s(2))), Some(now + s(2)));
+        assert_eq!(attempt_cut(Some(now + s(5)), Some(s(2))), Some(now + s(2)));
+        assert_eq!(attempt_cut(Some(now + s(1)), Some(s(2))), Some(now + s(1)));
+        assert_eq!(attempt_cut(None, Some(Duration::MAX)), None);
+    }
+}

@@ -1,0 +1,630 @@
+//! Hedged requests ([`Hedging`]): when an attempt of an idempotent request has no response
+//! head after the hedging delay, another copy is sent, and the first answer wins.
+//!
+//! After Dean & Barroso, "The Tail at Scale" (CACM 2013), Finagle's backup requests, gRPC
+//! A6's `hedgingPolicy` and Polly's hedging strategy. It lives in the retry loop because a
+//! hedge is one more attempt of the same logical request: every copy goes through the
+//! breaker, `BearerAuth` and the transport step like any attempt, and appears in the
+//! [`AttemptHistory`].
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::Poll;
+use std::time::Duration;
+
+use http::Extensions;
+use reqwest::{Request, Response};
+use reqwest_middleware::Next;
+use tokio::time::Instant;
+
+use super::RetryBudget;
+use super::attempt_timeout::{AttemptScope, attempt_cut, run_attempt};
+use super::budget::Withdrawal;
+use super::latency::{LatencyTracker, Window};
+use crate::evidence::{
+    AttemptDecision, AttemptHistory, AttemptRecord, FailureKind, RequestEvidence, Transmission,
+};
+use crate::{Origin, ResilienceError};
+
+/// How long a copy waits for its response head before the next copy is sent.
+#[derive(Debug, Clone, Copy, PartialEq)]
+#[non_exhaustive]
+pub enum HedgeDelay {
+    /// Always this long.
+    Fixed(Duration),
+    /// The `quantile` of the origin's recent first-attempt latencies (e.g. 0.95: p95),
+    /// kept within `min..=max`; `max` until the origin has 32 samples.
+    Adaptive {
+        /// The percentile as a fraction, in `(0, 1)`.
+        quantile: f64,
+        /// The shortest delay, whatever the estimate.
+        min: Duration,
+        /// The longest delay, and the delay while the origin has too few samples.
+        max: Duration,
+    },
+}
+
+/// Hedged requests for [`RetryMiddleware`](super::RetryMiddleware) (and
+/// [`Resilience::hedging`](crate::Resilience::hedging)).
+///
+/// For an idempotent request (by method, `Idempotency-Key`, or
+/// [`Idempotent(true)`](super::Idempotent)) whose body can be cloned: when the attempt
+/// has no response head after the [delay](HedgeDelay), another copy is sent, up to
+/// [`max_hedges`](Self::max_hedges) per logical request. The first copy to come back with
+/// an outcome the retry decision would keep (a response it does not retry, or a permanent
+/// failure) wins; the others are dropped, which cancels them (an HTTP/1 connection is
+/// closed, an HTTP/2 stream reset). A copy that fails in a way the decision would retry
+/// does not end the race while another copy is in flight; when it is the last, the retry
+/// loop decides as for any attempt, so one logical request sends at most
+/// `1 + max_retries + max_hedges` copies.
+///
+/// A hedge is never sent for a non-idempotent request or a body that cannot be cloned,
+/// when it would start at or past the deadline, when the [hedge budget](Self::budget) is
+/// spent, or into an open breaker or a pause (the breaker turns the hedge away at once,
+/// without waiting, and never lets it take a half-open probe slot; nothing is then sent
+/// or recorded, and no further hedge is tried for that attempt).
+///
+/// In the [`AttemptHistory`] every copy that went out is an attempt: the winner last (the
+/// retry's decision lands on it), before it the copies that failed first and the cancelled
+/// losers (`Unknown` / [`FailureKind::Cancelled`]), each with
+/// [`AttemptDecision::Superseded`] naming the winner. The breaker counts the winner's
+/// outcome and each failed copy's, never a cancelled loser.
+///
+/// # Budget
+///
+/// A hedge budget of its own (by default 5 % of hedge-eligible requests, at least one
+/// hedge per second, over 10 s), beside the retry budget and not shared with it: a hedge
+/// answers a slow server, a retry a failing one, and a burst of slowness must not use up
+/// the retries a failing server needs (nor an outage's retries stop hedging). Dean and
+/// Barroso's p95 delay sends about 5 % more requests: the budget lets that through and
+/// caps a server whose latency moves faster than the estimate at 1.05× the load. Choose
+/// an adaptive percentile whose share of hedged requests (`1 − quantile`) fits the
+/// budget: with p90 and a 5 % budget the budget runs dry, and the hedges it allows go to
+/// whichever copies cross the delay first, most of them about to answer anyway.
+///
+/// # Cost
+///
+/// The first copy runs with the caller's extensions; an eligible request also keeps a
+/// clone of the request and of its extensions (what this crate's own middlewares put
+/// there for the request, and yours) to hedge from, and each hedge gets its own copy,
+/// merged back afterwards. An answer faster than the delay costs 10 allocations more than
+/// the unhedged retry loop (`tests/alloc_budget.rs`, with the caller passing no
+/// extensions). Requests that are not eligible pay nothing.
+///
+/// # Cancel safety
+///
+/// Dropping the request's future drops every copy in flight (each is a future owned by the
+/// one that is dropped); a copy dropped that way is a cancellation for its breaker, as
+/// any dropped attempt is. A hedge taken from the budget and sent is not given back.
+///
+/// ```
+/// use std::time::Duration;
+/// use reqwest_resilience::retry::Hedging;
+/// use reqwest_resilience::RetryMiddleware;
+///
+/// // A copy after the origin's p95 latency (between 5 ms and 1 s), at most one per request.
+/// let retry = RetryMiddleware::builder()
+///     .hedging(Hedging::adaptive(0.95).delay_bounds(Duration::from_millis(5), Duration::from_secs(1)))
+///     .build()?;
+/// # drop(retry);
+/// # Ok::<(), reqwest_resilience::ResilienceError>(())
+/// ```
+#[derive(Clone)]
+pub struct Hedging {
+    delay: HedgeDelay,
+    max_hedges: u32,
+    budget: Option<RetryBudget>,
+    latencies: Arc<LatencyTracker>,
+}
+
+impl std::fmt::Debug for Hedging {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Hedging")
+            .field("delay", &self.delay)
+            .field("max_hedges", &self.max_hedges)
+            .field("budget", &self.budget)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The most hedges of one request (gRPC A6 caps `maxAttempts` at 5).
+const MAX_HEDGES: u32 = 4;
+
+/// The default adaptive delay's bounds: at least 1 ms (below that a hedge races the
+/// scheduler, not the server), and 2 s (Polly's default hedging delay) at most and while
+/// the origin has too few samples.
+const ADAPTIVE_MIN: Duration = Duration::from_millis(1);
+const ADAPTIVE_MAX: Duration = Duration::from_secs(2);
+
+impl Hedging {
+    /// Hedges after a fixed `delay`.
+    pub fn fixed(delay: Duration) -> Self {
+        Hedging::with_delay(HedgeDelay::Fixed(delay), 0.5)
+    }
+
+    /// Hedges after the `quantile` (e.g. `0.95`) of the origin's recent first-attempt
+    /// latencies, kept within 1 ms..=2 s ([`delay_bounds`](Self::delay_bounds)); 2 s until
+    /// the origin has 32 samples. See the [estimator](HedgeDelay::Adaptive) for its
+    /// memory (about 1 KiB per origin) and speed (it follows a change within 256 samples).
+    pub fn adaptive(quantile: f64) -> Self {
+        Hedging::with_delay(
+            HedgeDelay::Adaptive {
+                quantile,
+                min: ADAPTIVE_MIN,
+                max: ADAPTIVE_MAX,
+            },
+            quantile,
+        )
+    }
+
+    fn with_delay(delay: HedgeDelay, quantile: f64) -> Self {
+        Hedging {
+            delay,
+            max_hedges: 1,
+            budget: Some(default_budget()),
+            latencies: Arc::new(LatencyTracker::new(quantile)),
+        }
+    }
+
+    /// The bounds of an adaptive delay (no effect on a fixed one).
+    pub fn delay_bounds(mut self, min: Duration, max: Duration) -> Self {
+        if let HedgeDelay::Adaptive { quantile, .. } = self.delay {
+            self.delay = HedgeDelay::Adaptive { quantile, min, max };
+        }
+        self
+    }
+
+    /// Extra copies per logical request (default 1, at most 4): at most `1 + max_hedges`
+    /// in flight. Each waits one more delay after the previous one. The ceiling is gRPC
+    /// A6's: five copies of one request in all.
+    pub fn max_hedges(mut self, max_hedges: u32) -> Self {
+        self.max_hedges = max_hedges;
+        self
+    }
+
+    /// The hedge budget (default 5 % of eligible requests, at least 1 hedge/s, over 10 s).
+    /// Clones of one budget share it.
+    pub fn budget(mut self, budget: RetryBudget) -> Self {
+        self.budget = Some(budget);
+        self
+    }
+
+    /// No hedge budget: every delay that passes sends a hedge.
+    pub fn no_budget(mut self) -> Self {
+        self.budget = None;
+        self
+    }
+
+    /// The configured delay.
+    pub fn hedge_delay(&self) -> HedgeDelay {
+        self.delay
+    }
+
+    /// The hedge budget, shared with clones.
+    pub fn hedge_budget(&self) -> Option<&RetryBudget> {
+        self.budget.as_ref()
+    }
+
+    /// The delay a request to `origin` would wait now before its first hedge.
+    pub fn current_delay(&self, origin: &Origin) -> Duration {
+        self.delay_from(self.latencies.estimate(origin))
+    }
+
+    fn delay_from(&self, estimate: Option<Duration>) -> Duration {
+        match self.delay {
+            HedgeDelay::Fixed(d) => d,
+            HedgeDelay::Adaptive { min, max, .. } => estimate.map_or(max, |e| e.clamp(min, max)),
+        }
+    }
+
+    pub(super) fn validate(&self) -> Result<(), ResilienceError> {
+        let invalid = |why: &str| Err(ResilienceError::InvalidConfig(why.to_owned()));
+        if !(1..=MAX_HEDGES).contains(&self.max_hedges) {
+            return invalid("max_hedges must be within 1..=4 (leave hedging off for none)");
+        }
+        if let HedgeDelay::Adaptive { quantile, min, max } = self.delay {
+            if !(quantile > 0.0 && quantile < 1.0) {
+                return invalid("the hedging quantile must be within (0, 1), e.g. 0.95");
+            }
+            if min > max {
+                return invalid("the hedging delay bounds must have min <= max");
+            }
+        }
+        Ok(())
+    }
+
+    /// Called once per eligible logical request.
+    pub(super) fn deposit(&self) {
+        if let Some(b) = &self.budget {
+            b.deposit();
+        }
+    }
+
+    pub(super) fn max(&self) -> u32 {
+        self.max_hedges
+    }
+}
+
+fn default_budget() -> RetryBudget {
+    RetryBudget::new(Duration::from_secs(10), 1, 0.05)
+        .unwrap_or_else(|_| unreachable!("the default hedge budget is valid"))
+}
+
+/// What one hedged round needs from the retry loop.
+pub(super) struct RoundSpec {
+    pub(super) deadline: Option<Instant>,
+    pub(super) attempt_timeout: Option<Duration>,
+    /// Hedges this logical request may still send.
+    pub(super) hedges_left: u32,
+    /// The attempt number of the round's first copy.
+    pub(super) attempt: u32,
+    /// What the hedges are copied from.
+    pub(super) template: Request,
+    /// The request's origin: whose latencies the adaptive delay reads.
+    pub(super) origin: Origin,
+    /// The retry middleware's place in the request (the first copy runs on its
+    /// extensions; each hedge is owned on extensions of its own).
+    pub(super) owner: crate::scope::Ownership,
+}
+
+/// A round's outcome: the winner's result, its extensions merged into the caller's (its
+/// evidence there, every copy in the history, the winner last).
+pub(super) struct Round {
+    pub(super) result: reqwest_middleware::Result<Response>,
+    /// Copies sent besides the first.
+    pub(super) hedges: u32,
+}
+
+/// Where a copy's extensions are: the first copy runs with the caller's own (the common
+/// case of no hedge costs no copy of them), each hedge with a copy of its own.
+enum CopyExt<'x> {
+    Caller(&'x mut Extensions),
+    Own(Extensions),
+}
+
+impl CopyExt<'_> {
+    fn get(&self) -> &Extensions {
+        match self {
+            CopyExt::Caller(e) => e,
+            CopyExt::Own(e) => e,
+        }
+    }
+}
+
+type CopyOutput<'x> = (reqwest_middleware::Result<Response>, CopyExt<'x>);
+type CopyFuture<'x> = Pin<Box<dyn Future<Output = CopyOutput<'x>> + Send + 'x>>;
+
+/// One copy of the request in a round.
+struct Copy<'x> {
+    future: Option<CopyFuture<'x>>,
+    attempt: u32,
+    started: Instant,
+    /// Its hedge budget withdrawal (hedges only), given back if the breaker refused it.
+    withdrawal: Option<Withdrawal>,
+}
+
+enum Event<'x> {
+    Done(usize, CopyOutput<'x>),
+    HedgeDue,
+}
+
+/// A finished copy waiting to learn whether it won.
+struct Finished<'x> {
+    result: reqwest_middleware::Result<Response>,
+    extensions: CopyExt<'x>,
+    evidence: RequestEvidence,
+}
+
+/// A decided race, owning what it hands back (so the caller's extensions are free again).
+struct RaceOutcome {
+    result: reqwest_middleware::Result<Response>,
+    evidence: RequestEvidence,
+    /// The winner's extensions, when a hedge won (the first copy's are the caller's).
+    hedge_extensions: Option<Extensions>,
+    /// Copies that failed first, then the cancelled losers.
+    losers: Vec<AttemptRecord>,
+    hedges: u32,
+}
+
+impl Hedging {
+    /// Runs one attempt of the retry loop as a hedged race. `is_final(evidence, attempt)`:
+    /// whether the retry decision would stop on that outcome (then it wins at once).
+    pub(super) async fn round<'a, F>(
+        &self,
+        spec: RoundSpec,
+        next: &Next<'a>,
+        req: Request,
+        extensions: &mut Extensions,
+        is_final: F,
+    ) -> Round
+    where
+        F: Fn(&RequestEvidence, u32) -> bool + Sync,
+    {
+        let recorded_before = extensions.get::<AttemptHistory>().map_or(0, |h| h.len());
+        // Each hedge runs with a copy of the caller's extensions, less this logical
+        // request's records (merged back after the race, renumbered).
+        let mut base = extensions.clone();
+        base.remove::<AttemptHistory>();
+        base.remove::<RequestEvidence>();
+        let RaceOutcome {
+            mut result,
+            evidence,
+            hedge_extensions,
+            losers,
+            hedges,
+        } = self
+            .race(&spec, next, req, &mut *extensions, &base, &is_final)
+            .await;
+
+        // A first copy cancelled before its breaker took its scope leaves it behind.
+        extensions.remove::<AttemptScope>();
+        let by = evidence.attempt;
+        let history = extensions.get_or_insert_default::<AttemptHistory>();
+        // The first copy's own record (if it finished) is re-added in the race's order.
+        history.truncate(recorded_before);
+        for mut record in losers {
+            record.decision = Some(AttemptDecision::Superseded { by });
+            history.push_record(record);
+        }
+        history.push(evidence.clone());
+        if let Ok(response) = &mut result
+            && let Some(e) = response.extensions_mut().get_mut::<RequestEvidence>()
+        {
+            e.attempt = by;
+        }
+        match hedge_extensions {
+            Some(mut winner) => {
+                // The first copy's "retry in" is not the winner's.
+                extensions.remove::<crate::breaker::RetryIn>();
+                winner.remove::<AttemptHistory>();
+                winner.insert(evidence);
+                extensions.extend(winner);
+            }
+            // Renumbered in place: no new box for the common case.
+            None => match extensions.get_mut::<RequestEvidence>() {
+                Some(e) => *e = evidence,
+                None => {
+                    extensions.insert(evidence);
+                }
+            },
+        }
+        Round { result, hedges }
+    }
+
+    /// The race itself: the first copy on the caller's extensions, hedges on copies of
+    /// `base`, until one wins.
+    async fn race<'x, F>(
+        &self,
+        spec: &RoundSpec,
+        next: &Next<'x>,
+        req: Request,
+        extensions: &'x mut Extensions,
+        base: &Extensions,
+        is_final: &F,
+    ) -> RaceOutcome
+    where
+        F: Fn(&RequestEvidence, u32) -> bool + Sync,
+    {
+        let RoundSpec {
+            template, origin, ..
+        } = spec;
+        let window = matches!(self.delay, HedgeDelay::Adaptive { .. })
+            .then(|| self.latencies.window(origin));
+        let delay = self.delay_from(window.as_deref().and_then(Window::estimate));
+        let lost = Arc::new(AtomicBool::new(false));
+        let scope = |hedge: bool| {
+            let cut = attempt_cut(spec.deadline, spec.attempt_timeout);
+            let scope = AttemptScope {
+                cut,
+                lost: Some(lost.clone()),
+                hedge,
+            };
+            (cut, scope)
+        };
+        let launch = |req: Request, attempt: u32| -> CopyFuture<'x> {
+            let (cut, scope) = scope(true);
+            let mut ext = base.clone();
+            let next = next.clone();
+            Box::pin(async move {
+                let owner = crate::scope::claim(&ext);
+                let result =
+                    run_attempt(next, req, &mut ext, owner, cut, Some(scope), attempt).await;
+                (result, CopyExt::Own(ext))
+            })
+        };
+        let first: CopyFuture<'x> = {
+            let (cut, scope) = scope(false);
+            let (next, attempt, owner) = (next.clone(), spec.attempt, spec.owner);
+            Box::pin(async move {
+                let result = run_attempt(
+                    next,
+                    req,
+                    &mut *extensions,
+                    owner,
+                    cut,
+                    Some(scope),
+                    attempt,
+                )
+                .await;
+                (result, CopyExt::Caller(extensions))
+            })
+        };
+        let now = Instant::now();
+        let mut copies = vec![Copy {
+            future: Some(first),
+            attempt: spec.attempt,
+            started: now,
+            withdrawal: None,
+        }];
+        let arm = |from: Instant, sent: u32| -> Option<Pin<Box<tokio::time::Sleep>>> {
+            let at = from.checked_add(delay)?;
+            (sent < spec.hedges_left && spec.deadline.is_none_or(|d| at < d))
+                .then(|| Box::pin(tokio::time::sleep_until(at)))
+        };
+        let mut timer = arm(now, 0);
+        let mut hedges = 0u32;
+        let mut superseded: Vec<AttemptRecord> = Vec::new();
+        let mut last_failure: Option<Finished> = None;
+
+        let winner = loop {
+            let event = std::future::poll_fn(|cx| {
+                for (i, copy) in copies.iter_mut().enumerate() {
+                    if let Some(f) = copy.future.as_mut()
+                        && let Poll::Ready(out) = f.as_mut().poll(cx)
+                    {
+                        return Poll::Ready(Event::Done(i, out));
+                    }
+                }
+                if let Some(t) = timer.as_mut()
+                    && t.as_mut().poll(cx).is_ready()
+                {
+                    return Poll::Ready(Event::HedgeDue);
+                }
+                Poll::Pending
+            })
+            .await;
+            match event {
+                Event::HedgeDue => {
+                    timer = None;
+                    let Some(copy) = template.try_clone() else {
+                        continue;
+                    };
+                    let withdrawal = match &self.budget {
+                        None => None,
+                        Some(b) => match b.withdraw() {
+                            Some(w) => Some(w),
+                            // Spent: no hedge now, nor later in this round.
+                            None => continue,
+                        },
+                    };
+                    let attempt = spec.attempt + copies.len() as u32;
+                    copies.push(Copy {
+                        future: Some(launch(copy, attempt)),
+                        attempt,
+                        started: Instant::now(),
+                        withdrawal,
+                    });
+                    hedges += 1;
+                    timer = arm(Instant::now(), hedges);
+                }
+                Event::Done(index, (result, ext)) => {
+                    copies[index].future = None;
+                    let evidence = copy_evidence(&result, ext.get(), copies[index].attempt);
+                    let in_flight = copies.iter().any(|c| c.future.is_some());
+                    if index > 0 && refused(&evidence) {
+                        // The breaker turned the hedge away: nothing went out.
+                        if let (Some(b), Some(w)) = (&self.budget, copies[index].withdrawal) {
+                            b.refund(w);
+                        }
+                        hedges -= 1;
+                        timer = None;
+                        if in_flight {
+                            continue;
+                        }
+                        break last_failure.take().unwrap_or(Finished {
+                            result,
+                            extensions: ext,
+                            evidence,
+                        });
+                    }
+                    let finished = Finished {
+                        result,
+                        extensions: ext,
+                        evidence,
+                    };
+                    if !in_flight || is_final(&finished.evidence, finished.evidence.attempt) {
+                        if let Some(earlier) = last_failure.take() {
+                            superseded.push(record_of(earlier.evidence));
+                        }
+                        break finished;
+                    }
+                    // A failure the retry would retry: the copies in flight may still answer.
+                    if let Some(earlier) = last_failure.replace(finished) {
+                        superseded.push(record_of(earlier.evidence));
+                    }
+                }
+            }
+        };
+
+        // The race is decided: the copies still running lost, and dropping them is a
+        // cancellation (their breakers must not count it).
+        lost.store(true, Ordering::Release);
+        let mut cancelled = Vec::new();
+        for copy in copies.iter_mut() {
+            if let Some(future) = copy.future.take() {
+                drop(future);
+                let mut e =
+                    RequestEvidence::new(Transmission::Unknown, Some(origin.clone()), copy.attempt);
+                e.failure = Some(FailureKind::Cancelled);
+                e.elapsed = copy.started.elapsed();
+                cancelled.push(record_of(e));
+            }
+        }
+        if let Some(window) = &window {
+            // The first copy's latency: its time to an answer, or, cancelled, the time it
+            // had run (a lower bound that keeps the slow tail's share true).
+            let first = copies.first().map(|c| c.attempt);
+            let sample = if Some(winner.evidence.attempt) == first {
+                winner.evidence.status().map(|_| winner.evidence.elapsed)
+            } else {
+                cancelled
+                    .iter()
+                    .chain(&superseded)
+                    .find(|r| Some(r.evidence.attempt) == first)
+                    .filter(|r| {
+                        r.evidence.failure == Some(FailureKind::Cancelled)
+                            || r.evidence.status().is_some()
+                    })
+                    .map(|r| r.evidence.elapsed)
+            };
+            if let Some(sample) = sample {
+                self.latencies.record(window, sample);
+            }
+        }
+
+        let hedge_extensions = match winner.extensions {
+            CopyExt::Own(e) => Some(e),
+            CopyExt::Caller(_) => None,
+        };
+        superseded.extend(cancelled);
+        RaceOutcome {
+            result: winner.result,
+            evidence: winner.evidence,
+            hedge_extensions,
+            losers: superseded,
+            hedges,
+        }
+    }
+}
+
+/// A copy's evidence, numbered as the copy it is (inside, each copy is its own first).
+fn copy_evidence(
+    result: &reqwest_middleware::Result<Response>,
+    ext: &Extensions,
+    attempt: u32,
+) -> RequestEvidence {
+    let mut e = match ext.get::<RequestEvidence>() {
+        Some(e) => e.clone(),
+        None => super::middleware::fallback_evidence(result, attempt),
+    };
+    e.attempt = attempt;
+    e
+}
+
+/// A hedge the breaker turned away (open, paused, or a half-open probe refused).
+fn refused(e: &RequestEvidence) -> bool {
+    e.transmission == Transmission::NotSent
+        && matches!(
+            e.failure,
+            Some(FailureKind::BreakerOpen | FailureKind::Paused)
+        )
+}
+
+fn record_of(evidence: RequestEvidence) -> AttemptRecord {
+    AttemptRecord {
+        evidence,
+        decision: None,
+    }
+}

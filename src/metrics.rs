@@ -21,7 +21,9 @@
 //! | `reqwest_resilience.breaker.pauses` | counter | `origin` | each server `Retry-After` that started or extended a pause of its origin |
 //! | `reqwest_resilience.auth.token_fetches` | counter | — | each token fetch the [`TokenManager`](crate::TokenManager) made (successful or not) |
 //! | `reqwest_resilience.auth.token_failures` | counter | `kind`: `fetch`, `timeout`, `aborted`, `invalid_secret` | each fetch that gave no usable token |
-//! | *(hedging: next)* | | | *the hedging instruments go here once hedging exists* |
+//! | `reqwest_resilience.hedge.sent` | counter | `origin` | each extra copy of a hedged request launched ([`Hedging`](crate::retry::Hedging)); those a breaker then turned away are also in `skipped` (`breaker`) |
+//! | `reqwest_resilience.hedge.won` | counter | `origin` | each hedged request whose answer came from an extra copy |
+//! | `reqwest_resilience.hedge.skipped` | counter | `origin`, `reason`: `budget`, `breaker` | each hedge due but not sent: the hedge budget was spent, or a breaker or a pause refused it (its budget given back) |
 //! | `reqwest_resilience.limiter.limit` | gauge | `origin` | the origin's current concurrency limit, set on each change ([`limit`](crate::limit)) |
 //! | `reqwest_resilience.limiter.in_flight` | gauge | `origin` | attempts holding a permit, set on each acquire and release |
 //! | `reqwest_resilience.limiter.rejections` | counter | `origin` | each attempt the limiter turned away unsent |
@@ -69,6 +71,9 @@ mod enabled {
     const PAUSES: &str = "reqwest_resilience.breaker.pauses";
     const FETCHES: &str = "reqwest_resilience.auth.token_fetches";
     const FAILURES: &str = "reqwest_resilience.auth.token_failures";
+    const HEDGES_SENT: &str = "reqwest_resilience.hedge.sent";
+    const HEDGES_WON: &str = "reqwest_resilience.hedge.won";
+    const HEDGES_SKIPPED: &str = "reqwest_resilience.hedge.skipped";
 
     /// Registers every instrument's unit and description with the current recorder.
     pub fn describe() {
@@ -92,6 +97,12 @@ mod enabled {
         describe_counter!(PAUSES, "Server Retry-After pauses started or extended");
         describe_counter!(FETCHES, "Bearer token fetches");
         describe_counter!(FAILURES, "Bearer token fetches that gave no usable token");
+        describe_counter!(HEDGES_SENT, "Extra copies of hedged requests sent");
+        describe_counter!(HEDGES_WON, "Hedged requests answered by an extra copy");
+        describe_counter!(
+            HEDGES_SKIPPED,
+            "Hedges due but not sent (hedge budget spent, or refused by a breaker or a pause)"
+        );
     }
 
     fn described() {
@@ -237,6 +248,22 @@ mod enabled {
         counter!(PAUSES, "origin" => origin(Some(at))).increment(1);
     }
 
+    pub(crate) fn hedge_sent(at: &Origin) {
+        described();
+        counter!(HEDGES_SENT, "origin" => origin(Some(at))).increment(1);
+    }
+
+    pub(crate) fn hedge_won(at: &Origin) {
+        described();
+        counter!(HEDGES_WON, "origin" => origin(Some(at))).increment(1);
+    }
+
+    /// `reason`: `budget` or `breaker`.
+    pub(crate) fn hedge_skipped(at: &Origin, reason: &'static str) {
+        described();
+        counter!(HEDGES_SKIPPED, "origin" => origin(Some(at)), "reason" => reason).increment(1);
+    }
+
     pub(crate) fn token_fetch(failure: Option<TokenErrorKind>) {
         described();
         counter!(FETCHES).increment(1);
@@ -316,6 +343,12 @@ mod disabled {
     pub(crate) fn breaker_rejection(_: &Origin, _: RejectReason) {}
     #[inline(always)]
     pub(crate) fn pause(_: &Origin) {}
+
+    pub(crate) fn hedge_sent(_: &Origin) {}
+
+    pub(crate) fn hedge_won(_: &Origin) {}
+
+    pub(crate) fn hedge_skipped(_: &Origin, _: &'static str) {}
     #[inline(always)]
     pub(crate) fn token_fetch(_: Option<TokenErrorKind>) {}
 }

@@ -2,8 +2,8 @@
 //!
 //! The crate keeps what it learns about a logical request in the caller's
 //! `http::Extensions`: the [`AttemptHistory`], the last [`RequestEvidence`], the
-//! [`RetryOutcome`], a breaker's [`RetryIn`], and a [`Deadline`] the retry middleware hands
-//! inward. A caller may reuse one `Extensions` for several requests, and a request's
+//! [`RetryOutcome`], a breaker's [`RetryIn`], a [`Deadline`] the retry middleware hands
+//! inward, and an attempt's own cut ([`AttemptScope`]). A caller may reuse one `Extensions` for several requests, and a request's
 //! future may be dropped half-way, so that state must belong to one request and end with
 //! it. The first middleware of this crate that runs a request (whichever it is: the whole
 //! stack, or one middleware used alone) owns it: on entry it clears what an earlier
@@ -30,7 +30,7 @@ use http::Extensions;
 
 use crate::breaker::{Deadline, RetryIn};
 use crate::evidence::{AttemptHistory, RequestEvidence};
-use crate::retry::RetryOutcome;
+use crate::retry::{AttemptScope, RetryOutcome};
 
 /// The requests (by the address of their `Extensions`, 0 for none) that this thread is
 /// polling the rest of, as their owner, under a retry middleware, and under the transport
@@ -93,6 +93,9 @@ pub(crate) fn begin(extensions: &mut Extensions) -> Ownership {
         extensions.remove::<RequestEvidence>();
         extensions.remove::<RetryOutcome>();
         extensions.remove::<RetryIn>();
+        // An attempt's own cut, left by a retry whose attempt was dropped with no breaker
+        // inside to take it.
+        extensions.remove::<AttemptScope>();
     }
     Ownership { key, owner: true }
 }

@@ -77,7 +77,12 @@ fn a_scripted_scenario_reports_exact_counts_for_every_instrument() {
         .start_paused(true)
         .build()
         .unwrap();
-    let (origin, port) = metrics::with_local_recorder(&recorder, || runtime.block_on(scenario()));
+    // Units and descriptions registered with this thread's recorder (the crate's own
+    // once-per-process registration may have gone to another test's).
+    let (origin, port) = metrics::with_local_recorder(&recorder, || {
+        reqwest_resilience::metrics::describe();
+        runtime.block_on(scenario())
+    });
     let seen = seen(&recorder);
 
     let o = origin.as_str();
@@ -267,4 +272,64 @@ async fn scenario() -> (Origin, String) {
     assert_eq!(fetches.load(Ordering::SeqCst), 2);
     let port = origin.port().to_string();
     (origin, port)
+}
+
+#[test]
+fn a_hedge_winning_is_counted_as_sent_and_won_and_a_spent_budget_as_skipped() {
+    let recorder = DebuggingRecorder::new();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .start_paused(true)
+        .build()
+        .unwrap();
+    let origin = metrics::with_local_recorder(&recorder, || {
+        runtime.block_on(async {
+            // Every first copy is slow; a hedge sent after 100 ms answers at once.
+            let server = FaultServer::start(|i, _| {
+                if i % 2 == 0 {
+                    Action::Delay(Duration::from_secs(2), Box::new(Action::ok("slow")))
+                } else {
+                    Action::ok("fast")
+                }
+            })
+            .await;
+            // A client with no hedge budget hedges; one whose budget is empty skips.
+            let hedging = reqwest_resilience::retry::Hedging::fixed(Duration::from_millis(100));
+            let empty = RetryBudget::new(Duration::from_secs(10), 0, 0.0).unwrap();
+            for (hedging, body) in [
+                (hedging.clone().no_budget(), "fast"),
+                (hedging.budget(empty), "slow"),
+            ] {
+                let client = Resilience::new()
+                    .no_breaker()
+                    .hedging(hedging)
+                    .build(reqwest_client())
+                    .unwrap();
+                let response = client.get(server.url("/h")).send().await.unwrap();
+                assert_eq!(response.text().await.unwrap(), body);
+            }
+            Origin::parse(&server.url("/")).unwrap()
+        })
+    });
+    let seen = seen(&recorder);
+    let o = origin.as_str();
+    let count = |name: &str, pairs: &[(&str, &str)]| {
+        seen.get(&("counter".to_owned(), name.to_owned(), labels(pairs)))
+            .map(|(_, n)| *n)
+    };
+    assert_eq!(
+        count("reqwest_resilience.hedge.sent", &[("origin", o)]),
+        Some(1)
+    );
+    assert_eq!(
+        count("reqwest_resilience.hedge.won", &[("origin", o)]),
+        Some(1)
+    );
+    assert_eq!(
+        count(
+            "reqwest_resilience.hedge.skipped",
+            &[("origin", o), ("reason", "budget")]
+        ),
+        Some(1)
+    );
 }

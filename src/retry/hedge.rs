@@ -496,7 +496,10 @@ impl Hedging {
                         Some(b) => match b.withdraw() {
                             Some(w) => Some(w),
                             // Spent: no hedge now, nor later in this round.
-                            None => continue,
+                            None => {
+                                crate::metrics::hedge_skipped(origin, "budget");
+                                continue;
+                            }
                         },
                     };
                     let attempt = spec.attempt + copies.len() as u32;
@@ -507,6 +510,7 @@ impl Hedging {
                         withdrawal,
                     });
                     hedges += 1;
+                    crate::metrics::hedge_sent(origin);
                     timer = arm(Instant::now(), hedges);
                 }
                 Event::Done(index, (result, ext)) => {
@@ -518,6 +522,7 @@ impl Hedging {
                         if let (Some(b), Some(w)) = (&self.budget, copies[index].withdrawal) {
                             b.refund(w);
                         }
+                        crate::metrics::hedge_skipped(origin, "breaker");
                         hedges -= 1;
                         timer = None;
                         if in_flight {
@@ -584,6 +589,9 @@ impl Hedging {
             }
         }
 
+        if winner.evidence.attempt != spec.attempt {
+            crate::metrics::hedge_won(origin);
+        }
         let hedge_extensions = match winner.extensions {
             CopyExt::Own(e) => Some(e),
             CopyExt::Caller(_) => None,

@@ -161,6 +161,7 @@ pub mod retry;
 pub mod retry_after;
 mod scope;
 pub mod stack;
+mod sync;
 
 /// The `async_trait` attribute, for implementing [`TokenSource`] (or a
 /// `reqwest_middleware::Middleware`) without an `async-trait` dependency of your own.

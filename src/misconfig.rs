@@ -83,10 +83,7 @@ impl Misconfiguration {
     /// The misconfigurations reported once per process so far (the ones that are not
     /// errors), in the order found.
     pub fn reported() -> Vec<Misconfiguration> {
-        REPORTED
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone()
+        crate::sync::lock(&REPORTED).clone()
     }
 
     fn bit(self) -> u8 {
@@ -109,10 +106,7 @@ pub(crate) fn report_once(m: Misconfiguration) {
     {
         return;
     }
-    REPORTED
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .push(m);
+    crate::sync::lock(&REPORTED).push(m);
     #[cfg(feature = "tracing")]
     tracing::warn!(target: "reqwest_resilience::misconfig", "{m}");
     eprintln!("reqwest-resilience: {m} (reported once per process)");

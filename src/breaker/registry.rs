@@ -1,10 +1,11 @@
 //! [`BreakerRegistry`]: one breaker per [`Origin`], shared by every client handed the same
 //! registry.
 
+use crate::sync::{lock, read, write};
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -620,20 +621,6 @@ fn trace_pause(origin: &Origin, duration: Duration, grew: bool) {
     if grew {
         tracing::info!(origin = %origin, pause = ?duration, "origin paused by Retry-After");
     }
-}
-
-// A panic elsewhere while a lock was held leaves counts that are still consistent (every
-// update is a few plain stores), so a poisoned lock is used as it is, never a panic here.
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-fn read<T>(l: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
-    l.read().unwrap_or_else(PoisonError::into_inner)
-}
-
-fn write<T>(l: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
-    l.write().unwrap_or_else(PoisonError::into_inner)
 }
 
 #[cfg(test)]

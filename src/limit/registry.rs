@@ -1,11 +1,12 @@
 //! [`LimiterRegistry`]: one concurrency limit per [`Origin`], shared by every client handed
 //! the same registry, and the RAII [`LimitPermit`].
 
+use crate::sync::{lock, read, write};
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use tokio::sync::oneshot;
@@ -676,20 +677,6 @@ impl Drop for LimitPermit {
             self.entry.release(sample, self.admitted_with);
         }
     }
-}
-
-// A panic elsewhere while a lock was held leaves counts that are still consistent (every
-// update is a few plain stores), so a poisoned lock is used as it is, never a panic here.
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-fn read<T>(l: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
-    l.read().unwrap_or_else(PoisonError::into_inner)
-}
-
-fn write<T>(l: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
-    l.write().unwrap_or_else(PoisonError::into_inner)
 }
 
 #[cfg(test)]

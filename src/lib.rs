@@ -6,7 +6,9 @@
 //! `ClientWithMiddleware`. What sets this crate apart is *evidence*: the innermost
 //! middleware records how far each attempt got on the wire ([`Transmission`]), and a retry
 //! is decided from that, not from the error type, so a refused connection is retried even
-//! for a POST while a POST whose connection dropped after it went out is never sent twice.
+//! for a POST (once the client's redirects are seen: see [`redirect`]) while a POST whose
+//! connection dropped after it went out, or that a redirect shows was answered, is never
+//! sent twice.
 //!
 //! # Quick start
 //!

@@ -52,7 +52,7 @@ impl Bytes<'_> {
     }
 }
 
-const KINDS: [FailureKind; 18] = [
+const KINDS: [FailureKind; 20] = [
     FailureKind::Connect,
     FailureKind::Dns,
     FailureKind::Tls,
@@ -72,6 +72,7 @@ const KINDS: [FailureKind; 18] = [
     FailureKind::ConcurrencyLimited,
     FailureKind::Other,
     FailureKind::Misconfigured,
+    FailureKind::Cancelled,
 ];
 
 const METHODS: [&str; 10] = [

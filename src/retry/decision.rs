@@ -518,6 +518,7 @@ mod tests {
                 FailureKind::ConcurrencyLimited,
                 FailureKind::Other,
                 FailureKind::Misconfigured,
+                FailureKind::Cancelled,
             ]))
         }
 
@@ -535,13 +536,22 @@ mod tests {
                 retry_after in any::<bool>(),
                 idempotent in any::<bool>(),
                 proof_used in 0u32..3,
+                redirected in 0u8..3,
             ) {
                 let mut ev = evidence(t, k);
                 ev.not_processed = proof.then_some(NotProcessedProof::RefusedStream);
                 ev.retry_after = retry_after.then_some(std::time::Duration::from_secs(1));
+                ev.redirects = match redirected {
+                    0 => Redirects::None,
+                    1 => Redirects::Followed { hops: Some(1) },
+                    _ => Redirects::Unknown,
+                };
                 let method = if idempotent { Method::PUT } else { Method::POST };
                 let verdict = decide(&ev, method, proof_used);
                 if let Verdict::Retry(reason) = verdict {
+                    // After a redirect, or where one cannot be ruled out, only an
+                    // idempotent request is sent again.
+                    prop_assert!(idempotent || !ev.redirects.may_have_redirected());
                     if ev.status().is_none() {
                         prop_assert!(!k.is_some_and(is_permanent));
                     }

@@ -147,6 +147,44 @@ impl Gradient {
         min_latency: Duration,
     }
 
+    /// The parameters with each one [`check`](Self::check) would refuse made usable: the
+    /// limits put in order (`1 <= min <= initial <= max`), a ratio out of its range (or
+    /// NaN) and an empty window replaced by the default's, a window over a year capped.
+    /// [`AdaptiveLimit`] runs on these, so it is total for any parameters, not only those
+    /// a registry accepted.
+    fn sanitized(self) -> Self {
+        let d = Gradient::default();
+        let min_limit = self.min_limit.max(1);
+        let max_limit = self.max_limit.max(min_limit);
+        Gradient {
+            min_limit,
+            max_limit,
+            initial_limit: self.initial_limit.clamp(min_limit, max_limit),
+            smoothing: if self.smoothing > 0.0 && self.smoothing <= 1.0 {
+                self.smoothing
+            } else {
+                d.smoothing
+            },
+            tolerance: if self.tolerance.is_finite() && self.tolerance >= 1.0 {
+                self.tolerance
+            } else {
+                d.tolerance
+            },
+            backoff_ratio: if self.backoff_ratio > 0.0 && self.backoff_ratio < 1.0 {
+                self.backoff_ratio
+            } else {
+                d.backoff_ratio
+            },
+            no_load_window: if self.no_load_window.is_zero() {
+                d.no_load_window
+            } else {
+                self.no_load_window.min(super::MAX_DURATION)
+            },
+            min_window_samples: self.min_window_samples.max(1),
+            min_latency: self.min_latency,
+        }
+    }
+
     /// Why these parameters cannot work, if they cannot.
     pub(crate) fn check(&self) -> Result<(), String> {
         if self.min_limit == 0 {
@@ -255,8 +293,12 @@ struct Probe {
 }
 
 impl AdaptiveLimit {
-    /// A limit at `params.initial_limit`, with no sample yet.
+    /// A limit at `params.initial_limit`, with no sample yet. Parameters a registry
+    /// would refuse ([`LimiterConfig::validate`](super::LimiterConfig::validate)) never
+    /// make it panic: each is replaced by a usable one (limits put in order, a ratio out of
+    /// range by its default).
     pub fn new(params: Gradient) -> Self {
+        let params = params.sanitized();
         AdaptiveLimit {
             params,
             estimate: f64::from(params.initial_limit),
@@ -416,6 +458,45 @@ impl AdaptiveLimit {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn parameters_the_registry_refuses_never_panic_the_limit() {
+        let bad = [
+            Gradient::default().smoothing(f64::NAN),
+            Gradient::default().smoothing(-3.0).tolerance(f64::INFINITY),
+            Gradient::default()
+                .tolerance(f64::NAN)
+                .backoff_ratio(f64::NAN),
+            Gradient::default().backoff_ratio(7.0),
+            Gradient::default()
+                .min_limit(0)
+                .max_limit(0)
+                .initial_limit(u32::MAX),
+            Gradient::default().min_limit(u32::MAX).max_limit(1),
+            Gradient::default()
+                .no_load_window(Duration::MAX)
+                .min_window_samples(0)
+                .min_latency(Duration::ZERO),
+        ];
+        for g in bad {
+            let mut limit = AdaptiveLimit::new(g);
+            let start = Instant::now();
+            for i in 0..500u32 {
+                let sample = match i % 7 {
+                    0 => Sample::Overload,
+                    1 => Sample::Ignored,
+                    2 => Sample::Latency(Duration::MAX),
+                    3 => Sample::Latency(Duration::ZERO),
+                    _ => Sample::Latency(Duration::from_millis(u64::from(1 + i % 50))),
+                };
+                let now = start + Duration::from_secs(u64::from(i));
+                let _ = limit.sample(now, sample, i);
+                let _ = (limit.no_load_latency(), limit.is_probing());
+                // Always at least one attempt admitted (a NaN estimate would be 0).
+                assert!(limit.limit() >= 1, "{g:?}: limit {}", limit.limit());
+            }
+        }
+    }
 
     const MS: Duration = Duration::from_millis(1);
 

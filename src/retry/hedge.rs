@@ -215,7 +215,10 @@ impl Hedging {
     fn delay_from(&self, estimate: Option<Duration>) -> Duration {
         match self.delay {
             HedgeDelay::Fixed(d) => d,
-            HedgeDelay::Adaptive { min, max, .. } => estimate.map_or(max, |e| e.clamp(min, max)),
+            // Not `clamp`: bounds a built middleware never accepts (`min > max`, refused by
+            // `validate`) can still reach `current_delay` on an unbuilt clone, and must not
+            // panic there.
+            HedgeDelay::Adaptive { min, max, .. } => estimate.map_or(max, |e| e.max(min).min(max)),
         }
     }
 
@@ -634,5 +637,28 @@ fn record_of(evidence: RequestEvidence) -> AttemptRecord {
     AttemptRecord {
         evidence,
         decision: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn current_delay_never_panics_on_bounds_a_build_would_refuse() {
+        let origin = Origin::parse("http://a.example").unwrap();
+        let hedging = Hedging::adaptive(0.5);
+        let window = hedging.latencies.window(&origin);
+        for _ in 0..64 {
+            hedging.latencies.record(&window, Duration::from_millis(20));
+        }
+        assert_eq!(hedging.current_delay(&origin), Duration::from_millis(20));
+        // A clone shares the estimates; its inverted bounds are refused at build time, and
+        // reading its delay gives the upper bound instead of a panic.
+        let inverted = hedging
+            .clone()
+            .delay_bounds(Duration::from_secs(2), Duration::from_secs(1));
+        assert!(inverted.validate().is_err());
+        assert_eq!(inverted.current_delay(&origin), Duration::from_secs(1));
     }
 }

@@ -28,7 +28,8 @@
 //! # The stack, outer to inner, and why
 //!
 //! ```text
-//! RetryMiddleware → CircuitBreakerMiddleware → BearerAuth → TransportEvidence → reqwest::Client
+//! RetryMiddleware → CircuitBreakerMiddleware → [ConcurrencyLimit] → BearerAuth → TransportEvidence → reqwest::Client
+//! (+ attempt timeout, hedging)                  (off by default)
 //! ```
 //!
 //! - [`RetryMiddleware`] is outermost: every attempt passes through the breaker, gets a

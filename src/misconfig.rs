@@ -118,15 +118,14 @@ pub(crate) enum Layer {
     Retry,
 }
 
-/// What is wrong with `middleware` starting here for the request of `extensions`, if
-/// anything.
-pub(crate) fn check(
-    extensions: &Extensions,
+/// What is wrong with a `middleware` starting, for the request of `key`, under the
+/// marks `active`, if anything.
+pub(crate) fn misplaced(
+    active: crate::scope::Active,
+    key: usize,
     middleware: &'static str,
     layer: Option<Layer>,
 ) -> Option<Misconfiguration> {
-    let active = crate::scope::active();
-    let key = crate::scope::key(extensions);
     if active.transport == key {
         Some(Misconfiguration::InsideTransportStep { middleware })
     } else if matches!(layer, Some(Layer::Retry)) && active.retry == key {
@@ -155,6 +154,21 @@ mod tests {
     use std::task::{Context, Poll};
 
     use super::*;
+
+    /// What is wrong with `middleware` starting here for the request of `extensions`, if
+    /// anything.
+    fn check(
+        extensions: &Extensions,
+        middleware: &'static str,
+        layer: Option<Layer>,
+    ) -> Option<Misconfiguration> {
+        misplaced(
+            crate::scope::active(),
+            crate::scope::key(extensions),
+            middleware,
+            layer,
+        )
+    }
 
     /// Polls `check` from inside a scope, as a middleware starting under a layer would.
     struct Probe<'a> {

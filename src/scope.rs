@@ -78,8 +78,28 @@ pub(crate) struct Ownership {
 /// outside it is running the request, this one owns it, and what an earlier request left
 /// in `extensions` is removed.
 pub(crate) fn begin(extensions: &mut Extensions) -> Ownership {
+    begin_at(extensions, active())
+}
+
+/// How a middleware of this crate starts: refused (with its `NotSent` evidence left) when
+/// it stands where it cannot work ([`misconfig`](crate::misconfig)), else [`begin`], on
+/// one read of the marks.
+pub(crate) fn enter(
+    extensions: &mut Extensions,
+    middleware: &'static str,
+    layer: Option<crate::misconfig::Layer>,
+    url: &reqwest::Url,
+) -> Result<Ownership, reqwest_middleware::Error> {
+    let active = active();
+    match crate::misconfig::misplaced(active, key(extensions), middleware, layer) {
+        Some(m) => Err(crate::misconfig::refuse(extensions, m, url)),
+        None => Ok(begin_at(extensions, active)),
+    }
+}
+
+fn begin_at(extensions: &mut Extensions, active: Active) -> Ownership {
     let key = key(extensions);
-    if active().owner == key {
+    if active.owner == key {
         return Ownership { key, owner: false };
     }
     // A fresh request's extensions (every `send()`) hold nothing to clear.

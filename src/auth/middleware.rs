@@ -320,10 +320,7 @@ impl Middleware for BearerAuth {
         extensions: &mut Extensions,
         next: Next<'_>,
     ) -> reqwest_middleware::Result<Response> {
-        if let Some(m) = crate::misconfig::check(extensions, "BearerAuth", None) {
-            return Err(crate::misconfig::refuse(extensions, m, req.url()));
-        }
-        let owner = crate::scope::begin(extensions);
+        let owner = crate::scope::enter(extensions, "BearerAuth", None, req.url())?;
         if req.headers().contains_key(header::AUTHORIZATION) || !self.covers(req.url()) {
             return owner.wrap(next.run(req, extensions)).await;
         }

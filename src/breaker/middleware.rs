@@ -303,10 +303,7 @@ impl Middleware for CircuitBreakerMiddleware {
         extensions: &mut Extensions,
         next: Next<'_>,
     ) -> reqwest_middleware::Result<Response> {
-        if let Some(m) = crate::misconfig::check(extensions, "CircuitBreakerMiddleware", None) {
-            return Err(crate::misconfig::refuse(extensions, m, req.url()));
-        }
-        let owner = crate::scope::begin(extensions);
+        let owner = crate::scope::enter(extensions, "CircuitBreakerMiddleware", None, req.url())?;
         // A "retry in" from an earlier attempt must not be read as this one's.
         extensions.remove::<RetryIn>();
         let Some(origin) = Origin::cached(req.url()) else {
@@ -338,10 +335,7 @@ impl Middleware for CircuitBreakerMiddleware {
         // no transport step runs inside.
         extensions.remove::<RequestEvidence>();
         let deadline = extensions.get::<Deadline>().map(|d| d.0);
-        let cut = match (deadline, scope.cut) {
-            (Some(d), Some(c)) => Some(d.min(c)),
-            (d, c) => d.or(c),
-        };
+        let cut = crate::retry::earlier(deadline, scope.cut);
         let (result, permit) = match cut {
             Some(deadline) => {
                 let recorded_before = extensions.get::<AttemptHistory>().map_or(0, |h| h.len());

@@ -88,12 +88,9 @@ impl Middleware for TransportEvidence {
         extensions: &mut Extensions,
         next: Next<'_>,
     ) -> reqwest_middleware::Result<Response> {
-        if let Some(m) = crate::misconfig::check(extensions, "TransportEvidence", None) {
-            return Err(crate::misconfig::refuse(extensions, m, req.url()));
-        }
         // Nothing of this crate runs inside the transport step, so as the owner (used
         // alone) it only clears what an earlier request left behind.
-        let _ = crate::scope::begin(extensions);
+        let _ = crate::scope::enter(extensions, "TransportEvidence", None, req.url())?;
         let (origin, attempt, started, method, url_key, sent) = hand_on(req, extensions, next);
         let (result, hops) = match self.redirects {
             ClientRedirects::Recorded => {

@@ -80,10 +80,17 @@ pub(super) fn for_request(
 /// The earlier of the total deadline and `now + timeout`.
 pub(super) fn attempt_cut(deadline: Option<Instant>, timeout: Option<Duration>) -> Option<Instant> {
     // A timeout beyond the clock's range is no timeout.
-    let own = timeout.and_then(|t| Instant::now().checked_add(t));
-    match (deadline, own) {
-        (Some(d), Some(o)) => Some(d.min(o)),
-        (d, o) => d.or(o),
+    earlier(
+        deadline,
+        timeout.and_then(|t| Instant::now().checked_add(t)),
+    )
+}
+
+/// The earlier of two instants, either of which may be absent (no cut).
+pub(crate) fn earlier(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
     }
 }
 

@@ -503,12 +503,9 @@ impl Middleware for RetryMiddleware {
         extensions: &mut Extensions,
         next: Next<'_>,
     ) -> reqwest_middleware::Result<Response> {
-        if let Some(m) = misconfig::check(extensions, "RetryMiddleware", Some(Layer::Retry)) {
-            return Err(misconfig::refuse(extensions, m, req.url()));
-        }
         // The owner of the request clears what an earlier one left behind, a deadline
         // handed on for a request whose future was dropped included.
-        let owner = scope::begin(extensions);
+        let owner = scope::enter(extensions, "RetryMiddleware", Some(Layer::Retry), req.url())?;
         let client_deadline = match (extensions.get::<Deadline>(), self.config.deadline) {
             (None, Some(total)) => Instant::now().checked_add(total),
             _ => None,

@@ -41,8 +41,8 @@ mod middleware;
 #[cfg(feature = "retry-policies")]
 mod policies;
 
-pub(crate) use attempt_timeout::AttemptScope;
 pub use attempt_timeout::AttemptTimeout;
+pub(crate) use attempt_timeout::{AttemptScope, earlier};
 pub use budget::RetryBudget;
 use budget::Withdrawal;
 pub use decision::{

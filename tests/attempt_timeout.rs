@@ -11,36 +11,18 @@ use reqwest_middleware::{ClientBuilder, ClientWithMiddleware};
 use reqwest_resilience::breaker::{
     BreakerConfig, BreakerRegistry, BreakerState, CircuitBreakerMiddleware, TripPolicy,
 };
-use reqwest_resilience::retry::{
-    AttemptTimeout, Deadline, RetryMiddlewareBuilder, RetryOutcome, RetryReason, StopReason,
-};
+use reqwest_resilience::retry::{AttemptTimeout, Deadline, RetryOutcome, RetryReason, StopReason};
 use reqwest_resilience::{
     AttemptDecision, AttemptHistory, Backoff, FailureKind, Jitter, Origin, Resilience,
     ResilienceError, RetryMiddleware, Transmission, TransportEvidence,
 };
-use support::{Action, FaultServer};
+use support::{Action, FaultServer, exact_retry, loopback_client};
 use tokio::time::Instant;
 
 const S: fn(u64) -> Duration = Duration::from_secs;
 
-/// 1 s, 2 s, 4 s … without jitter, no budget.
-fn plain() -> RetryMiddlewareBuilder {
-    RetryMiddleware::builder()
-        .backoff(Backoff::builder().jitter(Jitter::None).build().unwrap())
-        .no_budget()
-}
-
-fn reqwest_client() -> reqwest::Client {
-    reqwest::Client::builder()
-        .no_proxy()
-        .pool_max_idle_per_host(0)
-        .pool_idle_timeout(None)
-        .build()
-        .unwrap()
-}
-
 fn client(retry: RetryMiddleware, registry: Option<&BreakerRegistry>) -> ClientWithMiddleware {
-    let mut b = ClientBuilder::new(reqwest_client()).with(retry);
+    let mut b = ClientBuilder::new(loopback_client()).with(retry);
     if let Some(registry) = registry {
         b = b.with(CircuitBreakerMiddleware::new(registry.clone()));
     }
@@ -100,7 +82,7 @@ fn retry_error(result: &reqwest_middleware::Result<reqwest::Response>) -> (u32, 
 async fn a_silent_server_cuts_every_get_attempt_and_the_get_is_retried_max_retries_times() {
     let server = FaultServer::always(Action::Stall).await;
     let c = client(
-        plain()
+        exact_retry()
             .max_retries(2)
             .attempt_timeout(S(1))
             .build()
@@ -157,7 +139,7 @@ async fn a_silent_server_cuts_every_get_attempt_and_the_get_is_retried_max_retri
 async fn a_silent_server_cuts_a_post_once_and_it_is_never_sent_again() {
     let server = FaultServer::always(Action::Stall).await;
     let c = client(
-        plain()
+        exact_retry()
             .max_retries(2)
             .attempt_timeout(S(1))
             .build()
@@ -186,7 +168,7 @@ async fn each_cut_attempt_counts_as_a_breaker_failure_and_opens_it() {
         BreakerRegistry::new(BreakerConfig::default().policy(TripPolicy::consecutive_failures(3)))
             .unwrap();
     let c = client(
-        plain()
+        exact_retry()
             .max_retries(1)
             .attempt_timeout(S(1))
             .build()
@@ -235,7 +217,7 @@ async fn the_total_deadline_still_ends_the_request_on_time() {
     let server = FaultServer::always(Action::Stall).await;
     let registry = BreakerRegistry::new(BreakerConfig::default()).unwrap();
     let c = client(
-        plain()
+        exact_retry()
             .max_retries(5)
             .attempt_timeout(S(1))
             .total_deadline(Duration::from_millis(2500))
@@ -266,7 +248,7 @@ async fn the_total_deadline_still_ends_the_request_on_time() {
 
     // An attempt timeout longer than the deadline: the deadline cuts the first attempt.
     let c = client(
-        plain()
+        exact_retry()
             .attempt_timeout(S(10))
             .total_deadline(S(3))
             .build()
@@ -289,7 +271,7 @@ async fn the_total_deadline_still_ends_the_request_on_time() {
 #[tokio::test(start_paused = true)]
 async fn the_timeout_bounds_the_response_head_only_and_a_slow_body_is_read_whole() {
     let server = FaultServer::always(Action::BodyAfter(S(5), b"slow body".to_vec())).await;
-    let c = client(plain().attempt_timeout(S(1)).build().unwrap(), None);
+    let c = client(exact_retry().attempt_timeout(S(1)).build().unwrap(), None);
 
     let (result, ext, took) = send(
         &c,
@@ -312,7 +294,7 @@ async fn the_per_request_extension_sets_or_lifts_the_timeout() {
     let slow = FaultServer::always(Action::Delay(S(5), Box::new(Action::ok("late")))).await;
 
     // No client timeout; the request asks for 2 s.
-    let c = client(plain().max_retries(0).build().unwrap(), None);
+    let c = client(exact_retry().max_retries(0).build().unwrap(), None);
     let mut ext = Extensions::new();
     ext.insert(AttemptTimeout(S(2)));
     let (result, ext, took) = send(&c, reqwest::Method::GET, &slow.url("/"), ext).await;
@@ -321,7 +303,7 @@ async fn the_per_request_extension_sets_or_lifts_the_timeout() {
     assert_all_cut(&ext, 1, S(2));
 
     // A client timeout of 1 s; this request lifts it.
-    let c = client(plain().attempt_timeout(S(1)).build().unwrap(), None);
+    let c = client(exact_retry().attempt_timeout(S(1)).build().unwrap(), None);
     let mut ext = Extensions::new();
     ext.insert(AttemptTimeout(Duration::MAX));
     let (result, _, took) = send(&c, reqwest::Method::GET, &slow.url("/"), ext).await;
@@ -337,7 +319,7 @@ async fn the_stack_builder_installs_the_timeout_and_a_deadline_extension_still_w
         .max_retries(1)
         .backoff(Backoff::builder().jitter(Jitter::None).build().unwrap())
         .attempt_timeout(S(2))
-        .build(reqwest_client())
+        .build(loopback_client())
         .unwrap();
     let (result, ext, took) = send(
         &c,
@@ -380,13 +362,13 @@ fn the_stack_refuses_timeout_or_hedging_settings_for_a_prebuilt_retry() {
     let err = Resilience::new()
         .retry(RetryMiddleware::new())
         .attempt_timeout(S(1))
-        .build(reqwest_client())
+        .build(loopback_client())
         .unwrap_err();
     assert_eq!(err.to_string(), conflict("attempt_timeout"));
     let err = Resilience::new()
         .no_retry()
         .hedging(Hedging::fixed(S(1)))
-        .build(reqwest_client())
+        .build(loopback_client())
         .unwrap_err();
     assert_eq!(err.to_string(), conflict("hedging"));
 }

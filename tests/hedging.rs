@@ -14,32 +14,15 @@ use reqwest_middleware::{ClientBuilder, ClientWithMiddleware};
 use reqwest_resilience::breaker::{
     BreakerConfig, BreakerRegistry, BreakerState, CircuitBreakerMiddleware, TripPolicy,
 };
-use reqwest_resilience::retry::{
-    HedgeDelay, Hedging, RetryMiddlewareBuilder, RetryOutcome, RetryReason, StopReason,
-};
+use reqwest_resilience::retry::{HedgeDelay, Hedging, RetryOutcome, RetryReason, StopReason};
 use reqwest_resilience::{
-    AttemptDecision, AttemptHistory, Backoff, FailureKind, Jitter, Origin, Resilience,
-    ResilienceError, RetryBudget, RetryMiddleware, Transmission, TransportEvidence,
+    AttemptDecision, AttemptHistory, FailureKind, Origin, Resilience, ResilienceError, RetryBudget,
+    RetryMiddleware, Transmission, TransportEvidence,
 };
-use support::{Action, FaultServer, RecordedRequest};
+use support::{Action, FaultServer, RecordedRequest, exact_retry, loopback_client};
 use tokio::time::Instant;
 
 const MS: fn(u64) -> Duration = Duration::from_millis;
-
-fn plain() -> RetryMiddlewareBuilder {
-    RetryMiddleware::builder()
-        .backoff(Backoff::builder().jitter(Jitter::None).build().unwrap())
-        .no_budget()
-}
-
-fn reqwest_client() -> reqwest::Client {
-    reqwest::Client::builder()
-        .no_proxy()
-        .pool_max_idle_per_host(0)
-        .pool_idle_timeout(None)
-        .build()
-        .unwrap()
-}
 
 fn registry(failures_to_open: u32) -> BreakerRegistry {
     BreakerRegistry::new(
@@ -49,7 +32,7 @@ fn registry(failures_to_open: u32) -> BreakerRegistry {
 }
 
 fn client(retry: RetryMiddleware, registry: &BreakerRegistry) -> ClientWithMiddleware {
-    ClientBuilder::new(reqwest_client())
+    ClientBuilder::new(loopback_client())
         .with(retry)
         .with(CircuitBreakerMiddleware::new(registry.clone()))
         .with(TransportEvidence::new())
@@ -157,7 +140,10 @@ async fn a_fast_first_attempt_sends_no_hedge() {
     let server = FaultServer::always(fast(10, "fast")).await;
     let reg = registry(1);
     let c = client(
-        plain().hedging(Hedging::fixed(MS(100))).build().unwrap(),
+        exact_retry()
+            .hedging(Hedging::fixed(MS(100)))
+            .build()
+            .unwrap(),
         &reg,
     );
 
@@ -176,7 +162,10 @@ async fn a_slow_first_attempt_gets_exactly_one_hedge_whose_faster_answer_wins() 
     // One failure would open it: a loser counted as a failure would show.
     let reg = registry(1);
     let c = client(
-        plain().hedging(Hedging::fixed(MS(100))).build().unwrap(),
+        exact_retry()
+            .hedging(Hedging::fixed(MS(100)))
+            .build()
+            .unwrap(),
         &reg,
     );
 
@@ -219,7 +208,7 @@ async fn a_post_or_a_streamed_body_is_never_hedged() {
     let server = FaultServer::always(fast(1000, "slow")).await;
     let reg = registry(5);
     let c = client(
-        plain()
+        exact_retry()
             .hedging(Hedging::fixed(MS(100)).no_budget())
             .build()
             .unwrap(),
@@ -248,7 +237,7 @@ async fn no_hedge_is_sent_once_the_hedge_budget_is_spent() {
     // Half a hedge per request: the first request earns none, the second one.
     let budget = RetryBudget::new(Duration::from_secs(10), 0, 0.5).unwrap();
     let c = client(
-        plain()
+        exact_retry()
             .hedging(Hedging::fixed(MS(100)).budget(budget.clone()))
             .build()
             .unwrap(),
@@ -278,7 +267,7 @@ async fn no_hedge_goes_into_an_open_breaker_or_a_pause() {
     let reg = registry(5);
     let budget = RetryBudget::new(Duration::from_secs(10), 100, 1.0).unwrap();
     let c = client(
-        plain()
+        exact_retry()
             .hedging(Hedging::fixed(MS(100)).budget(budget.clone()))
             .build()
             .unwrap(),
@@ -317,7 +306,7 @@ async fn at_most_max_hedges_copies_and_the_first_answer_among_them_wins() {
     let server = FaultServer::always(slow(1000, "slow")).await;
     let reg = registry(1);
     let c = client(
-        plain()
+        exact_retry()
             .hedging(Hedging::fixed(MS(100)).max_hedges(2).no_budget())
             .build()
             .unwrap(),
@@ -344,7 +333,7 @@ async fn failed_hedges_are_attempts_so_retries_plus_hedges_bound_the_copies() {
     let server = FaultServer::always(Action::Delay(MS(150), Box::new(Action::status(503)))).await;
     let reg = registry(100);
     let c = client(
-        plain()
+        exact_retry()
             .max_retries(2)
             .hedging(Hedging::fixed(MS(100)).no_budget())
             .build()
@@ -397,7 +386,7 @@ async fn the_total_deadline_ends_a_hedged_request_on_time() {
     let server = FaultServer::always(Action::Stall).await;
     let reg = registry(100);
     let c = client(
-        plain()
+        exact_retry()
             .total_deadline(MS(300))
             .hedging(Hedging::fixed(MS(100)).max_hedges(2).no_budget())
             .build()
@@ -428,7 +417,7 @@ async fn the_total_deadline_ends_a_hedged_request_on_time() {
 
     // No hedge would start at or past the deadline: 150 ms leaves room for one.
     let c = client(
-        plain()
+        exact_retry()
             .total_deadline(MS(150))
             .hedging(Hedging::fixed(MS(100)).max_hedges(2).no_budget())
             .build()
@@ -457,7 +446,7 @@ async fn the_adaptive_delay_learns_the_origins_percentile() {
     let c = Resilience::new()
         .breaker(reg.clone())
         .hedging(hedging.clone())
-        .build(reqwest_client())
+        .build(loopback_client())
         .unwrap();
     let origin = Origin::parse(&server.url("/")).unwrap();
     assert_eq!(
@@ -505,7 +494,7 @@ async fn dropping_the_callers_future_drops_every_copy() {
     let server = FaultServer::always(slow(5000, "slow")).await;
     let reg = registry(1);
     let c = client(
-        plain()
+        exact_retry()
             .hedging(Hedging::fixed(MS(100)).no_budget())
             .build()
             .unwrap(),
@@ -565,7 +554,7 @@ async fn a_hedge_never_takes_a_half_open_probe_slot() {
     )
     .unwrap();
     let c = client(
-        plain()
+        exact_retry()
             .max_retries(0)
             .hedging(Hedging::fixed(MS(100)).no_budget())
             .build()
@@ -595,7 +584,7 @@ async fn each_hedged_copy_has_its_own_attempt_timeout_and_each_cut_is_a_breaker_
     let server = FaultServer::always(Action::Stall).await;
     let reg = registry(100);
     let c = client(
-        plain()
+        exact_retry()
             .max_retries(1)
             .attempt_timeout(MS(150))
             .hedging(Hedging::fixed(MS(100)).no_budget())

@@ -636,3 +636,26 @@ async fn read_more(stream: &mut TcpStream, buf: &mut Vec<u8>) -> io::Result<usiz
 fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
     haystack.windows(needle.len()).position(|w| w == needle)
 }
+
+/// A client for these servers: no proxy, and no idle pool, whose timer a paused clock
+/// would jump to.
+pub fn loopback_client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .no_proxy()
+        .pool_max_idle_per_host(0)
+        .pool_idle_timeout(None)
+        .build()
+        .unwrap()
+}
+
+/// A retry middleware with exact delays (1 s, 2 s, 4 s … without jitter) and no budget.
+pub fn exact_retry() -> reqwest_resilience::retry::RetryMiddlewareBuilder {
+    reqwest_resilience::RetryMiddleware::builder()
+        .backoff(
+            reqwest_resilience::Backoff::builder()
+                .jitter(reqwest_resilience::Jitter::None)
+                .build()
+                .unwrap(),
+        )
+        .no_budget()
+}

@@ -4,9 +4,9 @@ use std::fmt;
 use std::net::IpAddr;
 use std::sync::Arc;
 
+use crate::stack::compose::{Inner, Known, Stage, standalone_middleware};
 use http::{Extensions, HeaderValue, StatusCode, header};
 use reqwest::{Request, Response, Url};
-use reqwest_middleware::{Middleware, Next};
 
 use super::manager::TokenManager;
 use super::token::{AccessToken, TokenError, TokenErrorKind};
@@ -312,75 +312,111 @@ fn token_unavailable(
     reqwest_middleware::Error::middleware(ResilienceError::Token(e))
 }
 
-#[async_trait::async_trait]
-impl Middleware for BearerAuth {
-    async fn handle(
-        &self,
+standalone_middleware!(BearerAuth);
+
+impl Stage for BearerAuth {
+    fn serve<'a, N: Inner + 'a>(
+        &'a self,
         mut req: Request,
-        extensions: &mut Extensions,
-        next: Next<'_>,
-    ) -> reqwest_middleware::Result<Response> {
-        let owner = crate::scope::enter(extensions, "BearerAuth", None, req.url())?;
-        if req.headers().contains_key(header::AUTHORIZATION) || !self.covers(req.url()) {
-            return owner.wrap(next.run(req, extensions)).await;
+        extensions: &'a mut Extensions,
+        known: Known<'a>,
+        next: N,
+    ) -> impl Future<Output = reqwest_middleware::Result<Response>> + Send + 'a {
+        async move {
+            let owner = crate::scope::enter(extensions, "BearerAuth", None, req.url())?;
+            let covered = match known.origin(req.url()) {
+                Some(origin) => self.origins.contains(&origin),
+                None => false,
+            };
+            if req.headers().contains_key(header::AUTHORIZATION) || !covered {
+                return owner.wrap(next.run(req, extensions, known)).await;
+            }
+            let token = match self.manager.token().await {
+                Ok(token) => token,
+                Err(e) => return Err(token_unavailable(e, req.url(), extensions)),
+            };
+            let sent = Sent::of(&req, known.spare());
+            if let Err(e) = attach(&mut req, &token) {
+                return Err(token_unavailable(e, req.url(), extensions));
+            }
+            // The request now carries the token: the outside's copy no longer matches it.
+            let inner = known.without_spare();
+            let response = owner.wrap(next.clone().run(req, extensions, inner)).await?;
+            if response.status() != StatusCode::UNAUTHORIZED {
+                return Ok(response);
+            }
+            // Boxed: rare, and its second token wait would otherwise enlarge (and be copied
+            // with) every request's future.
+            Box::pin(self.after_unauthorized(token, sent, response, extensions, inner, next, owner))
+                .await
         }
-        let token = match self.manager.token().await {
-            Ok(token) => token,
-            Err(e) => return Err(token_unavailable(e, req.url(), extensions)),
-        };
-        let replay = req.try_clone();
-        // Where the request went, to tell a 401 from elsewhere (after a redirect); the
-        // replay copy already knows, so only a streamed request pays for the copy.
-        let sent = Sent {
-            streamed_url: replay.is_none().then(|| req.url().clone()),
-            replay,
-        };
-        if let Err(e) = attach(&mut req, &token) {
-            return Err(token_unavailable(e, req.url(), extensions));
-        }
-        let response = owner.wrap(next.clone().run(req, extensions)).await?;
-        if response.status() != StatusCode::UNAUTHORIZED {
-            return Ok(response);
-        }
-        // Boxed: rare, and its second token wait would otherwise enlarge (and be copied
-        // with) every request's future.
-        Box::pin(self.after_unauthorized(token, sent, response, extensions, next, owner)).await
     }
 }
 
-/// What was sent: a copy to replay, or, for a streamed body, only its URL.
-struct Sent {
-    replay: Option<Request>,
-    streamed_url: Option<Url>,
+/// What was sent, to replay after a `401` and to tell a `401` from elsewhere (after a
+/// redirect).
+enum Sent<'a> {
+    /// The copy the stage outside keeps for its own retry (the retry middleware's spare):
+    /// copied again only for a replay, so the common case makes one copy per attempt.
+    Outside(&'a Request),
+    /// A copy of our own.
+    Copy(Request),
+    /// A streamed body, which cannot be sent twice: only its URL.
+    Streamed(Url),
+}
+
+impl<'a> Sent<'a> {
+    fn of(req: &Request, outside: Option<&'a Request>) -> Self {
+        match outside {
+            Some(spare) => Sent::Outside(spare),
+            None => match req.try_clone() {
+                Some(copy) => Sent::Copy(copy),
+                None => Sent::Streamed(req.url().clone()),
+            },
+        }
+    }
+
+    fn url(&self) -> &Url {
+        match self {
+            Sent::Outside(req) => req.url(),
+            Sent::Copy(req) => req.url(),
+            Sent::Streamed(url) => url,
+        }
+    }
+
+    /// The request to replay, if it can be.
+    fn replay(self) -> Option<Request> {
+        match self {
+            Sent::Outside(req) => req.try_clone(),
+            Sent::Copy(req) => Some(req),
+            Sent::Streamed(_) => None,
+        }
+    }
 }
 
 impl BearerAuth {
-    /// The `401` path of [`handle`](Middleware::handle): refresh and replay once, or
-    /// return the response as it is.
-    async fn after_unauthorized(
+    /// The `401` path of [`serve`](Stage::serve): refresh and replay once, or return the
+    /// response as it is.
+    #[allow(clippy::too_many_arguments)]
+    async fn after_unauthorized<N: Inner>(
         &self,
         token: AccessToken,
-        sent: Sent,
+        sent: Sent<'_>,
         response: Response,
         extensions: &mut Extensions,
-        next: Next<'_>,
+        known: Known<'_>,
+        next: N,
         owner: crate::scope::Ownership,
     ) -> reqwest_middleware::Result<Response> {
         // After a redirect the 401 answers a later hop, not the request this middleware
         // sent, which was received and answered (3xx): replaying it would repeat it, and
         // the token may not even have travelled (reqwest strips it on a cross-origin hop).
         // Nothing to heal, and no refresh to burn.
-        let Sent {
-            replay,
-            streamed_url,
-        } = sent;
-        let request_url = replay.as_ref().map(Request::url).or(streamed_url.as_ref());
-        let redirected = request_url.is_none_or(|u| {
-            crate::redirect::without_fragment(u)
-                != crate::redirect::without_fragment(response.url())
-        }) || extensions
-            .get::<RequestEvidence>()
-            .is_some_and(|e| matches!(e.redirects, Redirects::Followed { .. }));
+        let redirected = crate::redirect::without_fragment(sent.url())
+            != crate::redirect::without_fragment(response.url())
+            || extensions
+                .get::<RequestEvidence>()
+                .is_some_and(|e| matches!(e.redirects, Redirects::Followed { .. }));
         let origin = match Origin::from_url(response.url()) {
             Ok(origin) if !redirected && self.covers(response.url()) => origin,
             _ => return Ok(response),
@@ -389,13 +425,13 @@ impl BearerAuth {
             return Ok(response);
         }
         #[cfg(feature = "tracing")]
-        tracing::debug!(%origin, replay = replay.is_some(), "401 with a bearer token; refreshing");
+        tracing::debug!(%origin, replay = !matches!(sent, Sent::Streamed(_)), "401 with a bearer token; refreshing");
         // Whether this call or a concurrent one forgets the token, the next `token()`
         // starts or joins the single refresh.
         self.manager.invalidate_if_current(&token);
         // A streamed body cannot be sent twice: the caller gets the 401, and its next
         // request gets a fresh token.
-        let Some(mut replay) = replay else {
+        let Some(mut replay) = sent.replay() else {
             return Ok(response);
         };
         drop(response);
@@ -406,7 +442,7 @@ impl BearerAuth {
         if let Err(e) = attach(&mut replay, &fresh) {
             return Err(token_unavailable(e, replay.url(), extensions));
         }
-        owner.wrap(next.run(replay, extensions)).await
+        owner.wrap(next.run(replay, extensions, known)).await
     }
 }
 

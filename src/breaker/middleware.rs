@@ -6,9 +6,9 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::time::{Duration, SystemTime};
 
+use crate::stack::compose::{Inner, Known, Stage, standalone_middleware};
 use http::{Extensions, StatusCode};
 use reqwest::{Request, Response};
-use reqwest_middleware::{Middleware, Next};
 use tokio::time::Instant;
 
 use super::config::PauseMode;
@@ -21,6 +21,7 @@ use crate::evidence::{
     record_rejected_locally,
 };
 use crate::retry::AttemptScope;
+use crate::stack::compose::Cut;
 use crate::{Origin, ResilienceError};
 
 /// One circuit breaker per origin, from a shared [`BreakerRegistry`].
@@ -221,8 +222,8 @@ fn record_rejection(rejection: &BreakerRejection, extensions: &mut Extensions) {
 /// another copy won (`lost` set) was cancelled, whenever that happened: nothing is counted.
 struct CutAtDeadline<'a> {
     permit: Option<BreakerPermit<'a>>,
-    deadline: Instant,
-    started: Instant,
+    /// The deadline and when the attempt started; `None`: the attempt has no deadline.
+    cut: Option<(Instant, Instant)>,
     lost: Option<Arc<AtomicBool>>,
 }
 
@@ -236,8 +237,9 @@ impl<'a> CutAtDeadline<'a> {
 impl Drop for CutAtDeadline<'_> {
     fn drop(&mut self) {
         if let Some(permit) = self.permit.take()
-            && self.started < self.deadline
-            && Instant::now() >= self.deadline
+            && let Some((deadline, started)) = self.cut
+            && started < deadline
+            && Instant::now() >= deadline
             && !AttemptScope::is_lost(self.lost.as_ref())
         {
             // A timeout is a transport failure, whatever a classifier would make of the
@@ -295,89 +297,93 @@ fn server_pause(
     crate::retry_after::parse(value, SystemTime::now())
 }
 
-#[async_trait::async_trait]
-impl Middleware for CircuitBreakerMiddleware {
-    async fn handle(
-        &self,
+standalone_middleware!(CircuitBreakerMiddleware);
+
+impl Stage for CircuitBreakerMiddleware {
+    fn serve<'a, N: Inner + 'a>(
+        &'a self,
         req: Request,
-        extensions: &mut Extensions,
-        next: Next<'_>,
-    ) -> reqwest_middleware::Result<Response> {
-        let owner = crate::scope::enter(extensions, "CircuitBreakerMiddleware", None, req.url())?;
-        // A "retry in" from an earlier attempt must not be read as this one's.
-        extensions.remove::<RetryIn>();
-        let Some(origin) = Origin::cached(req.url()) else {
-            // No origin, no breaker: reqwest will reject the URL itself.
-            return owner.wrap(next.run(req, extensions)).await;
-        };
-        // The retry middleware's word on this attempt: its own cut, whether it is a hedge.
-        let scope = extensions.remove::<AttemptScope>().unwrap_or_default();
-        let admitted = match self.registry.acquire(&origin) {
-            // A hedge is never a probe: one slow probe must not become two.
-            Ok(permit) if scope.hedge && permit.is_probe() => Err(hedge_refused(&origin)),
-            Ok(permit) => Ok(permit),
-            // A hedge does not wait out a pause: it would only add load when it ends.
-            Err(first) if scope.hedge => Err(first),
-            // Boxed: rare, and its sleep would otherwise enlarge every request's future.
-            Err(first) => Box::pin(self.admit_after(&origin, extensions, first)).await,
-        };
-        let permit = match admitted {
-            Ok(permit) => permit,
-            Err(rejection) => {
-                crate::metrics::breaker_rejection(&origin, rejection.reason);
-                record_rejection(&rejection, extensions);
-                return Err(reqwest_middleware::Error::middleware(
-                    ResilienceError::from(rejection),
-                ));
-            }
-        };
-        // Evidence left by an earlier attempt would otherwise be read as this one's when
-        // no transport step runs inside.
-        extensions.remove::<RequestEvidence>();
-        let deadline = extensions.get::<Deadline>().map(|d| d.0);
-        let cut = crate::retry::earlier(deadline, scope.cut);
-        let (result, permit) = match cut {
-            Some(deadline) => {
+        extensions: &'a mut Extensions,
+        known: Known<'a>,
+        next: N,
+    ) -> impl Future<Output = reqwest_middleware::Result<Response>> + Send + 'a {
+        async move {
+            let owner =
+                crate::scope::enter(extensions, "CircuitBreakerMiddleware", None, req.url())?;
+            // A "retry in" from an earlier attempt must not be read as this one's.
+            extensions.remove::<RetryIn>();
+            let Some(origin) = known.origin(req.url()) else {
+                // No origin, no breaker: reqwest will reject the URL itself.
+                return owner.wrap(next.run(req, extensions, known)).await;
+            };
+            // The retry middleware's word on this attempt: its own cut, whether it is a hedge.
+            let scope = extensions.remove::<AttemptScope>().unwrap_or_default();
+            let admitted = match self.registry.acquire(&origin) {
+                // A hedge is never a probe: one slow probe must not become two.
+                Ok(permit) if scope.hedge && permit.is_probe() => Err(hedge_refused(&origin)),
+                Ok(permit) => Ok(permit),
+                // A hedge does not wait out a pause: it would only add load when it ends.
+                Err(first) if scope.hedge => Err(first),
+                // Boxed: rare, and its sleep would otherwise enlarge every request's future.
+                Err(first) => Box::pin(self.admit_after(&origin, extensions, first)).await,
+            };
+            let permit = match admitted {
+                Ok(permit) => permit,
+                Err(rejection) => {
+                    crate::metrics::breaker_rejection(&origin, rejection.reason);
+                    record_rejection(&rejection, extensions);
+                    return Err(reqwest_middleware::Error::middleware(
+                        ResilienceError::from(rejection),
+                    ));
+                }
+            };
+            // Evidence left by an earlier attempt would otherwise be read as this one's when
+            // no transport step runs inside.
+            extensions.remove::<RequestEvidence>();
+            let deadline = extensions.get::<Deadline>().map(|d| d.0);
+            let cut = crate::retry::earlier(deadline, scope.cut);
+            // What a cut needs: the instant, when the attempt started, the records before it.
+            let cut_at = cut.map(|deadline| {
                 let recorded_before = extensions.get::<AttemptHistory>().map_or(0, |h| h.len());
-                let started = Instant::now();
-                let guard = CutAtDeadline {
-                    permit: Some(permit),
-                    deadline,
-                    started,
-                    lost: scope.lost,
-                };
-                match tokio::time::timeout_at(deadline, owner.wrap(next.run(req, extensions))).await
-                {
+                (deadline, Instant::now(), recorded_before)
+            });
+            // A hedge loser dropped here frees its permit unrecorded, like any cancellation.
+            let guard = CutAtDeadline {
+                permit: Some(permit),
+                cut: cut_at.map(|(deadline, started, _)| (deadline, started)),
+                lost: scope.lost,
+            };
+            let (result, permit) =
+                match Cut::new(owner.wrap(next.run(req, extensions, known)), cut).await {
                     Ok(result) => (result, guard.disarm()),
                     Err(elapsed) => {
-                        record_deadline_cut(extensions, &origin, recorded_before, started);
+                        if let Some((_, started, recorded_before)) = cut_at {
+                            record_deadline_cut(extensions, &origin, recorded_before, started);
+                        }
                         // Its drop counts the timeout (the deadline has passed).
                         drop(guard);
                         return Err(reqwest_middleware::Error::middleware(elapsed));
                     }
+                };
+            let Some(permit) = permit else {
+                return result;
+            };
+            let evidence = extensions.get::<RequestEvidence>();
+            let outcome = self.classifier.classify(evidence, &result);
+            let pause = server_pause(evidence, &result);
+            match evidence.and_then(|e| e.final_origin.as_ref()) {
+                // Each hop's outcome belongs to the origin that produced it: this origin
+                // answered with a redirect, and the last hop's answer (or failure, and any
+                // pause it asked for) is the other origin's.
+                Some(last) if *last != origin => {
+                    permit.record(Outcome::Success);
+                    if let Ok(other) = self.registry.acquire(last) {
+                        other.record_with_pause(outcome, pause);
+                    }
                 }
+                _ => permit.record_with_pause(outcome, pause),
             }
-            // A hedge loser dropped here frees its permit unrecorded, like any cancellation.
-            None => (owner.wrap(next.run(req, extensions)).await, Some(permit)),
-        };
-        let Some(permit) = permit else {
-            return result;
-        };
-        let evidence = extensions.get::<RequestEvidence>();
-        let outcome = self.classifier.classify(evidence, &result);
-        let pause = server_pause(evidence, &result);
-        match evidence.and_then(|e| e.final_origin.as_ref()) {
-            // Each hop's outcome belongs to the origin that produced it: this origin
-            // answered with a redirect, and the last hop's answer (or failure, and any
-            // pause it asked for) is the other origin's.
-            Some(last) if *last != origin => {
-                permit.record(Outcome::Success);
-                if let Ok(other) = self.registry.acquire(last) {
-                    other.record_with_pause(outcome, pause);
-                }
-            }
-            _ => permit.record_with_pause(outcome, pause),
+            result
         }
-        result
     }
 }

@@ -2,13 +2,13 @@
 
 use http::Extensions;
 use reqwest::{Request, Response};
-use reqwest_middleware::{Middleware, Next};
 
 use super::{
     AttemptHistory, FailureKind, Redirects, RequestEvidence, Transmission, classify_error,
     next_attempt,
 };
 use crate::redirect::{ClientRedirects, HopCount, Recording};
+use crate::stack::compose::{Inner, Known, Stage, standalone_middleware};
 use crate::{Origin, ResilienceError};
 
 /// The transport step: register it last (innermost), right before the `reqwest::Client`.
@@ -80,111 +80,113 @@ impl TransportEvidence {
     }
 }
 
-#[async_trait::async_trait]
-impl Middleware for TransportEvidence {
-    async fn handle(
-        &self,
+standalone_middleware!(TransportEvidence);
+
+impl Stage for TransportEvidence {
+    fn serve<'a, N: Inner + 'a>(
+        &'a self,
         req: Request,
-        extensions: &mut Extensions,
-        next: Next<'_>,
-    ) -> reqwest_middleware::Result<Response> {
-        // Nothing of this crate runs inside the transport step, so as the owner (used
-        // alone) it only clears what an earlier request left behind.
-        let _ = crate::scope::enter(extensions, "TransportEvidence", None, req.url())?;
-        let (origin, attempt, started, method, url_key, sent) = hand_on(req, extensions, next);
-        let (result, hops) = match self.redirects {
-            ClientRedirects::Recorded => {
-                let (result, hops) = Recording::new(sent).await;
-                (result, Some(hops))
+        extensions: &'a mut Extensions,
+        known: Known<'a>,
+        next: N,
+    ) -> impl Future<Output = reqwest_middleware::Result<Response>> + Send + 'a {
+        async move {
+            // Nothing of this crate runs inside the transport step, so as the owner (used
+            // alone) it only clears what an earlier request left behind.
+            let _ = crate::scope::enter(extensions, "TransportEvidence", None, req.url())?;
+            let (origin, attempt, started, method, url_key, sent) =
+                hand_on(req, &mut *extensions, known, next);
+            let (result, hops) = match self.redirects {
+                ClientRedirects::Recorded => {
+                    let (result, hops) = Recording::new(sent).await;
+                    (result, Some(hops))
+                }
+                _ => (sent.await, None),
+            };
+            if let Err(e) = &result
+                && let Some(ResilienceError::Misconfigured(_)) =
+                    ResilienceError::from_middleware_error(e)
+            {
+                // A middleware of this crate inside refused the request unsent and left its
+                // evidence: that is this attempt's.
+                return result;
             }
-            _ => (sent.await, None),
-        };
-        if let Err(e) = &result
-            && let Some(ResilienceError::Misconfigured(_)) =
-                ResilienceError::from_middleware_error(e)
-        {
-            // A middleware of this crate inside refused the request unsent and left its
-            // evidence: that is this attempt's.
-            return result;
+            let mut evidence = match &result {
+                Ok(response) => RequestEvidence::of_response(response, origin, attempt),
+                Err(reqwest_middleware::Error::Reqwest(err)) => {
+                    let c = classify_error(err);
+                    let mut e = RequestEvidence::new(c.transmission, origin, attempt);
+                    e.failure = Some(c.kind);
+                    e.not_processed = c.not_processed;
+                    e
+                }
+                // A middleware between this one and the client failed: nothing proves the
+                // request stayed local.
+                Err(reqwest_middleware::Error::Middleware(_)) => {
+                    let mut e = RequestEvidence::new(Transmission::Unknown, origin, attempt);
+                    e.failure = Some(super::FailureKind::Other);
+                    e
+                }
+            };
+            apply_redirects(&mut evidence, &result, url_key, self.redirects, hops);
+            evidence.elapsed = started.elapsed();
+            crate::metrics::attempt(method, &evidence);
+            #[cfg(feature = "tracing")]
+            // OpenTelemetry HTTP client names where one exists (`resend_count`: the retries
+            // before this attempt, 0 for the first; `error.type`: the failure kind).
+            tracing::debug!(
+                server.address = evidence.origin.as_ref().map(Origin::host),
+                server.port = evidence.origin.as_ref().map(Origin::port),
+                http.request.resend_count = evidence.attempt.saturating_sub(1),
+                http.response.status_code = evidence.status().map(|s| s.as_u16()),
+                error.type = evidence.failure.map(tracing::field::debug),
+                transmission = ?evidence.transmission,
+                not_processed = ?evidence.not_processed,
+                elapsed = ?evidence.elapsed,
+                "attempt observed"
+            );
+            let history = extensions.get_or_insert_default::<AttemptHistory>();
+            history.push(evidence.clone());
+            // After a retry or a `401` replay the response carries a copy of the history (the
+            // retry's last decision comes with its `RetryOutcome`); a single record needs no
+            // copy: `AttemptHistory::of_response` rebuilds it from the evidence.
+            let full = (history.len() > 1).then(|| history.clone());
+            let result = result.map(|mut response| {
+                response.extensions_mut().insert(evidence.clone());
+                if let Some(full) = full {
+                    response.extensions_mut().insert(full);
+                }
+                response
+            });
+            extensions.insert(evidence);
+            result
         }
-        let mut evidence = match &result {
-            Ok(response) => RequestEvidence::of_response(response, origin, attempt),
-            Err(reqwest_middleware::Error::Reqwest(err)) => {
-                let c = classify_error(err);
-                let mut e = RequestEvidence::new(c.transmission, origin, attempt);
-                e.failure = Some(c.kind);
-                e.not_processed = c.not_processed;
-                e
-            }
-            // A middleware between this one and the client failed: nothing proves the
-            // request stayed local.
-            Err(reqwest_middleware::Error::Middleware(_)) => {
-                let mut e = RequestEvidence::new(Transmission::Unknown, origin, attempt);
-                e.failure = Some(super::FailureKind::Other);
-                e
-            }
-        };
-        apply_redirects(&mut evidence, &result, url_key, self.redirects, hops);
-        evidence.elapsed = started.elapsed();
-        crate::metrics::attempt(method, &evidence);
-        #[cfg(feature = "tracing")]
-        // OpenTelemetry HTTP client names where one exists (`resend_count`: the retries
-        // before this attempt, 0 for the first; `error.type`: the failure kind).
-        tracing::debug!(
-            server.address = evidence.origin.as_ref().map(Origin::host),
-            server.port = evidence.origin.as_ref().map(Origin::port),
-            http.request.resend_count = evidence.attempt.saturating_sub(1),
-            http.response.status_code = evidence.status().map(|s| s.as_u16()),
-            error.type = evidence.failure.map(tracing::field::debug),
-            transmission = ?evidence.transmission,
-            not_processed = ?evidence.not_processed,
-            elapsed = ?evidence.elapsed,
-            "attempt observed"
-        );
-        let history = extensions.get_or_insert_default::<AttemptHistory>();
-        history.push(evidence.clone());
-        // After a retry or a `401` replay the response carries a copy of the history (the
-        // retry's last decision comes with its `RetryOutcome`); a single record needs no
-        // copy: `AttemptHistory::of_response` rebuilds it from the evidence.
-        let full = (history.len() > 1).then(|| history.clone());
-        let result = result.map(|mut response| {
-            response.extensions_mut().insert(evidence.clone());
-            if let Some(full) = full {
-                response.extensions_mut().insert(full);
-            }
-            response
-        });
-        extensions.insert(evidence);
-        result
     }
 }
 
-/// The rest of the stack's answer to one attempt, as `Next::run` returns it.
-type Attempt<'a> =
-    std::pin::Pin<Box<dyn Future<Output = reqwest_middleware::Result<Response>> + Send + 'a>>;
-
 /// Takes what the evidence needs from the request and hands it on. Synchronous on
-/// purpose: a request borrowed inside `handle` keeps a second 264-byte copy of it in the
-/// future, which every request copies into its box.
-fn hand_on<'a>(
+/// purpose: a request borrowed across an `.await` keeps a second 264-byte copy of it in
+/// the future, which every request moves with the future.
+fn hand_on<'a, N: Inner + 'a>(
     req: Request,
     extensions: &'a mut Extensions,
-    next: Next<'a>,
+    known: Known<'a>,
+    next: N,
 ) -> (
     Option<Origin>,
     u32,
     tokio::time::Instant,
     crate::metrics::MethodLabel,
     UrlKey,
-    crate::scope::Marked<Attempt<'a>>,
+    crate::scope::Marked<impl Future<Output = reqwest_middleware::Result<Response>> + Send + 'a>,
 ) {
-    let origin = Origin::cached(req.url());
+    let origin = known.origin(req.url());
     let attempt = next_attempt(extensions.get::<AttemptHistory>().map_or(0, |h| h.len()));
     let key = UrlKey::of(req.url());
     let started = tokio::time::Instant::now();
     let method = crate::metrics::method_label(req.method());
     let at = crate::scope::key(extensions);
-    let sent = crate::scope::under_transport(at, next.run(req, extensions));
+    let sent = crate::scope::under_transport(at, next.run(req, extensions, known));
     (origin, attempt, started, method, key, sent)
 }
 

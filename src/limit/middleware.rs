@@ -3,15 +3,15 @@
 
 use std::time::Duration;
 
+use crate::stack::compose::{Inner, Known, Stage, standalone_middleware};
 use http::{Extensions, StatusCode};
 use reqwest::{Request, Response};
-use reqwest_middleware::{Middleware, Next};
 
 use super::gradient::Sample;
 use super::registry::{Admission, LimitRejection, LimiterRegistry};
+use crate::ResilienceError;
 use crate::breaker::Deadline;
 use crate::evidence::{FailureKind, RequestEvidence, Transmission, record_rejected_locally};
-use crate::{Origin, ResilienceError};
 
 /// A per-origin concurrency limit, from a shared [`LimiterRegistry`].
 ///
@@ -145,41 +145,45 @@ fn sample_of(
     }
 }
 
-#[async_trait::async_trait]
-impl Middleware for ConcurrencyLimit {
-    async fn handle(
-        &self,
+standalone_middleware!(ConcurrencyLimit);
+
+impl Stage for ConcurrencyLimit {
+    fn serve<'a, N: Inner + 'a>(
+        &'a self,
         req: Request,
-        extensions: &mut Extensions,
-        next: Next<'_>,
-    ) -> reqwest_middleware::Result<Response> {
-        let Some(origin) = Origin::cached(req.url()) else {
-            // No origin, no limit: reqwest will reject the URL itself.
-            return next.run(req, extensions).await;
-        };
-        let deadline = extensions.get::<Deadline>().map(|d| d.0);
-        let permit = match self.registry.admit(&origin, deadline, true) {
-            Admission::Admitted(permit) => permit,
-            // Boxed: rare, and its timer would otherwise enlarge every request's future.
-            Admission::Queued(queued) => {
-                match Box::pin(self.registry.wait(&origin, queued, deadline)).await {
-                    Ok(permit) => permit,
-                    Err(rejection) => return Err(rejected(rejection, extensions)),
+        extensions: &'a mut Extensions,
+        known: Known<'a>,
+        next: N,
+    ) -> impl Future<Output = reqwest_middleware::Result<Response>> + Send + 'a {
+        async move {
+            let Some(origin) = known.origin(req.url()) else {
+                // No origin, no limit: reqwest will reject the URL itself.
+                return next.run(req, extensions, known).await;
+            };
+            let deadline = extensions.get::<Deadline>().map(|d| d.0);
+            let permit = match self.registry.admit(&origin, deadline, true) {
+                Admission::Admitted(permit) => permit,
+                // Boxed: rare, and its timer would otherwise enlarge every request's future.
+                Admission::Queued(queued) => {
+                    match Box::pin(self.registry.wait(&origin, queued, deadline)).await {
+                        Ok(permit) => permit,
+                        Err(rejection) => return Err(rejected(rejection, extensions)),
+                    }
                 }
-            }
-            Admission::Rejected(rejection) => return Err(rejected(rejection, extensions)),
-        };
-        // Evidence left by an earlier attempt would otherwise be read as this one's when
-        // no transport step runs inside.
-        extensions.remove::<RequestEvidence>();
-        let result = next.run(req, extensions).await;
-        let elapsed = permit.admitted_at().elapsed();
-        permit.record(sample_of(
-            extensions.get::<RequestEvidence>(),
-            &result,
-            elapsed,
-        ));
-        result
+                Admission::Rejected(rejection) => return Err(rejected(rejection, extensions)),
+            };
+            // Evidence left by an earlier attempt would otherwise be read as this one's when
+            // no transport step runs inside.
+            extensions.remove::<RequestEvidence>();
+            let result = next.run(req, extensions, known).await;
+            let elapsed = permit.admitted_at().elapsed();
+            permit.record(sample_of(
+                extensions.get::<RequestEvidence>(),
+                &result,
+                elapsed,
+            ));
+            result
+        }
     }
 }
 

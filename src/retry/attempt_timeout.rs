@@ -10,12 +10,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use http::Extensions;
-use reqwest::{Request, Response};
-use reqwest_middleware::Next;
-use tokio::time::Instant;
+use tokio::time::error::Elapsed;
 
 use crate::Origin;
+use crate::stack::compose::{Cut, Inner, Known};
+use http::Extensions;
+use reqwest::{Request, Response};
+use tokio::time::Instant;
+
 use crate::evidence::RequestEvidence;
 
 /// Per-request override of the attempt timeout: each attempt of this request waits at
@@ -94,47 +96,104 @@ pub(crate) fn earlier(a: Option<Instant>, b: Option<Instant>) -> Option<Instant>
     }
 }
 
-/// Runs one attempt through the rest of the stack, cut at `cut`. A cut leaves the same
-/// evidence as the total deadline's (`Unknown` / `Timeout`: the request may have reached
-/// the server) and tokio's `Elapsed` as the error, so the decision table treats both alike
-/// (retried only when idempotent).
-///
-/// `owner` marks the request while the rest of the stack runs: as under a retry
-/// middleware, and as owned when the retry owns it (or the copy is its own).
-pub(super) async fn run_attempt(
-    next: Next<'_>,
+/// Runs one attempt through the rest of the stack, cut at `cut` ([`start_attempt`] and
+/// then [`AttemptEnd::finish`]).
+#[allow(clippy::too_many_arguments)]
+pub(super) async fn run_attempt<N: Inner>(
+    next: N,
     req: Request,
     extensions: &mut Extensions,
+    known: Known<'_>,
     owner: crate::scope::Ownership,
     cut: Option<Instant>,
     scope: Option<AttemptScope>,
     attempt: u32,
 ) -> reqwest_middleware::Result<Response> {
+    let (sent, end) = start_attempt(
+        next,
+        req,
+        &mut *extensions,
+        known,
+        owner,
+        cut,
+        scope,
+        attempt,
+    );
+    let outcome = sent.await;
+    end.finish(outcome, extensions)
+}
+
+/// The future of an attempt started by [`start_attempt`].
+pub(super) type Sent<F> = Cut<crate::scope::Marked<F>>;
+
+/// What the end of an attempt needs to know ([`AttemptEnd::finish`]).
+#[must_use]
+pub(super) struct AttemptEnd {
+    /// `Some` when the attempt can be cut: its origin, when it started, its number.
+    cut: Option<(Option<Origin>, Instant, u32)>,
+    scoped: bool,
+}
+
+/// Starts one attempt through the rest of the stack, cut at `cut`; synchronous, so that
+/// the request moves straight into the attempt's future (an `async fn` would keep it in
+/// its own as well). A cut leaves the same evidence as the total deadline's (`Unknown` /
+/// `Timeout`: the request may have reached the server) and tokio's `Elapsed` as the
+/// error, so the decision table treats both alike (retried only when idempotent).
+///
+/// `owner` marks the request while the rest of the stack runs: as under a retry
+/// middleware, and as owned when the retry owns it (or the copy is its own).
+#[allow(clippy::too_many_arguments)]
+pub(super) fn start_attempt<'a, N: Inner + 'a>(
+    next: N,
+    req: Request,
+    extensions: &'a mut Extensions,
+    known: Known<'a>,
+    owner: crate::scope::Ownership,
+    cut: Option<Instant>,
+    scope: Option<AttemptScope>,
+    attempt: u32,
+) -> (
+    Sent<impl Future<Output = reqwest_middleware::Result<Response>> + Send + 'a>,
+    AttemptEnd,
+) {
     let scoped = scope.is_some();
     if let Some(scope) = scope {
         extensions.insert(scope);
     }
-    let result = match cut {
-        None => owner.wrap_retry(next.run(req, extensions)).await,
-        Some(cut) => {
-            // Taken now (the request moves into the attempt); a cache hit costs no
-            // allocation, unlike keeping a copy of the URL.
-            let origin = Origin::cached(req.url());
-            let started = Instant::now();
-            match tokio::time::timeout_at(cut, owner.wrap_retry(next.run(req, extensions))).await {
-                Ok(result) => result,
-                Err(elapsed) => {
+    // Taken now (the request moves into the attempt).
+    let cut_end = cut.map(|_| (known.origin(req.url()), Instant::now(), attempt));
+    let sent = Cut::new(owner.wrap_retry(next.run(req, extensions, known)), cut);
+    (
+        sent,
+        AttemptEnd {
+            cut: cut_end,
+            scoped,
+        },
+    )
+}
+
+impl AttemptEnd {
+    /// The attempt's result, its cut's evidence left in `extensions`.
+    pub(super) fn finish(
+        self,
+        outcome: Result<reqwest_middleware::Result<Response>, Elapsed>,
+        extensions: &mut Extensions,
+    ) -> reqwest_middleware::Result<Response> {
+        let result = match outcome {
+            Ok(result) => result,
+            Err(elapsed) => {
+                if let Some((origin, started, attempt)) = self.cut {
                     extensions.insert(RequestEvidence::cut_at_deadline(origin, attempt, started));
-                    Err(reqwest_middleware::Error::middleware(elapsed))
                 }
+                Err(reqwest_middleware::Error::middleware(elapsed))
             }
+        };
+        if self.scoped {
+            // Without a breaker inside nothing took it.
+            extensions.remove::<AttemptScope>();
         }
-    };
-    if scoped {
-        // Without a breaker inside nothing took it.
-        extensions.remove::<AttemptScope>();
+        result
     }
-    result
 }
 
 #[cfg(test)]

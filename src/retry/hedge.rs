@@ -14,9 +14,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::Poll;
 use std::time::Duration;
 
+use crate::stack::compose::{Inner, Known};
 use http::Extensions;
 use reqwest::{Request, Response};
-use reqwest_middleware::Next;
 use tokio::time::Instant;
 
 use super::RetryBudget;
@@ -334,10 +334,10 @@ struct RaceOutcome {
 impl Hedging {
     /// Runs one attempt of the retry loop as a hedged race. `is_final(evidence, attempt)`:
     /// whether the retry decision would stop on that outcome (then it wins at once).
-    pub(super) async fn round<'a, F>(
+    pub(super) async fn round<N: Inner, F>(
         &self,
         spec: RoundSpec,
-        next: &Next<'a>,
+        next: &N,
         req: Request,
         extensions: &mut Extensions,
         is_final: F,
@@ -398,10 +398,10 @@ impl Hedging {
 
     /// The race itself: the first copy on the caller's extensions, hedges on copies of
     /// `base`, until one wins.
-    async fn race<'x, F>(
+    async fn race<'x, N: Inner + 'x, F>(
         &self,
         spec: &RoundSpec,
-        next: &Next<'x>,
+        next: &N,
         req: Request,
         extensions: &'x mut Extensions,
         base: &Extensions,
@@ -417,6 +417,9 @@ impl Hedging {
             .then(|| self.latencies.window(origin));
         let delay = self.delay_from(window.as_deref().and_then(Window::estimate));
         let lost = Arc::new(AtomicBool::new(false));
+        // Each copy works out for itself what the stages inside need (a hedged round is
+        // rare; its copies outlive what this round could lend them).
+        let known = Known::default();
         let scope = |hedge: bool| {
             let cut = attempt_cut(spec.deadline, spec.attempt_timeout);
             let scope = AttemptScope {
@@ -433,7 +436,7 @@ impl Hedging {
             Box::pin(async move {
                 let owner = crate::scope::claim(&ext);
                 let result =
-                    run_attempt(next, req, &mut ext, owner, cut, Some(scope), attempt).await;
+                    run_attempt(next, req, &mut ext, known, owner, cut, Some(scope), attempt).await;
                 (result, CopyExt::Own(ext))
             })
         };
@@ -445,6 +448,7 @@ impl Hedging {
                     next,
                     req,
                     &mut *extensions,
+                    known,
                     owner,
                     cut,
                     Some(scope),

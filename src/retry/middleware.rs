@@ -7,7 +7,7 @@ use std::time::{Duration, SystemTime};
 
 use http::Extensions;
 use reqwest::{Request, Response};
-use reqwest_middleware::{Middleware, Next};
+use crate::stack::compose::{Inner, Known, Stage, standalone_middleware};
 use tokio::time::Instant;
 
 use super::attempt_timeout::{self, AttemptScope, attempt_cut};
@@ -495,32 +495,17 @@ impl Config {
     }
 }
 
-#[async_trait::async_trait]
-impl Middleware for RetryMiddleware {
-    async fn handle(
-        &self,
+standalone_middleware!(RetryMiddleware);
+
+impl Stage for RetryMiddleware {
+    fn serve<'a, N: Inner + 'a>(
+        &'a self,
         req: Request,
-        extensions: &mut Extensions,
-        next: Next<'_>,
-    ) -> reqwest_middleware::Result<Response> {
-        // The owner of the request clears what an earlier one left behind, a deadline
-        // handed on for a request whose future was dropped included.
-        let owner = scope::enter(extensions, "RetryMiddleware", Some(Layer::Retry), req.url())?;
-        let client_deadline = match (extensions.get::<Deadline>(), self.config.deadline) {
-            (None, Some(total)) => Instant::now().checked_add(total),
-            _ => None,
-        };
-        // The middlewares inside (the breaker waiting out a pause) honour the same deadline.
-        if let Some(d) = client_deadline {
-            extensions.insert(Deadline(d));
-            extensions.insert(HandedOn(Deadline(d)));
-        }
-        let result = self.attempts(req, extensions, next, owner).await;
-        if client_deadline.is_some() {
-            extensions.remove::<Deadline>();
-            extensions.remove::<HandedOn>();
-        }
-        result
+        extensions: &'a mut Extensions,
+        known: Known<'a>,
+        next: N,
+    ) -> impl Future<Output = reqwest_middleware::Result<Response>> + Send + 'a {
+        self.attempts(req, extensions, known, next)
     }
 }
 
@@ -529,19 +514,36 @@ impl RetryMiddleware {
     // Not an `async fn`: its desugaring moves each argument into a second slot of the
     // future, and a `Request` is 264 bytes copied into every request's boxed future.
     #[allow(clippy::manual_async_fn)]
-    fn attempts<'a>(
+    fn attempts<'a, N: Inner + 'a>(
         &'a self,
         mut req: Request,
         extensions: &'a mut Extensions,
-        next: Next<'a>,
-        owner: scope::Ownership,
+        known: Known<'a>,
+        next: N,
     ) -> impl Future<Output = reqwest_middleware::Result<Response>> + Send + 'a {
         async move {
+            // The owner of the request clears what an earlier one left behind, a deadline
+            // handed on for a request whose future was dropped included.
+            let owner =
+                scope::enter(extensions, "RetryMiddleware", Some(Layer::Retry), req.url())?;
+            let handed_on = match (extensions.get::<Deadline>(), self.config.deadline) {
+                (None, Some(total)) => Instant::now().checked_add(total),
+                _ => None,
+            };
+            // The middlewares inside (the breaker waiting out a pause) honour the same
+            // deadline; it ends with the request ([`finish`]).
+            if let Some(d) = handed_on {
+                extensions.insert(Deadline(d));
+                extensions.insert(HandedOn(Deadline(d)));
+            }
+            let handed_on = handed_on.is_some();
             let c = &*self.config;
             let idempotent = extensions
                 .get::<Idempotent>()
                 .map_or_else(|| is_idempotent(req.method(), req.headers()), |i| i.0);
             let method = req.method().clone();
+            // Worked out once for every attempt and every stage inside.
+            let origin = known.origin(req.url());
             let mut state = LoopState {
                 // Only an external policy reads the wall clock; the success path skips it.
                 started_system: matches!(c.delays, Delays::External(_)).then(SystemTime::now),
@@ -583,7 +585,7 @@ impl RetryMiddleware {
                     // none) must not hold the caller past it when reqwest has no timeout.
                     let hedged = hedging
                         .filter(|h| state.hedges < h.max())
-                        .and_then(|h| Some((h, req.try_clone()?, Origin::cached(req.url())?)));
+                        .and_then(|h| Some((h, req.try_clone()?, origin.clone()?)));
                     let (result, hedges) = match hedged {
                         Some((h, template, origin)) => {
                             let spec = RoundSpec {
@@ -613,16 +615,20 @@ impl RetryMiddleware {
                         None => {
                             let cut = attempt_cut(state.deadline, state.attempt_timeout);
                             let scope = state.attempt_timeout.map(|_| AttemptScope::cut_at(cut));
-                            let result = attempt_timeout::run_attempt(
+                            // The stages inside share the origin, and replay the spare.
+                            let known = known.with_origin(&origin).with_spare(spare.as_ref());
+                            let (sent, end) = attempt_timeout::start_attempt(
                                 next.clone(),
                                 req,
-                                extensions,
+                                &mut *extensions,
+                                known,
                                 owner,
                                 cut,
                                 scope,
                                 attempt,
-                            )
-                            .await;
+                            );
+                            let outcome = sent.await;
+                            let result = end.finish(outcome, extensions);
                             (result, 0)
                         }
                     };
@@ -694,7 +700,7 @@ impl RetryMiddleware {
                             Some(next_req),
                         ) => (delay, reason, next_req, withdrawal),
                         (Step::Stop(stop), _) => {
-                            return finish(c, result, attempt, stop, extensions);
+                            return finish(c, result, attempt, stop, extensions, handed_on);
                         }
                         // `plan` never retries without a replayable request.
                         (Step::Retry { .. }, None) => {
@@ -704,6 +710,7 @@ impl RetryMiddleware {
                                 attempt,
                                 StopReason::BodyNotClonable,
                                 extensions,
+                                handed_on,
                             );
                         }
                     };
@@ -750,7 +757,13 @@ fn finish(
     attempts: u32,
     stop: StopReason,
     extensions: &mut Extensions,
+    handed_on: bool,
 ) -> reqwest_middleware::Result<Response> {
+    if handed_on {
+        // The deadline this middleware handed inward ends with the request.
+        extensions.remove::<Deadline>();
+        extensions.remove::<HandedOn>();
+    }
     let outcome = RetryOutcome { attempts, stop };
     extensions.insert(outcome);
     match result {

@@ -41,7 +41,10 @@ use std::time::Duration;
 
 use http::Extensions;
 use reqwest::{Request, Response};
-use reqwest_middleware::{ClientBuilder, ClientWithMiddleware, Middleware, Next};
+use reqwest_middleware::{ClientBuilder, ClientWithMiddleware, Middleware};
+
+pub(crate) mod compose;
+use compose::{Inner, Known, Stage, standalone_middleware};
 
 use crate::breaker::{BreakerConfig, BreakerEvent, BreakerRegistry, CircuitBreakerMiddleware};
 use crate::evidence::{AttemptDecision, AttemptHistory, RequestEvidence, TransportEvidence};
@@ -533,30 +536,30 @@ impl Resilience {
         let breaker = build_breaker(self.breaker, self.on_breaker_transition)?;
         let limit = self.concurrency_limit.map(LimitChoice::build).transpose()?;
 
-        let mut builder = builder;
-        if let Some(observer) = RequestObserver::new(self.on_attempt, self.span_url_query) {
-            builder = builder.with(observer);
-        }
-        if let Some(retry) = retry {
-            builder = builder.with(retry);
-        }
-        if let Some(breaker) = breaker {
-            builder = builder.with(breaker);
-        }
-        if let Some(limit) = limit {
-            builder = builder.with(limit);
-        }
-        if let Some(bearer) = self.bearer {
-            builder = builder.with(bearer);
-        }
+        // One middleware for the stages, one boxed future per request; a user's
+        // per-attempt middleware runs between `BearerAuth` and the transport step, which
+        // then follows it as a middleware of its own.
+        let transport = TransportEvidence::with_client_redirects(self.client_redirects);
+        let (inner_transport, outer_transport) = if self.per_attempt.is_empty() {
+            (Some(transport), None)
+        } else {
+            (None, Some(transport))
+        };
+        let mut builder = builder.with(compose::Composed {
+            observer: RequestObserver::new(self.on_attempt, self.span_url_query),
+            retry,
+            breaker,
+            limit,
+            bearer: self.bearer,
+            transport: inner_transport,
+        });
         for middleware in self.per_attempt {
             builder = builder.with_arc(middleware);
         }
-        Ok(StackBuilder {
-            builder: builder.with(TransportEvidence::with_client_redirects(
-                self.client_redirects,
-            )),
-        })
+        if let Some(transport) = outer_transport {
+            builder = builder.with(transport);
+        }
+        Ok(StackBuilder { builder })
     }
 
     fn build_retry(&self) -> Result<Option<RetryMiddleware>, ResilienceError> {
@@ -756,7 +759,7 @@ fn build_breaker(
 
 /// The outermost layer: the span per logical request (feature `tracing`) and the
 /// `on_attempt` hook. Installed only when one of them is wanted.
-struct RequestObserver {
+pub(crate) struct RequestObserver {
     on_attempt: Option<AttemptHook>,
     #[cfg_attr(not(feature = "tracing"), allow(dead_code))]
     span_url_query: bool,
@@ -775,44 +778,48 @@ impl RequestObserver {
     }
 }
 
-#[async_trait::async_trait]
-impl Middleware for RequestObserver {
-    async fn handle(
-        &self,
+standalone_middleware!(RequestObserver);
+
+impl Stage for RequestObserver {
+    fn serve<'a, N: Inner + 'a>(
+        &'a self,
         req: Request,
-        extensions: &mut Extensions,
-        next: Next<'_>,
-    ) -> reqwest_middleware::Result<Response> {
-        let owner = crate::scope::begin(extensions);
-        // Extensions reused across calls keep older attempts: report only this call's.
-        let before = extensions
-            .get::<AttemptHistory>()
-            .map_or(0, AttemptHistory::len);
+        extensions: &'a mut Extensions,
+        known: Known<'a>,
+        next: N,
+    ) -> impl Future<Output = reqwest_middleware::Result<Response>> + Send + 'a {
+        async move {
+            let owner = crate::scope::begin(extensions);
+            // Extensions reused across calls keep older attempts: report only this call's.
+            let before = extensions
+                .get::<AttemptHistory>()
+                .map_or(0, AttemptHistory::len);
 
-        #[cfg(feature = "tracing")]
-        let span = observe::request_span(&req, self.span_url_query);
-        #[cfg(feature = "tracing")]
-        let result = {
-            use tracing::Instrument;
-            owner
-                .wrap(next.run(req, extensions))
-                .instrument(span.clone())
-                .await
-        };
-        #[cfg(not(feature = "tracing"))]
-        let result = owner.wrap(next.run(req, extensions)).await;
+            #[cfg(feature = "tracing")]
+            let span = observe::request_span(&req, self.span_url_query);
+            #[cfg(feature = "tracing")]
+            let result = {
+                use tracing::Instrument;
+                owner
+                    .wrap(next.run(req, extensions, known))
+                    .instrument(span.clone())
+                    .await
+            };
+            #[cfg(not(feature = "tracing"))]
+            let result = owner.wrap(next.run(req, extensions, known)).await;
 
-        let attempts = extensions
-            .get::<AttemptHistory>()
-            .map_or(&[][..], |h| h.attempts().get(before..).unwrap_or(&[]));
-        if let Some(hook) = &self.on_attempt {
-            for record in attempts {
-                hook(&record.evidence, record.decision.as_ref());
+            let attempts = extensions
+                .get::<AttemptHistory>()
+                .map_or(&[][..], |h| h.attempts().get(before..).unwrap_or(&[]));
+            if let Some(hook) = &self.on_attempt {
+                for record in attempts {
+                    hook(&record.evidence, record.decision.as_ref());
+                }
             }
+            #[cfg(feature = "tracing")]
+            observe::record_outcome(&span, attempts, &result);
+            result
         }
-        #[cfg(feature = "tracing")]
-        observe::record_outcome(&span, attempts, &result);
-        result
     }
 }
 

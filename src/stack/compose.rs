@@ -1,0 +1,300 @@
+//! How the stages compose: each middleware's logic is a [`Stage`], generic over what is
+//! inside it ([`Inner`]), the way tower composes its layers. Used alone, a middleware is
+//! a stage whose inside is reqwest-middleware's `Next`; [`Resilience`](super::Resilience)
+//! nests the stages into one [`Composed`] middleware, so a request through the whole stack
+//! costs one boxed future and one trip through `Next`, not one per layer.
+//!
+//! The stages outside an attempt hand what they already know inward ([`Known`]): the
+//! request's origin, worked out once per logical request, and the retry's spare copy of
+//! the request, which `BearerAuth` replays after a `401` instead of copying the request
+//! itself (one copy per attempt). Across a `Next` (a user's middleware, or a middleware
+//! used alone) nothing is known and each stage works it out itself.
+
+use std::future::Future;
+
+use http::Extensions;
+use reqwest::{Request, Response};
+use reqwest_middleware::{Middleware, Next};
+
+use crate::Origin;
+
+/// What the stages outside an attempt already worked out about it.
+#[derive(Clone, Copy, Default)]
+pub(crate) struct Known<'a> {
+    /// The request's origin (`Some(None)`: its URL has none); `None` when not worked out.
+    origin: Option<&'a Option<Origin>>,
+    /// A copy of the request as sent to this attempt, before any stage changed it, which
+    /// an inner stage may copy again to replay the attempt.
+    spare: Option<&'a Request>,
+}
+
+impl<'a> Known<'a> {
+    /// Knows the request's origin.
+    pub(crate) fn with_origin(self, origin: &'a Option<Origin>) -> Self {
+        Known {
+            origin: Some(origin),
+            ..self
+        }
+    }
+
+    /// Knows a replayable copy of the request (`None`: there is none).
+    pub(crate) fn with_spare(self, spare: Option<&'a Request>) -> Self {
+        Known { spare, ..self }
+    }
+
+    /// The request's origin: the one worked out outside, else [`Origin::cached`].
+    pub(crate) fn origin(&self, url: &reqwest::Url) -> Option<Origin> {
+        match self.origin {
+            Some(origin) => origin.clone(),
+            None => Origin::cached(url),
+        }
+    }
+
+    /// The outside's copy of the request, if it has one.
+    pub(crate) fn spare(&self) -> Option<&'a Request> {
+        self.spare
+    }
+
+    /// What a stage that changes the request hands on: the spare no longer matches it.
+    pub(crate) fn without_spare(self) -> Self {
+        Known {
+            spare: None,
+            ..self
+        }
+    }
+}
+
+/// The rest of the stack, as seen from a stage: called once per attempt (and once per
+/// copy of a hedged attempt), so cheap to clone.
+pub(crate) trait Inner: Clone + Send + Sync {
+    /// Runs the request through the rest of the stack.
+    fn run<'a>(
+        self,
+        req: Request,
+        extensions: &'a mut Extensions,
+        known: Known<'a>,
+    ) -> impl Future<Output = reqwest_middleware::Result<Response>> + Send + 'a
+    where
+        Self: 'a;
+}
+
+impl Inner for Next<'_> {
+    fn run<'a>(
+        self,
+        req: Request,
+        extensions: &'a mut Extensions,
+        _: Known<'a>,
+    ) -> impl Future<Output = reqwest_middleware::Result<Response>> + Send + 'a
+    where
+        Self: 'a,
+    {
+        // Past a `Next` (a user's middleware, or the client) nothing of ours is known.
+        Next::run(self, req, extensions)
+    }
+}
+
+/// One middleware's logic, generic over what is inside it.
+pub(crate) trait Stage: Send + Sync {
+    /// Handles one request (or attempt) with `next` inside.
+    fn serve<'a, N: Inner + 'a>(
+        &'a self,
+        req: Request,
+        extensions: &'a mut Extensions,
+        known: Known<'a>,
+        next: N,
+    ) -> impl Future<Output = reqwest_middleware::Result<Response>> + Send + 'a;
+}
+
+/// A stage that may be left out: without it the request goes straight inside.
+impl<S: Stage> Stage for Option<S> {
+    fn serve<'a, N: Inner + 'a>(
+        &'a self,
+        req: Request,
+        extensions: &'a mut Extensions,
+        known: Known<'a>,
+        next: N,
+    ) -> impl Future<Output = reqwest_middleware::Result<Response>> + Send + 'a {
+        // Chosen here rather than in an `async` block, which would keep the request (and
+        // the arguments) in the future beside the inner one's.
+        match self {
+            Some(stage) => Either::Stage {
+                future: stage.serve(req, extensions, known, next),
+            },
+            None => Either::Skip {
+                future: next.run(req, extensions, known),
+            },
+        }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// One of two futures chosen before the first poll (a stage's, or the inside's when the
+    /// stage is left out or refuses at once), without an `async` block's extra state.
+    #[project = EitherProj]
+    pub(crate) enum Either<A, B> {
+        Stage { #[pin] future: A },
+        Skip { #[pin] future: B },
+    }
+}
+
+impl<A: Future, B: Future<Output = A::Output>> Future for Either<A, B> {
+    type Output = A::Output;
+
+    fn poll(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<A::Output> {
+        match self.project() {
+            EitherProj::Stage { future } => future.poll(cx),
+            EitherProj::Skip { future } => future.poll(cx),
+        }
+    }
+}
+
+/// `stage` with `next` inside it: itself the inside of the stage around it.
+pub(crate) struct Then<'s, S, N> {
+    stage: &'s S,
+    next: N,
+}
+
+impl<S, N: Clone> Clone for Then<'_, S, N> {
+    fn clone(&self) -> Self {
+        Then {
+            stage: self.stage,
+            next: self.next.clone(),
+        }
+    }
+}
+
+impl<'s, S: Stage, N: Inner> Then<'s, S, N> {
+    pub(crate) fn new(stage: &'s S, next: N) -> Self {
+        Then { stage, next }
+    }
+}
+
+impl<S: Stage, N: Inner> Inner for Then<'_, S, N> {
+    fn run<'a>(
+        self,
+        req: Request,
+        extensions: &'a mut Extensions,
+        known: Known<'a>,
+    ) -> impl Future<Output = reqwest_middleware::Result<Response>> + Send + 'a
+    where
+        Self: 'a,
+    {
+        self.stage.serve(req, extensions, known, self.next)
+    }
+}
+
+/// The boxed future `Middleware::handle` returns (the `async_trait` form of the trait).
+pub(crate) type Handled<'a> =
+    std::pin::Pin<Box<dyn Future<Output = reqwest_middleware::Result<Response>> + Send + 'a>>;
+
+/// A [`Stage`] used alone: its `Middleware` impl runs it with `Next` inside. Written out
+/// rather than through `#[async_trait]`, which would wrap the stage's future in one more
+/// (one more state machine to move into the box).
+macro_rules! standalone_middleware {
+    ($stage:ty) => {
+        impl reqwest_middleware::Middleware for $stage {
+            fn handle<'life0, 'life1, 'life2, 'async_trait>(
+                &'life0 self,
+                req: reqwest::Request,
+                extensions: &'life1 mut http::Extensions,
+                next: reqwest_middleware::Next<'life2>,
+            ) -> $crate::stack::compose::Handled<'async_trait>
+            where
+                'life0: 'async_trait,
+                'life1: 'async_trait,
+                'life2: 'async_trait,
+                Self: 'async_trait,
+            {
+                Box::pin($crate::stack::compose::Stage::serve(
+                    self,
+                    req,
+                    extensions,
+                    $crate::stack::compose::Known::default(),
+                    next,
+                ))
+            }
+        }
+    };
+}
+pub(crate) use standalone_middleware;
+
+/// The whole stack as one middleware: the stages [`Resilience`](super::Resilience) chose,
+/// outermost first, each one left out being `None`.
+pub(crate) struct Composed {
+    pub(crate) observer: Option<super::RequestObserver>,
+    pub(crate) retry: Option<crate::RetryMiddleware>,
+    pub(crate) breaker: Option<crate::CircuitBreakerMiddleware>,
+    pub(crate) limit: Option<crate::limit::ConcurrencyLimit>,
+    pub(crate) bearer: Option<crate::BearerAuth>,
+    /// `None` when a user's per-attempt middleware runs between `BearerAuth` and the
+    /// transport step: then the transport step is a middleware of its own after them.
+    pub(crate) transport: Option<crate::TransportEvidence>,
+}
+
+impl Middleware for Composed {
+    fn handle<'life0, 'life1, 'life2, 'async_trait>(
+        &'life0 self,
+        req: Request,
+        extensions: &'life1 mut Extensions,
+        next: Next<'life2>,
+    ) -> Handled<'async_trait>
+    where
+        'life0: 'async_trait,
+        'life1: 'async_trait,
+        'life2: 'async_trait,
+        Self: 'async_trait,
+    {
+        let inner = Then::new(&self.transport, next);
+        let inner = Then::new(&self.bearer, inner);
+        let inner = Then::new(&self.limit, inner);
+        let inner = Then::new(&self.breaker, inner);
+        let inner = Then::new(&self.retry, inner);
+        let inner = Then::new(&self.observer, inner);
+        Box::pin(inner.run(req, extensions, Known::default()))
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// The rest of the stack's future, cut at an instant when there is one. Unlike
+    /// `tokio::time::timeout_at` chosen in one branch and a plain `.await` in the other,
+    /// it holds the inner future once (the two branches would each keep a slot for it).
+    /// Its output is the same as tokio's timeout's, tokio's `Elapsed` at the cut: the
+    /// inner future is polled first, so an answer ready at the cut wins.
+    pub(crate) struct Cut<F> {
+        #[pin]
+        inner: F,
+        #[pin]
+        timer: Option<tokio::time::Timeout<std::future::Pending<()>>>,
+    }
+}
+
+impl<F: Future> Cut<F> {
+    pub(crate) fn new(inner: F, at: Option<tokio::time::Instant>) -> Self {
+        Cut {
+            inner,
+            timer: at.map(|at| tokio::time::timeout_at(at, std::future::pending())),
+        }
+    }
+}
+
+impl<F: Future> Future for Cut<F> {
+    type Output = Result<F::Output, tokio::time::error::Elapsed>;
+
+    fn poll(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        use std::task::Poll;
+        let this = self.project();
+        if let Poll::Ready(output) = this.inner.poll(cx) {
+            return Poll::Ready(Ok(output));
+        }
+        match this.timer.as_pin_mut().map(|timer| timer.poll(cx)) {
+            Some(Poll::Ready(Err(elapsed))) => Poll::Ready(Err(elapsed)),
+            _ => Poll::Pending,
+        }
+    }
+}

@@ -162,7 +162,8 @@ pub(super) fn start_attempt<'a, N: Inner + 'a>(
     }
     // Taken now (the request moves into the attempt).
     let cut_end = cut.map(|_| (known.origin(req.url()), Instant::now(), attempt));
-    let sent = Cut::new(owner.wrap_retry(next.run(req, extensions, known)), cut);
+    let inner: crate::stack::compose::Handled<'a> = Box::pin(next.run(req, extensions, known));
+    let sent = Cut::new(owner.wrap_retry(inner), cut);
     (
         sent,
         AttemptEnd {

@@ -315,6 +315,8 @@ fn token_unavailable(
 standalone_middleware!(BearerAuth);
 
 impl Stage for BearerAuth {
+    // Not an `async fn`: see `Stage::serve`.
+    #[allow(clippy::manual_async_fn)]
     fn serve<'a, N: Inner + 'a>(
         &'a self,
         mut req: Request,

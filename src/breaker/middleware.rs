@@ -300,6 +300,8 @@ fn server_pause(
 standalone_middleware!(CircuitBreakerMiddleware);
 
 impl Stage for CircuitBreakerMiddleware {
+    // Not an `async fn`: see `Stage::serve`.
+    #[allow(clippy::manual_async_fn)]
     fn serve<'a, N: Inner + 'a>(
         &'a self,
         req: Request,

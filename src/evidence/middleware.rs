@@ -83,6 +83,8 @@ impl TransportEvidence {
 standalone_middleware!(TransportEvidence);
 
 impl Stage for TransportEvidence {
+    // Not an `async fn`: see `Stage::serve`.
+    #[allow(clippy::manual_async_fn)]
     fn serve<'a, N: Inner + 'a>(
         &'a self,
         req: Request,

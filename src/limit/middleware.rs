@@ -148,6 +148,8 @@ fn sample_of(
 standalone_middleware!(ConcurrencyLimit);
 
 impl Stage for ConcurrencyLimit {
+    // Not an `async fn`: see `Stage::serve`.
+    #[allow(clippy::manual_async_fn)]
     fn serve<'a, N: Inner + 'a>(
         &'a self,
         req: Request,

@@ -124,7 +124,7 @@ pub(super) async fn run_attempt<N: Inner>(
 }
 
 /// The future of an attempt started by [`start_attempt`].
-pub(super) type Sent<F> = Cut<crate::scope::Marked<F>>;
+pub(super) type Sent<'a> = Cut<crate::scope::Marked<crate::stack::compose::Handled<'a>>>;
 
 /// What the end of an attempt needs to know ([`AttemptEnd::finish`]).
 #[must_use]
@@ -152,18 +152,17 @@ pub(super) fn start_attempt<'a, N: Inner + 'a>(
     cut: Option<Instant>,
     scope: Option<AttemptScope>,
     attempt: u32,
-) -> (
-    Sent<impl Future<Output = reqwest_middleware::Result<Response>> + Send + 'a>,
-    AttemptEnd,
-) {
+) -> (Sent<'a>, AttemptEnd) {
     let scoped = scope.is_some();
     if let Some(scope) = scope {
         extensions.insert(scope);
     }
     // Taken now (the request moves into the attempt).
     let cut_end = cut.map(|_| (known.origin(req.url()), Instant::now(), attempt));
-    let inner: crate::stack::compose::Handled<'a> = Box::pin(next.run(req, extensions, known));
-    let sent = Cut::new(owner.wrap_retry(inner), cut);
+    let sent = Cut::new(
+        owner.wrap_retry(next.run_boxed(req, extensions, known)),
+        cut,
+    );
     (
         sent,
         AttemptEnd {

@@ -5,9 +5,9 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use crate::stack::compose::{Inner, Known, Stage, standalone_middleware};
 use http::Extensions;
 use reqwest::{Request, Response};
-use crate::stack::compose::{Inner, Known, Stage, standalone_middleware};
 use tokio::time::Instant;
 
 use super::attempt_timeout::{self, AttemptScope, attempt_cut};
@@ -524,8 +524,7 @@ impl RetryMiddleware {
         async move {
             // The owner of the request clears what an earlier one left behind, a deadline
             // handed on for a request whose future was dropped included.
-            let owner =
-                scope::enter(extensions, "RetryMiddleware", Some(Layer::Retry), req.url())?;
+            let owner = scope::enter(extensions, "RetryMiddleware", Some(Layer::Retry), req.url())?;
             let handed_on = match (extensions.get::<Deadline>(), self.config.deadline) {
                 (None, Some(total)) => Instant::now().checked_add(total),
                 _ => None,

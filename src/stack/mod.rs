@@ -781,6 +781,8 @@ impl RequestObserver {
 standalone_middleware!(RequestObserver);
 
 impl Stage for RequestObserver {
+    // Not an `async fn`: see `Stage::serve`.
+    #[allow(clippy::manual_async_fn)]
     fn serve<'a, N: Inner + 'a>(
         &'a self,
         req: Request,

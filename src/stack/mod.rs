@@ -23,6 +23,13 @@
 //! `http.request.resend_count`: the attempt number is on this crate's per-attempt
 //! events, in the [`RequestEvidence`] and in the history. Around the stack it gives one
 //! `client` span per call instead (this crate's span, `internal`, then nests inside it).
+//! The stack is installed as one middleware whose stages are nested at compile time
+//! (`src/stack/compose.rs`): one boxed future per request for all of them (and one per attempt
+//! below the retry loop) instead of one per layer, the origin worked out once per
+//! logical request, and `BearerAuth` replaying a `401` from the retry's spare copy of the
+//! request. With a [`per_attempt`](Resilience::per_attempt) middleware, the transport
+//! step follows it as a middleware of its own.
+//!
 //! A middleware cannot be added with `.with()` *after* the stack (the [`StackBuilder`]
 //! has no `.with()`): it would land inside the transport step.
 //!

@@ -183,6 +183,32 @@ impl<A: Future, B: Future<Output = A::Output>> Future for Either<A, B> {
     }
 }
 
+/// The stage whose inside runs once per attempt (the retry loop), or its inside boxed
+/// when it is left out. An optional stage's future is as large as the larger of its own
+/// and its inside's; the retry's own future holds the attempt's inside behind a box
+/// ([`Inner::run_boxed`]), so without this the "left out" branch would put the whole
+/// inside back into every request's future, retry or not.
+pub(crate) struct PerAttempt<S>(pub(crate) Option<S>);
+
+impl<S: Stage> Stage for PerAttempt<S> {
+    fn serve<'a, N: Inner + 'a>(
+        &'a self,
+        req: Request,
+        extensions: &'a mut Extensions,
+        known: Known<'a>,
+        next: N,
+    ) -> impl Future<Output = reqwest_middleware::Result<Response>> + Send + 'a {
+        match &self.0 {
+            Some(stage) => Either::Stage {
+                future: stage.serve(req, extensions, known, next),
+            },
+            None => Either::Skip {
+                future: next.run_boxed(req, extensions, known),
+            },
+        }
+    }
+}
+
 /// `stage` with `next` inside it: itself the inside of the stage around it.
 pub(crate) struct Then<'s, S, N> {
     stage: &'s S,
@@ -257,7 +283,7 @@ pub(crate) use standalone_middleware;
 /// outermost first, each one left out being `None`.
 pub(crate) struct Composed {
     pub(crate) observer: Option<super::RequestObserver>,
-    pub(crate) retry: Option<crate::RetryMiddleware>,
+    pub(crate) retry: PerAttempt<crate::RetryMiddleware>,
     pub(crate) breaker: Option<crate::CircuitBreakerMiddleware>,
     pub(crate) limit: Option<crate::limit::ConcurrencyLimit>,
     pub(crate) bearer: Option<crate::BearerAuth>,

@@ -554,7 +554,7 @@ impl Resilience {
         };
         let mut builder = builder.with(compose::Composed {
             observer: RequestObserver::new(self.on_attempt, self.span_url_query),
-            retry,
+            retry: compose::PerAttempt(retry),
             breaker,
             limit,
             bearer: self.bearer,

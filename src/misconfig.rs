@@ -197,7 +197,7 @@ mod tests {
         let probe = |extensions, layer| Probe { extensions, layer };
         // Under a transport step: any middleware of the same request is inside it.
         let under_transport =
-            |inner| crate::scope::under_transport(crate::scope::key(&ours), inner);
+            |inner| crate::scope::under_transport_made(crate::scope::key(&ours), inner);
         assert_eq!(
             poll_once(under_transport(probe(&ours, None))),
             Some(Misconfiguration::InsideTransportStep {
@@ -210,7 +210,7 @@ mod tests {
             None
         );
         // Under a retry: only another retry is misplaced.
-        let under_retry = |inner| crate::scope::claim(&ours).wrap_retry(inner);
+        let under_retry = |inner| crate::scope::claim(&ours).wrap_retry_made(inner);
         assert_eq!(poll_once(under_retry(probe(&ours, None))), None);
         assert_eq!(
             poll_once(under_retry(probe(&ours, Some(Layer::Retry)))),
@@ -231,7 +231,7 @@ mod tests {
             }
         }
         let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            poll_once(crate::scope::under_transport(
+            poll_once(crate::scope::under_transport_made(
                 crate::scope::key(&ours),
                 Panics,
             ))

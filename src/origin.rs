@@ -128,21 +128,34 @@ impl Origin {
         })
     }
 
-    /// Whether `url` has this origin, without building one.
+    /// Whether `url` has this origin, without building one: its serialization starts
+    /// with this origin's text (or, when the URL leaves a default port out, with the text
+    /// up to the host) and the authority ends right there.
     ///
     /// Only a match is trusted; [`cached`](Origin::cached) falls back to
-    /// [`Origin::from_url`] on a mismatch. A false match is impossible: the host here is in
-    /// normal form (a lower-cased domain, a dotted IPv4 address, a bracketed IPv6 address),
-    /// and a URL host string equal to it ignoring ASCII case names the same host, so it
-    /// normalises to the same text. Where the `url` crate and `Origin` spell one host
-    /// differently (some IPv6 forms), the comparison misses and the slow path gives the
-    /// right answer.
+    /// [`Origin::from_url`] on a mismatch. A false match is impossible: the `url` crate
+    /// serializes `scheme://[userinfo@]host[:port]` and then a path, query or fragment,
+    /// whose first character (`/`, `?`, `#`) cannot occur in the authority, so a prefix
+    /// ending at that boundary is the whole authority. A userinfo makes the prefix end at
+    /// its `@` instead, which is no boundary. Where the `url` crate and `Origin` spell one
+    /// origin differently (an opaque host in upper case, some IPv6 forms), the comparison
+    /// misses and the slow path gives the right answer.
     fn is_origin_of(&self, url: &reqwest::Url) -> bool {
-        Some(self.port) == url.port_or_known_default()
-            && self.scheme().eq_ignore_ascii_case(url.scheme())
-            && url
-                .host_str()
-                .is_some_and(|h| self.host().eq_ignore_ascii_case(h))
+        let serialized = url.as_str();
+        let ends_authority =
+            |rest: &str| matches!(rest.as_bytes().first(), None | Some(b'/' | b'?' | b'#'));
+        if serialized
+            .strip_prefix(&*self.text)
+            .is_some_and(ends_authority)
+        {
+            return true;
+        }
+        // A default port is left out of the serialization.
+        serialized
+            .strip_prefix(&self.text[..self.host_end as usize])
+            .is_some_and(ends_authority)
+            && url.port().is_none()
+            && url.port_or_known_default() == Some(self.port)
     }
 
     /// Parses a URL (or a bare `scheme://host[:port]`) and returns its origin.
@@ -274,6 +287,62 @@ mod tests {
         assert!(!o.is_origin_of(&url("http://api.example:443/")));
         assert!(!o.is_origin_of(&url("https://api.example:444/")));
         assert!(!o.is_origin_of(&url("https://api.example.org/")));
+    }
+
+    #[test]
+    fn is_origin_of_matches_only_where_from_url_gives_the_same_origin() {
+        let origins = [
+            "https://api.example:443",
+            "http://127.0.0.1:9",
+            "http://127.0.0.1:80",
+            "http://[::1]:8080",
+            "ws://x:80",
+        ];
+        let urls = [
+            "https://api.example/v1",
+            "https://API.EXAMPLE:443/v1?q#f",
+            "https://api.example:4430/",
+            "https://api.example.org/",
+            "https://user:pw@api.example/",
+            "https://api.example:443@evil.example/",
+            "http://127.0.0.1:9",
+            "http://127.0.0.1:9/x",
+            "http://127.0.0.1:9?q",
+            "http://127.0.0.1:9#f",
+            "http://127.0.0.1:90/",
+            "http://127.0.0.1:9@127.0.0.2:9/",
+            "http://127.0.0.1/",
+            "http://127.0.0.1:80/",
+            "https://127.0.0.1:80/",
+            "http://[::1]:8080/",
+            "http://[0:0::1]:8080/",
+            "ws://x/",
+            "wss://x:80/",
+        ];
+        // The URLs each origin must recognise without the slow path.
+        let expected_hits = [
+            ("https://api.example:443", "https://api.example/v1"),
+            ("https://api.example:443", "https://API.EXAMPLE:443/v1?q#f"),
+            ("http://127.0.0.1:9", "http://127.0.0.1:9"),
+            ("http://127.0.0.1:9", "http://127.0.0.1:9/x"),
+            ("http://127.0.0.1:9", "http://127.0.0.1:9?q"),
+            ("http://127.0.0.1:9", "http://127.0.0.1:9#f"),
+            ("http://127.0.0.1:80", "http://127.0.0.1/"),
+            ("http://127.0.0.1:80", "http://127.0.0.1:80/"),
+            ("http://[::1]:8080", "http://[::1]:8080/"),
+            ("http://[::1]:8080", "http://[0:0::1]:8080/"),
+            ("ws://x:80", "ws://x/"),
+        ];
+        for o in origins {
+            let origin = Origin::parse(o).unwrap();
+            for u in urls {
+                let parsed = url(u);
+                let hit = origin.is_origin_of(&parsed);
+                let same = Origin::from_url(&parsed).as_ref() == Ok(&origin);
+                assert!(!hit || same, "{u} is not of {o}");
+                assert_eq!(hit, expected_hits.contains(&(o, u)), "{u} against {o}");
+            }
+        }
     }
 
     #[test]

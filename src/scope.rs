@@ -31,6 +31,7 @@ use http::Extensions;
 use crate::breaker::{Deadline, RetryIn};
 use crate::evidence::{AttemptHistory, RequestEvidence};
 use crate::retry::{AttemptScope, RetryOutcome};
+use crate::stack::compose::Inner;
 
 /// The requests (by the address of their `Extensions`, 0 for none) that this thread is
 /// polling the rest of, as their owner, under a retry middleware, and under the transport
@@ -130,21 +131,75 @@ pub(crate) fn claim(extensions: &Extensions) -> Ownership {
 }
 
 impl Ownership {
-    /// The rest of the stack's future, polled with the request marked as owned when this
-    /// middleware is its owner.
-    pub(crate) fn wrap<F: Future>(self, inner: F) -> Marked<F> {
-        Marked::new(inner, self.key, self.owner, Role::None)
+    /// The place of a stage nested inside this one's (in the composed stack): the same
+    /// request, not its owner.
+    pub(crate) fn nested(self) -> Ownership {
+        Ownership {
+            key: self.key,
+            owner: false,
+        }
+    }
+
+    /// The rest of the stack's future, `next`'s made by `make`, polled with the request
+    /// marked as owned when this middleware is its owner. When making it may do work of
+    /// this crate ([`Inner::MAKES_WORK`]: the composed stack checks its place as its
+    /// future is made), the marks are set while `make` runs too, so that work sees the
+    /// same marks as a poll would.
+    pub(crate) fn wrap<N: Inner, F: Future>(self, next: N, make: impl FnOnce(N) -> F) -> Marked<F> {
+        Marked::make(self.key, self.owner, Role::None, next, make)
+    }
+
+    /// As [`wrap`](Self::wrap), for an inside already made (one whose making does no
+    /// work of this crate: the composed stack's own stages).
+    pub(crate) fn wrap_made<F: Future>(self, inner: F) -> Marked<F> {
+        Marked {
+            inner,
+            key: self.key,
+            owner: self.owner,
+            role: Role::None,
+        }
     }
 
     /// As [`wrap`](Self::wrap), and marked as running under a retry middleware.
-    pub(crate) fn wrap_retry<F: Future>(self, inner: F) -> Marked<F> {
-        Marked::new(inner, self.key, self.owner, Role::Retry)
+    pub(crate) fn wrap_retry<N: Inner, F: Future>(
+        self,
+        next: N,
+        make: impl FnOnce(N) -> F,
+    ) -> Marked<F> {
+        Marked::make(self.key, self.owner, Role::Retry, next, make)
+    }
+
+    /// As [`wrap_retry`](Self::wrap_retry), for an inside already made.
+    #[cfg(test)]
+    pub(crate) fn wrap_retry_made<F: Future>(self, inner: F) -> Marked<F> {
+        Marked {
+            inner,
+            key: self.key,
+            owner: self.owner,
+            role: Role::Retry,
+        }
     }
 }
 
-/// The rest of the stack's future inside the transport step, marked as such.
-pub(crate) fn under_transport<F: Future>(key: usize, inner: F) -> Marked<F> {
-    Marked::new(inner, key, false, Role::Transport)
+/// The rest of the stack's future inside the transport step, made and polled marked as
+/// such.
+pub(crate) fn under_transport<N: Inner, F: Future>(
+    key: usize,
+    next: N,
+    make: impl FnOnce(N) -> F,
+) -> Marked<F> {
+    Marked::make(key, false, Role::Transport, next, make)
+}
+
+/// As [`under_transport`], for an inside already made.
+#[cfg(test)]
+pub(crate) fn under_transport_made<F: Future>(key: usize, inner: F) -> Marked<F> {
+    Marked {
+        inner,
+        key,
+        owner: false,
+        role: Role::Transport,
+    }
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -166,13 +221,51 @@ pin_project_lite::pin_project! {
 }
 
 impl<F> Marked<F> {
-    fn new(inner: F, key: usize, owner: bool, role: Role) -> Self {
+    /// Makes the inner future under the marks it will be polled with.
+    fn make<N: Inner>(
+        key: usize,
+        owner: bool,
+        role: Role,
+        next: N,
+        make: impl FnOnce(N) -> F,
+    ) -> Self {
+        let inner = if N::MAKES_WORK {
+            let _restore = Marks::set(key, owner, role);
+            make(next)
+        } else {
+            make(next)
+        };
         Marked {
             inner,
             key,
             owner,
             role,
         }
+    }
+}
+
+/// Setting the marks of one of this crate's middlewares for the duration of a call.
+struct Marks;
+
+impl Marks {
+    /// Sets them, if this middleware has any (an owner, or a role), and returns what puts
+    /// the earlier ones back.
+    fn set(key: usize, owner: bool, role: Role) -> Option<Restore> {
+        if !owner && role == Role::None {
+            return None;
+        }
+        let before = active();
+        let mut now = before;
+        if owner {
+            now.owner = key;
+        }
+        match role {
+            Role::None => {}
+            Role::Retry => now.retry = key,
+            Role::Transport => now.transport = key,
+        }
+        let _ = ACTIVE.try_with(|a| a.set(now));
+        Some(Restore(before))
     }
 }
 
@@ -190,21 +283,7 @@ impl<F: Future> Future for Marked<F> {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
         let this = self.project();
-        if !*this.owner && *this.role == Role::None {
-            return this.inner.poll(cx);
-        }
-        let before = active();
-        let mut now = before;
-        if *this.owner {
-            now.owner = *this.key;
-        }
-        match *this.role {
-            Role::None => {}
-            Role::Retry => now.retry = *this.key,
-            Role::Transport => now.transport = *this.key,
-        }
-        let _ = ACTIVE.try_with(|a| a.set(now));
-        let _restore = Restore(before);
+        let _restore = Marks::set(*this.key, *this.owner, *this.role);
         this.inner.poll(cx)
     }
 }
@@ -229,7 +308,7 @@ mod tests {
         ext.insert(AttemptHistory::default());
         let ext_ref = &mut ext;
         outer
-            .wrap(async move {
+            .wrap_made(async move {
                 let inner = begin(ext_ref);
                 assert!(!inner.owner, "nested inside its owner");
                 assert!(ext_ref.get::<AttemptHistory>().is_some(), "kept");

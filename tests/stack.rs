@@ -1136,3 +1136,157 @@ async fn ten_consecutive_token_failures_leave_the_origins_breaker_closed_and_sen
     assert_eq!(server.requests_seen(), 1);
     assert_eq!(registry.state(&origin), Some(BreakerState::Closed));
 }
+
+// ---------------------------------------------------------------------------------------
+// The composed stack: the stages share one request copy per attempt, and a stack nested in
+// another middleware of this crate keeps that one's request state.
+
+/// A server that answers `401` to `token-1` and `200` to any other token.
+async fn old_token_refused() -> FaultServer {
+    FaultServer::start(|_, r| match r.header("authorization") {
+        Some("Bearer token-1") => Action::status(401),
+        _ => Action::ok("paid"),
+    })
+    .await
+}
+
+/// What the server saw: method, body and token of each request.
+fn seen(server: &FaultServer) -> Vec<(String, Vec<u8>, Option<String>)> {
+    server
+        .requests()
+        .into_iter()
+        .map(|r| {
+            let token = r.header("authorization").map(str::to_owned);
+            (r.method, r.body, token)
+        })
+        .collect()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_401_replay_of_a_post_is_made_from_the_retrys_copy_with_the_body_and_the_fresh_token() {
+    let server = old_token_refused().await;
+    let (tokens, fetches) = counting_tokens();
+    let client = Resilience::new()
+        .bearer(bearer(&server, tokens))
+        .build(reqwest_client())
+        .unwrap();
+
+    let request = client
+        .post(server.url("/pay"))
+        .body("amount=5")
+        .build()
+        .unwrap();
+    let mut ext = Extensions::new();
+    let response = client
+        .execute_with_extensions(request, &mut ext)
+        .await
+        .unwrap();
+
+    assert_eq!(response.status(), 200);
+    assert_eq!(fetches.load(Ordering::SeqCst), 2);
+    let post = |token: &str| {
+        (
+            "POST".to_owned(),
+            b"amount=5".to_vec(),
+            Some(format!("Bearer {token}")),
+        )
+    };
+    assert_eq!(seen(&server), [post("token-1"), post("token-2")]);
+    assert_eq!(
+        history(&ext),
+        [
+            (status(401), None, None),
+            (
+                status(200),
+                None,
+                stop(StopReason::FinalResponse(StatusCode::OK))
+            ),
+        ]
+    );
+    // One attempt of the retry's, healed inside it by the replay.
+    assert_eq!(ext.get::<RetryOutcome>().unwrap().attempts, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn on_the_last_attempt_bearer_auth_copies_the_request_itself_and_still_replays_a_401() {
+    let server = old_token_refused().await;
+    let (tokens, fetches) = counting_tokens();
+    let client = Resilience::new()
+        .bearer(bearer(&server, tokens))
+        .build(reqwest_client())
+        .unwrap();
+
+    // No retry left: the retry keeps no copy of the request.
+    let request = client
+        .post(server.url("/pay"))
+        .body("amount=5")
+        .build()
+        .unwrap();
+    let mut ext = once();
+    let response = client
+        .execute_with_extensions(request, &mut ext)
+        .await
+        .unwrap();
+
+    assert_eq!(response.status(), 200);
+    assert_eq!(fetches.load(Ordering::SeqCst), 2);
+    let post = |token: &str| {
+        (
+            "POST".to_owned(),
+            b"amount=5".to_vec(),
+            Some(format!("Bearer {token}")),
+        )
+    };
+    assert_eq!(seen(&server), [post("token-1"), post("token-2")]);
+    assert_eq!(
+        history(&ext),
+        [
+            (status(401), None, None),
+            (
+                status(200),
+                None,
+                stop(StopReason::FinalResponse(StatusCode::OK))
+            ),
+        ]
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_stack_without_retry_inside_a_retry_middleware_keeps_one_history_across_its_attempts() {
+    let server = FaultServer::sequence(vec![Action::status(503)], Action::ok("done")).await;
+    // The retry outside makes the composed stack's future for each attempt; the stack must
+    // see that the request is already owned, and leave the first attempt's record alone.
+    let outer = ClientBuilder::new(reqwest_client()).with(
+        RetryMiddleware::builder()
+            .backoff(exact_backoff())
+            .no_budget()
+            .build()
+            .unwrap(),
+    );
+    let client = Resilience::new().no_retry().install(outer).unwrap().build();
+
+    let (result, ext, took) = get(&client, &server.url("/"), Extensions::new()).await;
+
+    assert_eq!(result.unwrap().status(), 200);
+    assert_eq!(took, S(1));
+    assert_eq!(server.requests_seen(), 2);
+    assert_eq!(
+        history(&ext),
+        [
+            (status(503), None, retry(S(1), S503)),
+            (
+                status(200),
+                None,
+                stop(StopReason::FinalResponse(StatusCode::OK))
+            ),
+        ]
+    );
+    let numbers: Vec<u32> = ext
+        .get::<AttemptHistory>()
+        .unwrap()
+        .attempts()
+        .iter()
+        .map(|r| r.evidence.attempt)
+        .collect();
+    assert_eq!(numbers, [1, 2]);
+}

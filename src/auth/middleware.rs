@@ -325,13 +325,15 @@ impl Stage for BearerAuth {
         next: N,
     ) -> impl Future<Output = reqwest_middleware::Result<Response>> + Send + 'a {
         async move {
-            let owner = crate::scope::enter(extensions, "BearerAuth", None, req.url())?;
+            let owner = known.enter(extensions, "BearerAuth", None, req.url())?;
             let covered = match known.origin(req.url()) {
                 Some(origin) => self.origins.contains(&origin),
                 None => false,
             };
             if req.headers().contains_key(header::AUTHORIZATION) || !covered {
-                return owner.wrap(next.run(req, extensions, known)).await;
+                return owner
+                    .wrap(next, |next| next.run(req, extensions, known))
+                    .await;
             }
             let token = match self.manager.token().await {
                 Ok(token) => token,
@@ -343,7 +345,9 @@ impl Stage for BearerAuth {
             }
             // The request now carries the token: the outside's copy no longer matches it.
             let inner = known.without_spare();
-            let response = owner.wrap(next.clone().run(req, extensions, inner)).await?;
+            let response = owner
+                .wrap(next.clone(), |next| next.run(req, extensions, inner))
+                .await?;
             if response.status() != StatusCode::UNAUTHORIZED {
                 return Ok(response);
             }
@@ -444,7 +448,9 @@ impl BearerAuth {
         if let Err(e) = attach(&mut replay, &fresh) {
             return Err(token_unavailable(e, replay.url(), extensions));
         }
-        owner.wrap(next.run(replay, extensions, known)).await
+        owner
+            .wrap(next, |next| next.run(replay, extensions, known))
+            .await
     }
 }
 

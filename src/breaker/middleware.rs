@@ -222,8 +222,8 @@ fn record_rejection(rejection: &BreakerRejection, extensions: &mut Extensions) {
 /// another copy won (`lost` set) was cancelled, whenever that happened: nothing is counted.
 struct CutAtDeadline<'a> {
     permit: Option<BreakerPermit<'a>>,
-    /// The deadline and when the attempt started; `None`: the attempt has no deadline.
-    cut: Option<(Instant, Instant)>,
+    deadline: Instant,
+    started: Instant,
     lost: Option<Arc<AtomicBool>>,
 }
 
@@ -237,9 +237,8 @@ impl<'a> CutAtDeadline<'a> {
 impl Drop for CutAtDeadline<'_> {
     fn drop(&mut self) {
         if let Some(permit) = self.permit.take()
-            && let Some((deadline, started)) = self.cut
-            && started < deadline
-            && Instant::now() >= deadline
+            && self.started < self.deadline
+            && Instant::now() >= self.deadline
             && !AttemptScope::is_lost(self.lost.as_ref())
         {
             // A timeout is a transport failure, whatever a classifier would make of the
@@ -310,13 +309,14 @@ impl Stage for CircuitBreakerMiddleware {
         next: N,
     ) -> impl Future<Output = reqwest_middleware::Result<Response>> + Send + 'a {
         async move {
-            let owner =
-                crate::scope::enter(extensions, "CircuitBreakerMiddleware", None, req.url())?;
+            let owner = known.enter(extensions, "CircuitBreakerMiddleware", None, req.url())?;
             // A "retry in" from an earlier attempt must not be read as this one's.
             extensions.remove::<RetryIn>();
             let Some(origin) = known.origin(req.url()) else {
                 // No origin, no breaker: reqwest will reject the URL itself.
-                return owner.wrap(next.run(req, extensions, known)).await;
+                return owner
+                    .wrap(next, |next| next.run(req, extensions, known))
+                    .await;
             };
             // The retry middleware's word on this attempt: its own cut, whether it is a hedge.
             let scope = extensions.remove::<AttemptScope>().unwrap_or_default();
@@ -344,29 +344,36 @@ impl Stage for CircuitBreakerMiddleware {
             extensions.remove::<RequestEvidence>();
             let deadline = extensions.get::<Deadline>().map(|d| d.0);
             let cut = crate::retry::earlier(deadline, scope.cut);
-            // What a cut needs: the instant, when the attempt started, the records before it.
-            let cut_at = cut.map(|deadline| {
-                let recorded_before = extensions.get::<AttemptHistory>().map_or(0, |h| h.len());
-                (deadline, Instant::now(), recorded_before)
-            });
-            // A hedge loser dropped here frees its permit unrecorded, like any cancellation.
-            let guard = CutAtDeadline {
-                permit: Some(permit),
-                cut: cut_at.map(|(deadline, started, _)| (deadline, started)),
-                lost: scope.lost,
-            };
-            let (result, permit) =
-                match Cut::new(owner.wrap(next.run(req, extensions, known)), cut).await {
-                    Ok(result) => (result, guard.disarm()),
-                    Err(elapsed) => {
-                        if let Some((_, started, recorded_before)) = cut_at {
+            let (result, permit) = match cut {
+                // A hedge loser dropped here frees its permit unrecorded, like any
+                // cancellation.
+                None => (
+                    owner
+                        .wrap(next, |next| next.run(req, extensions, known))
+                        .await,
+                    Some(permit),
+                ),
+                Some(deadline) => {
+                    let recorded_before = extensions.get::<AttemptHistory>().map_or(0, |h| h.len());
+                    let started = Instant::now();
+                    let guard = CutAtDeadline {
+                        permit: Some(permit),
+                        deadline,
+                        started,
+                        lost: scope.lost,
+                    };
+                    let sent = owner.wrap(next, |next| next.run(req, extensions, known));
+                    match Cut::new(sent, Some(deadline)).await {
+                        Ok(result) => (result, guard.disarm()),
+                        Err(elapsed) => {
                             record_deadline_cut(extensions, &origin, recorded_before, started);
+                            // Its drop counts the timeout (the deadline has passed).
+                            drop(guard);
+                            return Err(reqwest_middleware::Error::middleware(elapsed));
                         }
-                        // Its drop counts the timeout (the deadline has passed).
-                        drop(guard);
-                        return Err(reqwest_middleware::Error::middleware(elapsed));
                     }
-                };
+                }
+            };
             let Some(permit) = permit else {
                 return result;
             };

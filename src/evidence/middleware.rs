@@ -95,7 +95,7 @@ impl Stage for TransportEvidence {
         async move {
             // Nothing of this crate runs inside the transport step, so as the owner (used
             // alone) it only clears what an earlier request left behind.
-            let _ = crate::scope::enter(extensions, "TransportEvidence", None, req.url())?;
+            let _ = known.enter(extensions, "TransportEvidence", None, req.url())?;
             let (origin, attempt, started, method, url_key, sent) =
                 hand_on(req, &mut *extensions, known, next);
             let (result, hops) = match self.redirects {
@@ -188,7 +188,7 @@ fn hand_on<'a, N: Inner + 'a>(
     let started = tokio::time::Instant::now();
     let method = crate::metrics::method_label(req.method());
     let at = crate::scope::key(extensions);
-    let sent = crate::scope::under_transport(at, next.run(req, extensions, known));
+    let sent = crate::scope::under_transport(at, next, |next| next.run(req, extensions, known));
     (origin, attempt, started, method, key, sent)
 }
 

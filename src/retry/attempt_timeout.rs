@@ -160,7 +160,7 @@ pub(super) fn start_attempt<'a, N: Inner + 'a>(
     // Taken now (the request moves into the attempt).
     let cut_end = cut.map(|_| (known.origin(req.url()), Instant::now(), attempt));
     let sent = Cut::new(
-        owner.wrap_retry(next.run_boxed(req, extensions, known)),
+        owner.wrap_retry(next, |next| next.run_boxed(req, extensions, known)),
         cut,
     );
     (

@@ -22,7 +22,7 @@ use crate::evidence::{
     AttemptDecision, AttemptHistory, FailureKind, RequestEvidence, Transmission,
 };
 use crate::misconfig::{self, Layer, Misconfiguration};
-use crate::scope::{self, HandedOn};
+use crate::scope::HandedOn;
 use crate::{Origin, ResilienceError};
 
 /// What to do with a `Retry-After` longer than the cap.
@@ -524,7 +524,8 @@ impl RetryMiddleware {
         async move {
             // The owner of the request clears what an earlier one left behind, a deadline
             // handed on for a request whose future was dropped included.
-            let owner = scope::enter(extensions, "RetryMiddleware", Some(Layer::Retry), req.url())?;
+            let owner =
+                known.enter(extensions, "RetryMiddleware", Some(Layer::Retry), req.url())?;
             let handed_on = match (extensions.get::<Deadline>(), self.config.deadline) {
                 (None, Some(total)) => Instant::now().checked_add(total),
                 _ => None,

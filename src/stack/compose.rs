@@ -26,6 +26,9 @@ pub(crate) struct Known<'a> {
     /// A copy of the request as sent to this attempt, before any stage changed it, which
     /// an inner stage may copy again to replay the attempt.
     spare: Option<&'a Request>,
+    /// The request's place, when [`Composed`] already took it for every stage inside
+    /// (the misconfiguration checks and the clean-up done once, at its top).
+    entered: Option<crate::scope::Ownership>,
 }
 
 impl<'a> Known<'a> {
@@ -40,6 +43,38 @@ impl<'a> Known<'a> {
     /// Knows a replayable copy of the request (`None`: there is none).
     pub(crate) fn with_spare(self, spare: Option<&'a Request>) -> Self {
         Known { spare, ..self }
+    }
+
+    /// Knows that the stages inside need not enter the request themselves.
+    pub(crate) fn with_entered(self, owner: crate::scope::Ownership) -> Self {
+        Known {
+            entered: Some(owner),
+            ..self
+        }
+    }
+
+    /// How a stage starts: refused when it stands where it cannot work, else its place
+    /// in the request ([`scope::enter`](crate::scope::enter)), unless the composed stack
+    /// took that place for it already (then it is not the request's owner: the stack is).
+    pub(crate) fn enter(
+        &self,
+        extensions: &mut Extensions,
+        middleware: &'static str,
+        layer: Option<crate::misconfig::Layer>,
+        url: &reqwest::Url,
+    ) -> Result<crate::scope::Ownership, reqwest_middleware::Error> {
+        match self.entered {
+            Some(owner) => Ok(owner.nested()),
+            None => crate::scope::enter(extensions, middleware, layer, url),
+        }
+    }
+
+    /// [`enter`](Self::enter) for a stage that checks nothing: only its place.
+    pub(crate) fn begin(&self, extensions: &mut Extensions) -> crate::scope::Ownership {
+        match self.entered {
+            Some(owner) => owner.nested(),
+            None => crate::scope::begin(extensions),
+        }
     }
 
     /// The request's origin: the one worked out outside, else [`Origin::cached`].
@@ -67,6 +102,12 @@ impl<'a> Known<'a> {
 /// The rest of the stack, as seen from a stage: called once per attempt (and once per
 /// copy of a hedged attempt), so cheap to clone.
 pub(crate) trait Inner: Clone + Send + Sync {
+    /// Whether making this inside's future may do work of this crate (a `Next` may lead to
+    /// a composed stack, which checks its place as its future is made): then a stage
+    /// makes it under its marks ([`scope::Ownership::wrap`](crate::scope::Ownership)).
+    /// The composed stack's own stages do all their work when polled.
+    const MAKES_WORK: bool = false;
+
     /// Runs the request through the rest of the stack.
     fn run<'a>(
         self,
@@ -95,6 +136,8 @@ pub(crate) trait Inner: Clone + Send + Sync {
 }
 
 impl Inner for Next<'_> {
+    const MAKES_WORK: bool = true;
+
     fn run<'a>(
         self,
         req: Request,
@@ -292,6 +335,22 @@ pub(crate) struct Composed {
     pub(crate) transport: Option<crate::TransportEvidence>,
 }
 
+impl Composed {
+    /// The stage that checks its place for the whole stack: the outermost one that
+    /// would check it when used alone (so a misplaced stack names the same middleware).
+    fn checked_as(&self) -> (&'static str, Option<crate::misconfig::Layer>) {
+        if self.retry.0.is_some() {
+            ("RetryMiddleware", Some(crate::misconfig::Layer::Retry))
+        } else if self.breaker.is_some() {
+            ("CircuitBreakerMiddleware", None)
+        } else if self.bearer.is_some() {
+            ("BearerAuth", None)
+        } else {
+            ("TransportEvidence", None)
+        }
+    }
+}
+
 impl Middleware for Composed {
     fn handle<'life0, 'life1, 'life2, 'async_trait>(
         &'life0 self,
@@ -305,13 +364,22 @@ impl Middleware for Composed {
         'life2: 'async_trait,
         Self: 'async_trait,
     {
+        // The checks and the clean-up of an earlier request's state, once for every
+        // stage. Here, as the future is made: the middleware outside made it under the
+        // same marks as it will poll it with (`scope::Ownership::wrap`).
+        let (middleware, layer) = self.checked_as();
+        let owner = match crate::scope::enter(extensions, middleware, layer, req.url()) {
+            Ok(owner) => owner,
+            Err(refused) => return Box::pin(std::future::ready(Err(refused))),
+        };
         let inner = Then::new(&self.transport, next);
         let inner = Then::new(&self.bearer, inner);
         let inner = Then::new(&self.limit, inner);
         let inner = Then::new(&self.breaker, inner);
         let inner = Then::new(&self.retry, inner);
         let inner = Then::new(&self.observer, inner);
-        Box::pin(inner.run(req, extensions, Known::default()))
+        let known = Known::default().with_entered(owner);
+        Box::pin(owner.wrap_made(inner.run(req, extensions, known)))
     }
 }
 

@@ -798,7 +798,7 @@ impl Stage for RequestObserver {
         next: N,
     ) -> impl Future<Output = reqwest_middleware::Result<Response>> + Send + 'a {
         async move {
-            let owner = crate::scope::begin(extensions);
+            let owner = known.begin(extensions);
             // Extensions reused across calls keep older attempts: report only this call's.
             let before = extensions
                 .get::<AttemptHistory>()
@@ -810,12 +810,14 @@ impl Stage for RequestObserver {
             let result = {
                 use tracing::Instrument;
                 owner
-                    .wrap(next.run(req, extensions, known))
+                    .wrap(next, |next| next.run(req, extensions, known))
                     .instrument(span.clone())
                     .await
             };
             #[cfg(not(feature = "tracing"))]
-            let result = owner.wrap(next.run(req, extensions, known)).await;
+            let result = owner
+                .wrap(next, |next| next.run(req, extensions, known))
+                .await;
 
             let attempts = extensions
                 .get::<AttemptHistory>()

@@ -30,13 +30,71 @@ thread_local! {
 /// assert_eq!(Origin::parse("http://[::1]:8080/")?.host(), "[::1]");
 /// # Ok::<(), reqwest_resilience::origin::OriginError>(())
 /// ```
-#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Origin {
     // "scheme://host:port"; scheme_len and host_end index into it.
     text: Arc<str>,
+    // The text's keyed hash ([`keyed_hash`]), computed once with the origin, so that the
+    // registries find a breaker or a limit without hashing the text per request.
+    hash: u64,
     scheme_len: u16,
     host_end: u16,
     port: u16,
+}
+
+/// Hashes the origin's text once: what any map keyed by `Origin` hashes is that value.
+/// Equal origins have equal text, hence equal hashes.
+impl std::hash::Hash for Origin {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        state.write_u64(self.hash);
+    }
+}
+
+/// SipHash-1-3 with a random key drawn once per process (`RandomState`'s): an origin can
+/// come from a URL a hostile party chose (a link followed, a webhook target), so the
+/// registries' maps must not be floodable with crafted collisions, and the key never
+/// leaves the process (`Debug` and `Display` show only the text).
+fn keyed_hash(text: &str) -> u64 {
+    use std::hash::BuildHasher;
+    static KEY: std::sync::OnceLock<std::collections::hash_map::RandomState> =
+        std::sync::OnceLock::new();
+    KEY.get_or_init(std::collections::hash_map::RandomState::new)
+        .hash_one(text)
+}
+
+/// The hasher of the maps keyed by [`Origin`] inside this crate: an origin hashes itself
+/// ([`Origin`]'s `Hash` writes its keyed hash), so the map uses that value as it is.
+#[derive(Clone, Copy, Default)]
+pub(crate) struct OriginHasher(u64);
+
+impl std::hash::Hasher for OriginHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write_u64(&mut self, hash: u64) {
+        self.0 = hash;
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        // Not reached for an `Origin` key; folds anything else in rather than ignore it.
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+}
+
+/// Builds [`OriginHasher`]s.
+pub(crate) type BuildOriginHasher = std::hash::BuildHasherDefault<OriginHasher>;
+
+/// A map keyed by [`Origin`], hashing each key once for its whole life.
+pub(crate) type OriginMap<V> = std::collections::HashMap<Origin, V, BuildOriginHasher>;
+
+impl Origin {
+    /// The keyed hash of this origin's text (stable for the process).
+    pub(crate) fn keyed_hash(&self) -> u64 {
+        self.hash
+    }
 }
 
 /// Why a URL has no [`Origin`].
@@ -108,6 +166,7 @@ impl Origin {
             scheme_len: scheme_len as u16,
             host_end: host_end as u16,
             port,
+            hash: keyed_hash(&text),
             text: text.into(),
         })
     }

@@ -2,7 +2,6 @@
 //! registry.
 
 use crate::sync::{lock, read, write};
-use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
@@ -13,6 +12,7 @@ use tokio::time::Instant;
 use super::config::BreakerConfig;
 use super::policy::Outcome;
 use super::state::{Breaker, BreakerState, RejectReason, Ticket, Transition};
+use crate::origin::OriginMap;
 use crate::{Origin, ResilienceError};
 
 const MAX_SHARDS: usize = 16;
@@ -110,7 +110,7 @@ type Shard = RwLock<ShardMap>;
 
 #[derive(Default)]
 struct ShardMap {
-    map: HashMap<Origin, Arc<Entry>>,
+    map: OriginMap<Arc<Entry>>,
     // The next breakers to forget, oldest last, with their `last_used` when chosen: one
     // scan of the shard finds an eighth of it, so finding a victim is amortised O(1).
     victims: Vec<(Instant, Origin)>,
@@ -132,8 +132,9 @@ struct Inner {
 /// # Layout and cost
 ///
 /// The origins are spread over up to 16 shards (one per 256 origins of the bound), each a
-/// `RwLock<HashMap<Origin, Arc<Entry>>>`. The hot path picks the shard by an FNV-1a hash
-/// of the origin's text, takes that shard's read lock to clone the entry's `Arc`, then
+/// `RwLock<HashMap<Origin, Arc<Entry>>>`. The hot path picks the shard by the origin's
+/// keyed hash (SipHash with a per-process random key, computed once when the origin is,
+/// and used as it is by the map), takes that shard's read lock to clone the entry's `Arc`, then
 /// that origin's own mutex to ask its [`Breaker`]; a [`BreakerPermit`] borrows the
 /// registry instead of cloning it, so no reference count is shared by all requests. No
 /// lock covers the whole registry, two origins only meet on a shard's read lock (shared,
@@ -157,7 +158,7 @@ struct Inner {
 ///
 /// Memory per origin: one [`Breaker`] ([`Breaker::SIZE`] = 240 bytes on 64-bit targets,
 /// nothing on the heap) in an `Arc<Mutex<_>>`, plus the map slot (the [`Origin`] key and
-/// the `Arc`) and the origin's text; [`BreakerRegistry::BYTES_PER_ORIGIN`] (297 bytes)
+/// the `Arc`) and the origin's text; [`BreakerRegistry::BYTES_PER_ORIGIN`] (305 bytes)
 /// adds up the fixed part. 10⁶ distinct origins through a 10 000-origin registry leave it
 /// at 10 000 with a flat resident set.
 ///
@@ -386,14 +387,9 @@ impl BreakerRegistry {
     }
 
     fn shard_index(&self, origin: &Origin) -> usize {
-        // FNV-1a over the text: a third of SipHash's cost here, and the map behind the
-        // shard still hashes with `RandomState`, so a crafted set of origins can at worst
-        // crowd one shard's lock, never degrade a map.
-        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-        for &b in origin.as_str().as_bytes() {
-            h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
-        }
-        (h % self.inner.shards.len() as u64) as usize
+        // The origin's keyed hash, computed once with it; its high half, because the map
+        // inside the shard places entries by the low bits of the same hash.
+        ((origin.keyed_hash() >> 32) % self.inner.shards.len() as u64) as usize
     }
 
     fn peek(&self, origin: &Origin) -> Option<Arc<Entry>> {

@@ -1,10 +1,10 @@
 //! [`LimiterRegistry`]: one concurrency limit per [`Origin`], shared by every client handed
 //! the same registry, and the RAII [`LimitPermit`].
 
+use crate::origin::OriginMap;
 use crate::sync::{lock, read, write};
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::fmt;
-use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
@@ -214,13 +214,12 @@ impl Entry {
 /// The label of the overflow entry's instruments and events.
 const OVERFLOW_LABEL: &str = "_overflow";
 
-type Shard = RwLock<HashMap<Origin, Arc<Entry>>>;
+type Shard = RwLock<OriginMap<Arc<Entry>>>;
 
 struct Inner {
     config: LimiterConfig,
     shards: Box<[Shard]>,
     per_shard: usize,
-    hasher: std::collections::hash_map::RandomState,
     overflow: Arc<Entry>,
     overflowed: AtomicU64,
 }
@@ -310,7 +309,6 @@ impl LimiterRegistry {
             inner: Arc::new(Inner {
                 shards: (0..shards).map(|_| RwLock::default()).collect(),
                 per_shard,
-                hasher: Default::default(),
                 overflow,
                 overflowed: AtomicU64::new(0),
                 config,
@@ -485,7 +483,9 @@ impl LimiterRegistry {
         if shards.len() == 1 {
             return &shards[0];
         }
-        let h = self.inner.hasher.hash_one(origin);
+        // The high half of the origin's keyed hash: the map inside places entries by the
+        // low bits of the same hash.
+        let h = origin.keyed_hash() >> 32;
         &shards[(h % shards.len() as u64) as usize]
     }
 
@@ -546,7 +546,7 @@ fn snapshot_of(origin: Origin, entry: &Entry) -> LimitSnapshot {
 /// Forgets the least recently used origin of the shard that nothing holds (our write
 /// lock keeps new clones out, so the map is the one holder), with nothing in flight and
 /// nobody waiting.
-fn evict_one(map: &mut HashMap<Origin, Arc<Entry>>) -> bool {
+fn evict_one(map: &mut OriginMap<Arc<Entry>>) -> bool {
     let victim = map
         .iter()
         .filter(|(_, e)| Arc::strong_count(e) == 1)

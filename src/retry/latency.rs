@@ -14,12 +14,12 @@
 //! true (the ranks a percentile reads), where leaving it out would make the slow tail
 //! vanish from the estimate the moment hedging starts to hide it.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use crate::Origin;
+use crate::origin::OriginMap;
 
 /// Samples kept per origin.
 pub(super) const SAMPLES: usize = 256;
@@ -36,7 +36,7 @@ const NONE: u64 = u64::MAX;
 /// Every origin's latency window.
 pub(super) struct LatencyTracker {
     quantile: f64,
-    origins: Mutex<HashMap<Origin, Arc<Window>>>,
+    origins: Mutex<OriginMap<Arc<Window>>>,
 }
 
 /// One origin's recent latencies.
@@ -51,7 +51,7 @@ impl LatencyTracker {
     pub(super) fn new(quantile: f64) -> Self {
         LatencyTracker {
             quantile,
-            origins: Mutex::new(HashMap::new()),
+            origins: Mutex::new(OriginMap::default()),
         }
     }
 

@@ -131,11 +131,11 @@ pub(crate) fn claim(extensions: &Extensions) -> Ownership {
 }
 
 impl Ownership {
-    /// The place of a stage nested inside this one's (in the composed stack): the same
-    /// request, not its owner.
-    pub(crate) fn nested(self) -> Ownership {
+    /// The place of a stage nested inside the composed stack, which entered the request
+    /// of `extensions` for it: not its owner.
+    pub(crate) fn nested_in(extensions: &Extensions) -> Ownership {
         Ownership {
-            key: self.key,
+            key: key(extensions),
             owner: false,
         }
     }

@@ -109,6 +109,8 @@ pub(super) async fn run_attempt<N: Inner>(
     scope: Option<AttemptScope>,
     attempt: u32,
 ) -> reqwest_middleware::Result<Response> {
+    // Taken now (the request moves into the attempt), and only when a cut can use it.
+    let origin = cut.and_then(|_| known.origin(req.url()));
     let (sent, end) = start_attempt(
         next,
         req,
@@ -120,7 +122,7 @@ pub(super) async fn run_attempt<N: Inner>(
         attempt,
     );
     let outcome = sent.await;
-    end.finish(outcome, extensions)
+    end.finish(outcome, extensions, &origin)
 }
 
 /// The future of an attempt started by [`start_attempt`].
@@ -129,8 +131,8 @@ pub(super) type Sent<'a> = Cut<crate::scope::Marked<crate::stack::compose::Handl
 /// What the end of an attempt needs to know ([`AttemptEnd::finish`]).
 #[must_use]
 pub(super) struct AttemptEnd {
-    /// `Some` when the attempt can be cut: its origin, when it started, its number.
-    cut: Option<(Option<Origin>, Instant, u32)>,
+    /// `Some` when the attempt can be cut: when it started, its number.
+    cut: Option<(Instant, u32)>,
     scoped: bool,
 }
 
@@ -157,8 +159,7 @@ pub(super) fn start_attempt<'a, N: Inner + 'a>(
     if let Some(scope) = scope {
         extensions.insert(scope);
     }
-    // Taken now (the request moves into the attempt).
-    let cut_end = cut.map(|_| (known.origin(req.url()), Instant::now(), attempt));
+    let cut_end = cut.map(|_| (Instant::now(), attempt));
     let sent = Cut::new(
         owner.wrap_retry(next, |next| next.run_boxed(req, extensions, known)),
         cut,
@@ -173,17 +174,23 @@ pub(super) fn start_attempt<'a, N: Inner + 'a>(
 }
 
 impl AttemptEnd {
-    /// The attempt's result, its cut's evidence left in `extensions`.
+    /// The attempt's result, its cut's evidence (for the request's `origin`) left in
+    /// `extensions`.
     pub(super) fn finish(
         self,
         outcome: Result<reqwest_middleware::Result<Response>, Elapsed>,
         extensions: &mut Extensions,
+        origin: &Option<Origin>,
     ) -> reqwest_middleware::Result<Response> {
         let result = match outcome {
             Ok(result) => result,
             Err(elapsed) => {
-                if let Some((origin, started, attempt)) = self.cut {
-                    extensions.insert(RequestEvidence::cut_at_deadline(origin, attempt, started));
+                if let Some((started, attempt)) = self.cut {
+                    extensions.insert(RequestEvidence::cut_at_deadline(
+                        origin.clone(),
+                        attempt,
+                        started,
+                    ));
                 }
                 Err(reqwest_middleware::Error::middleware(elapsed))
             }

@@ -263,8 +263,6 @@ pub(super) struct RoundSpec {
     pub(super) hedges_left: u32,
     /// The attempt number of the round's first copy.
     pub(super) attempt: u32,
-    /// What the hedges are copied from.
-    pub(super) template: Request,
     /// The request's origin: whose latencies the adaptive delay reads.
     pub(super) origin: Origin,
     /// The retry middleware's place in the request (the first copy runs on its
@@ -351,6 +349,8 @@ impl Hedging {
         let mut base = extensions.clone();
         base.remove::<AttemptHistory>();
         base.remove::<RequestEvidence>();
+        // What the hedges are copied from (a body that cannot be copied sends none).
+        let template = req.try_clone();
         let RaceOutcome {
             mut result,
             evidence,
@@ -358,7 +358,15 @@ impl Hedging {
             losers,
             hedges,
         } = self
-            .race(&spec, next, req, &mut *extensions, &base, &is_final)
+            .race(
+                &spec,
+                template,
+                next,
+                req,
+                &mut *extensions,
+                &base,
+                &is_final,
+            )
             .await;
 
         // A first copy cancelled before its breaker took its scope leaves it behind.
@@ -398,9 +406,11 @@ impl Hedging {
 
     /// The race itself: the first copy on the caller's extensions, hedges on copies of
     /// `base`, until one wins.
+    #[allow(clippy::too_many_arguments)]
     async fn race<'x, N: Inner + 'x, F>(
         &self,
         spec: &RoundSpec,
+        template: Option<Request>,
         next: &N,
         req: Request,
         extensions: &'x mut Extensions,
@@ -410,9 +420,7 @@ impl Hedging {
     where
         F: Fn(&RequestEvidence, u32) -> bool + Sync,
     {
-        let RoundSpec {
-            template, origin, ..
-        } = spec;
+        let RoundSpec { origin, .. } = spec;
         let window = matches!(self.delay, HedgeDelay::Adaptive { .. })
             .then(|| self.latencies.window(origin));
         let delay = self.delay_from(window.as_deref().and_then(Window::estimate));
@@ -495,7 +503,7 @@ impl Hedging {
             match event {
                 Event::HedgeDue => {
                     timer = None;
-                    let Some(copy) = template.try_clone() else {
+                    let Some(copy) = template.as_ref().and_then(Request::try_clone) else {
                         continue;
                     };
                     let withdrawal = match &self.budget {

@@ -583,54 +583,52 @@ impl RetryMiddleware {
                     let recorded_before = extensions.get::<AttemptHistory>().map_or(0, |h| h.len());
                     // The deadline bounds the attempt too: a server that trickles its answer (or
                     // none) must not hold the caller past it when reqwest has no timeout.
-                    let hedged = hedging
-                        .filter(|h| state.hedges < h.max())
-                        .and_then(|h| Some((h, req.try_clone()?, origin.clone()?)));
-                    let (result, hedges) = match hedged {
-                        Some((h, template, origin)) => {
-                            let spec = RoundSpec {
-                                deadline: state.deadline,
-                                attempt_timeout: state.attempt_timeout,
-                                hedges_left: h.max() - state.hedges,
+                    // The copy to hedge from and the origin are bound in the hedged branch
+                    // only: the success path's future keeps no slot for them.
+                    let hedge = hedging.filter(|h| state.hedges < h.max());
+                    let (result, hedges) = if let Some(h) = hedge
+                        && let Some(origin) = &origin
+                        && replayable(&req)
+                    {
+                        let spec = RoundSpec {
+                            deadline: state.deadline,
+                            attempt_timeout: state.attempt_timeout,
+                            hedges_left: h.max() - state.hedges,
+                            attempt,
+                            origin: origin.clone(),
+                            owner,
+                        };
+                        let is_final = |evidence: &RequestEvidence, attempt| {
+                            let ctx = AttemptContext {
+                                evidence,
+                                method: &method,
+                                idempotent,
                                 attempt,
-                                template,
-                                origin,
-                                owner,
+                                not_processed_retries,
                             };
-                            let is_final = |evidence: &RequestEvidence, attempt| {
-                                let ctx = AttemptContext {
-                                    evidence,
-                                    method: &method,
-                                    idempotent,
-                                    attempt,
-                                    not_processed_retries,
-                                };
-                                matches!(c.strategy.decide(&ctx), Verdict::Stop(_))
-                            };
-                            // Boxed: only hedged requests carry the race in their future.
-                            let round =
-                                Box::pin(h.round(spec, &next, req, extensions, is_final)).await;
-                            (round.result, round.hedges)
-                        }
-                        None => {
-                            let cut = attempt_cut(state.deadline, state.attempt_timeout);
-                            let scope = state.attempt_timeout.map(|_| AttemptScope::cut_at(cut));
-                            // The stages inside share the origin, and replay the spare.
-                            let known = known.with_origin(&origin).with_spare(spare.as_ref());
-                            let (sent, end) = attempt_timeout::start_attempt(
-                                next.clone(),
-                                req,
-                                &mut *extensions,
-                                known,
-                                owner,
-                                cut,
-                                scope,
-                                attempt,
-                            );
-                            let outcome = sent.await;
-                            let result = end.finish(outcome, extensions);
-                            (result, 0)
-                        }
+                            matches!(c.strategy.decide(&ctx), Verdict::Stop(_))
+                        };
+                        // Boxed: only hedged requests carry the race in their future.
+                        let round = Box::pin(h.round(spec, &next, req, extensions, is_final)).await;
+                        (round.result, round.hedges)
+                    } else {
+                        let cut = attempt_cut(state.deadline, state.attempt_timeout);
+                        let scope = state.attempt_timeout.map(|_| AttemptScope::cut_at(cut));
+                        // The stages inside share the origin, and replay the spare.
+                        let known = known.with_origin(&origin).with_spare(spare.as_ref());
+                        let (sent, end) = attempt_timeout::start_attempt(
+                            next.clone(),
+                            req,
+                            &mut *extensions,
+                            known,
+                            owner,
+                            cut,
+                            scope,
+                            attempt,
+                        );
+                        let outcome = sent.await;
+                        let result = end.finish(outcome, extensions, &origin);
+                        (result, 0)
                     };
                     // Each hedge sent is an attempt of its own.
                     state.hedges += hedges;
@@ -737,6 +735,12 @@ impl RetryMiddleware {
             }
         }
     }
+}
+
+/// Whether `req` can be copied (what `Request::try_clone` needs: no streamed body),
+/// without copying it.
+fn replayable(req: &Request) -> bool {
+    req.body().is_none_or(|body| body.as_bytes().is_some())
 }
 
 /// Whether a middleware inside (the circuit breaker) cut the attempt at this same

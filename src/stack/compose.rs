@@ -26,9 +26,9 @@ pub(crate) struct Known<'a> {
     /// A copy of the request as sent to this attempt, before any stage changed it, which
     /// an inner stage may copy again to replay the attempt.
     spare: Option<&'a Request>,
-    /// The request's place, when [`Composed`] already took it for every stage inside
-    /// (the misconfiguration checks and the clean-up done once, at its top).
-    entered: Option<crate::scope::Ownership>,
+    /// Whether [`Composed`] already entered the request for every stage inside (the
+    /// misconfiguration checks and the clean-up done once, at its top).
+    entered: bool,
 }
 
 impl<'a> Known<'a> {
@@ -46,9 +46,9 @@ impl<'a> Known<'a> {
     }
 
     /// Knows that the stages inside need not enter the request themselves.
-    pub(crate) fn with_entered(self, owner: crate::scope::Ownership) -> Self {
+    pub(crate) fn with_entered(self) -> Self {
         Known {
-            entered: Some(owner),
+            entered: true,
             ..self
         }
     }
@@ -63,17 +63,19 @@ impl<'a> Known<'a> {
         layer: Option<crate::misconfig::Layer>,
         url: &reqwest::Url,
     ) -> Result<crate::scope::Ownership, reqwest_middleware::Error> {
-        match self.entered {
-            Some(owner) => Ok(owner.nested()),
-            None => crate::scope::enter(extensions, middleware, layer, url),
+        if self.entered {
+            Ok(crate::scope::Ownership::nested_in(extensions))
+        } else {
+            crate::scope::enter(extensions, middleware, layer, url)
         }
     }
 
     /// [`enter`](Self::enter) for a stage that checks nothing: only its place.
     pub(crate) fn begin(&self, extensions: &mut Extensions) -> crate::scope::Ownership {
-        match self.entered {
-            Some(owner) => owner.nested(),
-            None => crate::scope::begin(extensions),
+        if self.entered {
+            crate::scope::Ownership::nested_in(extensions)
+        } else {
+            crate::scope::begin(extensions)
         }
     }
 
@@ -252,6 +254,30 @@ impl<S: Stage> Stage for PerAttempt<S> {
     }
 }
 
+/// A stage most stacks leave out, its future boxed when it is there: an optional stage's
+/// future is as large as the larger of its own and its inside's, so without the box the
+/// stacks that leave it out would carry its state in every request's future.
+pub(crate) struct Rare<S>(pub(crate) Option<S>);
+
+impl<S: Stage> Stage for Rare<S> {
+    fn serve<'a, N: Inner + 'a>(
+        &'a self,
+        req: Request,
+        extensions: &'a mut Extensions,
+        known: Known<'a>,
+        next: N,
+    ) -> impl Future<Output = reqwest_middleware::Result<Response>> + Send + 'a {
+        match &self.0 {
+            Some(stage) => Either::Stage {
+                future: Box::pin(stage.serve(req, extensions, known, next)) as Handled<'a>,
+            },
+            None => Either::Skip {
+                future: next.run(req, extensions, known),
+            },
+        }
+    }
+}
+
 /// `stage` with `next` inside it: itself the inside of the stage around it.
 pub(crate) struct Then<'s, S, N> {
     stage: &'s S,
@@ -325,7 +351,7 @@ pub(crate) use standalone_middleware;
 /// The whole stack as one middleware: the stages [`Resilience`](super::Resilience) chose,
 /// outermost first, each one left out being `None`.
 pub(crate) struct Composed {
-    pub(crate) observer: Option<super::RequestObserver>,
+    pub(crate) observer: Rare<super::RequestObserver>,
     pub(crate) retry: PerAttempt<crate::RetryMiddleware>,
     pub(crate) breaker: Option<crate::CircuitBreakerMiddleware>,
     pub(crate) limit: Option<crate::limit::ConcurrencyLimit>,
@@ -378,7 +404,7 @@ impl Middleware for Composed {
         let inner = Then::new(&self.breaker, inner);
         let inner = Then::new(&self.retry, inner);
         let inner = Then::new(&self.observer, inner);
-        let known = Known::default().with_entered(owner);
+        let known = Known::default().with_entered();
         Box::pin(owner.wrap_made(inner.run(req, extensions, known)))
     }
 }

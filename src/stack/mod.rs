@@ -553,7 +553,7 @@ impl Resilience {
             (None, Some(transport))
         };
         let mut builder = builder.with(compose::Composed {
-            observer: RequestObserver::new(self.on_attempt, self.span_url_query),
+            observer: compose::Rare(RequestObserver::new(self.on_attempt, self.span_url_query)),
             retry: compose::PerAttempt(retry),
             breaker,
             limit,

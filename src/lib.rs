@@ -159,6 +159,7 @@ pub mod limit;
 pub mod metrics;
 pub mod misconfig;
 pub mod origin;
+mod record;
 pub mod redirect;
 pub mod retry;
 pub mod retry_after;

@@ -6,33 +6,7 @@ use http::Extensions;
 
 use super::{FailureKind, RequestEvidence};
 use crate::Origin;
-use crate::retry::{RetryReason, StopReason};
-
-/// What a middleware decided after an attempt.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum AttemptDecision {
-    /// The request was sent again after `delay`.
-    Retry {
-        /// The sleep taken before the next attempt.
-        delay: Duration,
-        /// Why it was retried.
-        reason: RetryReason,
-    },
-    /// No further attempt was made.
-    Stop {
-        /// Why it stopped.
-        reason: StopReason,
-    },
-    /// Not followed by a retry of its own: it was one of several copies of a hedged request
-    /// in flight together, and the request went on with attempt number `by` (the copy that
-    /// answered first, or the last one to fail). A [`FailureKind::Cancelled`] attempt was
-    /// dropped when `by` answered.
-    Superseded {
-        /// The attempt number ([`RequestEvidence::attempt`]) the request went on with.
-        by: u32,
-    },
-}
+pub use crate::record::AttemptDecision;
 
 /// One attempt: what was observed, and what was decided after it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -239,6 +213,7 @@ impl std::fmt::Debug for AttemptHistory {
 mod tests {
     use super::*;
     use crate::evidence::Transmission;
+    use crate::record::{RetryReason, StopReason};
 
     fn evidence(attempt: u32) -> RequestEvidence {
         RequestEvidence::new(Transmission::Unknown, None, attempt)

@@ -1,0 +1,141 @@
+//! What is decided after each attempt, and why: the record the transport step's history
+//! ([`AttemptHistory`](crate::AttemptHistory)) and the retry loop
+//! ([`RetryMiddleware`](crate::RetryMiddleware)) share, so that neither reaches into the
+//! other for it. Re-exported where users find it: [`crate::evidence`] and the crate root
+//! for [`AttemptDecision`], [`crate::retry`] for [`RetryReason`] and [`StopReason`].
+
+use std::fmt;
+use std::time::Duration;
+
+use http::StatusCode;
+
+use crate::evidence::FailureKind;
+
+/// What a middleware decided after an attempt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum AttemptDecision {
+    /// The request was sent again after `delay`.
+    Retry {
+        /// The sleep taken before the next attempt.
+        delay: Duration,
+        /// Why it was retried.
+        reason: RetryReason,
+    },
+    /// No further attempt was made.
+    Stop {
+        /// Why it stopped.
+        reason: StopReason,
+    },
+    /// Not followed by a retry of its own: it was one of several copies of a hedged request
+    /// in flight together, and the request went on with attempt number `by` (the copy that
+    /// answered first, or the last one to fail). A [`FailureKind::Cancelled`] attempt was
+    /// dropped when `by` answered.
+    Superseded {
+        /// The attempt number ([`RequestEvidence::attempt`](crate::RequestEvidence::attempt)) the request went on with.
+        by: u32,
+    },
+}
+
+/// Why an attempt is followed by another.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum RetryReason {
+    /// Proven not sent (connect refused, DNS, TLS handshake): safe for any method.
+    NotSent,
+    /// Rejected locally by an open circuit breaker or a server-directed pause; retried after
+    /// the breaker's own "retry in".
+    BreakerRejected,
+    /// The server proved it did not process the request (HTTP/2 `REFUSED_STREAM` or
+    /// `GOAWAY`): safe for any method, once.
+    NotProcessed,
+    /// An idempotent request got no response (reset, timeout, closed, unknown).
+    Transient,
+    /// A retryable status (408, 429, 500, 502, 503, 504).
+    Status(StatusCode),
+}
+
+/// Why no further attempt is made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum StopReason {
+    /// The response is final: a success, a redirect, or a status the table does not retry.
+    FinalResponse(StatusCode),
+    /// A retryable status on a non-idempotent request without `Retry-After`: the server
+    /// may have acted on it.
+    StatusNotSafe(StatusCode),
+    /// A failure that retrying cannot fix (certificate, builder, redirect, decode, a
+    /// connector that cannot serve the request, a misconfigured stack).
+    Permanent(FailureKind),
+    /// A non-idempotent request that may have reached the server (sent, no response).
+    MayHaveBeenProcessed,
+    /// The server's not-processed proof was already used for one retry.
+    NotProcessedRetryUsed,
+    /// The maximum number of retries was reached (or retries are disabled for this
+    /// request).
+    RetriesExhausted,
+    /// The retry budget refused another retry: the server is failing for many requests.
+    BudgetExhausted,
+    /// The next delay would end past the deadline.
+    DeadlineExceeded,
+    /// `Retry-After` (or, for a request that got no bearer token, the token manager's next
+    /// fetch) lies beyond the configured cap and the policy is to give up.
+    RetryAfterTooLong,
+    /// A circuit breaker rejected the request and did not say when to retry.
+    BreakerRejected,
+    /// The request body is a stream that cannot be replayed: sent once.
+    BodyNotClonable,
+    /// reqwest followed a redirect during the attempt, so the request was received and
+    /// answered (`3xx`) by the first hop: a non-idempotent request is never sent again,
+    /// whatever a later hop answered.
+    RedirectFollowed,
+    /// The origin's concurrency limit rejected the request (after its queue, if one is
+    /// configured): retrying after a backoff would only return to a full origin.
+    ConcurrencyLimited,
+}
+
+impl fmt::Display for RetryReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RetryReason::NotSent => f.write_str("the request was not sent"),
+            RetryReason::BreakerRejected => f.write_str("a circuit breaker rejected it"),
+            RetryReason::NotProcessed => f.write_str("the server did not process it"),
+            RetryReason::Transient => f.write_str("an idempotent request got no response"),
+            RetryReason::Status(s) => write!(f, "retryable status {}", s.as_u16()),
+        }
+    }
+}
+
+impl fmt::Display for StopReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StopReason::FinalResponse(s) => write!(f, "final status {}", s.as_u16()),
+            StopReason::StatusNotSafe(s) => write!(
+                f,
+                "status {} on a non-idempotent request without Retry-After",
+                s.as_u16()
+            ),
+            StopReason::Permanent(k) => write!(f, "permanent failure ({k:?})"),
+            StopReason::MayHaveBeenProcessed => {
+                f.write_str("a non-idempotent request may have been processed")
+            }
+            StopReason::NotProcessedRetryUsed => {
+                f.write_str("the not-processed proof was already used once")
+            }
+            StopReason::RetriesExhausted => f.write_str("retries exhausted"),
+            StopReason::BudgetExhausted => f.write_str("retry budget exhausted"),
+            StopReason::DeadlineExceeded => f.write_str("the deadline would pass"),
+            StopReason::RetryAfterTooLong => f.write_str("Retry-After exceeds the cap"),
+            StopReason::BreakerRejected => {
+                f.write_str("a circuit breaker rejected it without a retry time")
+            }
+            StopReason::BodyNotClonable => f.write_str("the body cannot be replayed"),
+            StopReason::RedirectFollowed => {
+                f.write_str("a redirect was followed: the first hop was processed")
+            }
+            StopReason::ConcurrencyLimited => {
+                f.write_str("the origin's concurrency limit was reached")
+            }
+        }
+    }
+}

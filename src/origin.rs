@@ -349,6 +349,23 @@ mod tests {
     }
 
     #[test]
+    fn equal_origins_have_one_keyed_hash_and_find_each_other_in_an_origin_map() {
+        let a = Origin::parse("HTTPS://API.Example:443/x").unwrap();
+        let b = Origin::parse("https://api.example/y").unwrap();
+        let c = Origin::parse("https://api.example:444/").unwrap();
+        assert_eq!(a, b);
+        assert_eq!(a.keyed_hash(), b.keyed_hash());
+        assert_ne!(a.keyed_hash(), c.keyed_hash());
+        let mut map = OriginMap::default();
+        map.insert(a, 1);
+        map.insert(c.clone(), 2);
+        assert_eq!(map.get(&b), Some(&1));
+        assert_eq!(map.get(&c), Some(&2));
+        // The key is the text's, not shown anywhere.
+        assert_eq!(format!("{b:?}"), "Origin(https://api.example:443)");
+    }
+
+    #[test]
     fn is_origin_of_matches_only_where_from_url_gives_the_same_origin() {
         let origins = [
             "https://api.example:443",

@@ -350,6 +350,14 @@ pub(crate) use standalone_middleware;
 
 /// The whole stack as one middleware: the stages [`Resilience`](super::Resilience) chose,
 /// outermost first, each one left out being `None`.
+///
+/// # Cancel safety
+///
+/// As each stage's (see their docs): dropping the future at any `.await` leaves every
+/// breaker, limiter, budget and token consistent. The stack's entry (the placement checks
+/// and the clean-up of what an earlier request left in the caller's extensions) runs as
+/// its future is made, so a future dropped before its first poll has done only that:
+/// nothing was sent, counted or taken.
 pub(crate) struct Composed {
     pub(crate) observer: Rare<super::RequestObserver>,
     pub(crate) retry: PerAttempt<crate::RetryMiddleware>,

@@ -2,13 +2,21 @@
 //! inside it ([`Inner`]), the way tower composes its layers. Used alone, a middleware is
 //! a stage whose inside is reqwest-middleware's `Next`; [`Resilience`](super::Resilience)
 //! nests the stages into one [`Composed`] middleware, so a request through the whole stack
-//! costs one boxed future and one trip through `Next`, not one per layer.
+//! costs one boxed future for the stages (and one per attempt below the retry loop,
+//! [`Inner::run_boxed`]) and one trip through `Next`, not one of each per layer.
 //!
 //! The stages outside an attempt hand what they already know inward ([`Known`]): the
-//! request's origin, worked out once per logical request, and the retry's spare copy of
-//! the request, which `BearerAuth` replays after a `401` instead of copying the request
-//! itself (one copy per attempt). Across a `Next` (a user's middleware, or a middleware
-//! used alone) nothing is known and each stage works it out itself.
+//! request's origin, worked out once per logical request; the retry's spare copy of the
+//! request, which `BearerAuth` replays after a `401` instead of copying the request
+//! itself (one copy per attempt); and that the stack already entered the request (its
+//! placement checks and clean-up run once, at the top). Across a `Next` (a user's
+//! middleware, or a middleware used alone) nothing is known and each stage works it out
+//! itself.
+//!
+//! The cost tricks live here and nowhere else: [`Either`] chooses an optional stage
+//! before its first poll, [`PerAttempt`] and [`Rare`] keep a left-out stage's slot
+//! small, and [`Cut`] cuts an attempt at its deadline holding the inside once. Why each
+//! one pays, measured, is in BENCHMARKS.md ("With the static composition").
 
 use std::future::Future;
 

@@ -348,6 +348,48 @@ mod tests {
         assert!(!o.is_origin_of(&url("https://api.example.org/")));
     }
 
+    /// URL texts built from parts that make `is_origin_of`'s fast comparisons hard:
+    /// scheme case, userinfo that looks like an authority, ports that are prefixes of
+    /// others, default ports written out, IPv4 and IPv6 literals, what ends the authority.
+    fn tricky_url() -> impl proptest::strategy::Strategy<Value = String> {
+        use proptest::prelude::*;
+        let scheme = prop::sample::select(vec!["http", "https", "HTTP", "ws", "wss", "ftp"]);
+        let user = prop::sample::select(vec!["", "u@", "u:p@", "127.0.0.1:9@", "a.example@"]);
+        let host = prop::sample::select(vec![
+            "127.0.0.1",
+            "127.0.0.10",
+            "a.example",
+            "A.Example",
+            "a.example.org",
+            "[::1]",
+            "[0:0::1]",
+            "localhost",
+        ]);
+        let port = prop::sample::select(vec!["", ":9", ":90", ":80", ":443", ":8080"]);
+        let rest = prop::sample::select(vec!["", "/", "/x", "?q", "#f", "/a?b#c"]);
+        (scheme, user, host, port, rest).prop_map(|(s, u, h, p, r)| format!("{s}://{u}{h}{p}{r}"))
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(4_000))]
+        /// Whatever origin the per-thread cache holds, a lookup gives `from_url`'s answer.
+        #[test]
+        fn the_origin_cache_always_answers_as_from_url(first in tricky_url(), second in tricky_url()) {
+            let (Ok(first), Ok(second)) = (reqwest::Url::parse(&first), reqwest::Url::parse(&second)) else {
+                return Ok(());
+            };
+            let _ = Origin::cached(&first);
+            proptest::prop_assert_eq!(Origin::cached(&second), Origin::from_url(&second).ok());
+            if let Ok(origin) = Origin::from_url(&first) {
+                // A match is only ever claimed for the same origin.
+                proptest::prop_assert!(
+                    !origin.is_origin_of(&second)
+                        || Origin::from_url(&second).as_ref() == Ok(&origin)
+                );
+            }
+        }
+    }
+
     #[test]
     fn equal_origins_have_one_keyed_hash_and_find_each_other_in_an_origin_map() {
         let a = Origin::parse("HTTPS://API.Example:443/x").unwrap();

@@ -433,3 +433,75 @@ async fn dropping_a_full_stack_request_over_loopback_at_every_await_point_then_t
     // Every dropped request may have reached the server; every follow-up did.
     assert!(server.requests_seen() > points);
 }
+
+#[tokio::test(start_paused = true)]
+async fn dropping_a_composed_stack_request_during_its_401_replay_frees_the_probe_and_strands_no_refresh()
+ {
+    // The whole stack as one middleware: the retry's copy of the request is what
+    // `BearerAuth` replays, so a drop while the replay waits for its token (or is on the
+    // wire) must leave the breaker's probe slot, the token manager and the next request as
+    // a drop anywhere else does.
+    let origin = Origin::parse(URL).unwrap();
+    let points = at_every_await_point(|n| {
+        let origin = origin.clone();
+        async move {
+            let fetches = Arc::new(AtomicUsize::new(0));
+            let auth = BearerAuth::builder(token_manager(fetches.clone(), 2))
+                .origin(origin.clone())
+                .build()
+                .unwrap();
+            let config = BreakerConfig::default()
+                .policy(TripPolicy::consecutive_failures(1))
+                .open_duration(Duration::from_secs(1));
+            let registry = BreakerRegistry::new(config).unwrap();
+            registry.acquire(&origin).unwrap().record(Outcome::Failure);
+            tokio::time::advance(Duration::from_secs(1)).await;
+            assert_eq!(registry.state(&origin), Some(BreakerState::HalfOpen));
+            // token-0 is rejected; any later token is accepted.
+            let (transport, calls) = fake(2, |_, req| {
+                match req
+                    .headers()
+                    .get("authorization")
+                    .map(|v| v.to_str().unwrap())
+                {
+                    Some("Bearer token-0") => StatusCode::UNAUTHORIZED,
+                    Some(_) => StatusCode::OK,
+                    None => StatusCode::BAD_REQUEST,
+                }
+            });
+            let client = Resilience::new()
+                .breaker(registry.clone())
+                .bearer(auth)
+                .client_builder(reqwest::Client::new())
+                .unwrap()
+                .inside_transport_step()
+                .with(transport)
+                .build();
+            let post = || client.post(URL).body("amount=5").send();
+            let done = poll_then_drop(post(), n).await;
+            if let Some(result) = done {
+                assert_eq!(result.unwrap().status(), 200);
+                assert_eq!(fetches.load(Ordering::SeqCst), 2);
+                assert_eq!(calls.load(Ordering::SeqCst), 2, "the 401 and its replay");
+                assert_eq!(registry.state(&origin), Some(BreakerState::Closed));
+                return true;
+            }
+            let snap = registry.snapshot();
+            assert_eq!(snap[0].probes_in_flight, 0, "n={n}: the probe slot is free");
+            assert_eq!(
+                snap[0].state,
+                BreakerState::HalfOpen,
+                "n={n}: a drop is no outcome"
+            );
+            let response = bounded(post()).await.unwrap();
+            assert_eq!(response.status(), 200, "n={n}");
+            assert_eq!(registry.state(&origin), Some(BreakerState::Closed), "n={n}");
+            // token-0 fetched once and replaced once, whatever the drop interrupted.
+            assert_eq!(fetches.load(Ordering::SeqCst), 2, "n={n}");
+            false
+        }
+    })
+    .await;
+    // fetch (2 sleeps), send (2), refresh (2), replay (2), and one more poll per fetch.
+    assert_eq!(points, 10);
+}

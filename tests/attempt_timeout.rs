@@ -29,6 +29,15 @@ fn client(retry: RetryMiddleware, registry: Option<&BreakerRegistry>) -> ClientW
     b.with(TransportEvidence::new()).build()
 }
 
+/// The exact-delay retry with `max_retries` and a 1 s attempt timeout.
+fn one_second_attempts(max_retries: u32) -> RetryMiddleware {
+    exact_retry()
+        .max_retries(max_retries)
+        .attempt_timeout(S(1))
+        .build()
+        .unwrap()
+}
+
 /// Sends `method` to `url` with `extensions`; returns the outcome, the extensions and the
 /// virtual time taken.
 async fn send(
@@ -81,14 +90,7 @@ fn retry_error(result: &reqwest_middleware::Result<reqwest::Response>) -> (u32, 
 #[tokio::test(start_paused = true)]
 async fn a_silent_server_cuts_every_get_attempt_and_the_get_is_retried_max_retries_times() {
     let server = FaultServer::always(Action::Stall).await;
-    let c = client(
-        exact_retry()
-            .max_retries(2)
-            .attempt_timeout(S(1))
-            .build()
-            .unwrap(),
-        None,
-    );
+    let c = client(one_second_attempts(2), None);
 
     let (result, ext, took) = send(
         &c,
@@ -138,14 +140,7 @@ async fn a_silent_server_cuts_every_get_attempt_and_the_get_is_retried_max_retri
 #[tokio::test(start_paused = true)]
 async fn a_silent_server_cuts_a_post_once_and_it_is_never_sent_again() {
     let server = FaultServer::always(Action::Stall).await;
-    let c = client(
-        exact_retry()
-            .max_retries(2)
-            .attempt_timeout(S(1))
-            .build()
-            .unwrap(),
-        None,
-    );
+    let c = client(one_second_attempts(2), None);
 
     let (result, ext, took) = send(
         &c,
@@ -167,14 +162,7 @@ async fn each_cut_attempt_counts_as_a_breaker_failure_and_opens_it() {
     let registry =
         BreakerRegistry::new(BreakerConfig::default().policy(TripPolicy::consecutive_failures(3)))
             .unwrap();
-    let c = client(
-        exact_retry()
-            .max_retries(1)
-            .attempt_timeout(S(1))
-            .build()
-            .unwrap(),
-        Some(&registry),
-    );
+    let c = client(one_second_attempts(1), Some(&registry));
     let origin = Origin::parse(&server.url("/")).unwrap();
 
     // Two cut attempts: two failures, still closed.

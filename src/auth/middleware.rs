@@ -155,8 +155,8 @@ impl BearerAuth {
 
     /// Whether a request to `url` gets the token (ignoring any header already present).
     pub fn covers(&self, url: &Url) -> bool {
-        // Compared field by field so that the hot path allocates nothing; the `url` crate
-        // already lower-cases the scheme and the host of http(s) URLs.
+        // Compared field by field so that it allocates nothing; the `url` crate already
+        // lower-cases the scheme and the host of http(s) URLs.
         let (Some(host), Some(port)) = (url.host_str(), url.port_or_known_default()) else {
             return false;
         };
@@ -165,6 +165,12 @@ impl BearerAuth {
                 && o.scheme().eq_ignore_ascii_case(url.scheme())
                 && o.host().eq_ignore_ascii_case(host)
         })
+    }
+
+    /// Whether requests to `origin` get the token: what the middleware asks, with the
+    /// origin the stages share (an `Origin` compares as its normalised text).
+    fn covers_origin(&self, origin: &Origin) -> bool {
+        self.origins.contains(origin)
     }
 
     fn challenge_action(&self, origin: &Origin, response: &Response) -> ChallengeAction {
@@ -326,11 +332,11 @@ impl Stage for BearerAuth {
     ) -> impl Future<Output = reqwest_middleware::Result<Response>> + Send + 'a {
         async move {
             let owner = known.enter(extensions, "BearerAuth", None, req.url())?;
-            let covered = match known.origin(req.url()) {
-                Some(origin) => self.origins.contains(&origin),
-                None => false,
-            };
-            if req.headers().contains_key(header::AUTHORIZATION) || !covered {
+            if req.headers().contains_key(header::AUTHORIZATION)
+                || !known
+                    .origin(req.url())
+                    .is_some_and(|origin| self.covers_origin(&origin))
+            {
                 return owner
                     .wrap(next, |next| next.run(req, extensions, known))
                     .await;
@@ -424,7 +430,7 @@ impl BearerAuth {
                 .get::<RequestEvidence>()
                 .is_some_and(|e| matches!(e.redirects, Redirects::Followed { .. }));
         let origin = match Origin::from_url(response.url()) {
-            Ok(origin) if !redirected && self.covers(response.url()) => origin,
+            Ok(origin) if !redirected && self.covers_origin(&origin) => origin,
             _ => return Ok(response),
         };
         if self.challenge_action(&origin, &response) == ChallengeAction::ReturnResponse {
@@ -537,5 +543,18 @@ mod tests {
         assert!(!covers("https://api.example.com:8443/v1"));
         assert!(!covers("https://evil.example.com/v1"));
         assert!(!covers("https://api.example.com.evil.net/v1"));
+        // The stack asks by the shared origin; both ways give one answer.
+        for u in [
+            "https://api.example.com/v1",
+            "https://api.EXAMPLE.com:443/v1",
+            "http://api.example.com/v1",
+            "https://api.example.com:8443/v1",
+            "https://evil.example.com/v1",
+            "https://user@api.example.com/v1",
+        ] {
+            let url = Url::parse(u).unwrap();
+            let by_origin = Origin::from_url(&url).is_ok_and(|o| auth.covers_origin(&o));
+            assert_eq!(by_origin, auth.covers(&url), "{u}");
+        }
     }
 }

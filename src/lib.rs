@@ -159,12 +159,12 @@ pub mod limit;
 pub mod metrics;
 pub mod misconfig;
 pub mod origin;
-mod record;
+pub(crate) mod record;
 pub mod redirect;
 pub mod retry;
 pub mod retry_after;
-mod scope;
 pub mod stack;
+pub(crate) mod stage;
 mod sync;
 
 /// The `async_trait` attribute, for implementing [`TokenSource`] (or a

@@ -56,11 +56,9 @@ mod enabled {
     use ::metrics::{SharedString, Unit, counter, histogram};
 
     use super::MethodLabel;
-    use crate::Origin;
-    use crate::auth::TokenErrorKind;
-    use crate::breaker::{BreakerState, RejectReason};
-    use crate::evidence::{FailureKind, RequestEvidence};
-    use crate::retry::{RetryReason, StopReason};
+    use crate::error::{BreakerState, RejectReason, TokenErrorKind};
+    use crate::origin::Origin;
+    use crate::record::{FailureKind, RequestEvidence, RetryReason, StopReason};
 
     const DURATION: &str = "http.client.request.duration";
     const RETRIES: &str = "reqwest_resilience.retry.retries";
@@ -321,11 +319,9 @@ mod enabled {
 #[cfg(not(feature = "metrics"))]
 mod disabled {
     use super::MethodLabel;
-    use crate::Origin;
-    use crate::auth::TokenErrorKind;
-    use crate::breaker::{BreakerState, RejectReason};
-    use crate::evidence::RequestEvidence;
-    use crate::retry::{RetryReason, StopReason};
+    use crate::error::{BreakerState, RejectReason, TokenErrorKind};
+    use crate::origin::Origin;
+    use crate::record::{RequestEvidence, RetryReason, StopReason};
 
     #[inline(always)]
     pub(crate) fn method_label(_: &http::Method) -> MethodLabel {

@@ -4,14 +4,14 @@
 //!
 //! | misconfiguration | how it shows |
 //! |---|---|
-//! | the stack installed twice, or one of this crate's middlewares added with `.with()` after [`TransportEvidence`](crate::TransportEvidence) | [`ResilienceError::Misconfigured`] for every request, before anything is sent ([`Misconfiguration::InsideTransportStep`]) |
-//! | a [`RetryMiddleware`](crate::RetryMiddleware) inside another (for the same request) | [`ResilienceError::Misconfigured`] for every request, before anything is sent ([`Misconfiguration::NestedRetry`]) |
+//! | the stack installed twice, or one of this crate's middlewares added with `.with()` after [`TransportEvidence`](crate::TransportEvidence) | [`ResilienceError::Misconfigured`](crate::ResilienceError::Misconfigured) for every request, before anything is sent ([`Misconfiguration::InsideTransportStep`]) |
+//! | a [`RetryMiddleware`](crate::RetryMiddleware) inside another (for the same request) | [`ResilienceError::Misconfigured`](crate::ResilienceError::Misconfigured) for every request, before anything is sent ([`Misconfiguration::NestedRetry`]) |
 //! | a retry middleware with no [`TransportEvidence`](crate::TransportEvidence) under it | it still works (failures are `Unknown`, so only idempotent requests are retried); reported **once per process** on standard error, as a `tracing` warning with feature `tracing`, and in [`Misconfiguration::reported`] |
 //!
 //! The first two are errors because they multiply attempts (a stack inside a stack made
 //! a refused connection take 16 attempts and minutes of backoff while the history said 4)
 //! or make the evidence describe a middleware rather than the wire. Their rejection is
-//! `Transmission::NotSent` with [`FailureKind::Misconfigured`],
+//! `Transmission::NotSent` with [`FailureKind::Misconfigured`](crate::FailureKind::Misconfigured),
 //! which no retry repeats.
 //!
 //! A middleware of another crate added with `.with()` after the stack cannot be seen from
@@ -21,7 +21,7 @@
 //!
 //! Detection costs no allocation: while the retry middleware and the transport step poll
 //! the rest of a request, they note that request's extensions in the thread-local marks
-//! that also tell a request's owner (`src/scope.rs`), and a middleware of this crate
+//! that also tell a request's owner (`src/stage/scope.rs`), and a middleware of this crate
 //! starting under them for the *same* extensions knows where it is. Another request made meanwhile (a token fetch through another resilient client)
 //! has extensions of its own and is not mistaken for a nested one. The stack that
 //! [`Resilience`](crate::Resilience) installs checks once, at its top, for all its stages
@@ -32,11 +32,6 @@
 use std::fmt;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU8, Ordering};
-
-use http::Extensions;
-
-use crate::ResilienceError;
-use crate::evidence::{FailureKind, record_rejected_locally};
 
 /// A stack that cannot work as intended; see the [module docs](self).
 ///
@@ -114,133 +109,4 @@ pub(crate) fn report_once(m: Misconfiguration) {
     #[cfg(feature = "tracing")]
     tracing::warn!(target: "reqwest_resilience::misconfig", "{m}");
     eprintln!("reqwest-resilience: {m} (reported once per process)");
-}
-
-/// The layers whose place the checks look for.
-#[derive(Clone, Copy)]
-pub(crate) enum Layer {
-    Retry,
-}
-
-/// What is wrong with a `middleware` starting, for the request of `key`, under the
-/// marks `active`, if anything.
-pub(crate) fn misplaced(
-    active: crate::scope::Active,
-    key: usize,
-    middleware: &'static str,
-    layer: Option<Layer>,
-) -> Option<Misconfiguration> {
-    if active.transport == key {
-        Some(Misconfiguration::InsideTransportStep { middleware })
-    } else if matches!(layer, Some(Layer::Retry)) && active.retry == key {
-        Some(Misconfiguration::NestedRetry)
-    } else {
-        None
-    }
-}
-
-/// The error for a misconfiguration found before the request was sent, with its
-/// `NotSent` evidence left where the middlewares outside look.
-pub(crate) fn refuse(
-    extensions: &mut Extensions,
-    m: Misconfiguration,
-    url: &reqwest::Url,
-) -> reqwest_middleware::Error {
-    let origin = crate::Origin::cached(url);
-    record_rejected_locally(extensions, FailureKind::Misconfigured, origin, None);
-    reqwest_middleware::Error::middleware(ResilienceError::Misconfigured(m))
-}
-
-#[cfg(test)]
-mod tests {
-    use std::future::Future;
-    use std::pin::Pin;
-    use std::task::{Context, Poll};
-
-    use super::*;
-
-    /// What is wrong with `middleware` starting here for the request of `extensions`, if
-    /// anything.
-    fn check(
-        extensions: &Extensions,
-        middleware: &'static str,
-        layer: Option<Layer>,
-    ) -> Option<Misconfiguration> {
-        misplaced(
-            crate::scope::active(),
-            crate::scope::key(extensions),
-            middleware,
-            layer,
-        )
-    }
-
-    /// Polls `check` from inside a scope, as a middleware starting under a layer would.
-    struct Probe<'a> {
-        extensions: &'a Extensions,
-        layer: Option<Layer>,
-    }
-
-    impl Future for Probe<'_> {
-        type Output = Option<Misconfiguration>;
-        fn poll(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<Self::Output> {
-            Poll::Ready(check(self.extensions, "Probe", self.layer))
-        }
-    }
-
-    fn poll_once<F: Future + Unpin>(mut f: F) -> F::Output {
-        let mut cx = Context::from_waker(std::task::Waker::noop());
-        match Pin::new(&mut f).poll(&mut cx) {
-            Poll::Ready(v) => v,
-            Poll::Pending => unreachable!("the probe is ready at once"),
-        }
-    }
-
-    #[test]
-    fn only_the_same_requests_extensions_under_a_layer_are_misplaced() {
-        let (ours, other) = (Extensions::new(), Extensions::new());
-        let probe = |extensions, layer| Probe { extensions, layer };
-        // Under a transport step: any middleware of the same request is inside it.
-        let under_transport =
-            |inner| crate::scope::under_transport_made(crate::scope::key(&ours), inner);
-        assert_eq!(
-            poll_once(under_transport(probe(&ours, None))),
-            Some(Misconfiguration::InsideTransportStep {
-                middleware: "Probe"
-            })
-        );
-        // Another request polled meanwhile is not.
-        assert_eq!(
-            poll_once(under_transport(probe(&other, Some(Layer::Retry)))),
-            None
-        );
-        // Under a retry: only another retry is misplaced.
-        let under_retry = |inner| crate::scope::claim(&ours).wrap_retry_made(inner);
-        assert_eq!(poll_once(under_retry(probe(&ours, None))), None);
-        assert_eq!(
-            poll_once(under_retry(probe(&ours, Some(Layer::Retry)))),
-            Some(Misconfiguration::NestedRetry)
-        );
-        // The slot is put back after each poll.
-        assert_eq!(check(&ours, "Probe", Some(Layer::Retry)), None);
-    }
-
-    #[test]
-    fn a_panic_inside_a_scope_puts_the_slot_back() {
-        let ours = Extensions::new();
-        struct Panics;
-        impl Future for Panics {
-            type Output = ();
-            fn poll(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<()> {
-                panic!("inside the scope")
-            }
-        }
-        let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            poll_once(crate::scope::under_transport_made(
-                crate::scope::key(&ours),
-                Panics,
-            ))
-        }));
-        assert!(caught.is_err());
-        assert_eq!(check(&ours, "Probe", None), None);
-    }
 }

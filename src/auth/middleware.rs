@@ -4,13 +4,13 @@ use std::fmt;
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use crate::stack::compose::{Inner, Known, Stage, standalone_middleware};
+use crate::stage::{Inner, Known, Stage, standalone_middleware};
 use http::{Extensions, HeaderValue, StatusCode, header};
 use reqwest::{Request, Response, Url};
 
 use super::manager::TokenManager;
 use super::token::{AccessToken, TokenError, TokenErrorKind};
-use crate::evidence::{FailureKind, Redirects, RequestEvidence, record_rejected_locally};
+use crate::record::{FailureKind, Redirects, RequestEvidence, record_rejected_locally};
 use crate::{Origin, ResilienceError};
 
 /// Attaches `Authorization: Bearer <token>` from a [`TokenManager`] to the requests sent
@@ -331,7 +331,7 @@ impl Stage for BearerAuth {
         next: N,
     ) -> impl Future<Output = reqwest_middleware::Result<Response>> + Send + 'a {
         async move {
-            let owner = known.enter(extensions, "BearerAuth", None, req.url())?;
+            let owner = known.enter(extensions, "BearerAuth", false, req.url())?;
             if req.headers().contains_key(header::AUTHORIZATION)
                 || !known
                     .origin(req.url())
@@ -418,7 +418,7 @@ impl BearerAuth {
         extensions: &mut Extensions,
         known: Known<'_>,
         next: N,
-        owner: crate::scope::Ownership,
+        owner: crate::stage::scope::Ownership,
     ) -> reqwest_middleware::Result<Response> {
         // After a redirect the 401 answers a later hop, not the request this middleware
         // sent, which was received and answered (3xx): replaying it would repeat it, and

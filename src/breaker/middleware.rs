@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::time::{Duration, SystemTime};
 
-use crate::stack::compose::{Inner, Known, Stage, standalone_middleware};
+use crate::stage::{Inner, Known, Stage, standalone_middleware};
 use http::{Extensions, StatusCode};
 use reqwest::{Request, Response};
 use tokio::time::Instant;
@@ -15,13 +15,11 @@ use super::config::PauseMode;
 use super::policy::{AttemptClassifier, DefaultClassifier, Outcome};
 use super::registry::{BreakerPermit, BreakerRegistry, BreakerRejection};
 use super::state::RejectReason;
-use super::{Deadline, RetryIn};
-use crate::evidence::{
-    AttemptHistory, FailureKind, RequestEvidence, Transmission, next_attempt,
-    record_rejected_locally,
+use crate::record::{
+    AttemptHistory, AttemptScope, Deadline, FailureKind, RequestEvidence, RetryIn, Transmission,
+    earlier, next_attempt, record_rejected_locally,
 };
-use crate::retry::AttemptScope;
-use crate::stack::compose::Cut;
+use crate::stage::Cut;
 use crate::{Origin, ResilienceError};
 
 /// One circuit breaker per origin, from a shared [`BreakerRegistry`].
@@ -309,7 +307,7 @@ impl Stage for CircuitBreakerMiddleware {
         next: N,
     ) -> impl Future<Output = reqwest_middleware::Result<Response>> + Send + 'a {
         async move {
-            let owner = known.enter(extensions, "CircuitBreakerMiddleware", None, req.url())?;
+            let owner = known.enter(extensions, "CircuitBreakerMiddleware", false, req.url())?;
             // A "retry in" from an earlier attempt must not be read as this one's.
             extensions.remove::<RetryIn>();
             let Some(origin) = known.origin(req.url()) else {
@@ -343,7 +341,7 @@ impl Stage for CircuitBreakerMiddleware {
             // no transport step runs inside.
             extensions.remove::<RequestEvidence>();
             let deadline = extensions.get::<Deadline>().map(|d| d.0);
-            let cut = crate::retry::earlier(deadline, scope.cut);
+            let cut = earlier(deadline, scope.cut);
             let (result, permit) = match cut {
                 // A hedge loser dropped here frees its permit unrecorded, like any
                 // cancellation.

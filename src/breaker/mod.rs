@@ -93,36 +93,7 @@ pub use registry::{
 };
 pub use state::{Breaker, BreakerState, RejectReason, Rejection, Ticket, Transition};
 
-/// Left in the request's extensions when a breaker or a pause turned the request away:
-/// how long until trying again may succeed, counted from the rejection.
-///
-/// ```
-/// use std::time::Duration;
-/// use reqwest_resilience::breaker::RetryIn;
-///
-/// let mut extensions = http::Extensions::new();
-/// extensions.insert(RetryIn(Duration::from_secs(5)));
-/// // What a retry middleware does after `next.run`:
-/// let wait = extensions.get::<RetryIn>().map(|r| r.0);
-/// assert_eq!(wait, Some(Duration::from_secs(5)));
-/// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct RetryIn(pub Duration);
-
-/// A request's deadline, read from its extensions: a request the breaker would make wait
-/// for a pause past it fails fast instead.
-///
-/// ```
-/// use std::time::Duration;
-/// use reqwest_resilience::breaker::Deadline;
-///
-/// # #[tokio::main(flavor = "current_thread")] async fn main() {
-/// let mut extensions = http::Extensions::new();
-/// extensions.insert(Deadline(tokio::time::Instant::now() + Duration::from_secs(2)));
-/// # }
-/// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Deadline(pub tokio::time::Instant);
+pub use crate::record::{Deadline, RetryIn};
 
 /// The wait of one caller held back by a shared pause:
 /// `wait` plus a uniform share of a short window (a tenth of the wait, at most 1 s), so

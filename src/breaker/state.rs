@@ -18,20 +18,7 @@ use tokio::time::Instant;
 use super::config::BreakerConfig;
 use super::policy::{Outcome, PolicyState};
 
-/// The state of one origin's breaker.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum BreakerState {
-    /// Requests flow; outcomes are counted by the trip policy.
-    Closed,
-    /// Requests are rejected locally until the open period ends.
-    Open,
-    /// A limited number of probes are let through to test the origin.
-    HalfOpen,
-    /// Forced open by [`BreakerRegistry::isolate`](super::BreakerRegistry::isolate) until
-    /// [`reset`](super::BreakerRegistry::reset): rejects everything, never probes.
-    Isolated,
-}
+pub use crate::error::BreakerState;
 
 /// A change of state, reported to the registry's listener.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -62,19 +49,7 @@ impl Ticket {
     }
 }
 
-/// Why a request was turned away.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum RejectReason {
-    /// The breaker is Open.
-    Open,
-    /// The breaker is HalfOpen and all its probes are taken.
-    ProbesBusy,
-    /// The breaker was isolated by hand.
-    Isolated,
-    /// The origin is paused by a server's `Retry-After`.
-    Paused,
-}
+pub use crate::error::RejectReason;
 
 /// A request turned away by [`Breaker::try_acquire`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -3,12 +3,12 @@
 use http::Extensions;
 use reqwest::{Request, Response};
 
-use super::{
-    AttemptHistory, FailureKind, Redirects, RequestEvidence, Transmission, classify_error,
-    next_attempt,
+use super::classify_error;
+use crate::record::{
+    AttemptHistory, FailureKind, Redirects, RequestEvidence, Transmission, next_attempt,
 };
 use crate::redirect::{ClientRedirects, HopCount, Recording};
-use crate::stack::compose::{Inner, Known, Stage, standalone_middleware};
+use crate::stage::{Inner, Known, Stage, standalone_middleware};
 use crate::{Origin, ResilienceError};
 
 /// The transport step: register it last (innermost), right before the `reqwest::Client`.
@@ -95,7 +95,7 @@ impl Stage for TransportEvidence {
         async move {
             // Nothing of this crate runs inside the transport step, so as the owner (used
             // alone) it only clears what an earlier request left behind.
-            let _ = known.enter(extensions, "TransportEvidence", None, req.url())?;
+            let _ = known.enter(extensions, "TransportEvidence", false, req.url())?;
             let (origin, attempt, started, method, url_key, sent) =
                 hand_on(req, &mut *extensions, known, next);
             let (result, hops) = match self.redirects {
@@ -180,15 +180,18 @@ fn hand_on<'a, N: Inner + 'a>(
     tokio::time::Instant,
     crate::metrics::MethodLabel,
     UrlKey,
-    crate::scope::Marked<impl Future<Output = reqwest_middleware::Result<Response>> + Send + 'a>,
+    crate::stage::scope::Marked<
+        impl Future<Output = reqwest_middleware::Result<Response>> + Send + 'a,
+    >,
 ) {
     let origin = known.origin(req.url());
     let attempt = next_attempt(extensions.get::<AttemptHistory>().map_or(0, |h| h.len()));
     let key = UrlKey::of(req.url());
     let started = tokio::time::Instant::now();
     let method = crate::metrics::method_label(req.method());
-    let at = crate::scope::key(extensions);
-    let sent = crate::scope::under_transport(at, next, |next| next.run(req, extensions, known));
+    let at = crate::stage::scope::key(extensions);
+    let sent =
+        crate::stage::scope::under_transport(at, next, |next| next.run(req, extensions, known));
     (origin, attempt, started, method, key, sent)
 }
 

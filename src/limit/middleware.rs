@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use crate::stack::compose::{Inner, Known, Stage, standalone_middleware};
+use crate::stage::{Inner, Known, Stage, standalone_middleware};
 use http::{Extensions, StatusCode};
 use reqwest::{Request, Response};
 
@@ -11,7 +11,7 @@ use super::gradient::Sample;
 use super::registry::{Admission, LimitRejection, LimiterRegistry};
 use crate::ResilienceError;
 use crate::breaker::Deadline;
-use crate::evidence::{FailureKind, RequestEvidence, Transmission, record_rejected_locally};
+use crate::record::{FailureKind, RequestEvidence, Transmission, record_rejected_locally};
 
 /// A per-origin concurrency limit, from a shared [`LimiterRegistry`].
 ///

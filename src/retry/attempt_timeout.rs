@@ -6,19 +6,17 @@
 //! server that hangs on one connection costs one attempt, not the whole deadline. A body
 //! streamed after the head is not cut: reading it is the caller's business, past this stack.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use tokio::time::error::Elapsed;
 
 use crate::Origin;
-use crate::stack::compose::{Cut, Inner, Known};
+use crate::stage::{Cut, Inner, Known};
 use http::Extensions;
 use reqwest::{Request, Response};
 use tokio::time::Instant;
 
-use crate::evidence::RequestEvidence;
+use crate::record::{AttemptScope, RequestEvidence, earlier};
 
 /// Per-request override of the attempt timeout: each attempt of this request waits at
 /// most this long for its response head. `AttemptTimeout(Duration::MAX)` turns the timeout
@@ -37,36 +35,6 @@ use crate::evidence::RequestEvidence;
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AttemptTimeout(pub Duration);
-
-/// What the retry middleware hands the middlewares inside it for one attempt. The circuit
-/// breaker takes it (so it never outlives the attempt it was meant for): it cuts the
-/// attempt at `cut` and counts that as a failure, as it does at the total deadline.
-#[derive(Clone, Default)]
-pub(crate) struct AttemptScope {
-    /// When the attempt timeout cuts this attempt (`None`: only the total deadline).
-    pub(crate) cut: Option<Instant>,
-    /// Set once another copy of a hedged request won: a copy dropped after that was
-    /// cancelled, and says nothing about the server's health.
-    pub(crate) lost: Option<Arc<AtomicBool>>,
-    /// A hedge (an extra copy): the breaker turns it away at once rather than wait out a
-    /// pause or take a half-open probe slot.
-    pub(crate) hedge: bool,
-}
-
-impl AttemptScope {
-    /// The scope of an attempt cut at `cut`, not part of a hedged race.
-    pub(crate) fn cut_at(cut: Option<Instant>) -> Self {
-        AttemptScope {
-            cut,
-            ..AttemptScope::default()
-        }
-    }
-
-    /// Whether this copy lost a hedged race (then its drop is no verdict on the server).
-    pub(crate) fn is_lost(lost: Option<&Arc<AtomicBool>>) -> bool {
-        lost.is_some_and(|l| l.load(Ordering::Acquire))
-    }
-}
 
 /// The request's attempt timeout: its [`AttemptTimeout`], else the configured one.
 pub(super) fn for_request(
@@ -88,14 +56,6 @@ pub(super) fn attempt_cut(deadline: Option<Instant>, timeout: Option<Duration>) 
     )
 }
 
-/// The earlier of two instants, either of which may be absent (no cut).
-pub(crate) fn earlier(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
-    match (a, b) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
-    }
-}
-
 /// Runs one attempt through the rest of the stack, cut at `cut` ([`start_attempt`] and
 /// then [`AttemptEnd::finish`]).
 #[allow(clippy::too_many_arguments)]
@@ -104,7 +64,7 @@ pub(super) async fn run_attempt<N: Inner>(
     req: Request,
     extensions: &mut Extensions,
     known: Known<'_>,
-    owner: crate::scope::Ownership,
+    owner: crate::stage::scope::Ownership,
     cut: Option<Instant>,
     scope: Option<AttemptScope>,
     attempt: u32,
@@ -126,7 +86,7 @@ pub(super) async fn run_attempt<N: Inner>(
 }
 
 /// The future of an attempt started by [`start_attempt`].
-pub(super) type Sent<'a> = Cut<crate::scope::Marked<crate::stack::compose::Handled<'a>>>;
+pub(super) type Sent<'a> = Cut<crate::stage::scope::Marked<crate::stage::Handled<'a>>>;
 
 /// What the end of an attempt needs to know ([`AttemptEnd::finish`]).
 #[must_use]
@@ -150,7 +110,7 @@ pub(super) fn start_attempt<'a, N: Inner + 'a>(
     req: Request,
     extensions: &'a mut Extensions,
     known: Known<'a>,
-    owner: crate::scope::Ownership,
+    owner: crate::stage::scope::Ownership,
     cut: Option<Instant>,
     scope: Option<AttemptScope>,
     attempt: u32,

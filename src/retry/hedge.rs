@@ -14,18 +14,19 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::Poll;
 use std::time::Duration;
 
-use crate::stack::compose::{Inner, Known};
+use crate::stage::{Inner, Known};
 use http::Extensions;
 use reqwest::{Request, Response};
 use tokio::time::Instant;
 
 use super::RetryBudget;
-use super::attempt_timeout::{AttemptScope, attempt_cut, run_attempt};
+use super::attempt_timeout::{attempt_cut, run_attempt};
 use super::budget::Withdrawal;
 use super::latency::{LatencyTracker, Window};
 use crate::evidence::{
     AttemptDecision, AttemptHistory, AttemptRecord, FailureKind, RequestEvidence, Transmission,
 };
+use crate::record::AttemptScope;
 use crate::{Origin, ResilienceError};
 
 /// How long a copy waits for its response head before the next copy is sent.
@@ -267,7 +268,7 @@ pub(super) struct RoundSpec {
     pub(super) origin: Origin,
     /// The retry middleware's place in the request (the first copy runs on its
     /// extensions; each hedge is owned on extensions of its own).
-    pub(super) owner: crate::scope::Ownership,
+    pub(super) owner: crate::stage::scope::Ownership,
 }
 
 /// A round's outcome: the winner's result, its extensions merged into the caller's (its
@@ -442,7 +443,7 @@ impl Hedging {
             let mut ext = base.clone();
             let next = next.clone();
             Box::pin(async move {
-                let owner = crate::scope::claim(&ext);
+                let owner = crate::stage::scope::claim(&ext);
                 let result =
                     run_attempt(next, req, &mut ext, known, owner, cut, Some(scope), attempt).await;
                 (result, CopyExt::Own(ext))

@@ -5,12 +5,12 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use crate::stack::compose::{Inner, Known, Stage, standalone_middleware};
+use crate::stage::{Inner, Known, Stage, standalone_middleware};
 use http::Extensions;
 use reqwest::{Request, Response};
 use tokio::time::Instant;
 
-use super::attempt_timeout::{self, AttemptScope, attempt_cut};
+use super::attempt_timeout::{self, attempt_cut};
 use super::hedge::{Hedging, RoundSpec};
 use super::{
     AttemptContext, Deadline, DefaultStrategy, ErrorWrapping, Idempotent, MaxRetries, RetryBudget,
@@ -21,8 +21,8 @@ use crate::backoff::{Backoff, RandomSource, ThreadRandom};
 use crate::evidence::{
     AttemptDecision, AttemptHistory, FailureKind, RequestEvidence, Transmission,
 };
-use crate::misconfig::{self, Layer, Misconfiguration};
-use crate::scope::HandedOn;
+use crate::misconfig::{self, Misconfiguration};
+use crate::record::{AttemptScope, HandedOn};
 use crate::{Origin, ResilienceError};
 
 /// What to do with a `Retry-After` longer than the cap.
@@ -524,8 +524,7 @@ impl RetryMiddleware {
         async move {
             // The owner of the request clears what an earlier one left behind, a deadline
             // handed on for a request whose future was dropped included.
-            let owner =
-                known.enter(extensions, "RetryMiddleware", Some(Layer::Retry), req.url())?;
+            let owner = known.enter(extensions, "RetryMiddleware", true, req.url())?;
             let handed_on = match (extensions.get::<Deadline>(), self.config.deadline) {
                 (None, Some(total)) => Instant::now().checked_add(total),
                 _ => None,

@@ -51,7 +51,7 @@ use reqwest::{Request, Response};
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware, Middleware};
 
 pub(crate) mod compose;
-use compose::{Inner, Known, Stage, standalone_middleware};
+use crate::stage::{Inner, Known, Stage, standalone_middleware};
 
 use crate::breaker::{BreakerConfig, BreakerEvent, BreakerRegistry, CircuitBreakerMiddleware};
 use crate::evidence::{AttemptDecision, AttemptHistory, RequestEvidence, TransportEvidence};
@@ -63,68 +63,7 @@ use crate::{Backoff, BearerAuth, ResilienceError, RetryBudget, RetryMiddleware};
 type AttemptHook = Arc<dyn Fn(&RequestEvidence, Option<&AttemptDecision>) + Send + Sync>;
 type TransitionHook = Arc<dyn Fn(&BreakerEvent) + Send + Sync>;
 
-/// Which part of the stack a [`StackError`] is about.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum StackPart {
-    /// The retry middleware.
-    Retry,
-    /// The circuit breaker.
-    Breaker,
-}
-
-/// A [`Resilience`] configuration that cannot work, found when the stack is built
-/// (inside [`ResilienceError::InvalidStack`]). A part's own checks (a bad
-/// [`Backoff`], an invalid [`BreakerConfig`] field other than the probes) keep
-/// their [`ResilienceError::InvalidConfig`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum StackError {
-    /// The total deadline ends before the shortest first backoff delay the jitter can
-    /// give (or is zero): no retry could ever be made.
-    DeadlineBeforeFirstRetry {
-        /// The configured total deadline.
-        total_deadline: Duration,
-        /// The shortest possible delay before the first retry.
-        first_delay: Duration,
-    },
-    /// `BreakerConfig::half_open_probes` is 0: a HalfOpen breaker would admit no probe
-    /// and could never close again.
-    NoHalfOpenProbes,
-    /// A setting was given for a part that is replaced by a prebuilt one or removed, so
-    /// it would be silently ignored.
-    Conflict {
-        /// The part.
-        part: StackPart,
-        /// The setting that cannot apply (the builder method's name).
-        setting: &'static str,
-    },
-}
-
-impl fmt::Display for StackError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            StackError::DeadlineBeforeFirstRetry {
-                total_deadline,
-                first_delay,
-            } => write!(
-                f,
-                "total deadline {total_deadline:?} ends before the first retry could start \
-                 (shortest first delay {first_delay:?})"
-            ),
-            StackError::NoHalfOpenProbes => f.write_str(
-                "half_open_probes is 0: a half-open breaker could never close; use at least 1",
-            ),
-            StackError::Conflict { part, setting } => write!(
-                f,
-                "`{setting}` cannot apply: the {part:?} part is prebuilt or removed; \
-                 configure the prebuilt part itself"
-            ),
-        }
-    }
-}
-
-impl std::error::Error for StackError {}
+pub use crate::error::{StackError, StackPart};
 
 /// Which retry middleware the stack installs.
 enum RetryChoice {
@@ -553,8 +492,11 @@ impl Resilience {
             (None, Some(transport))
         };
         let mut builder = builder.with(compose::Composed {
-            observer: compose::Rare(RequestObserver::new(self.on_attempt, self.span_url_query)),
-            retry: compose::PerAttempt(retry),
+            observer: crate::stage::Rare(RequestObserver::new(
+                self.on_attempt,
+                self.span_url_query,
+            )),
+            retry: crate::stage::PerAttempt(retry),
             breaker,
             limit,
             bearer: self.bearer,

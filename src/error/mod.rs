@@ -5,7 +5,20 @@
 //! the retry middleware is installed; [`ResilienceError::from_middleware_error`] gives the
 //! outermost one (e.g. the [`ResilienceError::Retry`] that wraps it).
 
+mod breaker;
+mod retry;
+mod stack;
+mod token;
+
+pub use breaker::{BreakerState, RejectReason};
+pub use retry::{RetryError, find_reqwest_error};
+pub use stack::{StackError, StackPart};
+pub use token::{SharedSourceError, TokenError, TokenErrorKind};
+
 use std::fmt;
+
+use crate::misconfig::Misconfiguration;
+use crate::origin::Origin;
 
 /// An error raised by one of this crate's middlewares.
 ///
@@ -45,19 +58,19 @@ pub enum ResilienceError {
     /// A [`Resilience`](crate::Resilience) stack whose parts cannot work together (a
     /// deadline shorter than the first delay, no half-open probe, a setting that would be
     /// ignored).
-    InvalidStack(crate::stack::StackError),
+    InvalidStack(StackError),
     /// No bearer token could be had for the request (`BearerAuth`). The token source's
     /// own error is kept as `source()`; the secret never appears.
-    Token(crate::auth::TokenError),
+    Token(TokenError),
     /// The origin's circuit breaker turned the request away; it was not sent
     /// (`Transmission::NotSent`). `retry_in` is when it will probe again (Open), when a
     /// probe's answer is due (HalfOpen with its probes taken), or `None` when it was
     /// isolated by hand and no probe is scheduled.
     BreakerOpen {
         /// The origin whose breaker rejected the request.
-        origin: crate::Origin,
+        origin: Origin,
         /// The breaker's state.
-        state: crate::breaker::BreakerState,
+        state: BreakerState,
         /// When trying again may succeed.
         retry_in: Option<std::time::Duration>,
     },
@@ -65,23 +78,23 @@ pub enum ResilienceError {
     /// registry; the request was not sent (`Transmission::NotSent`).
     Paused {
         /// The paused origin.
-        origin: crate::Origin,
+        origin: Origin,
         /// Time left in the pause.
         retry_in: std::time::Duration,
     },
     /// The retry middleware stopped after a failed attempt: how many attempts, why it
-    /// stopped, and the last error as `source()` (see [`RetryError`](crate::retry::RetryError)).
-    Retry(crate::retry::RetryError),
+    /// stopped, and the last error as `source()` (see [`RetryError`]).
+    Retry(RetryError),
     /// The stack is assembled so that it cannot work (installed twice, a middleware of
     /// this crate inside the transport step, a retry inside a retry); found on the
     /// request, which was not sent.
-    Misconfigured(crate::misconfig::Misconfiguration),
+    Misconfigured(Misconfiguration),
     /// The origin's concurrency limit turned the request away (at once, or after its wait
     /// in the queue ended without a permit); it was not sent (`Transmission::NotSent`).
     /// See [`limit`](crate::limit).
     ConcurrencyLimited {
         /// The origin whose limit was reached.
-        origin: crate::Origin,
+        origin: Origin,
         /// The limit at the rejection.
         limit: u32,
         /// The attempts in flight to the origin at the rejection.

@@ -28,10 +28,10 @@ use std::task::{Context, Poll};
 
 use http::Extensions;
 
-use crate::breaker::{Deadline, RetryIn};
-use crate::evidence::{AttemptHistory, RequestEvidence};
-use crate::retry::{AttemptScope, RetryOutcome};
-use crate::stack::compose::Inner;
+use crate::error::ResilienceError;
+use crate::misconfig::Misconfiguration;
+use crate::record::{FailureKind, record_rejected_locally};
+use crate::stage::Inner;
 
 /// The requests (by the address of their `Extensions`, 0 for none) that this thread is
 /// polling the rest of, as their owner, under a retry middleware, and under the transport
@@ -60,12 +60,6 @@ pub(crate) fn key(extensions: &Extensions) -> usize {
     std::ptr::from_ref::<Extensions>(extensions) as usize
 }
 
-/// Marks a [`Deadline`] a middleware of this crate put in the caller's extensions for the
-/// middlewares inside it (the retry middleware's `total_deadline`), so that one left
-/// behind by a dropped request is recognised and removed by the next request's owner.
-#[derive(Clone, Copy)]
-pub(crate) struct HandedOn(pub(crate) Deadline);
-
 /// A middleware's place in the request it runs: the request's key, and whether this
 /// middleware owns it; see the [module docs](self).
 #[derive(Clone, Copy)]
@@ -88,12 +82,12 @@ pub(crate) fn begin(extensions: &mut Extensions) -> Ownership {
 pub(crate) fn enter(
     extensions: &mut Extensions,
     middleware: &'static str,
-    layer: Option<crate::misconfig::Layer>,
+    is_retry: bool,
     url: &reqwest::Url,
 ) -> Result<Ownership, reqwest_middleware::Error> {
     let active = active();
-    match crate::misconfig::misplaced(active, key(extensions), middleware, layer) {
-        Some(m) => Err(crate::misconfig::refuse(extensions, m, url)),
+    match misplaced(active, key(extensions), middleware, is_retry) {
+        Some(m) => Err(refuse(extensions, m, url)),
         None => Ok(begin_at(extensions, active)),
     }
 }
@@ -103,21 +97,7 @@ fn begin_at(extensions: &mut Extensions, active: Active) -> Ownership {
     if active.owner == key {
         return Ownership { key, owner: false };
     }
-    // A fresh request's extensions (every `send()`) hold nothing to clear.
-    if !extensions.is_empty() {
-        if let Some(HandedOn(stale)) = extensions.remove::<HandedOn>()
-            && extensions.get::<Deadline>() == Some(&stale)
-        {
-            extensions.remove::<Deadline>();
-        }
-        extensions.remove::<AttemptHistory>();
-        extensions.remove::<RequestEvidence>();
-        extensions.remove::<RetryOutcome>();
-        extensions.remove::<RetryIn>();
-        // An attempt's own cut, left by a retry whose attempt was dropped with no breaker
-        // inside to take it.
-        extensions.remove::<AttemptScope>();
-    }
+    crate::record::clear_earlier_request(extensions);
     Ownership { key, owner: true }
 }
 
@@ -288,10 +268,39 @@ impl<F: Future> Future for Marked<F> {
     }
 }
 
+/// What is wrong with a `middleware` (`is_retry`: a retry loop) starting, for the request
+/// of `key`, under the marks `active`, if anything.
+pub(crate) fn misplaced(
+    active: Active,
+    key: usize,
+    middleware: &'static str,
+    is_retry: bool,
+) -> Option<Misconfiguration> {
+    if active.transport == key {
+        Some(Misconfiguration::InsideTransportStep { middleware })
+    } else if is_retry && active.retry == key {
+        Some(Misconfiguration::NestedRetry)
+    } else {
+        None
+    }
+}
+
+/// The error for a misconfiguration found before the request was sent, with its
+/// `NotSent` evidence left where the middlewares outside look.
+pub(crate) fn refuse(
+    extensions: &mut Extensions,
+    m: Misconfiguration,
+    url: &reqwest::Url,
+) -> reqwest_middleware::Error {
+    let origin = crate::origin::Origin::cached(url);
+    record_rejected_locally(extensions, FailureKind::Misconfigured, origin, None);
+    reqwest_middleware::Error::middleware(ResilienceError::Misconfigured(m))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::evidence::Transmission;
+    use crate::record::{AttemptHistory, RequestEvidence, Transmission};
 
     #[tokio::test]
     async fn the_first_middleware_owns_the_request_and_the_inner_ones_leave_its_state() {
@@ -317,5 +326,90 @@ mod tests {
         // Its owner done, the next request owns the same extensions anew.
         assert!(begin(&mut ext).owner);
         assert_eq!(active().owner, 0);
+    }
+}
+
+#[cfg(test)]
+mod placement_tests {
+    use std::future::Future;
+    use std::pin::Pin;
+    use std::task::{Context, Poll};
+
+    use super::*;
+
+    /// What is wrong with `middleware` starting here for the request of `extensions`, if
+    /// anything.
+    fn check(
+        extensions: &Extensions,
+        middleware: &'static str,
+        is_retry: bool,
+    ) -> Option<Misconfiguration> {
+        misplaced(active(), key(extensions), middleware, is_retry)
+    }
+
+    /// Polls `check` from inside a scope, as a middleware starting under a layer would.
+    struct Probe<'a> {
+        extensions: &'a Extensions,
+        is_retry: bool,
+    }
+
+    impl Future for Probe<'_> {
+        type Output = Option<Misconfiguration>;
+        fn poll(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<Self::Output> {
+            Poll::Ready(check(self.extensions, "Probe", self.is_retry))
+        }
+    }
+
+    fn poll_once<F: Future + Unpin>(mut f: F) -> F::Output {
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        match Pin::new(&mut f).poll(&mut cx) {
+            Poll::Ready(v) => v,
+            Poll::Pending => unreachable!("the probe is ready at once"),
+        }
+    }
+
+    #[test]
+    fn only_the_same_requests_extensions_under_a_layer_are_misplaced() {
+        let (ours, other) = (Extensions::new(), Extensions::new());
+        let probe = |extensions, is_retry| Probe {
+            extensions,
+            is_retry,
+        };
+        // Under a transport step: any middleware of the same request is inside it.
+        let under_transport = |inner| under_transport_made(key(&ours), inner);
+        assert_eq!(
+            poll_once(under_transport(probe(&ours, false))),
+            Some(Misconfiguration::InsideTransportStep {
+                middleware: "Probe"
+            })
+        );
+        // Another request polled meanwhile is not.
+        assert_eq!(poll_once(under_transport(probe(&other, true))), None);
+        // Under a retry: only another retry is misplaced.
+        let under_retry = |inner| claim(&ours).wrap_retry_made(inner);
+        assert_eq!(poll_once(under_retry(probe(&ours, false))), None);
+        assert_eq!(
+            poll_once(under_retry(probe(&ours, true))),
+            Some(Misconfiguration::NestedRetry)
+        );
+        // The slot is put back after each poll.
+        assert_eq!(check(&ours, "Probe", true), None);
+    }
+
+    #[test]
+    fn a_panic_inside_a_scope_puts_the_slot_back() {
+        let ours = Extensions::new();
+        struct Panics;
+        impl Future for Panics {
+            type Output = ();
+            fn poll(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<()> {
+                panic!("inside the scope")
+            }
+        }
+        let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            poll_once(under_transport_made(key(&ours), Panics))
+        }));
+        assert!(caught.is_err());
+        assert_eq!(check(&ours, "Probe", false), None);
     }
 }

@@ -4,9 +4,10 @@ use std::time::Duration;
 
 use http::Extensions;
 
-use super::{FailureKind, RequestEvidence};
-use crate::Origin;
-pub use crate::record::AttemptDecision;
+use super::decision::AttemptDecision;
+use super::evidence::{FailureKind, RequestEvidence};
+use super::keys::RetryOutcome;
+use crate::origin::Origin;
 
 /// One attempt: what was observed, and what was decided after it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -20,7 +21,7 @@ pub struct AttemptRecord {
 
 /// Every attempt of one logical request, in order.
 ///
-/// [`TransportEvidence`](super::TransportEvidence) appends a record per attempt to the
+/// [`TransportEvidence`](crate::evidence::TransportEvidence) appends a record per attempt to the
 /// extensions it is handed, which are the caller's own when the caller uses
 /// `execute_with_extensions`. A `send()` caller reads it from the response with
 /// [`of_response`](AttemptHistory::of_response).
@@ -112,10 +113,10 @@ impl AttemptHistory {
     /// replayed by `BearerAuth`) the transport step puts a copy of the history on each
     /// response it hands back, a cost of the retry path only; the final decision comes
     /// from the `RetryOutcome`. `None` when no
-    /// [`TransportEvidence`](super::TransportEvidence) saw the request.
+    /// [`TransportEvidence`](crate::evidence::TransportEvidence) saw the request.
     pub fn of_response(response: &reqwest::Response) -> Option<AttemptHistory> {
         let extensions = response.extensions();
-        let outcome = extensions.get::<crate::retry::RetryOutcome>();
+        let outcome = extensions.get::<RetryOutcome>();
         let mut history = match extensions.get::<AttemptHistory>() {
             Some(full) => full.clone(),
             None => {
@@ -212,8 +213,7 @@ impl std::fmt::Debug for AttemptHistory {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::evidence::Transmission;
-    use crate::record::{RetryReason, StopReason};
+    use crate::record::{RetryReason, StopReason, Transmission};
 
     fn evidence(attempt: u32) -> RequestEvidence {
         RequestEvidence::new(Transmission::Unknown, None, attempt)

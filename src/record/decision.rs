@@ -1,15 +1,12 @@
-//! What is decided after each attempt, and why: the record the transport step's history
-//! ([`AttemptHistory`](crate::AttemptHistory)) and the retry loop
-//! ([`RetryMiddleware`](crate::RetryMiddleware)) share, so that neither reaches into the
-//! other for it. Re-exported where users find it: [`crate::evidence`] and the crate root
-//! for [`AttemptDecision`], [`crate::retry`] for [`RetryReason`] and [`StopReason`].
+//! What is decided after each attempt, and why: [`AttemptDecision`], [`RetryReason`] and
+//! [`StopReason`], shared by the history and the retry loop.
 
 use std::fmt;
 use std::time::Duration;
 
 use http::StatusCode;
 
-use crate::evidence::FailureKind;
+use super::evidence::FailureKind;
 
 /// What a middleware decided after an attempt.
 #[derive(Debug, Clone, PartialEq, Eq)]

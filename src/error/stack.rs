@@ -1,0 +1,67 @@
+//! [`StackError`]: a [`Resilience`](crate::Resilience)(crate::Resilience) stack whose parts cannot work together.
+
+use std::fmt;
+use std::time::Duration;
+
+/// Which part of the stack a [`StackError`] is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum StackPart {
+    /// The retry middleware.
+    Retry,
+    /// The circuit breaker.
+    Breaker,
+}
+
+/// A [`Resilience`](crate::Resilience) configuration that cannot work, found when the stack is built
+/// (inside [`ResilienceError::InvalidStack`](super::ResilienceError::InvalidStack)). A part's own checks (a bad
+/// [`Backoff`](crate::Backoff), an invalid [`BreakerConfig`](crate::BreakerConfig) field other than the probes) keep
+/// their [`ResilienceError::InvalidConfig`](super::ResilienceError::InvalidConfig).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum StackError {
+    /// The total deadline ends before the shortest first backoff delay the jitter can
+    /// give (or is zero): no retry could ever be made.
+    DeadlineBeforeFirstRetry {
+        /// The configured total deadline.
+        total_deadline: Duration,
+        /// The shortest possible delay before the first retry.
+        first_delay: Duration,
+    },
+    /// `BreakerConfig::half_open_probes` is 0: a HalfOpen breaker would admit no probe
+    /// and could never close again.
+    NoHalfOpenProbes,
+    /// A setting was given for a part that is replaced by a prebuilt one or removed, so
+    /// it would be silently ignored.
+    Conflict {
+        /// The part.
+        part: StackPart,
+        /// The setting that cannot apply (the builder method's name).
+        setting: &'static str,
+    },
+}
+
+impl fmt::Display for StackError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StackError::DeadlineBeforeFirstRetry {
+                total_deadline,
+                first_delay,
+            } => write!(
+                f,
+                "total deadline {total_deadline:?} ends before the first retry could start \
+                 (shortest first delay {first_delay:?})"
+            ),
+            StackError::NoHalfOpenProbes => f.write_str(
+                "half_open_probes is 0: a half-open breaker could never close; use at least 1",
+            ),
+            StackError::Conflict { part, setting } => write!(
+                f,
+                "`{setting}` cannot apply: the {part:?} part is prebuilt or removed; \
+                 configure the prebuilt part itself"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for StackError {}

@@ -1,0 +1,272 @@
+//! What the transport step observed about one attempt: [`RequestEvidence`] and its parts.
+
+use std::time::Duration;
+
+use http::StatusCode;
+
+use crate::origin::Origin;
+
+/// How far an attempt got on the wire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Transmission {
+    /// Proven: no byte of the request can have reached a server (connect refused or
+    /// unreachable, DNS failure, TLS handshake failure, rejected locally by an open breaker,
+    /// a pause or a concurrency limit, no bearer token to be had, a request that could not
+    /// be built).
+    NotSent,
+    /// The request, or part of it, went out and no response head came back.
+    SentNoResponse,
+    /// The failure gives no proof either way.
+    Unknown,
+    /// A response head was received with this status.
+    ResponseReceived(StatusCode),
+}
+
+impl Transmission {
+    /// Whether a server may have acted on the request.
+    pub fn may_have_been_processed(self) -> bool {
+        !matches!(self, Transmission::NotSent)
+    }
+}
+
+/// What kind of failure ended an attempt that got no response.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum FailureKind {
+    /// TCP connect failed on every address (refused, unreachable, connect timeout). The kind
+    /// does not say *how* each address failed: hyper-util reports only the first address's
+    /// error, so "refused" is never claimed for all of them.
+    Connect,
+    /// The host name could not be resolved.
+    Dns,
+    /// The TLS handshake failed for a reason other than the peer's certificate.
+    Tls,
+    /// The peer's certificate was rejected (untrusted, expired, wrong name). Never transient.
+    Certificate,
+    /// The connector cannot serve this request at all (e.g. `https` with no TLS backend
+    /// built in, a proxy misconfiguration). Never transient.
+    ConnectPermanent,
+    /// A timeout elapsed (reqwest's total or read timeout, or an I/O timeout).
+    Timeout,
+    /// The connection was reset by the peer (or broke: `BrokenPipe`, `ConnectionAborted`).
+    Reset,
+    /// The connection was closed before a complete response head arrived. hyper reports a
+    /// truncated head and no response at all alike ("incomplete message"), so both are
+    /// `Closed`.
+    Closed,
+    /// The peer broke the protocol: a malformed response head, an HTTP/2 stream or
+    /// connection error (including `REFUSED_STREAM` and `GOAWAY`).
+    Protocol,
+    /// Reading or writing a body failed.
+    Body,
+    /// The redirect policy stopped the request (e.g. a redirect loop).
+    Redirect,
+    /// The request could not be built (bad URL, bad header).
+    Builder,
+    /// The response body could not be decoded.
+    Decode,
+    /// An open circuit breaker rejected the request locally.
+    BreakerOpen,
+    /// A server-directed pause (`Retry-After` shared by the breaker registry) rejected the
+    /// request locally.
+    Paused,
+    /// `BearerAuth` could get no bearer token (the token source failed, timed out, or
+    /// gave a token no header can carry), so the request was not sent: always with
+    /// [`Transmission::NotSent`]. Says nothing about the origin.
+    TokenUnavailable,
+    /// The origin's concurrency limit ([`ConcurrencyLimit`](crate::limit::ConcurrencyLimit))
+    /// rejected the request locally: always with [`Transmission::NotSent`]. Says nothing
+    /// about the origin's health.
+    ConcurrencyLimited,
+    /// A failure this crate does not recognise.
+    Other,
+    /// The stack is assembled so that it cannot work (installed twice, a middleware of
+    /// this crate inside the transport step, a retry inside a retry): the request was
+    /// refused before it was sent (always with [`Transmission::NotSent`]) and is never
+    /// retried. See [`Misconfiguration`](crate::misconfig::Misconfiguration).
+    Misconfigured,
+    /// A copy of a hedged request, dropped without an outcome because another copy
+    /// answered first (always with [`Transmission::Unknown`]: nothing below the transport
+    /// step reports whether its bytes had gone out, so it may have reached the server).
+    Cancelled,
+}
+
+/// The server's proof that it did not process the request, so even a non-idempotent
+/// request may be sent again (once).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum NotProcessedProof {
+    /// HTTP/2 `RST_STREAM` with `REFUSED_STREAM` (RFC 9113 §8.7).
+    RefusedStream,
+    /// HTTP/2 `GOAWAY` whose last stream id is below this request's stream (RFC 9113 §6.8).
+    GoAway,
+}
+
+/// Whether the redirects reqwest follows inside one attempt were seen (see
+/// [`crate::redirect`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Redirects {
+    /// No redirect was followed, as far as can be told: proven for an outcome under
+    /// [`ClientRedirects::Recorded`](crate::redirect::ClientRedirects::Recorded) or
+    /// [`ClientRedirects::Off`](crate::redirect::ClientRedirects::Off), and for a
+    /// response whose URL is the request's under `Unobserved` (where a chain that ends at
+    /// the URL it started from cannot be told apart). Also the value of evidence no
+    /// transport step wrote (a local rejection).
+    None,
+    /// At least one redirect was followed: the request the transport step was handed
+    /// was received and answered (`3xx`), and the rest of the evidence describes the
+    /// last hop, at [`RequestEvidence::final_origin`].
+    Followed {
+        /// How many, when the [`recorded`](crate::redirect::recorded) policy counted
+        /// them; `None` when only the response's URL showed it.
+        hops: Option<u32>,
+    },
+    /// An error under
+    /// [`ClientRedirects::Unobserved`](crate::redirect::ClientRedirects::Unobserved):
+    /// reqwest reports a later hop's transport error with the first hop's URL, so
+    /// whether an earlier hop was answered cannot be told. The transmission is then never
+    /// `NotSent`.
+    Unknown,
+}
+
+impl Redirects {
+    /// Whether a redirect was followed, or cannot be ruled out: the first hop may have
+    /// been processed.
+    pub fn may_have_redirected(self) -> bool {
+        !matches!(self, Redirects::None)
+    }
+}
+
+/// What the transport step observed about one attempt.
+///
+/// Read it from the request's extensions inside a middleware (after `next.run`), from
+/// a response's extensions, or from the [`AttemptHistory`](super::AttemptHistory) left in the caller's extensions.
+///
+/// ```no_run
+/// use reqwest_resilience::{RequestEvidence, Resilience, Transmission};
+///
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// let client = Resilience::new().build(reqwest::Client::new())?;
+/// let response = client.post("http://127.0.0.1:8080/orders").body("{}").send().await?;
+/// if let Some(evidence) = response.extensions().get::<RequestEvidence>() {
+///     // The last attempt: its status, its origin, how long it took.
+///     assert!(matches!(evidence.transmission, Transmission::ResponseReceived(_)));
+///     println!("attempt {} to {:?} took {:?}", evidence.attempt, evidence.origin, evidence.elapsed);
+/// }
+/// # Ok(()) }
+/// ```
+///
+/// What a retry may rely on:
+///
+/// ```
+/// use reqwest_resilience::{FailureKind, RequestEvidence, Transmission};
+///
+/// let mut refused = RequestEvidence::new(Transmission::NotSent, None, 1);
+/// refused.failure = Some(FailureKind::Connect);
+/// assert!(!refused.transmission.may_have_been_processed()); // safe to send again, even a POST
+/// let reset = RequestEvidence::new(Transmission::SentNoResponse, None, 1);
+/// assert!(reset.transmission.may_have_been_processed()); // only an idempotent request is retried
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RequestEvidence {
+    /// How far the attempt got.
+    pub transmission: Transmission,
+    /// Why it failed, when no response came back; `None` for a received response.
+    pub failure: Option<FailureKind>,
+    /// Set when the server proved it did not process the request.
+    pub not_processed: Option<NotProcessedProof>,
+    /// Where the request went; `None` only for a URL without an origin.
+    pub origin: Option<Origin>,
+    /// The attempt number within one logical request, starting at 1.
+    pub attempt: u32,
+    /// How long the attempt took, from handing the request on to the outcome.
+    pub elapsed: Duration,
+    /// The response's `Retry-After`, parsed and uncapped, if present and valid.
+    pub retry_after: Option<Duration>,
+    /// Whether reqwest followed redirects during the attempt. When it did, the
+    /// transmission, failure, proof and `Retry-After` describe the last hop.
+    pub redirects: Redirects,
+    /// The origin of the last hop when a redirect was followed to another origin (`None`
+    /// otherwise): the one whose breaker the outcome is charged to. See
+    /// [`outcome_origin`](Self::outcome_origin).
+    pub final_origin: Option<Origin>,
+}
+
+impl RequestEvidence {
+    /// Evidence of an attempt that ended with `transmission`, with no failure recorded.
+    pub fn new(transmission: Transmission, origin: Option<Origin>, attempt: u32) -> Self {
+        RequestEvidence {
+            transmission,
+            failure: None,
+            not_processed: None,
+            origin,
+            attempt,
+            elapsed: Duration::ZERO,
+            retry_after: None,
+            redirects: Redirects::None,
+            final_origin: None,
+        }
+    }
+
+    /// The origin that produced the outcome: the last hop's after a redirect to another
+    /// origin, else the request's.
+    pub fn outcome_origin(&self) -> Option<&Origin> {
+        self.final_origin.as_ref().or(self.origin.as_ref())
+    }
+
+    /// Evidence of a request rejected locally (breaker open, paused, no bearer token):
+    /// `NotSent`.
+    pub fn rejected_locally(kind: FailureKind, origin: Option<Origin>, attempt: u32) -> Self {
+        RequestEvidence {
+            failure: Some(kind),
+            ..RequestEvidence::new(Transmission::NotSent, origin, attempt)
+        }
+    }
+
+    /// Evidence of an attempt started at `started` and cut at its deadline (by the retry
+    /// middleware or the breaker): `Unknown`, since the request may have reached the
+    /// server, and `Timeout`.
+    pub(crate) fn cut_at_deadline(
+        origin: Option<Origin>,
+        attempt: u32,
+        started: tokio::time::Instant,
+    ) -> Self {
+        RequestEvidence {
+            failure: Some(FailureKind::Timeout),
+            elapsed: started.elapsed(),
+            ..RequestEvidence::new(Transmission::Unknown, origin, attempt)
+        }
+    }
+
+    /// Evidence of an attempt answered by `response`, with its `Retry-After` parsed
+    /// against the system clock (`SystemTime::now()` is read only when the header is there).
+    pub(crate) fn of_response(
+        response: &reqwest::Response,
+        origin: Option<Origin>,
+        attempt: u32,
+    ) -> Self {
+        RequestEvidence {
+            retry_after: response
+                .headers()
+                .get(http::header::RETRY_AFTER)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| crate::retry_after::parse(v, std::time::SystemTime::now())),
+            ..RequestEvidence::new(
+                Transmission::ResponseReceived(response.status()),
+                origin,
+                attempt,
+            )
+        }
+    }
+
+    /// The status, when a response was received.
+    pub fn status(&self) -> Option<StatusCode> {
+        match self.transmission {
+            Transmission::ResponseReceived(s) => Some(s),
+            _ => None,
+        }
+    }
+}

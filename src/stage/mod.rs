@@ -1,0 +1,401 @@
+//! How the stages compose: each middleware's logic is a [`Stage`], generic over what is
+//! inside it ([`Inner`]), the way tower composes its layers. Used alone, a middleware is
+//! a stage whose inside is reqwest-middleware's `Next`; [`Resilience`](super::Resilience)
+//! nests the stages into one [`Composed`] middleware, so a request through the whole stack
+//! costs one boxed future for the stages (and one per attempt below the retry loop,
+//! [`Inner::run_boxed`]) and one trip through `Next`, not one of each per layer.
+//!
+//! The stages outside an attempt hand what they already know inward ([`Known`]): the
+//! request's origin, worked out once per logical request; the retry's spare copy of the
+//! request, which `BearerAuth` replays after a `401` instead of copying the request
+//! itself (one copy per attempt); and that the stack already entered the request (its
+//! placement checks and clean-up run once, at the top). Across a `Next` (a user's
+//! middleware, or a middleware used alone) nothing is known and each stage works it out
+//! itself.
+//!
+//! The cost tricks live here and nowhere else: [`Either`] chooses an optional stage
+//! before its first poll, [`PerAttempt`] and [`Rare`] keep a left-out stage's slot
+//! small, and [`Cut`] cuts an attempt at its deadline holding the inside once. Why each
+//! one pays, measured, is in BENCHMARKS.md ("With the static composition").
+
+use std::future::Future;
+
+use http::Extensions;
+use reqwest::{Request, Response};
+use reqwest_middleware::Next;
+
+use crate::origin::Origin;
+
+pub(crate) mod scope;
+
+/// What the stages outside an attempt already worked out about it.
+#[derive(Clone, Copy, Default)]
+pub(crate) struct Known<'a> {
+    /// The request's origin (`Some(None)`: its URL has none); `None` when not worked out.
+    origin: Option<&'a Option<Origin>>,
+    /// A copy of the request as sent to this attempt, before any stage changed it, which
+    /// an inner stage may copy again to replay the attempt.
+    spare: Option<&'a Request>,
+    /// Whether [`Composed`] already entered the request for every stage inside (the
+    /// misconfiguration checks and the clean-up done once, at its top).
+    entered: bool,
+}
+
+impl<'a> Known<'a> {
+    /// Knows the request's origin.
+    pub(crate) fn with_origin(self, origin: &'a Option<Origin>) -> Self {
+        Known {
+            origin: Some(origin),
+            ..self
+        }
+    }
+
+    /// Knows a replayable copy of the request (`None`: there is none).
+    pub(crate) fn with_spare(self, spare: Option<&'a Request>) -> Self {
+        Known { spare, ..self }
+    }
+
+    /// Knows that the stages inside need not enter the request themselves.
+    pub(crate) fn with_entered(self) -> Self {
+        Known {
+            entered: true,
+            ..self
+        }
+    }
+
+    /// How a stage starts: refused when it stands where it cannot work, else its place
+    /// in the request ([`scope::enter`](scope::enter)), unless the composed stack
+    /// took that place for it already (then it is not the request's owner: the stack is).
+    pub(crate) fn enter(
+        &self,
+        extensions: &mut Extensions,
+        middleware: &'static str,
+        is_retry: bool,
+        url: &reqwest::Url,
+    ) -> Result<scope::Ownership, reqwest_middleware::Error> {
+        if self.entered {
+            Ok(scope::Ownership::nested_in(extensions))
+        } else {
+            scope::enter(extensions, middleware, is_retry, url)
+        }
+    }
+
+    /// [`enter`](Self::enter) for a stage that checks nothing: only its place.
+    pub(crate) fn begin(&self, extensions: &mut Extensions) -> scope::Ownership {
+        if self.entered {
+            scope::Ownership::nested_in(extensions)
+        } else {
+            scope::begin(extensions)
+        }
+    }
+
+    /// The request's origin: the one worked out outside, else [`Origin::cached`].
+    pub(crate) fn origin(&self, url: &reqwest::Url) -> Option<Origin> {
+        match self.origin {
+            Some(origin) => origin.clone(),
+            None => Origin::cached(url),
+        }
+    }
+
+    /// The outside's copy of the request, if it has one.
+    pub(crate) fn spare(&self) -> Option<&'a Request> {
+        self.spare
+    }
+
+    /// What a stage that changes the request hands on: the spare no longer matches it.
+    pub(crate) fn without_spare(self) -> Self {
+        Known {
+            spare: None,
+            ..self
+        }
+    }
+}
+
+/// The rest of the stack, as seen from a stage: called once per attempt (and once per
+/// copy of a hedged attempt), so cheap to clone.
+pub(crate) trait Inner: Clone + Send + Sync {
+    /// Whether making this inside's future may do work of this crate (a `Next` may lead to
+    /// a composed stack, which checks its place as its future is made): then a stage
+    /// makes it under its marks ([`scope::Ownership::wrap`](scope::Ownership)).
+    /// The composed stack's own stages do all their work when polled.
+    const MAKES_WORK: bool = false;
+
+    /// Runs the request through the rest of the stack.
+    fn run<'a>(
+        self,
+        req: Request,
+        extensions: &'a mut Extensions,
+        known: Known<'a>,
+    ) -> impl Future<Output = reqwest_middleware::Result<Response>> + Send + 'a
+    where
+        Self: 'a;
+
+    /// [`run`](Self::run), its future boxed: what the retry loop awaits for each attempt.
+    /// The stages inside then move a pointer, not their whole state, whenever the loop's
+    /// future is moved, and one allocation per attempt costs less than those copies
+    /// (measured: `benches/instructions.rs`). `Next` is boxed already.
+    fn run_boxed<'a>(
+        self,
+        req: Request,
+        extensions: &'a mut Extensions,
+        known: Known<'a>,
+    ) -> Handled<'a>
+    where
+        Self: 'a,
+    {
+        Box::pin(self.run(req, extensions, known))
+    }
+}
+
+impl Inner for Next<'_> {
+    const MAKES_WORK: bool = true;
+
+    fn run<'a>(
+        self,
+        req: Request,
+        extensions: &'a mut Extensions,
+        _: Known<'a>,
+    ) -> impl Future<Output = reqwest_middleware::Result<Response>> + Send + 'a
+    where
+        Self: 'a,
+    {
+        // Past a `Next` (a user's middleware, or the client) nothing of ours is known.
+        Next::run(self, req, extensions)
+    }
+
+    fn run_boxed<'a>(
+        self,
+        req: Request,
+        extensions: &'a mut Extensions,
+        _: Known<'a>,
+    ) -> Handled<'a>
+    where
+        Self: 'a,
+    {
+        Next::run(self, req, extensions)
+    }
+}
+
+/// One middleware's logic, generic over what is inside it.
+pub(crate) trait Stage: Send + Sync {
+    /// Handles one request (or attempt) with `next` inside.
+    ///
+    /// Implemented as a function returning an `async move` block rather than as an
+    /// `async fn`, whose desugaring keeps a second slot in the future for each argument
+    /// (the 264-byte `Request` among them) and so enlarges every stage around it.
+    fn serve<'a, N: Inner + 'a>(
+        &'a self,
+        req: Request,
+        extensions: &'a mut Extensions,
+        known: Known<'a>,
+        next: N,
+    ) -> impl Future<Output = reqwest_middleware::Result<Response>> + Send + 'a;
+}
+
+/// A stage that may be left out: without it the request goes straight inside.
+impl<S: Stage> Stage for Option<S> {
+    fn serve<'a, N: Inner + 'a>(
+        &'a self,
+        req: Request,
+        extensions: &'a mut Extensions,
+        known: Known<'a>,
+        next: N,
+    ) -> impl Future<Output = reqwest_middleware::Result<Response>> + Send + 'a {
+        // Chosen here rather than in an `async` block, which would keep the request (and
+        // the arguments) in the future beside the inner one's.
+        match self {
+            Some(stage) => Either::Stage {
+                future: stage.serve(req, extensions, known, next),
+            },
+            None => Either::Skip {
+                future: next.run(req, extensions, known),
+            },
+        }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// One of two futures chosen before the first poll (a stage's, or the inside's when the
+    /// stage is left out or refuses at once), without an `async` block's extra state.
+    #[project = EitherProj]
+    pub(crate) enum Either<A, B> {
+        Stage { #[pin] future: A },
+        Skip { #[pin] future: B },
+    }
+}
+
+impl<A: Future, B: Future<Output = A::Output>> Future for Either<A, B> {
+    type Output = A::Output;
+
+    fn poll(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<A::Output> {
+        match self.project() {
+            EitherProj::Stage { future } => future.poll(cx),
+            EitherProj::Skip { future } => future.poll(cx),
+        }
+    }
+}
+
+/// The stage whose inside runs once per attempt (the retry loop), or its inside boxed
+/// when it is left out. An optional stage's future is as large as the larger of its own
+/// and its inside's; the retry's own future holds the attempt's inside behind a box
+/// ([`Inner::run_boxed`]), so without this the "left out" branch would put the whole
+/// inside back into every request's future, retry or not.
+pub(crate) struct PerAttempt<S>(pub(crate) Option<S>);
+
+impl<S: Stage> Stage for PerAttempt<S> {
+    fn serve<'a, N: Inner + 'a>(
+        &'a self,
+        req: Request,
+        extensions: &'a mut Extensions,
+        known: Known<'a>,
+        next: N,
+    ) -> impl Future<Output = reqwest_middleware::Result<Response>> + Send + 'a {
+        match &self.0 {
+            Some(stage) => Either::Stage {
+                future: stage.serve(req, extensions, known, next),
+            },
+            None => Either::Skip {
+                future: next.run_boxed(req, extensions, known),
+            },
+        }
+    }
+}
+
+/// A stage most stacks leave out, its future boxed when it is there: an optional stage's
+/// future is as large as the larger of its own and its inside's, so without the box the
+/// stacks that leave it out would carry its state in every request's future.
+pub(crate) struct Rare<S>(pub(crate) Option<S>);
+
+impl<S: Stage> Stage for Rare<S> {
+    fn serve<'a, N: Inner + 'a>(
+        &'a self,
+        req: Request,
+        extensions: &'a mut Extensions,
+        known: Known<'a>,
+        next: N,
+    ) -> impl Future<Output = reqwest_middleware::Result<Response>> + Send + 'a {
+        match &self.0 {
+            Some(stage) => Either::Stage {
+                future: Box::pin(stage.serve(req, extensions, known, next)) as Handled<'a>,
+            },
+            None => Either::Skip {
+                future: next.run(req, extensions, known),
+            },
+        }
+    }
+}
+
+/// `stage` with `next` inside it: itself the inside of the stage around it.
+pub(crate) struct Then<'s, S, N> {
+    stage: &'s S,
+    next: N,
+}
+
+impl<S, N: Clone> Clone for Then<'_, S, N> {
+    fn clone(&self) -> Self {
+        Then {
+            stage: self.stage,
+            next: self.next.clone(),
+        }
+    }
+}
+
+impl<'s, S: Stage, N: Inner> Then<'s, S, N> {
+    pub(crate) fn new(stage: &'s S, next: N) -> Self {
+        Then { stage, next }
+    }
+}
+
+impl<S: Stage, N: Inner> Inner for Then<'_, S, N> {
+    fn run<'a>(
+        self,
+        req: Request,
+        extensions: &'a mut Extensions,
+        known: Known<'a>,
+    ) -> impl Future<Output = reqwest_middleware::Result<Response>> + Send + 'a
+    where
+        Self: 'a,
+    {
+        self.stage.serve(req, extensions, known, self.next)
+    }
+}
+
+/// The boxed future `Middleware::handle` returns (the `async_trait` form of the trait).
+pub(crate) type Handled<'a> =
+    std::pin::Pin<Box<dyn Future<Output = reqwest_middleware::Result<Response>> + Send + 'a>>;
+
+/// A [`Stage`] used alone: its `Middleware` impl runs it with `Next` inside. Written out
+/// rather than through `#[async_trait]`, which would wrap the stage's future in one more
+/// (one more state machine to move into the box).
+macro_rules! standalone_middleware {
+    ($stage:ty) => {
+        impl reqwest_middleware::Middleware for $stage {
+            fn handle<'life0, 'life1, 'life2, 'async_trait>(
+                &'life0 self,
+                req: reqwest::Request,
+                extensions: &'life1 mut http::Extensions,
+                next: reqwest_middleware::Next<'life2>,
+            ) -> $crate::stage::Handled<'async_trait>
+            where
+                'life0: 'async_trait,
+                'life1: 'async_trait,
+                'life2: 'async_trait,
+                Self: 'async_trait,
+            {
+                Box::pin($crate::stage::Stage::serve(
+                    self,
+                    req,
+                    extensions,
+                    $crate::stage::Known::default(),
+                    next,
+                ))
+            }
+        }
+    };
+}
+pub(crate) use standalone_middleware;
+
+pin_project_lite::pin_project! {
+    /// The rest of the stack's future, cut at an instant when there is one. Unlike
+    /// `tokio::time::timeout_at` chosen in one branch and a plain `.await` in the other,
+    /// it holds the inner future once (the two branches would each keep a slot for it).
+    /// Its output is the same as tokio's timeout's, tokio's `Elapsed` at the cut: the
+    /// inner future is polled first, so an answer ready at the cut wins.
+    pub(crate) struct Cut<F> {
+        #[pin]
+        inner: F,
+        #[pin]
+        timer: Option<tokio::time::Timeout<std::future::Pending<()>>>,
+    }
+}
+
+impl<F: Future> Cut<F> {
+    pub(crate) fn new(inner: F, at: Option<tokio::time::Instant>) -> Self {
+        Cut {
+            inner,
+            timer: at.map(|at| tokio::time::timeout_at(at, std::future::pending())),
+        }
+    }
+}
+
+impl<F: Future> Future for Cut<F> {
+    type Output = Result<F::Output, tokio::time::error::Elapsed>;
+
+    fn poll(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        use std::task::Poll;
+        let this = self.project();
+        if let Poll::Ready(output) = this.inner.poll(cx) {
+            return Poll::Ready(Ok(output));
+        }
+        match this.timer.as_pin_mut().map(|timer| timer.poll(cx)) {
+            Some(Poll::Ready(Err(elapsed))) => Poll::Ready(Err(elapsed)),
+            _ => Poll::Pending,
+        }
+    }
+}

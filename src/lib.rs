@@ -166,6 +166,7 @@ pub mod retry_after;
 pub mod stack;
 pub(crate) mod stage;
 mod sync;
+pub(crate) mod token;
 
 /// The `async_trait` attribute, for implementing [`TokenSource`] (or a
 /// `reqwest_middleware::Middleware`) without an `async-trait` dependency of your own.

@@ -26,7 +26,8 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::token::{AccessToken, SharedSourceError, TokenError, TokenErrorKind, TokenSource};
+use crate::error::{SharedSourceError, TokenError, TokenErrorKind};
+use crate::token::{AccessToken, TokenSource};
 
 type FlightResult = Result<AccessToken, TokenError>;
 type BoxFuture<'a, T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send + 'a>>;

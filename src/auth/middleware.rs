@@ -9,8 +9,9 @@ use http::{Extensions, HeaderValue, StatusCode, header};
 use reqwest::{Request, Response, Url};
 
 use super::manager::TokenManager;
-use super::token::{AccessToken, TokenError, TokenErrorKind};
+use crate::error::{TokenError, TokenErrorKind};
 use crate::record::{FailureKind, Redirects, RequestEvidence, record_rejected_locally};
+use crate::token::AccessToken;
 use crate::{Origin, ResilienceError};
 
 /// Attaches `Authorization: Bearer <token>` from a [`TokenManager`] to the requests sent
@@ -318,7 +319,51 @@ fn token_unavailable(
     reqwest_middleware::Error::middleware(ResilienceError::Token(e))
 }
 
+impl BearerAuth {
+    /// Whether this middleware attaches its token to `req`: one of its origins, and no
+    /// `Authorization` header of the caller's.
+    fn attaches_to(&self, req: &Request, known: &Known<'_>) -> bool {
+        !req.headers().contains_key(header::AUTHORIZATION)
+            && known
+                .origin(req.url())
+                .is_some_and(|origin| self.covers_origin(&origin))
+    }
+}
+
 standalone_middleware!(BearerAuth);
+
+/// `BearerAuth`'s token fetch as a stage of its own, which the composed stack runs
+/// outside the breaker and the limiter: an attempt gets its token before it takes a
+/// half-open probe slot or a limiter permit, so a token source that fetches from the
+/// same origin through the same breaker registry is not refused by the probe its own
+/// request holds, and a token outage holds no permit. A fetch that fails ends the
+/// attempt as `BearerAuth` would (`NotSent`, [`FailureKind::TokenUnavailable`]), before
+/// the breaker and the limiter see it. `BearerAuth` itself, inside them, attaches the
+/// token and keeps the `401` replay, so the breaker still sees the outcome after it.
+pub(crate) struct TokenFirst(pub(crate) BearerAuth);
+
+impl Stage for TokenFirst {
+    // Not an `async fn`: see `Stage::serve`.
+    #[allow(clippy::manual_async_fn)]
+    fn serve<'a, N: Inner + 'a>(
+        &'a self,
+        req: Request,
+        extensions: &'a mut Extensions,
+        known: Known<'a>,
+        next: N,
+    ) -> impl Future<Output = reqwest_middleware::Result<Response>> + Send + 'a {
+        async move {
+            if !self.0.attaches_to(&req, &known) {
+                return next.run(req, extensions, known).await;
+            }
+            let token = match self.0.manager.token().await {
+                Ok(token) => token,
+                Err(e) => return Err(token_unavailable(e, req.url(), extensions)),
+            };
+            next.run(req, extensions, known.with_token(&token)).await
+        }
+    }
+}
 
 impl Stage for BearerAuth {
     // Not an `async fn`: see `Stage::serve`.
@@ -332,18 +377,17 @@ impl Stage for BearerAuth {
     ) -> impl Future<Output = reqwest_middleware::Result<Response>> + Send + 'a {
         async move {
             let owner = known.enter(extensions, "BearerAuth", false, req.url())?;
-            if req.headers().contains_key(header::AUTHORIZATION)
-                || !known
-                    .origin(req.url())
-                    .is_some_and(|origin| self.covers_origin(&origin))
-            {
+            if !self.attaches_to(&req, &known) {
                 return owner
                     .wrap(next, |next| next.run(req, extensions, known))
                     .await;
             }
-            let token = match self.manager.token().await {
-                Ok(token) => token,
-                Err(e) => return Err(token_unavailable(e, req.url(), extensions)),
+            let token = match known.token() {
+                Some(token) => token.clone(),
+                None => match self.manager.token().await {
+                    Ok(token) => token,
+                    Err(e) => return Err(token_unavailable(e, req.url(), extensions)),
+                },
             };
             let sent = Sent::of(&req, known.spare());
             if let Err(e) = attach(&mut req, &token) {

@@ -46,11 +46,12 @@ mod manager;
 mod middleware;
 #[cfg(feature = "oauth2")]
 mod oauth2;
-mod token;
 
+pub use crate::error::{SharedSourceError, TokenError, TokenErrorKind};
+pub use crate::token::{AccessToken, TokenSource};
 pub use manager::{TokenManager, TokenManagerBuilder};
+pub(crate) use middleware::TokenFirst;
 pub use middleware::{BearerAuth, BearerAuthBuilder, Challenge, ChallengeAction};
 #[cfg(feature = "oauth2")]
 #[cfg_attr(docsrs, doc(cfg(feature = "oauth2")))]
 pub use oauth2::{ClientAuth, OAuth2Error, OAuth2ErrorCode, OAuth2Source, OAuth2SourceBuilder};
-pub use token::{AccessToken, SharedSourceError, TokenError, TokenErrorKind, TokenSource};

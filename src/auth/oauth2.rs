@@ -9,7 +9,7 @@ use http::StatusCode;
 use reqwest::Url;
 use serde_json::Value;
 
-use super::token::{AccessToken, TokenSource};
+use crate::token::{AccessToken, TokenSource};
 use crate::{Origin, ResilienceError};
 
 /// Token responses larger than this are refused: a token endpoint answers a few hundred

@@ -21,6 +21,9 @@ use crate::stage::{Handled, Inner, Known, PerAttempt, Rare, Then};
 pub(crate) struct Composed {
     pub(crate) observer: Rare<super::RequestObserver>,
     pub(crate) retry: PerAttempt<crate::RetryMiddleware>,
+    /// `BearerAuth`'s token fetch, before the breaker and the limiter: a request waits for
+    /// its token before it takes a half-open probe slot or a limiter permit.
+    pub(crate) token_first: Option<crate::auth::TokenFirst>,
     pub(crate) breaker: Option<crate::CircuitBreakerMiddleware>,
     pub(crate) limit: Option<crate::limit::ConcurrencyLimit>,
     pub(crate) bearer: Option<crate::BearerAuth>,
@@ -70,6 +73,7 @@ impl Middleware for Composed {
         let inner = Then::new(&self.bearer, inner);
         let inner = Then::new(&self.limit, inner);
         let inner = Then::new(&self.breaker, inner);
+        let inner = Then::new(&self.token_first, inner);
         let inner = Then::new(&self.retry, inner);
         let inner = Then::new(&self.observer, inner);
         let known = Known::default().with_entered();

@@ -497,6 +497,7 @@ impl Resilience {
                 self.span_url_query,
             )),
             retry: crate::stage::PerAttempt(retry),
+            token_first: self.bearer.clone().map(crate::auth::TokenFirst),
             breaker,
             limit,
             bearer: self.bearer,

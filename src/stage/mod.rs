@@ -25,6 +25,7 @@ use reqwest::{Request, Response};
 use reqwest_middleware::Next;
 
 use crate::origin::Origin;
+use crate::token::AccessToken;
 
 pub(crate) mod scope;
 
@@ -36,9 +37,12 @@ pub(crate) struct Known<'a> {
     /// A copy of the request as sent to this attempt, before any stage changed it, which
     /// an inner stage may copy again to replay the attempt.
     spare: Option<&'a Request>,
-    /// Whether [`Composed`] already entered the request for every stage inside (the
-    /// misconfiguration checks and the clean-up done once, at its top).
+    /// Whether the composed stack already entered the request for every stage inside
+    /// (the misconfiguration checks and the clean-up done once, at its top).
     entered: bool,
+    /// The bearer token fetched for this attempt before the breaker and the limiter
+    /// admitted it, for `BearerAuth` to attach.
+    token: Option<&'a AccessToken>,
 }
 
 impl<'a> Known<'a> {
@@ -53,6 +57,19 @@ impl<'a> Known<'a> {
     /// Knows a replayable copy of the request (`None`: there is none).
     pub(crate) fn with_spare(self, spare: Option<&'a Request>) -> Self {
         Known { spare, ..self }
+    }
+
+    /// Knows the bearer token the attempt is to carry.
+    pub(crate) fn with_token(self, token: &'a AccessToken) -> Self {
+        Known {
+            token: Some(token),
+            ..self
+        }
+    }
+
+    /// The bearer token fetched for this attempt outside, if any.
+    pub(crate) fn token(&self) -> Option<&'a AccessToken> {
+        self.token
     }
 
     /// Knows that the stages inside need not enter the request themselves.

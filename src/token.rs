@@ -1,4 +1,5 @@
-//! [`AccessToken`], the [`TokenSource`] trait that fetches one, and [`TokenError`].
+//! [`AccessToken`] and the [`TokenSource`] trait that fetches one (public in
+//! [`crate::auth`]): below the stages, so that a stage can hand a token inward.
 
 use std::error::Error as StdError;
 use std::fmt;
@@ -8,8 +9,6 @@ use std::time::{Duration, SystemTime};
 
 use http::HeaderValue;
 use tokio::time::Instant;
-
-pub use crate::error::SharedSourceError;
 
 /// A bearer token and the moment it stops being valid.
 ///
@@ -208,7 +207,7 @@ impl fmt::Debug for AccessToken {
 pub trait TokenSource: Send + Sync + 'static {
     /// Why a fetch failed: any error convertible into `Box<dyn Error + Send + Sync>` (a
     /// `std::error::Error`, `anyhow::Error`, a boxed error). Its `Display` must not
-    /// contain a secret: it reaches callers and logs through [`TokenError`]'s `source()`.
+    /// contain a secret: it reaches callers and logs through [`TokenError`](crate::auth::TokenError)'s `source()`.
     type Error: Into<Box<dyn StdError + Send + Sync>> + Send + 'static;
 
     /// Fetches a fresh token.
@@ -232,8 +231,6 @@ where
         (self)().await
     }
 }
-
-pub use crate::error::{TokenError, TokenErrorKind};
 
 #[cfg(test)]
 mod tests {

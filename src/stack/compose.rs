@@ -37,6 +37,10 @@ pub(crate) struct Known<'a> {
     /// Whether [`Composed`] already entered the request for every stage inside (the
     /// misconfiguration checks and the clean-up done once, at its top).
     entered: bool,
+    /// Whether the stack installed the transport step under the stages inside (the
+    /// composed stack always does), so an attempt that left no evidence was answered by
+    /// a user's per-attempt middleware (a cache), not sent without a transport step.
+    transport_installed: bool,
 }
 
 impl<'a> Known<'a> {
@@ -59,6 +63,20 @@ impl<'a> Known<'a> {
             entered: true,
             ..self
         }
+    }
+
+    /// Knows that the stack installed the transport step ([`TransportEvidence`](crate::TransportEvidence)).
+    pub(crate) fn with_transport_installed(self) -> Self {
+        Known {
+            transport_installed: true,
+            ..self
+        }
+    }
+
+    /// Whether the stack installed the transport step; `false` when not known (a stage
+    /// used alone cannot see what is inside its `Next`).
+    pub(crate) fn transport_installed(&self) -> bool {
+        self.transport_installed
     }
 
     /// How a stage starts: refused when it stands where it cannot work, else its place
@@ -420,7 +438,8 @@ impl Middleware for Composed {
         let inner = Then::new(&self.breaker, inner);
         let inner = Then::new(&self.retry, inner);
         let inner = Then::new(&self.observer, inner);
-        let known = Known::default().with_entered();
+        // Installed always: here, or after the user's per-attempt middlewares.
+        let known = Known::default().with_entered().with_transport_installed();
         Box::pin(owner.wrap_made(inner.run(req, extensions, known)))
     }
 }

@@ -53,7 +53,10 @@ pub enum Misconfiguration {
     /// A retry middleware runs inside another retry middleware for the same request.
     NestedRetry,
     /// A retry middleware found no `RequestEvidence` after an attempt: no
-    /// `TransportEvidence` is installed innermost.
+    /// `TransportEvidence` is installed innermost. Never reported for the stack
+    /// [`Resilience`](crate::Resilience) installs, which always has one: an attempt that a
+    /// [`per_attempt`](crate::Resilience::per_attempt) middleware answered itself (a cache)
+    /// leaves no evidence there.
     NoTransportEvidence,
 }
 

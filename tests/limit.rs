@@ -771,3 +771,74 @@ async fn clients_handed_one_registry_share_its_limits_and_separate_registries_do
     while other.join_next().await.is_some() {}
     assert_eq!(shared.get(&origin_of(&server)).unwrap().in_flight, 0);
 }
+
+/// A limiter used alone owns the request: a `Deadline` that a retry middleware of another
+/// client handed on, left in reused extensions by a request whose future was dropped, is
+/// cleared on entry, so the next request waits in the queue for the free permit instead
+/// of being turned away at once by a deadline that is not its own.
+#[tokio::test(start_paused = true)]
+async fn a_limiter_alone_ignores_a_deadline_a_dropped_request_handed_on_in_reused_extensions() {
+    let server = FaultServer::start(|_, req| {
+        if req.path == "/stall" {
+            Action::Stall
+        } else {
+            Action::Delay(100 * MS, Box::new(Action::ok("slow")))
+        }
+    })
+    .await;
+    let mut ext = Extensions::new();
+    // The earlier request: through a retry with a 5 s total deadline, dropped after 1 s.
+    let retrying = ClientBuilder::new(support::loopback_client())
+        .with(
+            support::exact_retry()
+                .total_deadline(Duration::from_secs(5))
+                .build()
+                .unwrap(),
+        )
+        .with(TransportEvidence::new())
+        .build();
+    let request = retrying.get(server.url("/stall")).build().unwrap();
+    let dropped = tokio::time::timeout(
+        Duration::from_secs(1),
+        retrying.execute_with_extensions(request, &mut ext),
+    )
+    .await;
+    assert!(dropped.is_err(), "still stalled when dropped");
+    let stale = ext
+        .get::<Deadline>()
+        .expect("the handed-on deadline stays")
+        .0;
+    assert_eq!(server.requests_seen(), 1);
+    // Past that deadline, the same extensions go to a limiter used alone whose only
+    // permit is held for 100 ms.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert!(Instant::now() > stale);
+    let limits =
+        LimiterRegistry::new(LimiterConfig::fixed(1).queue(1, Duration::from_secs(1))).unwrap();
+    let limited = ClientBuilder::new(support::loopback_client())
+        .with(ConcurrencyLimit::new(limits.clone()))
+        .with(TransportEvidence::new())
+        .build();
+    let mut holder = spawn_gets(&limited, &server.url("/slow"), 1);
+    tokio::time::sleep(10 * MS).await;
+    assert_eq!(server.requests_seen(), 2);
+    let request = limited.get(server.url("/slow")).build().unwrap();
+    let result = limited.execute_with_extensions(request, &mut ext).await;
+    assert_eq!(end_of(result), End::Status(200));
+    assert_eq!(holder.join_next().await.unwrap().unwrap(), End::Status(200));
+    assert!(
+        ext.get::<Deadline>().is_none(),
+        "the stale deadline was cleared"
+    );
+    let history = ext.get::<AttemptHistory>().unwrap().attempts();
+    assert_eq!(history.len(), 1);
+    assert_eq!(
+        history[0].evidence.transmission,
+        Transmission::ResponseReceived(http::StatusCode::OK)
+    );
+    assert_eq!(server.requests_seen(), 3);
+    let paths: Vec<String> = server.requests().into_iter().map(|r| r.path).collect();
+    assert_eq!(paths, ["/stall", "/slow", "/slow"]);
+    let s = limits.get(&origin_of(&server)).unwrap();
+    assert_eq!((s.limit, s.in_flight, s.queued, s.rejections), (1, 0, 0, 0));
+}

@@ -158,9 +158,14 @@ impl Stage for ConcurrencyLimit {
         next: N,
     ) -> impl Future<Output = reqwest_middleware::Result<Response>> + Send + 'a {
         async move {
+            // The owner of the request (used alone) clears what an earlier one left
+            // behind, a deadline handed on for a request whose future was dropped included.
+            let owner = known.enter(extensions, "ConcurrencyLimit", false, req.url())?;
             let Some(origin) = known.origin(req.url()) else {
                 // No origin, no limit: reqwest will reject the URL itself.
-                return next.run(req, extensions, known).await;
+                return owner
+                    .wrap(next, |next| next.run(req, extensions, known))
+                    .await;
             };
             let deadline = extensions.get::<Deadline>().map(|d| d.0);
             let permit = match self.registry.admit(&origin, deadline, true) {
@@ -177,7 +182,9 @@ impl Stage for ConcurrencyLimit {
             // Evidence left by an earlier attempt would otherwise be read as this one's when
             // no transport step runs inside.
             extensions.remove::<RequestEvidence>();
-            let result = next.run(req, extensions, known).await;
+            let result = owner
+                .wrap(next, |next| next.run(req, extensions, known))
+                .await;
             let elapsed = permit.admitted_at().elapsed();
             permit.record(sample_of(
                 extensions.get::<RequestEvidence>(),

@@ -638,6 +638,7 @@ impl RetryMiddleware {
                         idempotent,
                         not_processed_retries,
                         recorded_before,
+                        transport_installed: known.transport_installed(),
                     };
                     let step =
                         decision.decide(&result, extensions, attempt, spare.is_some(), &state);
@@ -698,6 +699,9 @@ struct Decision<'a> {
     not_processed_retries: u32,
     /// The history's length before the attempt.
     recorded_before: usize,
+    /// Whether the stack installed the transport step (then an attempt without evidence
+    /// was answered by a per-attempt middleware, e.g. a cache: nothing to report).
+    transport_installed: bool,
 }
 
 impl Decision<'_> {
@@ -723,8 +727,11 @@ impl Decision<'_> {
             Some(e) => e.clone(),
             None => {
                 // A response or a reqwest error without evidence means no transport
-                // step; a middleware error may just come from one inside (a token).
-                if !matches!(result, Err(reqwest_middleware::Error::Middleware(_))) {
+                // step, unless the stack installed one (a per-attempt middleware answered
+                // itself); a middleware error may just come from one inside (a token).
+                if !self.transport_installed
+                    && !matches!(result, Err(reqwest_middleware::Error::Middleware(_)))
+                {
                     misconfig::report_once(Misconfiguration::NoTransportEvidence);
                 }
                 fallback_evidence(result, attempt)

@@ -76,7 +76,8 @@ impl Middleware for Composed {
         let inner = Then::new(&self.token_first, inner);
         let inner = Then::new(&self.retry, inner);
         let inner = Then::new(&self.observer, inner);
-        let known = Known::default().with_entered();
+        // Installed always: here, or after the user's per-attempt middlewares.
+        let known = Known::default().with_entered().with_transport_installed();
         Box::pin(owner.wrap_made(inner.run(req, extensions, known)))
     }
 }

@@ -43,6 +43,10 @@ pub(crate) struct Known<'a> {
     /// The bearer token fetched for this attempt before the breaker and the limiter
     /// admitted it, for `BearerAuth` to attach.
     token: Option<&'a AccessToken>,
+    /// Whether the stack installed the transport step under the stages inside (the
+    /// composed stack always does), so an attempt that left no evidence was answered by
+    /// a user's per-attempt middleware (a cache), not sent without a transport step.
+    transport_installed: bool,
 }
 
 impl<'a> Known<'a> {
@@ -57,6 +61,21 @@ impl<'a> Known<'a> {
     /// Knows a replayable copy of the request (`None`: there is none).
     pub(crate) fn with_spare(self, spare: Option<&'a Request>) -> Self {
         Known { spare, ..self }
+    }
+
+    /// Knows that the stack installed the transport step
+    /// ([`TransportEvidence`](crate::TransportEvidence)).
+    pub(crate) fn with_transport_installed(self) -> Self {
+        Known {
+            transport_installed: true,
+            ..self
+        }
+    }
+
+    /// Whether the stack installed the transport step; `false` when not known (a stage
+    /// used alone cannot see what is inside its `Next`).
+    pub(crate) fn transport_installed(&self) -> bool {
+        self.transport_installed
     }
 
     /// Knows the bearer token the attempt is to carry.

@@ -128,7 +128,35 @@
 //! | [`origin`] | [`Origin`]: the `scheme://host:port` key |
 //! | [`misconfig`] | [`Misconfiguration`](misconfig::Misconfiguration): a stack that cannot work, found on the first request |
 //! | [`metrics`] | the instruments of feature `metrics` |
-//! | [`error`] | [`ResilienceError`] |
+//! | [`error`] | [`ResilienceError`] and every typed error it carries |
+//!
+//! # Architecture: the layers
+//!
+//! A module imports only the modules below it (CI checks it with `module-graph`, and that
+//! no function is over 80 lines). The stages are the middlewares' logic; the stack on top
+//! nests them. The per-request state they leave in a request's `http::Extensions` lives
+//! in one crate-private module, `record`, with the one function that clears it, and is
+//! re-exported where users read it (`evidence`, `retry`, `breaker`).
+//!
+//! ```text
+//! stack            Resilience, the composed stack (one middleware for every stage)
+//!   │
+//! retry    limit   the retry loop (+ attempt timeout, hedging) · the concurrency limit
+//!   │        │
+//! breaker  auth    per-origin breakers and pauses · bearer tokens (TokenFirst, BearerAuth)
+//!   │        │
+//! evidence         the transport step (TransportEvidence) and the error classifier
+//!   │
+//! stage            the stage vocabulary: a stage, the rest of the stack it runs, what the
+//!   │              stages outside hand inward, request ownership, the placement checks
+//! metrics backoff  instruments · delays
+//!   │
+//! error            ResilienceError and the typed errors (token, retry, stack, breaker state)
+//!   │
+//! record redirect  per-request state: evidence, history, decisions, the keys stages
+//!   │              hand inward, their clearing · redirect proof
+//! origin token retry_after misconfig sync   the ground: keys, tokens, parsers, reports
+//! ```
 //!
 //! # Feature flags
 //!

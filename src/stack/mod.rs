@@ -839,18 +839,18 @@ mod observe {
 
     /// A decision as one event field ("retry: …" / "stop: …"), formatted only when a
     /// subscriber records it.
-    enum Decision {
+    enum DecisionField {
         Retry(RetryReason),
         Stop(StopReason),
         Superseded(u32),
     }
 
-    impl std::fmt::Display for Decision {
+    impl std::fmt::Display for DecisionField {
         fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
             match self {
-                Decision::Retry(reason) => write!(f, "retry: {reason}"),
-                Decision::Stop(reason) => write!(f, "stop: {reason}"),
-                Decision::Superseded(by) => write!(f, "superseded by attempt {by}"),
+                DecisionField::Retry(reason) => write!(f, "retry: {reason}"),
+                DecisionField::Stop(reason) => write!(f, "stop: {reason}"),
+                DecisionField::Superseded(by) => write!(f, "superseded by attempt {by}"),
             }
         }
     }
@@ -870,11 +870,11 @@ mod observe {
             let e = &record.evidence;
             let (decision, delay_ms) = match &record.decision {
                 Some(AttemptDecision::Retry { delay, reason }) => (
-                    Some(Decision::Retry(*reason)),
+                    Some(DecisionField::Retry(*reason)),
                     Some(delay.as_millis() as u64),
                 ),
-                Some(AttemptDecision::Stop { reason }) => (Some(Decision::Stop(*reason)), None),
-                Some(AttemptDecision::Superseded { by }) => (Some(Decision::Superseded(*by)), None),
+                Some(AttemptDecision::Stop { reason }) => (Some(DecisionField::Stop(*reason)), None),
+                Some(AttemptDecision::Superseded { by }) => (Some(DecisionField::Superseded(*by)), None),
                 None => (None, None),
             };
             tracing::event!(

@@ -3,23 +3,23 @@
 //! The crate keeps what it learns about a logical request in the caller's
 //! `http::Extensions`: the [`AttemptHistory`], the last [`RequestEvidence`], the
 //! [`RetryOutcome`], a breaker's [`RetryIn`], a [`Deadline`] the retry middleware hands
-//! inward, and an attempt's own cut ([`AttemptScope`]). A caller may reuse one `Extensions` for several requests, and a request's
-//! future may be dropped half-way, so that state must belong to one request and end with
-//! it. The first middleware of this crate that runs a request (whichever it is: the whole
-//! stack, or one middleware used alone) owns it: on entry it clears what an earlier
-//! request left behind, and while it polls the middlewares inside it, they see that a
-//! request is already owned and leave its state alone.
+//! inward, and an attempt's own cut ([`AttemptScope`]). A caller may reuse one `Extensions`
+//! for several requests, and a request's future may be dropped half-way, so that state must
+//! belong to one request and end with it. The first middleware of this crate that runs a
+//! request (whichever it is: the whole stack, or one middleware used alone) owns it: on
+//! entry it clears what an earlier request left behind, and while it polls the middlewares
+//! inside it, they see that a request is already owned and leave its state alone.
 //!
 //! Ownership is found without allocating: an owner marks the address of the request's
 //! `Extensions` as the one being run on this thread for the duration of each poll of the
-//! rest of the stack (the retry middleware and the transport step mark their place the
-//! same way, for the [misconfiguration](crate::misconfig) checks) (reqwest-middleware hands the same `&mut Extensions` down the chain,
-//! and polls the inner middlewares inside the outer one's poll), and puts back the mark it
-//! found afterwards. Only the innermost owner being polled needs to be known: a request's
-//! middlewares never run inside another request's poll, except through a second request a
-//! user's middleware makes, whose own owner then marks it (and unmarks it when its poll
-//! returns). A mark lasts only as long as its owner's poll, so a dropped or finished
-//! request leaves nothing behind.
+//! rest of the stack (the retry middleware and the transport step mark their place the same
+//! way, for the [misconfiguration](crate::misconfig) checks) (reqwest-middleware hands the
+//! same `&mut Extensions` down the chain, and polls the inner middlewares inside the outer
+//! one's poll), and puts back the mark it found afterwards. Only the innermost owner being
+//! polled needs to be known: a request's middlewares never run inside another request's
+//! poll, except through a second request a user's middleware makes, whose own owner then
+//! marks it (and unmarks it when its poll returns). A mark lasts only as long as its
+//! owner's poll, so a dropped or finished request leaves nothing behind.
 
 use std::cell::Cell;
 use std::future::Future;

@@ -280,26 +280,26 @@ pub(super) struct Round {
 
 /// Where a copy's extensions are: the first copy runs with the caller's own (the common
 /// case of no hedge costs no copy of them), each hedge with a copy of its own.
-enum CopyExt<'x> {
+enum InFlightExtensions<'x> {
     Caller(&'x mut Extensions),
     Own(Extensions),
 }
 
-impl CopyExt<'_> {
+impl InFlightExtensions<'_> {
     fn get(&self) -> &Extensions {
         match self {
-            CopyExt::Caller(e) => e,
-            CopyExt::Own(e) => e,
+            InFlightExtensions::Caller(e) => e,
+            InFlightExtensions::Own(e) => e,
         }
     }
 }
 
-type CopyOutput<'x> = (reqwest_middleware::Result<Response>, CopyExt<'x>);
-type CopyFuture<'x> = Pin<Box<dyn Future<Output = CopyOutput<'x>> + Send + 'x>>;
+type InFlightOutput<'x> = (reqwest_middleware::Result<Response>, InFlightExtensions<'x>);
+type InFlightFuture<'x> = Pin<Box<dyn Future<Output = InFlightOutput<'x>> + Send + 'x>>;
 
-/// One copy of the request in a round.
-struct Copy<'x> {
-    future: Option<CopyFuture<'x>>,
+/// One copy of the request in flight in a round (the first, or a hedge).
+struct InFlight<'x> {
+    future: Option<InFlightFuture<'x>>,
     attempt: u32,
     started: Instant,
     /// Its hedge budget withdrawal (hedges only), given back if the breaker refused it.
@@ -307,14 +307,14 @@ struct Copy<'x> {
 }
 
 enum Event<'x> {
-    Done(usize, CopyOutput<'x>),
+    Done(usize, InFlightOutput<'x>),
     HedgeDue,
 }
 
 /// A finished copy waiting to learn whether it won.
 struct Finished<'x> {
     result: reqwest_middleware::Result<Response>,
-    extensions: CopyExt<'x>,
+    extensions: InFlightExtensions<'x>,
     evidence: RequestEvidence,
 }
 
@@ -437,7 +437,7 @@ impl Hedging {
             };
             (cut, scope)
         };
-        let launch = |req: Request, attempt: u32| -> CopyFuture<'x> {
+        let launch = |req: Request, attempt: u32| -> InFlightFuture<'x> {
             let (cut, scope) = scope(true);
             let mut ext = base.clone();
             let next = next.clone();
@@ -445,10 +445,10 @@ impl Hedging {
                 let owner = crate::scope::claim(&ext);
                 let result =
                     run_attempt(next, req, &mut ext, known, owner, cut, Some(scope), attempt).await;
-                (result, CopyExt::Own(ext))
+                (result, InFlightExtensions::Own(ext))
             })
         };
-        let first: CopyFuture<'x> = {
+        let first: InFlightFuture<'x> = {
             let (cut, scope) = scope(false);
             let (next, attempt, owner) = (next.clone(), spec.attempt, spec.owner);
             Box::pin(async move {
@@ -463,11 +463,11 @@ impl Hedging {
                     attempt,
                 )
                 .await;
-                (result, CopyExt::Caller(extensions))
+                (result, InFlightExtensions::Caller(extensions))
             })
         };
         let now = Instant::now();
-        let mut copies = vec![Copy {
+        let mut copies = vec![InFlight {
             future: Some(first),
             attempt: spec.attempt,
             started: now,
@@ -518,7 +518,7 @@ impl Hedging {
                         },
                     };
                     let attempt = spec.attempt + copies.len() as u32;
-                    copies.push(Copy {
+                    copies.push(InFlight {
                         future: Some(launch(copy, attempt)),
                         attempt,
                         started: Instant::now(),
@@ -608,8 +608,8 @@ impl Hedging {
             crate::metrics::hedge_won(origin);
         }
         let hedge_extensions = match winner.extensions {
-            CopyExt::Own(e) => Some(e),
-            CopyExt::Caller(_) => None,
+            InFlightExtensions::Own(e) => Some(e),
+            InFlightExtensions::Caller(_) => None,
         };
         superseded.extend(cancelled);
         RaceOutcome {

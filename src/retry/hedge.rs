@@ -22,6 +22,7 @@ use tokio::time::Instant;
 use super::RetryBudget;
 use super::attempt_timeout::{AttemptScope, attempt_cut, run_attempt};
 use super::budget::Withdrawal;
+use super::fallback::fallback_evidence;
 use super::latency::{LatencyTracker, Window};
 use crate::evidence::{
     AttemptDecision, AttemptHistory, AttemptRecord, FailureKind, RequestEvidence, Transmission,
@@ -630,7 +631,7 @@ fn copy_evidence(
 ) -> RequestEvidence {
     let mut e = match ext.get::<RequestEvidence>() {
         Some(e) => e.clone(),
-        None => super::middleware::fallback_evidence(result, attempt),
+        None => fallback_evidence(result, attempt),
     };
     e.attempt = attempt;
     e

@@ -11,6 +11,7 @@ use reqwest::{Request, Response};
 use tokio::time::Instant;
 
 use super::attempt_timeout::{self, AttemptScope, attempt_cut};
+use super::fallback::fallback_evidence;
 use super::hedge::{Hedging, RoundSpec};
 use super::{
     AttemptContext, Deadline, DefaultStrategy, ErrorWrapping, Idempotent, MaxRetries, RetryBudget,
@@ -18,9 +19,7 @@ use super::{
     is_idempotent,
 };
 use crate::backoff::{Backoff, RandomSource, ThreadRandom};
-use crate::evidence::{
-    AttemptDecision, AttemptHistory, FailureKind, RequestEvidence, Transmission,
-};
+use crate::evidence::{AttemptDecision, AttemptHistory, FailureKind, RequestEvidence};
 use crate::misconfig::{self, Layer, Misconfiguration};
 use crate::scope::HandedOn;
 use crate::{Origin, ResilienceError};
@@ -870,35 +869,6 @@ fn record(
     let _ = (attempt, method);
 }
 
-/// Evidence when the transport step is not installed: a response speaks for itself; an
-/// error proves nothing about transmission, though some kinds are known never to help.
-pub(super) fn fallback_evidence(
-    result: &reqwest_middleware::Result<Response>,
-    attempt: u32,
-) -> RequestEvidence {
-    match result {
-        Ok(response) => {
-            RequestEvidence::of_response(response, Origin::from_url(response.url()).ok(), attempt)
-        }
-        Err(err) => {
-            let reqwest_err = super::find_reqwest_error(err);
-            let origin = reqwest_err
-                .and_then(|e| e.url())
-                .and_then(|u| Origin::from_url(u).ok());
-            let kind = match reqwest_err {
-                Some(e) if e.is_builder() => FailureKind::Builder,
-                Some(e) if e.is_redirect() => FailureKind::Redirect,
-                Some(e) if e.is_decode() => FailureKind::Decode,
-                Some(e) if e.is_timeout() => FailureKind::Timeout,
-                _ => FailureKind::Other,
-            };
-            let mut e = RequestEvidence::new(Transmission::Unknown, origin, attempt);
-            e.failure = Some(kind);
-            e
-        }
-    }
-}
-
 /// Sleeps `delay`, draining `response` meanwhile.
 async fn wait_before_retry(response: Option<Response>, delay: Duration) {
     let wake = Instant::now() + delay;
@@ -928,6 +898,7 @@ async fn drain(mut response: Response) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::evidence::Transmission;
     use http::StatusCode;
 
     fn config(builder: RetryMiddlewareBuilder) -> Arc<Config> {

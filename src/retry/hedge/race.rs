@@ -14,7 +14,7 @@ use reqwest::{Request, Response};
 use tokio::time::Instant;
 
 use super::delay::{FirstCopy, HedgeTimer};
-use super::record::{cancelled, copy_evidence, record_of, refused};
+use super::record::{RaceOutcome, cancelled, copy_evidence, record_of, refused};
 use super::{Hedging, RoundSpec};
 use crate::evidence::{AttemptRecord, RequestEvidence};
 use crate::retry::attempt_timeout::{AttemptScope, attempt_cut, run_attempt};
@@ -54,10 +54,10 @@ type InFlightOutput<'x> = (reqwest_middleware::Result<Response>, InFlightExtensi
 type InFlightFuture<'x> = Pin<Box<dyn Future<Output = InFlightOutput<'x>> + Send + 'x>>;
 
 /// One copy of the request in flight in a round (the first, or a hedge).
-pub(super) struct InFlight<'x> {
+struct InFlight<'x> {
     future: Option<InFlightFuture<'x>>,
-    pub(super) attempt: u32,
-    pub(super) started: Instant,
+    attempt: u32,
+    started: Instant,
     /// Its hedge budget withdrawal (hedges only), given back if the breaker refused it.
     withdrawal: Option<Withdrawal>,
 }
@@ -72,17 +72,6 @@ struct Finished<'x> {
     result: reqwest_middleware::Result<Response>,
     extensions: InFlightExtensions<'x>,
     evidence: RequestEvidence,
-}
-
-/// A decided race, owning what it hands back (so the caller's extensions are free again).
-pub(super) struct RaceOutcome {
-    pub(super) result: reqwest_middleware::Result<Response>,
-    pub(super) evidence: RequestEvidence,
-    /// The winner's extensions, when a hedge won (the first copy's are the caller's).
-    pub(super) hedge_extensions: Option<Extensions>,
-    /// Copies that failed first, then the cancelled losers.
-    pub(super) losers: Vec<AttemptRecord>,
-    pub(super) hedges: u32,
 }
 
 /// A race under way.
@@ -295,7 +284,7 @@ where
         for copy in self.copies.iter_mut() {
             if let Some(future) = copy.future.take() {
                 drop(future);
-                cancelled_copies.push(cancelled(copy, &spec.origin));
+                cancelled_copies.push(cancelled(copy.attempt, copy.started, &spec.origin));
             }
         }
         if let Some(window) = window {

@@ -3,15 +3,26 @@
 
 use http::Extensions;
 use reqwest::Response;
+use tokio::time::Instant;
 
 use super::Round;
-use super::race::{InFlight, RaceOutcome};
 use crate::Origin;
 use crate::evidence::{
     AttemptDecision, AttemptHistory, AttemptRecord, FailureKind, RequestEvidence, Transmission,
 };
 use crate::retry::attempt_timeout::AttemptScope;
 use crate::retry::fallback::fallback_evidence;
+
+/// A decided race, owning what it hands back (so the caller's extensions are free again).
+pub(super) struct RaceOutcome {
+    pub(super) result: reqwest_middleware::Result<Response>,
+    pub(super) evidence: RequestEvidence,
+    /// The winner's extensions, when a hedge won (the first copy's are the caller's).
+    pub(super) hedge_extensions: Option<Extensions>,
+    /// Copies that failed first, then the cancelled losers.
+    pub(super) losers: Vec<AttemptRecord>,
+    pub(super) hedges: u32,
+}
 
 impl RaceOutcome {
     /// Merges the decided race into the caller's extensions: every copy in the history
@@ -76,10 +87,10 @@ pub(super) fn copy_evidence(
 }
 
 /// The record of a copy cancelled because another won.
-pub(super) fn cancelled(copy: &InFlight<'_>, origin: &Origin) -> AttemptRecord {
-    let mut e = RequestEvidence::new(Transmission::Unknown, Some(origin.clone()), copy.attempt);
+pub(super) fn cancelled(attempt: u32, started: Instant, origin: &Origin) -> AttemptRecord {
+    let mut e = RequestEvidence::new(Transmission::Unknown, Some(origin.clone()), attempt);
     e.failure = Some(FailureKind::Cancelled);
-    e.elapsed = copy.started.elapsed();
+    e.elapsed = started.elapsed();
     record_of(e)
 }
 

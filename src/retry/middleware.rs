@@ -856,17 +856,7 @@ impl Decision<'_> {
         let c = self.config;
         // An attempt timeout's cut is an ordinary failed attempt; the deadline's is the end.
         let timed_out = state.deadline.is_some_and(|d| cut_inside(result, d));
-        let evidence = match extensions.get::<RequestEvidence>() {
-            Some(e) => e.clone(),
-            None => {
-                // A response or a reqwest error without evidence means no transport
-                // step; a middleware error may just come from one inside (a token).
-                if !matches!(result, Err(reqwest_middleware::Error::Middleware(_))) {
-                    misconfig::report_once(Misconfiguration::NoTransportEvidence);
-                }
-                fallback_evidence(result, attempt)
-            }
-        };
+        let evidence = attempt_evidence(result, extensions, attempt);
         // A local rejection (breaker, pause) or a missing transport step leaves no
         // record: add one, so the decision below lands on this attempt.
         let history = extensions.get_or_insert_default::<AttemptHistory>();
@@ -884,21 +874,14 @@ impl Decision<'_> {
             // The deadline passed during the attempt: no time is left for another.
             _ if timed_out => Step::Stop(StopReason::DeadlineExceeded),
             Verdict::Stop(reason) => Step::Stop(reason),
-            Verdict::Retry(reason) => {
-                let retry_in = result
-                    .as_ref()
-                    .err()
-                    .and_then(ResilienceError::from_middleware_error)
-                    .and_then(ResilienceError::retry_in);
-                c.plan(
-                    reason,
-                    &evidence,
-                    retry_in,
-                    can_replay,
-                    state,
-                    Instant::now(),
-                )
-            }
+            Verdict::Retry(reason) => c.plan(
+                reason,
+                &evidence,
+                retry_in(result),
+                can_replay,
+                state,
+                Instant::now(),
+            ),
         };
         record(
             extensions,
@@ -909,6 +892,36 @@ impl Decision<'_> {
         );
         step
     }
+}
+
+/// The attempt's evidence: the transport step's, or one made up when nothing inside left
+/// a record.
+#[inline]
+fn attempt_evidence(
+    result: &reqwest_middleware::Result<Response>,
+    extensions: &Extensions,
+    attempt: u32,
+) -> RequestEvidence {
+    match extensions.get::<RequestEvidence>() {
+        Some(e) => e.clone(),
+        None => {
+            // A response or a reqwest error without evidence means no transport
+            // step; a middleware error may just come from one inside (a token).
+            if !matches!(result, Err(reqwest_middleware::Error::Middleware(_))) {
+                misconfig::report_once(Misconfiguration::NoTransportEvidence);
+            }
+            fallback_evidence(result, attempt)
+        }
+    }
+}
+
+/// The "retry in" an error from inside (the breaker's rejection) carries.
+fn retry_in(result: &reqwest_middleware::Result<Response>) -> Option<Duration> {
+    result
+        .as_ref()
+        .err()
+        .and_then(ResilienceError::from_middleware_error)
+        .and_then(ResilienceError::retry_in)
 }
 
 /// Whether `req` can be copied (what `Request::try_clone` needs: no streamed body),

@@ -325,8 +325,9 @@ impl Stage for CircuitBreakerMiddleware {
                 Ok(permit) => permit,
                 Err(rejection) => return Err(reject(&origin, rejection, extensions)),
             };
-            let (held, sent) = start_under_cut(permit, scope, owner, next, req, extensions, known);
-            let outcome = sent.await;
+            let held = Held::under_cut(permit, scope, extensions);
+            let sent = owner.wrap(next, |next| next.run(req, extensions, known));
+            let outcome = Cut::new(sent, held.cut()).await;
             let (result, permit) = held.end(outcome, extensions, &origin);
             if let Some(permit) = permit {
                 self.record_outcome(permit, &origin, extensions, &result);
@@ -407,42 +408,40 @@ enum Held<'p> {
     },
 }
 
-/// Starts the admitted attempt under its cut: the earlier of the request's [`Deadline`]
-/// and the retry middleware's attempt timeout.
-fn start_under_cut<'a, 'p, N: Inner + 'a>(
-    permit: BreakerPermit<'p>,
-    scope: AttemptScope,
-    owner: crate::scope::Ownership,
-    next: N,
-    req: Request,
-    extensions: &'a mut Extensions,
-    known: Known<'a>,
-) -> (
-    Held<'p>,
-    Cut<crate::scope::Marked<impl Future<Output = reqwest_middleware::Result<Response>> + 'a>>,
-) {
-    // Evidence left by an earlier attempt would otherwise be read as this one's when
-    // no transport step runs inside.
-    extensions.remove::<RequestEvidence>();
-    let deadline = extensions.get::<Deadline>().map(|d| d.0);
-    let cut = crate::retry::earlier(deadline, scope.cut);
-    let held = match cut {
-        None => Held::Uncut(permit),
-        Some(deadline) => Held::Cut {
-            recorded_before: extensions.get::<AttemptHistory>().map_or(0, |h| h.len()),
-            guard: CutAtDeadline {
-                permit: Some(permit),
-                deadline,
-                started: Instant::now(),
-                lost: scope.lost,
-            },
-        },
-    };
-    let sent = owner.wrap(next, |next| next.run(req, extensions, known));
-    (held, Cut::new(sent, cut))
-}
-
 impl<'p> Held<'p> {
+    /// Holds an admitted attempt's permit under its cut: the earlier of the request's
+    /// [`Deadline`] and the retry middleware's attempt timeout.
+    fn under_cut(
+        permit: BreakerPermit<'p>,
+        scope: AttemptScope,
+        extensions: &mut Extensions,
+    ) -> Self {
+        // Evidence left by an earlier attempt would otherwise be read as this one's when
+        // no transport step runs inside.
+        extensions.remove::<RequestEvidence>();
+        let deadline = extensions.get::<Deadline>().map(|d| d.0);
+        match crate::retry::earlier(deadline, scope.cut) {
+            None => Held::Uncut(permit),
+            Some(deadline) => Held::Cut {
+                recorded_before: extensions.get::<AttemptHistory>().map_or(0, |h| h.len()),
+                guard: CutAtDeadline {
+                    permit: Some(permit),
+                    deadline,
+                    started: Instant::now(),
+                    lost: scope.lost,
+                },
+            },
+        }
+    }
+
+    /// When the attempt is cut (`None`: never).
+    fn cut(&self) -> Option<Instant> {
+        match self {
+            Held::Uncut(_) => None,
+            Held::Cut { guard, .. } => Some(guard.deadline),
+        }
+    }
+
     /// The attempt's result, and the permit to count it with (`None` when the cut
     /// counted it already, or it has nothing to count).
     fn end(

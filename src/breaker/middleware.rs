@@ -10,6 +10,7 @@ use crate::stage::{Inner, Known, Stage, standalone_middleware};
 use http::{Extensions, StatusCode};
 use reqwest::{Request, Response};
 use tokio::time::Instant;
+use tokio::time::error::Elapsed;
 
 use super::config::PauseMode;
 use super::policy::{AttemptClassifier, DefaultClassifier, Outcome};
@@ -318,79 +319,153 @@ impl Stage for CircuitBreakerMiddleware {
             };
             // The retry middleware's word on this attempt: its own cut, whether it is a hedge.
             let scope = extensions.remove::<AttemptScope>().unwrap_or_default();
-            let admitted = match self.registry.acquire(&origin) {
-                // A hedge is never a probe: one slow probe must not become two.
-                Ok(permit) if scope.hedge && permit.is_probe() => Err(hedge_refused(&origin)),
-                Ok(permit) => Ok(permit),
-                // A hedge does not wait out a pause: it would only add load when it ends.
-                Err(first) if scope.hedge => Err(first),
-                // Boxed: rare, and its sleep would otherwise enlarge every request's future.
-                Err(first) => Box::pin(self.admit_after(&origin, extensions, first)).await,
-            };
-            let permit = match admitted {
+            let permit = match self.admit(&origin, scope.hedge, extensions).await {
                 Ok(permit) => permit,
-                Err(rejection) => {
-                    crate::metrics::breaker_rejection(&origin, rejection.reason);
-                    record_rejection(&rejection, extensions);
-                    return Err(reqwest_middleware::Error::middleware(
-                        ResilienceError::from(rejection),
-                    ));
-                }
+                Err(rejection) => return Err(reject(&origin, rejection, extensions)),
             };
-            // Evidence left by an earlier attempt would otherwise be read as this one's when
-            // no transport step runs inside.
-            extensions.remove::<RequestEvidence>();
-            let deadline = extensions.get::<Deadline>().map(|d| d.0);
-            let cut = earlier(deadline, scope.cut);
-            let (result, permit) = match cut {
-                // A hedge loser dropped here frees its permit unrecorded, like any
-                // cancellation.
-                None => (
-                    owner
-                        .wrap(next, |next| next.run(req, extensions, known))
-                        .await,
-                    Some(permit),
-                ),
-                Some(deadline) => {
-                    let recorded_before = extensions.get::<AttemptHistory>().map_or(0, |h| h.len());
-                    let started = Instant::now();
-                    let guard = CutAtDeadline {
-                        permit: Some(permit),
-                        deadline,
-                        started,
-                        lost: scope.lost,
-                    };
-                    let sent = owner.wrap(next, |next| next.run(req, extensions, known));
-                    match Cut::new(sent, Some(deadline)).await {
-                        Ok(result) => (result, guard.disarm()),
-                        Err(elapsed) => {
-                            record_deadline_cut(extensions, &origin, recorded_before, started);
-                            // Its drop counts the timeout (the deadline has passed).
-                            drop(guard);
-                            return Err(reqwest_middleware::Error::middleware(elapsed));
-                        }
-                    }
-                }
-            };
-            let Some(permit) = permit else {
-                return result;
-            };
-            let evidence = extensions.get::<RequestEvidence>();
-            let outcome = self.classifier.classify(evidence, &result);
-            let pause = server_pause(evidence, &result);
-            match evidence.and_then(|e| e.final_origin.as_ref()) {
-                // Each hop's outcome belongs to the origin that produced it: this origin
-                // answered with a redirect, and the last hop's answer (or failure, and any
-                // pause it asked for) is the other origin's.
-                Some(last) if *last != origin => {
-                    permit.record(Outcome::Success);
-                    if let Ok(other) = self.registry.acquire(last) {
-                        other.record_with_pause(outcome, pause);
-                    }
-                }
-                _ => permit.record_with_pause(outcome, pause),
+            let held = Held::under_cut(permit, scope, extensions);
+            let sent = owner.wrap(next, |next| next.run(req, extensions, known));
+            let outcome = Cut::new(sent, held.cut()).await;
+            let (result, permit) = held.end(outcome, extensions, &origin);
+            if let Some(permit) = permit {
+                self.record_outcome(permit, &origin, extensions, &result);
             }
             result
+        }
+    }
+}
+
+impl CircuitBreakerMiddleware {
+    /// The gate: the origin's breaker admits the attempt, or turns it away (after waiting
+    /// out a pause, when it may).
+    async fn admit<'a>(
+        &'a self,
+        origin: &'a Origin,
+        hedge: bool,
+        extensions: &mut Extensions,
+    ) -> Result<BreakerPermit<'a>, BreakerRejection> {
+        match self.registry.acquire(origin) {
+            // A hedge is never a probe: one slow probe must not become two.
+            Ok(permit) if hedge && permit.is_probe() => Err(hedge_refused(origin)),
+            Ok(permit) => Ok(permit),
+            // A hedge does not wait out a pause: it would only add load when it ends.
+            Err(first) if hedge => Err(first),
+            // Boxed: rare, and its sleep would otherwise enlarge every request's future.
+            Err(first) => Box::pin(self.admit_after(origin, extensions, first)).await,
+        }
+    }
+
+    /// Counts the outcome of an attempt that ran to its end with the breaker's permit.
+    fn record_outcome(
+        &self,
+        permit: BreakerPermit<'_>,
+        origin: &Origin,
+        extensions: &Extensions,
+        result: &reqwest_middleware::Result<Response>,
+    ) {
+        let evidence = extensions.get::<RequestEvidence>();
+        let outcome = self.classifier.classify(evidence, result);
+        let pause = server_pause(evidence, result);
+        match evidence.and_then(|e| e.final_origin.as_ref()) {
+            // Each hop's outcome belongs to the origin that produced it: this origin
+            // answered with a redirect, and the last hop's answer (or failure, and any
+            // pause it asked for) is the other origin's.
+            Some(last) if last != origin => {
+                permit.record(Outcome::Success);
+                if let Ok(other) = self.registry.acquire(last) {
+                    other.record_with_pause(outcome, pause);
+                }
+            }
+            _ => permit.record_with_pause(outcome, pause),
+        }
+    }
+}
+
+/// A rejected attempt: counted in the metrics, its evidence left in the extensions, and
+/// its error.
+fn reject(
+    origin: &Origin,
+    rejection: BreakerRejection,
+    extensions: &mut Extensions,
+) -> reqwest_middleware::Error {
+    crate::metrics::breaker_rejection(origin, rejection.reason);
+    record_rejection(&rejection, extensions);
+    reqwest_middleware::Error::middleware(ResilienceError::from(rejection))
+}
+
+/// How an admitted attempt holds its permit while it runs.
+enum Held<'p> {
+    /// No cut: a hedge loser dropped here frees its permit unrecorded, like any
+    /// cancellation.
+    Uncut(BreakerPermit<'p>),
+    /// Under a cut: dropped past it, the guard counts the timeout.
+    Cut {
+        guard: CutAtDeadline<'p>,
+        /// The history's length before the attempt.
+        recorded_before: usize,
+    },
+}
+
+impl<'p> Held<'p> {
+    /// Holds an admitted attempt's permit under its cut: the earlier of the request's
+    /// [`Deadline`] and the retry middleware's attempt timeout.
+    fn under_cut(
+        permit: BreakerPermit<'p>,
+        scope: AttemptScope,
+        extensions: &mut Extensions,
+    ) -> Self {
+        // Evidence left by an earlier attempt would otherwise be read as this one's when
+        // no transport step runs inside.
+        extensions.remove::<RequestEvidence>();
+        let deadline = extensions.get::<Deadline>().map(|d| d.0);
+        match earlier(deadline, scope.cut) {
+            None => Held::Uncut(permit),
+            Some(deadline) => Held::Cut {
+                recorded_before: extensions.get::<AttemptHistory>().map_or(0, |h| h.len()),
+                guard: CutAtDeadline {
+                    permit: Some(permit),
+                    deadline,
+                    started: Instant::now(),
+                    lost: scope.lost,
+                },
+            },
+        }
+    }
+
+    /// When the attempt is cut (`None`: never).
+    fn cut(&self) -> Option<Instant> {
+        match self {
+            Held::Uncut(_) => None,
+            Held::Cut { guard, .. } => Some(guard.deadline),
+        }
+    }
+
+    /// The attempt's result, and the permit to count it with (`None` when the cut
+    /// counted it already, or it has nothing to count).
+    fn end(
+        self,
+        outcome: Result<reqwest_middleware::Result<Response>, Elapsed>,
+        extensions: &mut Extensions,
+        origin: &Origin,
+    ) -> (
+        reqwest_middleware::Result<Response>,
+        Option<BreakerPermit<'p>>,
+    ) {
+        match (self, outcome) {
+            (Held::Uncut(permit), Ok(result)) => (result, Some(permit)),
+            (Held::Cut { guard, .. }, Ok(result)) => (result, guard.disarm()),
+            (held, Err(elapsed)) => {
+                if let Held::Cut {
+                    guard,
+                    recorded_before,
+                } = held
+                {
+                    record_deadline_cut(extensions, origin, recorded_before, guard.started);
+                    // Its drop counts the timeout (the deadline has passed).
+                    drop(guard);
+                }
+                (Err(reqwest_middleware::Error::middleware(elapsed)), None)
+            }
         }
     }
 }

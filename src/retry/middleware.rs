@@ -11,6 +11,7 @@ use reqwest::{Request, Response};
 use tokio::time::Instant;
 
 use super::attempt_timeout::{self, attempt_cut};
+use super::fallback::fallback_evidence;
 use super::hedge::{Hedging, RoundSpec};
 use super::{
     AttemptContext, Deadline, DefaultStrategy, ErrorWrapping, Idempotent, MaxRetries, RetryBudget,
@@ -18,9 +19,7 @@ use super::{
     is_idempotent,
 };
 use crate::backoff::{Backoff, RandomSource, ThreadRandom};
-use crate::evidence::{
-    AttemptDecision, AttemptHistory, FailureKind, RequestEvidence, Transmission,
-};
+use crate::evidence::{AttemptDecision, AttemptHistory, FailureKind, RequestEvidence};
 use crate::misconfig::{self, Misconfiguration};
 use crate::record::{AttemptScope, HandedOn};
 use crate::{Origin, ResilienceError};
@@ -510,7 +509,8 @@ impl Stage for RetryMiddleware {
 }
 
 impl RetryMiddleware {
-    /// The retry loop for one logical request.
+    /// The retry loop for one logical request: prepare an attempt, run it (plain or as a
+    /// hedged round), decide, and either stop or wait and go round again.
     // Not an `async fn`: its desugaring moves each argument into a second slot of the
     // future, and a `Request` is 264 bytes copied into every request's boxed future.
     #[allow(clippy::manual_async_fn)]
@@ -525,170 +525,309 @@ impl RetryMiddleware {
             // The owner of the request clears what an earlier one left behind, a deadline
             // handed on for a request whose future was dropped included.
             let owner = known.enter(extensions, "RetryMiddleware", true, req.url())?;
-            let handed_on = match (extensions.get::<Deadline>(), self.config.deadline) {
-                (None, Some(total)) => Instant::now().checked_add(total),
-                _ => None,
-            };
-            // The middlewares inside (the breaker waiting out a pause) honour the same
-            // deadline; it ends with the request ([`finish`]).
-            if let Some(d) = handed_on {
-                extensions.insert(Deadline(d));
-                extensions.insert(HandedOn(Deadline(d)));
-            }
-            let handed_on = handed_on.is_some();
-            let c = &*self.config;
-            let idempotent = extensions
-                .get::<Idempotent>()
-                .map_or_else(|| is_idempotent(req.method(), req.headers()), |i| i.0);
-            let method = req.method().clone();
-            // Worked out once for every attempt and every stage inside.
-            let origin = known.origin(req.url());
-            let mut state = LoopState {
-                // Only an external policy reads the wall clock; the success path skips it.
-                started_system: matches!(c.delays, Delays::External(_)).then(SystemTime::now),
-                deadline: extensions.get::<Deadline>().map(|d| d.0),
-                max_retries: extensions
-                    .get::<MaxRetries>()
-                    .map_or_else(|| c.max_retries(), |m| m.0),
-                retries: 0,
-                previous_delay: None,
-                attempt_timeout: attempt_timeout::for_request(extensions, c.attempt_timeout),
-                hedges: 0,
-            };
-            if let Some(budget) = &c.budget {
-                budget.deposit();
-            }
-            let hedging = c.hedging.as_ref().filter(|_| idempotent);
-            if let Some(h) = hedging {
-                h.deposit();
-            }
-            let mut not_processed_retries = 0;
+            let mut run = RequestRun::begin(&self.config, &req, extensions, known);
             loop {
-                let attempt = state.retries + state.hedges + 1;
                 // One attempt and its decision, in a block of their own: the request, the
                 // response and the evidence end with it, so the future does not also keep
                 // their slots through the backoff wait below (every request pays for the
                 // future's size when it is boxed).
-                let (wait, delay, reason, withdrawal) = {
-                    // Cloning only when a retry is still possible keeps streaming bodies (and
-                    // `MaxRetries(0)`) on the single-send path.
-                    let spare = if state.retries < state.max_retries {
-                        req.try_clone()
-                    } else {
-                        None
-                    };
-                    // Evidence from the previous attempt must not be mistaken for this one's.
-                    extensions.remove::<RequestEvidence>();
-                    let recorded_before = extensions.get::<AttemptHistory>().map_or(0, |h| h.len());
-                    // The deadline bounds the attempt too: a server that trickles its answer (or
-                    // none) must not hold the caller past it when reqwest has no timeout.
-                    // The copy to hedge from and the origin are bound in the hedged branch
-                    // only: the success path's future keeps no slot for them.
-                    let hedge = hedging.filter(|h| state.hedges < h.max());
-                    let (result, hedges) = if let Some(h) = hedge
-                        && let Some(origin) = &origin
-                        && replayable(&req)
+                let (wait, retry) = {
+                    let prepared = run.prepare(&req, extensions);
+                    let (result, hedges) = if let Some((hedging, spec)) =
+                        run.hedged_round(&req, prepared.attempt, owner)
                     {
-                        let spec = RoundSpec {
-                            deadline: state.deadline,
-                            attempt_timeout: state.attempt_timeout,
-                            hedges_left: h.max() - state.hedges,
-                            attempt,
-                            origin: origin.clone(),
-                            owner,
-                        };
-                        let is_final = |evidence: &RequestEvidence, attempt| {
-                            let ctx = AttemptContext {
-                                evidence,
-                                method: &method,
-                                idempotent,
-                                attempt,
-                                not_processed_retries,
-                            };
-                            matches!(c.strategy.decide(&ctx), Verdict::Stop(_))
-                        };
+                        let is_final = run.is_final();
                         // Boxed: only hedged requests carry the race in their future.
-                        let round = Box::pin(h.round(spec, &next, req, extensions, is_final)).await;
+                        let round =
+                            Box::pin(hedging.round(spec, &next, req, extensions, is_final)).await;
                         (round.result, round.hedges)
                     } else {
-                        let cut = attempt_cut(state.deadline, state.attempt_timeout);
-                        let scope = state.attempt_timeout.map(|_| AttemptScope::cut_at(cut));
-                        // The stages inside share the origin, and replay the spare.
-                        let known = known.with_origin(&origin).with_spare(spare.as_ref());
-                        let (sent, end) = attempt_timeout::start_attempt(
-                            next.clone(),
-                            req,
-                            &mut *extensions,
-                            known,
-                            owner,
-                            cut,
-                            scope,
-                            attempt,
-                        );
+                        let (sent, end) =
+                            run.start_attempt(&next, req, extensions, known, owner, &prepared);
                         let outcome = sent.await;
-                        let result = end.finish(outcome, extensions, &origin);
-                        (result, 0)
+                        (end.finish(outcome, extensions, &run.origin), 0)
                     };
-                    // Each hedge sent is an attempt of its own.
-                    state.hedges += hedges;
-                    let attempt = attempt + hedges;
-                    let decision = Decision {
-                        config: c,
-                        method: &method,
-                        idempotent,
-                        not_processed_retries,
-                        recorded_before,
-                        transport_installed: known.transport_installed(),
-                    };
-                    let step =
-                        decision.decide(&result, extensions, attempt, spare.is_some(), &state);
-                    let (delay, reason, next_req, withdrawal) = match (step, spare) {
-                        (
-                            Step::Retry {
-                                delay,
-                                reason,
-                                withdrawal,
-                            },
-                            Some(next_req),
-                        ) => (delay, reason, next_req, withdrawal),
-                        (Step::Stop(stop), _) => {
-                            return finish(c, result, attempt, stop, extensions, handed_on);
-                        }
-                        // `plan` never retries without a replayable request.
-                        (Step::Retry { .. }, None) => {
-                            return finish(
-                                c,
-                                result,
-                                attempt,
-                                StopReason::BodyNotClonable,
-                                extensions,
-                                handed_on,
-                            );
-                        }
+                    let (spare, retry) = match run.decide(&result, extensions, prepared, hedges) {
+                        Ok(retry) => retry,
+                        Err(stopped) => return run.finish(result, stopped, extensions),
                     };
                     // The attempt's request was moved into it; the spare is the next one.
-                    req = next_req;
+                    req = spare;
                     // Boxed: the timers and the drain are large, and only a retry needs them,
                     // so the success path does not carry (and copy) them in its future.
-                    (
-                        Box::pin(wait_before_retry(result.ok(), delay)),
-                        delay,
-                        reason,
-                        withdrawal,
-                    )
+                    (Box::pin(wait_before_retry(result.ok(), retry.delay)), retry)
                 };
-                // Dropped during the wait, the retry is never made: its budget goes back.
-                let mut unspent = Unspent(c.budget.as_ref().zip(withdrawal));
-                wait.await;
-                unspent.0 = None;
-                if reason == RetryReason::NotProcessed {
-                    not_processed_retries += 1;
-                }
-                state.previous_delay = Some(delay);
-                state.retries += 1;
+                run.wait_then_count(wait, retry).await;
             }
         }
     }
+}
+
+/// One logical request in the retry loop: what its attempts share.
+struct RequestRun<'a> {
+    config: &'a Config,
+    method: http::Method,
+    idempotent: bool,
+    /// Worked out once for every attempt and every stage inside.
+    origin: Option<Origin>,
+    /// The hedging of an idempotent request.
+    hedging: Option<&'a Hedging>,
+    state: LoopState,
+    not_processed_retries: u32,
+    /// Whether this middleware handed its `total_deadline` inward as a [`Deadline`].
+    handed_on: bool,
+    /// Whether the stack installed the transport step inside (see [`Decision`]).
+    transport_installed: bool,
+}
+
+/// An attempt about to run.
+struct PreparedAttempt {
+    /// Its number, counting the first attempt and every hedge.
+    attempt: u32,
+    /// The copy of the request for the next attempt, when a retry is still possible.
+    spare: Option<Request>,
+    /// The history's length before the attempt.
+    recorded_before: usize,
+}
+
+/// A retry the decision took: its delay, why, and the budget's withdrawal for it.
+struct PlannedRetry {
+    delay: Duration,
+    reason: RetryReason,
+    withdrawal: Option<Withdrawal>,
+}
+
+/// Why the loop stopped, after how many attempts.
+struct Stopped {
+    attempts: u32,
+    stop: StopReason,
+}
+
+impl<'a> RequestRun<'a> {
+    /// Sets the request up: the deadline handed inward, the loop's state, the deposits in
+    /// the retry and hedge budgets.
+    fn begin(
+        config: &'a Config,
+        req: &Request,
+        extensions: &mut Extensions,
+        known: Known<'_>,
+    ) -> Self {
+        let handed_on = hand_on_deadline(config, extensions);
+        let idempotent = extensions
+            .get::<Idempotent>()
+            .map_or_else(|| is_idempotent(req.method(), req.headers()), |i| i.0);
+        let state = LoopState {
+            // Only an external policy reads the wall clock; the success path skips it.
+            started_system: matches!(config.delays, Delays::External(_)).then(SystemTime::now),
+            deadline: extensions.get::<Deadline>().map(|d| d.0),
+            max_retries: extensions
+                .get::<MaxRetries>()
+                .map_or_else(|| config.max_retries(), |m| m.0),
+            retries: 0,
+            previous_delay: None,
+            attempt_timeout: attempt_timeout::for_request(extensions, config.attempt_timeout),
+            hedges: 0,
+        };
+        if let Some(budget) = &config.budget {
+            budget.deposit();
+        }
+        let hedging = config.hedging.as_ref().filter(|_| idempotent);
+        if let Some(h) = hedging {
+            h.deposit();
+        }
+        RequestRun {
+            config,
+            method: req.method().clone(),
+            idempotent,
+            origin: known.origin(req.url()),
+            hedging,
+            state,
+            not_processed_retries: 0,
+            handed_on,
+            transport_installed: known.transport_installed(),
+        }
+    }
+
+    /// Readies the next attempt: its number, the spare copy of the request, and the
+    /// extensions cleared of the previous attempt's evidence.
+    fn prepare(&self, req: &Request, extensions: &mut Extensions) -> PreparedAttempt {
+        // Cloning only when a retry is still possible keeps streaming bodies (and
+        // `MaxRetries(0)`) on the single-send path.
+        let spare = if self.state.retries < self.state.max_retries {
+            req.try_clone()
+        } else {
+            None
+        };
+        // Evidence from the previous attempt must not be mistaken for this one's.
+        extensions.remove::<RequestEvidence>();
+        PreparedAttempt {
+            attempt: self.state.retries + self.state.hedges + 1,
+            spare,
+            recorded_before: extensions.get::<AttemptHistory>().map_or(0, |h| h.len()),
+        }
+    }
+
+    /// The hedged round this attempt runs as, when hedges are left, the request has an
+    /// origin and its body can be copied.
+    fn hedged_round(
+        &self,
+        req: &Request,
+        attempt: u32,
+        owner: crate::stage::scope::Ownership,
+    ) -> Option<(&'a Hedging, RoundSpec)> {
+        let hedging = self.hedging.filter(|h| self.state.hedges < h.max())?;
+        let origin = self.origin.as_ref().filter(|_| replayable(req))?;
+        // The deadline bounds the attempt too: a server that trickles its answer (or
+        // none) must not hold the caller past it when reqwest has no timeout.
+        let spec = RoundSpec {
+            deadline: self.state.deadline,
+            attempt_timeout: self.state.attempt_timeout,
+            hedges_left: hedging.max() - self.state.hedges,
+            attempt,
+            origin: origin.clone(),
+            owner,
+        };
+        Some((hedging, spec))
+    }
+
+    /// Whether the retry decision would stop on a copy's outcome (a hedged round's
+    /// winner).
+    fn is_final(&self) -> impl Fn(&RequestEvidence, u32) -> bool + Sync + '_ {
+        move |evidence: &RequestEvidence, attempt| {
+            let ctx = AttemptContext {
+                evidence,
+                method: &self.method,
+                idempotent: self.idempotent,
+                attempt,
+                not_processed_retries: self.not_processed_retries,
+            };
+            matches!(self.config.strategy.decide(&ctx), Verdict::Stop(_))
+        }
+    }
+
+    /// Starts a plain attempt, cut at the deadline or its attempt timeout.
+    fn start_attempt<'s, N: Inner + 's>(
+        &'s self,
+        next: &N,
+        req: Request,
+        extensions: &'s mut Extensions,
+        known: Known<'s>,
+        owner: crate::stage::scope::Ownership,
+        prepared: &'s PreparedAttempt,
+    ) -> (attempt_timeout::Sent<'s>, attempt_timeout::AttemptEnd) {
+        let cut = attempt_cut(self.state.deadline, self.state.attempt_timeout);
+        let scope = self
+            .state
+            .attempt_timeout
+            .map(|_| AttemptScope::cut_at(cut));
+        // The stages inside share the origin, and replay the spare.
+        let known = known
+            .with_origin(&self.origin)
+            .with_spare(prepared.spare.as_ref());
+        attempt_timeout::start_attempt(
+            next.clone(),
+            req,
+            extensions,
+            known,
+            owner,
+            cut,
+            scope,
+            prepared.attempt,
+        )
+    }
+
+    /// Decides after the attempt (and the `hedges` its round sent): a retry, with the
+    /// spare request to make it with, or a stop.
+    fn decide(
+        &mut self,
+        result: &reqwest_middleware::Result<Response>,
+        extensions: &mut Extensions,
+        prepared: PreparedAttempt,
+        hedges: u32,
+    ) -> Result<(Request, PlannedRetry), Stopped> {
+        // Each hedge sent is an attempt of its own.
+        self.state.hedges += hedges;
+        let attempts = prepared.attempt + hedges;
+        let decision = Decision {
+            config: self.config,
+            method: &self.method,
+            idempotent: self.idempotent,
+            not_processed_retries: self.not_processed_retries,
+            recorded_before: prepared.recorded_before,
+            transport_installed: self.transport_installed,
+        };
+        let can_replay = prepared.spare.is_some();
+        let step = decision.decide(result, extensions, attempts, can_replay, &self.state);
+        match (step, prepared.spare) {
+            (
+                Step::Retry {
+                    delay,
+                    reason,
+                    withdrawal,
+                },
+                Some(spare),
+            ) => Ok((
+                spare,
+                PlannedRetry {
+                    delay,
+                    reason,
+                    withdrawal,
+                },
+            )),
+            (Step::Stop(stop), _) => Err(Stopped { attempts, stop }),
+            // `plan` never retries without a replayable request.
+            (Step::Retry { .. }, None) => Err(Stopped {
+                attempts,
+                stop: StopReason::BodyNotClonable,
+            }),
+        }
+    }
+
+    /// Waits out the retry's delay, then counts the retry. Dropped during the wait, the
+    /// retry is never made: its budget goes back.
+    async fn wait_then_count(&mut self, wait: impl Future<Output = ()>, retry: PlannedRetry) {
+        let mut unspent = Unspent(self.config.budget.as_ref().zip(retry.withdrawal));
+        wait.await;
+        unspent.0 = None;
+        if retry.reason == RetryReason::NotProcessed {
+            self.not_processed_retries += 1;
+        }
+        self.state.previous_delay = Some(retry.delay);
+        self.state.retries += 1;
+    }
+
+    /// The request's result, with its [`RetryOutcome`].
+    fn finish(
+        &self,
+        result: reqwest_middleware::Result<Response>,
+        stopped: Stopped,
+        extensions: &mut Extensions,
+    ) -> reqwest_middleware::Result<Response> {
+        let Stopped { attempts, stop } = stopped;
+        finish(
+            self.config,
+            result,
+            attempts,
+            stop,
+            extensions,
+            self.handed_on,
+        )
+    }
+}
+
+/// Hands the configured total deadline inward as a [`Deadline`] when the request has none:
+/// the middlewares inside (the breaker waiting out a pause) honour the same deadline; it
+/// ends with the request ([`finish`]). Whether it did.
+fn hand_on_deadline(config: &Config, extensions: &mut Extensions) -> bool {
+    let handed_on = match (extensions.get::<Deadline>(), config.deadline) {
+        (None, Some(total)) => Instant::now().checked_add(total),
+        _ => None,
+    };
+    if let Some(d) = handed_on {
+        extensions.insert(Deadline(d));
+        extensions.insert(HandedOn(Deadline(d)));
+    }
+    handed_on.is_some()
 }
 
 /// What the decision after an attempt needs besides the attempt itself.
@@ -723,20 +862,7 @@ impl Decision<'_> {
         let c = self.config;
         // An attempt timeout's cut is an ordinary failed attempt; the deadline's is the end.
         let timed_out = state.deadline.is_some_and(|d| cut_inside(result, d));
-        let evidence = match extensions.get::<RequestEvidence>() {
-            Some(e) => e.clone(),
-            None => {
-                // A response or a reqwest error without evidence means no transport
-                // step, unless the stack installed one (a per-attempt middleware answered
-                // itself); a middleware error may just come from one inside (a token).
-                if !self.transport_installed
-                    && !matches!(result, Err(reqwest_middleware::Error::Middleware(_)))
-                {
-                    misconfig::report_once(Misconfiguration::NoTransportEvidence);
-                }
-                fallback_evidence(result, attempt)
-            }
-        };
+        let evidence = attempt_evidence(result, extensions, attempt, self.transport_installed);
         // A local rejection (breaker, pause) or a missing transport step leaves no
         // record: add one, so the decision below lands on this attempt.
         let history = extensions.get_or_insert_default::<AttemptHistory>();
@@ -754,21 +880,14 @@ impl Decision<'_> {
             // The deadline passed during the attempt: no time is left for another.
             _ if timed_out => Step::Stop(StopReason::DeadlineExceeded),
             Verdict::Stop(reason) => Step::Stop(reason),
-            Verdict::Retry(reason) => {
-                let retry_in = result
-                    .as_ref()
-                    .err()
-                    .and_then(ResilienceError::from_middleware_error)
-                    .and_then(ResilienceError::retry_in);
-                c.plan(
-                    reason,
-                    &evidence,
-                    retry_in,
-                    can_replay,
-                    state,
-                    Instant::now(),
-                )
-            }
+            Verdict::Retry(reason) => c.plan(
+                reason,
+                &evidence,
+                retry_in(result),
+                can_replay,
+                state,
+                Instant::now(),
+            ),
         };
         record(
             extensions,
@@ -779,6 +898,40 @@ impl Decision<'_> {
         );
         step
     }
+}
+
+/// The attempt's evidence: the transport step's, or one made up when nothing inside left
+/// a record.
+#[inline]
+fn attempt_evidence(
+    result: &reqwest_middleware::Result<Response>,
+    extensions: &Extensions,
+    attempt: u32,
+    transport_installed: bool,
+) -> RequestEvidence {
+    match extensions.get::<RequestEvidence>() {
+        Some(e) => e.clone(),
+        None => {
+            // A response or a reqwest error without evidence means no transport step,
+            // unless the stack installed one (a per-attempt middleware answered itself);
+            // a middleware error may just come from one inside (a token).
+            if !transport_installed
+                && !matches!(result, Err(reqwest_middleware::Error::Middleware(_)))
+            {
+                misconfig::report_once(Misconfiguration::NoTransportEvidence);
+            }
+            fallback_evidence(result, attempt)
+        }
+    }
+}
+
+/// The "retry in" an error from inside (the breaker's rejection) carries.
+fn retry_in(result: &reqwest_middleware::Result<Response>) -> Option<Duration> {
+    result
+        .as_ref()
+        .err()
+        .and_then(ResilienceError::from_middleware_error)
+        .and_then(ResilienceError::retry_in)
 }
 
 /// Whether `req` can be copied (what `Request::try_clone` needs: no streamed body),
@@ -876,35 +1029,6 @@ fn record(
     let _ = (attempt, method);
 }
 
-/// Evidence when the transport step is not installed: a response speaks for itself; an
-/// error proves nothing about transmission, though some kinds are known never to help.
-pub(super) fn fallback_evidence(
-    result: &reqwest_middleware::Result<Response>,
-    attempt: u32,
-) -> RequestEvidence {
-    match result {
-        Ok(response) => {
-            RequestEvidence::of_response(response, Origin::from_url(response.url()).ok(), attempt)
-        }
-        Err(err) => {
-            let reqwest_err = super::find_reqwest_error(err);
-            let origin = reqwest_err
-                .and_then(|e| e.url())
-                .and_then(|u| Origin::from_url(u).ok());
-            let kind = match reqwest_err {
-                Some(e) if e.is_builder() => FailureKind::Builder,
-                Some(e) if e.is_redirect() => FailureKind::Redirect,
-                Some(e) if e.is_decode() => FailureKind::Decode,
-                Some(e) if e.is_timeout() => FailureKind::Timeout,
-                _ => FailureKind::Other,
-            };
-            let mut e = RequestEvidence::new(Transmission::Unknown, origin, attempt);
-            e.failure = Some(kind);
-            e
-        }
-    }
-}
-
 /// Sleeps `delay`, draining `response` meanwhile.
 async fn wait_before_retry(response: Option<Response>, delay: Duration) {
     let wake = Instant::now() + delay;
@@ -934,6 +1058,7 @@ async fn drain(mut response: Response) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::evidence::Transmission;
     use http::StatusCode;
 
     fn config(builder: RetryMiddlewareBuilder) -> Arc<Config> {

@@ -35,6 +35,7 @@ mod attempt_timeout;
 mod budget;
 mod decision;
 mod error;
+mod fallback;
 mod hedge;
 mod latency;
 mod middleware;

@@ -873,8 +873,12 @@ mod observe {
                     Some(DecisionField::Retry(*reason)),
                     Some(delay.as_millis() as u64),
                 ),
-                Some(AttemptDecision::Stop { reason }) => (Some(DecisionField::Stop(*reason)), None),
-                Some(AttemptDecision::Superseded { by }) => (Some(DecisionField::Superseded(*by)), None),
+                Some(AttemptDecision::Stop { reason }) => {
+                    (Some(DecisionField::Stop(*reason)), None)
+                }
+                Some(AttemptDecision::Superseded { by }) => {
+                    (Some(DecisionField::Superseded(*by)), None)
+                }
                 None => (None, None),
             };
             tracing::event!(

@@ -1,0 +1,106 @@
+//! When a hedge is due: the round's delay (fixed, or the origin's latency percentile),
+//! the timer that fires it, and the first copy's latency fed back to the estimate.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::Context;
+use std::time::Duration;
+
+use tokio::time::{Instant, Sleep};
+
+use super::{HedgeDelay, Hedging, RoundSpec};
+use crate::Origin;
+use crate::evidence::{AttemptRecord, FailureKind};
+use crate::retry::latency::Window;
+
+impl Hedging {
+    pub(super) fn delay_from(&self, estimate: Option<Duration>) -> Duration {
+        match self.delay {
+            HedgeDelay::Fixed(d) => d,
+            // Not `clamp`: bounds a built middleware never accepts (`min > max`, refused by
+            // `validate`) can still reach `current_delay` on an unbuilt clone, and must not
+            // panic there.
+            HedgeDelay::Adaptive { min, max, .. } => estimate.map_or(max, |e| e.max(min).min(max)),
+        }
+    }
+
+    /// The origin's latency window, when the delay is adaptive (a fixed one reads none).
+    pub(super) fn adaptive_window(&self, origin: &Origin) -> Option<Arc<Window>> {
+        matches!(self.delay, HedgeDelay::Adaptive { .. }).then(|| self.latencies.window(origin))
+    }
+
+    /// Feeds the first copy's latency to the estimate: its time to an answer, or,
+    /// cancelled, the time it had run (a lower bound that keeps the slow tail's share true).
+    pub(super) fn record_first_copy<'r>(
+        &self,
+        window: &Window,
+        first: FirstCopy<'_>,
+        mut losers: impl Iterator<Item = &'r AttemptRecord>,
+    ) {
+        let sample = match first {
+            FirstCopy::Won(evidence) => evidence.status().map(|_| evidence.elapsed),
+            FirstCopy::Lost(attempt) => losers
+                .find(|r| r.evidence.attempt == attempt)
+                .filter(|r| {
+                    r.evidence.failure == Some(FailureKind::Cancelled)
+                        || r.evidence.status().is_some()
+                })
+                .map(|r| r.evidence.elapsed),
+        };
+        if let Some(sample) = sample {
+            self.latencies.record(window, sample);
+        }
+    }
+}
+
+/// How the first copy of a round ended, for its latency sample.
+pub(super) enum FirstCopy<'e> {
+    /// It won, with this evidence.
+    Won(&'e crate::evidence::RequestEvidence),
+    /// It lost: its record, if any, is among the losers under this attempt number.
+    Lost(u32),
+}
+
+/// The timer of the next hedge: one delay after the previous copy was sent, while the
+/// request may send more hedges and the hedge would start before the deadline.
+pub(super) struct HedgeTimer {
+    delay: Duration,
+    hedges_left: u32,
+    deadline: Option<Instant>,
+    sleep: Option<Pin<Box<Sleep>>>,
+}
+
+impl HedgeTimer {
+    /// A timer for `spec`'s round, armed from `now` for the first hedge.
+    pub(super) fn start(delay: Duration, spec: &RoundSpec, now: Instant) -> Self {
+        let mut timer = HedgeTimer {
+            delay,
+            hedges_left: spec.hedges_left,
+            deadline: spec.deadline,
+            sleep: None,
+        };
+        timer.arm(now, 0);
+        timer
+    }
+
+    /// Sets the timer one delay after `from`, when a hedge beyond the `sent` ones may go.
+    pub(super) fn arm(&mut self, from: Instant, sent: u32) {
+        self.sleep = from.checked_add(self.delay).and_then(|at| {
+            (sent < self.hedges_left && self.deadline.is_none_or(|d| at < d))
+                .then(|| Box::pin(tokio::time::sleep_until(at)))
+        });
+    }
+
+    /// No (further) hedge for now.
+    pub(super) fn disarm(&mut self) {
+        self.sleep = None;
+    }
+
+    /// Whether a hedge is due.
+    pub(super) fn poll_due(&mut self, cx: &mut Context<'_>) -> bool {
+        self.sleep
+            .as_mut()
+            .is_some_and(|sleep| sleep.as_mut().poll(cx).is_ready())
+    }
+}

@@ -1,0 +1,322 @@
+//! Hedged requests ([`Hedging`]): when an attempt of an idempotent request has no response
+//! head after the hedging delay, another copy is sent, and the first answer wins.
+//!
+//! After Dean & Barroso, "The Tail at Scale" (CACM 2013), Finagle's backup requests, gRPC
+//! A6's `hedgingPolicy` and Polly's hedging strategy. It lives in the retry loop because a
+//! hedge is one more attempt of the same logical request: every copy goes through the
+//! breaker, `BearerAuth` and the transport step like any attempt, and appears in the
+//! [`AttemptHistory`].
+
+mod delay;
+mod race;
+mod record;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::stage::Inner;
+use http::Extensions;
+use reqwest::{Request, Response};
+use tokio::time::Instant;
+
+use super::RetryBudget;
+use super::latency::LatencyTracker;
+use crate::evidence::{AttemptHistory, RequestEvidence};
+use crate::{Origin, ResilienceError};
+use race::RaceInputs;
+
+/// How long a copy waits for its response head before the next copy is sent.
+#[derive(Debug, Clone, Copy, PartialEq)]
+#[non_exhaustive]
+pub enum HedgeDelay {
+    /// Always this long.
+    Fixed(Duration),
+    /// The `quantile` of the origin's recent first-attempt latencies (e.g. 0.95: p95),
+    /// kept within `min..=max`; `max` until the origin has 32 samples.
+    Adaptive {
+        /// The percentile as a fraction, in `(0, 1)`.
+        quantile: f64,
+        /// The shortest delay, whatever the estimate.
+        min: Duration,
+        /// The longest delay, and the delay while the origin has too few samples.
+        max: Duration,
+    },
+}
+
+/// Hedged requests for [`RetryMiddleware`](super::RetryMiddleware) (and
+/// [`Resilience::hedging`](crate::Resilience::hedging)).
+///
+/// For an idempotent request (by method, `Idempotency-Key`, or
+/// [`Idempotent(true)`](super::Idempotent)) whose body can be cloned: when the attempt
+/// has no response head after the [delay](HedgeDelay), another copy is sent, up to
+/// [`max_hedges`](Self::max_hedges) per logical request. The first copy to come back with
+/// an outcome the retry decision would keep (a response it does not retry, or a permanent
+/// failure) wins; the others are dropped, which cancels them (an HTTP/1 connection is
+/// closed, an HTTP/2 stream reset). A copy that fails in a way the decision would retry
+/// does not end the race while another copy is in flight; when it is the last, the retry
+/// loop decides as for any attempt, so one logical request sends at most
+/// `1 + max_retries + max_hedges` copies.
+///
+/// A hedge is never sent for a non-idempotent request or a body that cannot be cloned,
+/// when it would start at or past the deadline, when the [hedge budget](Self::budget) is
+/// spent, or into an open breaker or a pause (the breaker turns the hedge away at once,
+/// without waiting, and never lets it take a half-open probe slot; nothing is then sent
+/// or recorded, and no further hedge is tried for that attempt).
+///
+/// In the [`AttemptHistory`] every copy that went out is an attempt: the winner last (the
+/// retry's decision lands on it), before it the copies that failed first and the cancelled
+/// losers (`Unknown` / [`FailureKind::Cancelled`](crate::evidence::FailureKind::Cancelled)), each with
+/// [`AttemptDecision::Superseded`](crate::evidence::AttemptDecision::Superseded) naming the winner. The breaker counts the winner's
+/// outcome and each failed copy's, never a cancelled loser.
+///
+/// # Budget
+///
+/// A hedge budget of its own (by default 5 % of hedge-eligible requests, at least one
+/// hedge per second, over 10 s), beside the retry budget and not shared with it: a hedge
+/// answers a slow server, a retry a failing one, and a burst of slowness must not use up
+/// the retries a failing server needs (nor an outage's retries stop hedging). Dean and
+/// Barroso's p95 delay sends about 5 % more requests: the budget lets that through and
+/// caps a server whose latency moves faster than the estimate at 1.05× the load. Choose
+/// an adaptive percentile whose share of hedged requests (`1 − quantile`) fits the
+/// budget: with p90 and a 5 % budget the budget runs dry, and the hedges it allows go to
+/// whichever copies cross the delay first, most of them about to answer anyway.
+///
+/// # Cost
+///
+/// The first copy runs with the caller's extensions; an eligible request also keeps a
+/// clone of the request and of its extensions (what this crate's own middlewares put
+/// there for the request, and yours) to hedge from, and each hedge gets its own copy,
+/// merged back afterwards. An answer faster than the delay costs 10 allocations more than
+/// the unhedged retry loop (`tests/alloc_budget.rs`, with the caller passing no
+/// extensions). Requests that are not eligible pay nothing.
+///
+/// # Cancel safety
+///
+/// Dropping the request's future drops every copy in flight (each is a future owned by the
+/// one that is dropped); a copy dropped that way is a cancellation for its breaker, as
+/// any dropped attempt is. A hedge taken from the budget and sent is not given back.
+///
+/// ```
+/// use std::time::Duration;
+/// use reqwest_resilience::retry::Hedging;
+/// use reqwest_resilience::RetryMiddleware;
+///
+/// // A copy after the origin's p95 latency (between 5 ms and 1 s), at most one per request.
+/// let retry = RetryMiddleware::builder()
+///     .hedging(Hedging::adaptive(0.95).delay_bounds(Duration::from_millis(5), Duration::from_secs(1)))
+///     .build()?;
+/// # drop(retry);
+/// # Ok::<(), reqwest_resilience::ResilienceError>(())
+/// ```
+#[derive(Clone)]
+pub struct Hedging {
+    delay: HedgeDelay,
+    max_hedges: u32,
+    budget: Option<RetryBudget>,
+    latencies: Arc<LatencyTracker>,
+}
+
+impl std::fmt::Debug for Hedging {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Hedging")
+            .field("delay", &self.delay)
+            .field("max_hedges", &self.max_hedges)
+            .field("budget", &self.budget)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The most hedges of one request (gRPC A6 caps `maxAttempts` at 5).
+const MAX_HEDGES: u32 = 4;
+
+/// The default adaptive delay's bounds: at least 1 ms (below that a hedge races the
+/// scheduler, not the server), and 2 s (Polly's default hedging delay) at most and while
+/// the origin has too few samples.
+const ADAPTIVE_MIN: Duration = Duration::from_millis(1);
+const ADAPTIVE_MAX: Duration = Duration::from_secs(2);
+
+impl Hedging {
+    /// Hedges after a fixed `delay`.
+    pub fn fixed(delay: Duration) -> Self {
+        Hedging::with_delay(HedgeDelay::Fixed(delay), 0.5)
+    }
+
+    /// Hedges after the `quantile` (e.g. `0.95`) of the origin's recent first-attempt
+    /// latencies, kept within 1 ms..=2 s ([`delay_bounds`](Self::delay_bounds)); 2 s until
+    /// the origin has 32 samples. See the [estimator](HedgeDelay::Adaptive) for its
+    /// memory (about 1 KiB per origin) and speed (it follows a change within 256 samples).
+    pub fn adaptive(quantile: f64) -> Self {
+        Hedging::with_delay(
+            HedgeDelay::Adaptive {
+                quantile,
+                min: ADAPTIVE_MIN,
+                max: ADAPTIVE_MAX,
+            },
+            quantile,
+        )
+    }
+
+    fn with_delay(delay: HedgeDelay, quantile: f64) -> Self {
+        Hedging {
+            delay,
+            max_hedges: 1,
+            budget: Some(default_budget()),
+            latencies: Arc::new(LatencyTracker::new(quantile)),
+        }
+    }
+
+    /// The bounds of an adaptive delay (no effect on a fixed one).
+    pub fn delay_bounds(mut self, min: Duration, max: Duration) -> Self {
+        if let HedgeDelay::Adaptive { quantile, .. } = self.delay {
+            self.delay = HedgeDelay::Adaptive { quantile, min, max };
+        }
+        self
+    }
+
+    /// Extra copies per logical request (default 1, at most 4): at most `1 + max_hedges`
+    /// in flight. Each waits one more delay after the previous one. The ceiling is gRPC
+    /// A6's: five copies of one request in all.
+    pub fn max_hedges(mut self, max_hedges: u32) -> Self {
+        self.max_hedges = max_hedges;
+        self
+    }
+
+    /// The hedge budget (default 5 % of eligible requests, at least 1 hedge/s, over 10 s).
+    /// Clones of one budget share it.
+    pub fn budget(mut self, budget: RetryBudget) -> Self {
+        self.budget = Some(budget);
+        self
+    }
+
+    /// No hedge budget: every delay that passes sends a hedge.
+    pub fn no_budget(mut self) -> Self {
+        self.budget = None;
+        self
+    }
+
+    /// The configured delay.
+    pub fn hedge_delay(&self) -> HedgeDelay {
+        self.delay
+    }
+
+    /// The hedge budget, shared with clones.
+    pub fn hedge_budget(&self) -> Option<&RetryBudget> {
+        self.budget.as_ref()
+    }
+
+    /// The delay a request to `origin` would wait now before its first hedge.
+    pub fn current_delay(&self, origin: &Origin) -> Duration {
+        self.delay_from(self.latencies.estimate(origin))
+    }
+
+    pub(super) fn validate(&self) -> Result<(), ResilienceError> {
+        let invalid = |why: &str| Err(ResilienceError::InvalidConfig(why.to_owned()));
+        if !(1..=MAX_HEDGES).contains(&self.max_hedges) {
+            return invalid("max_hedges must be within 1..=4 (leave hedging off for none)");
+        }
+        if let HedgeDelay::Adaptive { quantile, min, max } = self.delay {
+            if !(quantile > 0.0 && quantile < 1.0) {
+                return invalid("the hedging quantile must be within (0, 1), e.g. 0.95");
+            }
+            if min > max {
+                return invalid("the hedging delay bounds must have min <= max");
+            }
+        }
+        Ok(())
+    }
+
+    /// Called once per eligible logical request.
+    pub(super) fn deposit(&self) {
+        if let Some(b) = &self.budget {
+            b.deposit();
+        }
+    }
+
+    pub(super) fn max(&self) -> u32 {
+        self.max_hedges
+    }
+}
+
+fn default_budget() -> RetryBudget {
+    RetryBudget::new(Duration::from_secs(10), 1, 0.05)
+        .unwrap_or_else(|_| unreachable!("the default hedge budget is valid"))
+}
+
+/// What one hedged round needs from the retry loop.
+pub(super) struct RoundSpec {
+    pub(super) deadline: Option<Instant>,
+    pub(super) attempt_timeout: Option<Duration>,
+    /// Hedges this logical request may still send.
+    pub(super) hedges_left: u32,
+    /// The attempt number of the round's first copy.
+    pub(super) attempt: u32,
+    /// The request's origin: whose latencies the adaptive delay reads.
+    pub(super) origin: Origin,
+    /// The retry middleware's place in the request (the first copy runs on its
+    /// extensions; each hedge is owned on extensions of its own).
+    pub(super) owner: crate::stage::scope::Ownership,
+}
+
+/// A round's outcome: the winner's result, its extensions merged into the caller's (its
+/// evidence there, every copy in the history, the winner last).
+pub(super) struct Round {
+    pub(super) result: reqwest_middleware::Result<Response>,
+    /// Copies sent besides the first.
+    pub(super) hedges: u32,
+}
+
+impl Hedging {
+    /// Runs one attempt of the retry loop as a hedged race. `is_final(evidence, attempt)`:
+    /// whether the retry decision would stop on that outcome (then it wins at once).
+    pub(super) async fn round<N: Inner, F>(
+        &self,
+        spec: RoundSpec,
+        next: &N,
+        req: Request,
+        extensions: &mut Extensions,
+        is_final: F,
+    ) -> Round
+    where
+        F: Fn(&RequestEvidence, u32) -> bool + Sync,
+    {
+        let recorded_before = extensions.get::<AttemptHistory>().map_or(0, |h| h.len());
+        // Each hedge runs with a copy of the caller's extensions, less this logical
+        // request's records (merged back after the race, renumbered).
+        let mut base = extensions.clone();
+        base.remove::<AttemptHistory>();
+        base.remove::<RequestEvidence>();
+        let inputs = RaceInputs {
+            spec: &spec,
+            next,
+            is_final: &is_final,
+            // What the hedges are copied from (a body that cannot be copied sends none).
+            template: req.try_clone(),
+            base,
+        };
+        let outcome = self.race(inputs, req, &mut *extensions).await;
+        outcome.merge_into(extensions, recorded_before)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn current_delay_never_panics_on_bounds_a_build_would_refuse() {
+        let origin = Origin::parse("http://a.example").unwrap();
+        let hedging = Hedging::adaptive(0.5);
+        let window = hedging.latencies.window(&origin);
+        for _ in 0..64 {
+            hedging.latencies.record(&window, Duration::from_millis(20));
+        }
+        assert_eq!(hedging.current_delay(&origin), Duration::from_millis(20));
+        // A clone shares the estimates; its inverted bounds are refused at build time, and
+        // reading its delay gives the upper bound instead of a panic.
+        let inverted = hedging
+            .clone()
+            .delay_bounds(Duration::from_secs(2), Duration::from_secs(1));
+        assert!(inverted.validate().is_err());
+        assert_eq!(inverted.current_delay(&origin), Duration::from_secs(1));
+    }
+}

@@ -1,0 +1,111 @@
+//! What a hedged round leaves behind: each copy's evidence, numbered as the copy it is,
+//! and the decided race merged into the caller's extensions and history.
+
+use http::Extensions;
+use reqwest::Response;
+use tokio::time::Instant;
+
+use super::Round;
+use crate::Origin;
+use crate::evidence::{
+    AttemptDecision, AttemptHistory, AttemptRecord, FailureKind, RequestEvidence, Transmission,
+};
+use crate::record::AttemptScope;
+use crate::retry::fallback::fallback_evidence;
+
+/// A decided race, owning what it hands back (so the caller's extensions are free again).
+pub(super) struct RaceOutcome {
+    pub(super) result: reqwest_middleware::Result<Response>,
+    pub(super) evidence: RequestEvidence,
+    /// The winner's extensions, when a hedge won (the first copy's are the caller's).
+    pub(super) hedge_extensions: Option<Extensions>,
+    /// Copies that failed first, then the cancelled losers.
+    pub(super) losers: Vec<AttemptRecord>,
+    pub(super) hedges: u32,
+}
+
+impl RaceOutcome {
+    /// Merges the decided race into the caller's extensions: every copy in the history
+    /// (the losers superseded by the winner, the winner last), the winner's evidence, and
+    /// the winning hedge's extensions.
+    pub(super) fn merge_into(self, extensions: &mut Extensions, recorded_before: usize) -> Round {
+        let RaceOutcome {
+            mut result,
+            evidence,
+            hedge_extensions,
+            losers,
+            hedges,
+        } = self;
+        // A first copy cancelled before its breaker took its scope leaves it behind.
+        extensions.remove::<AttemptScope>();
+        let by = evidence.attempt;
+        let history = extensions.get_or_insert_default::<AttemptHistory>();
+        // The first copy's own record (if it finished) is re-added in the race's order.
+        history.truncate(recorded_before);
+        for mut record in losers {
+            record.decision = Some(AttemptDecision::Superseded { by });
+            history.push_record(record);
+        }
+        history.push(evidence.clone());
+        if let Ok(response) = &mut result
+            && let Some(e) = response.extensions_mut().get_mut::<RequestEvidence>()
+        {
+            e.attempt = by;
+        }
+        match hedge_extensions {
+            Some(mut winner) => {
+                // The first copy's "retry in" is not the winner's.
+                extensions.remove::<crate::record::RetryIn>();
+                winner.remove::<AttemptHistory>();
+                winner.insert(evidence);
+                extensions.extend(winner);
+            }
+            // Renumbered in place: no new box for the common case.
+            None => match extensions.get_mut::<RequestEvidence>() {
+                Some(e) => *e = evidence,
+                None => {
+                    extensions.insert(evidence);
+                }
+            },
+        }
+        Round { result, hedges }
+    }
+}
+
+/// A copy's evidence, numbered as the copy it is (inside, each copy is its own first).
+pub(super) fn copy_evidence(
+    result: &reqwest_middleware::Result<Response>,
+    ext: &Extensions,
+    attempt: u32,
+) -> RequestEvidence {
+    let mut e = match ext.get::<RequestEvidence>() {
+        Some(e) => e.clone(),
+        None => fallback_evidence(result, attempt),
+    };
+    e.attempt = attempt;
+    e
+}
+
+/// The record of a copy cancelled because another won.
+pub(super) fn cancelled(attempt: u32, started: Instant, origin: &Origin) -> AttemptRecord {
+    let mut e = RequestEvidence::new(Transmission::Unknown, Some(origin.clone()), attempt);
+    e.failure = Some(FailureKind::Cancelled);
+    e.elapsed = started.elapsed();
+    record_of(e)
+}
+
+/// A hedge the breaker turned away (open, paused, or a half-open probe refused).
+pub(super) fn refused(e: &RequestEvidence) -> bool {
+    e.transmission == Transmission::NotSent
+        && matches!(
+            e.failure,
+            Some(FailureKind::BreakerOpen | FailureKind::Paused)
+        )
+}
+
+pub(super) fn record_of(evidence: RequestEvidence) -> AttemptRecord {
+    AttemptRecord {
+        evidence,
+        decision: None,
+    }
+}

@@ -29,7 +29,7 @@ use std::time::Duration;
 
 use rand::{RngExt, SeedableRng, rngs::SmallRng};
 
-use crate::ResilienceError;
+use crate::error::ResilienceError;
 
 /// How a backoff delay is spread.
 ///

@@ -72,7 +72,7 @@ pub fn recorded(policy: reqwest::redirect::Policy) -> reqwest::redirect::Policy 
         HOPS.with(|hops| {
             if let Some(current) = hops.borrow_mut().last_mut() {
                 current.consulted = current.consulted.saturating_add(1);
-                current.last_location = crate::Origin::from_url(attempt.url()).ok();
+                current.last_location = crate::origin::Origin::from_url(attempt.url()).ok();
             }
         });
         policy.redirect(attempt)
@@ -93,7 +93,7 @@ pub(crate) struct HopCount {
     pub(crate) consulted: u32,
     /// The origin of the last `Location` the policy was asked about: where the hop after
     /// it went, if it was followed.
-    pub(crate) last_location: Option<crate::Origin>,
+    pub(crate) last_location: Option<crate::origin::Origin>,
 }
 
 thread_local! {

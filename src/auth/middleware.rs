@@ -9,10 +9,10 @@ use http::{Extensions, HeaderValue, StatusCode, header};
 use reqwest::{Request, Response, Url};
 
 use super::manager::TokenManager;
-use crate::error::{TokenError, TokenErrorKind};
+use crate::error::{ResilienceError, TokenError, TokenErrorKind};
+use crate::origin::Origin;
 use crate::record::{FailureKind, Redirects, RequestEvidence, record_rejected_locally};
 use crate::token::AccessToken;
-use crate::{Origin, ResilienceError};
 
 /// Attaches `Authorization: Bearer <token>` from a [`TokenManager`] to the requests sent
 /// to the origins it is configured for, and heals a `401` with one refresh and one replay.

@@ -9,8 +9,9 @@ use http::StatusCode;
 use reqwest::Url;
 use serde_json::Value;
 
+use crate::error::ResilienceError;
+use crate::origin::Origin;
 use crate::token::{AccessToken, TokenSource};
-use crate::{Origin, ResilienceError};
 
 /// Token responses larger than this are refused: a token endpoint answers a few hundred
 /// bytes, and a misconfigured URL must not make the client buffer a whole page.

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use super::policy::TripPolicy;
-use crate::ResilienceError;
+use crate::error::ResilienceError;
 
 const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
 

@@ -15,13 +15,13 @@ use tokio::time::error::Elapsed;
 use super::config::PauseMode;
 use super::policy::{AttemptClassifier, DefaultClassifier, Outcome};
 use super::registry::{BreakerPermit, BreakerRegistry, BreakerRejection};
-use super::state::RejectReason;
+use crate::error::{RejectReason, ResilienceError};
+use crate::origin::Origin;
 use crate::record::{
     AttemptHistory, AttemptScope, Deadline, FailureKind, RequestEvidence, RetryIn, Transmission,
     earlier, next_attempt, record_rejected_locally,
 };
 use crate::stage::Cut;
-use crate::{Origin, ResilienceError};
 
 /// One circuit breaker per origin, from a shared [`BreakerRegistry`].
 ///

@@ -7,7 +7,7 @@ use http::StatusCode;
 use reqwest::Response;
 use tokio::time::Instant;
 
-use crate::evidence::{FailureKind, RequestEvidence, Transmission};
+use crate::record::{FailureKind, RequestEvidence, Transmission};
 
 /// How one attempt counts towards its origin's breaker.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -11,9 +11,9 @@ use tokio::time::Instant;
 
 use super::config::BreakerConfig;
 use super::policy::Outcome;
-use super::state::{Breaker, BreakerState, RejectReason, Ticket, Transition};
-use crate::origin::OriginMap;
-use crate::{Origin, ResilienceError};
+use super::state::{Breaker, Ticket, Transition};
+use crate::error::{BreakerState, RejectReason, ResilienceError};
+use crate::origin::{Origin, OriginMap};
 
 const MAX_SHARDS: usize = 16;
 

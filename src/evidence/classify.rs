@@ -4,7 +4,7 @@
 use std::error::Error as StdError;
 use std::io;
 
-use super::{FailureKind, NotProcessedProof, Transmission};
+use crate::record::{FailureKind, NotProcessedProof, Transmission};
 
 /// What the error chain of a failed attempt proves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

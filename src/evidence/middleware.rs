@@ -4,12 +4,13 @@ use http::Extensions;
 use reqwest::{Request, Response};
 
 use super::classify_error;
+use crate::error::ResilienceError;
+use crate::origin::Origin;
 use crate::record::{
     AttemptHistory, FailureKind, Redirects, RequestEvidence, Transmission, next_attempt,
 };
 use crate::redirect::{ClientRedirects, HopCount, Recording};
 use crate::stage::{Inner, Known, Stage, standalone_middleware};
-use crate::{Origin, ResilienceError};
 
 /// The transport step: register it last (innermost), right before the `reqwest::Client`.
 ///

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use super::gradient::Gradient;
-use crate::ResilienceError;
+use crate::error::ResilienceError;
 
 /// How an origin's limit is set.
 #[derive(Debug, Clone, Copy, PartialEq)]

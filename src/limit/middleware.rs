@@ -9,9 +9,10 @@ use reqwest::{Request, Response};
 
 use super::gradient::Sample;
 use super::registry::{Admission, LimitRejection, LimiterRegistry};
-use crate::ResilienceError;
-use crate::breaker::Deadline;
-use crate::record::{FailureKind, RequestEvidence, Transmission, record_rejected_locally};
+use crate::error::ResilienceError;
+use crate::record::{
+    Deadline, FailureKind, RequestEvidence, Transmission, record_rejected_locally,
+};
 
 /// A per-origin concurrency limit, from a shared [`LimiterRegistry`].
 ///

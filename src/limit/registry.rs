@@ -14,7 +14,8 @@ use tokio::time::Instant;
 
 use super::config::{LimitPolicy, LimiterConfig};
 use super::gradient::{AdaptiveLimit, Sample};
-use crate::{Origin, ResilienceError};
+use crate::error::ResilienceError;
+use crate::origin::Origin;
 
 const MAX_SHARDS: usize = 16;
 

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use tokio::time::error::Elapsed;
 
-use crate::Origin;
+use crate::origin::Origin;
 use crate::stage::{Cut, Inner, Known};
 use http::Extensions;
 use reqwest::{Request, Response};

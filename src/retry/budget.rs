@@ -36,7 +36,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::ResilienceError;
+use crate::error::ResilienceError;
 
 const SLOTS: usize = 10;
 

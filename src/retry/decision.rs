@@ -7,7 +7,7 @@
 
 use http::{HeaderMap, Method, StatusCode};
 
-use crate::evidence::{FailureKind, Redirects, RequestEvidence, Transmission};
+use crate::record::{FailureKind, Redirects, RequestEvidence, Transmission};
 pub use crate::record::{RetryReason, StopReason};
 
 /// What a [`RetryStrategy`] concluded about one attempt.
@@ -199,7 +199,7 @@ pub fn is_idempotent(method: &Method, headers: &HeaderMap) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::evidence::NotProcessedProof;
+    use crate::record::NotProcessedProof;
 
     fn evidence(t: Transmission, kind: Option<FailureKind>) -> RequestEvidence {
         let mut e = RequestEvidence::new(t, None, 1);

@@ -3,8 +3,8 @@
 
 use reqwest::Response;
 
-use crate::Origin;
-use crate::evidence::{FailureKind, RequestEvidence, Transmission};
+use crate::origin::Origin;
+use crate::record::{FailureKind, RequestEvidence, Transmission};
 
 /// Evidence when the transport step is not installed: a response speaks for itself; an
 /// error proves nothing about transmission, though some kinds are known never to help.

@@ -18,8 +18,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::Origin;
-use crate::origin::OriginMap;
+use crate::origin::{Origin, OriginMap};
 
 /// Samples kept per origin.
 pub(super) const SAMPLES: usize = 256;

@@ -14,15 +14,17 @@ use super::attempt_timeout::{self, attempt_cut};
 use super::fallback::fallback_evidence;
 use super::hedge::{Hedging, RoundSpec};
 use super::{
-    AttemptContext, Deadline, DefaultStrategy, ErrorWrapping, Idempotent, MaxRetries, RetryBudget,
-    RetryError, RetryOutcome, RetryReason, RetryStrategy, StopReason, Verdict, Withdrawal,
-    is_idempotent,
+    AttemptContext, DefaultStrategy, ErrorWrapping, Idempotent, MaxRetries, RetryBudget,
+    RetryStrategy, Verdict, Withdrawal, is_idempotent,
 };
 use crate::backoff::{Backoff, RandomSource, ThreadRandom};
-use crate::evidence::{AttemptDecision, AttemptHistory, FailureKind, RequestEvidence};
+use crate::error::{ResilienceError, RetryError};
 use crate::misconfig::{self, Misconfiguration};
-use crate::record::{AttemptScope, HandedOn};
-use crate::{Origin, ResilienceError};
+use crate::origin::Origin;
+use crate::record::{
+    AttemptDecision, AttemptHistory, AttemptScope, Deadline, FailureKind, HandedOn,
+    RequestEvidence, RetryOutcome, RetryReason, StopReason,
+};
 
 /// What to do with a `Retry-After` longer than the cap.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -1058,7 +1060,7 @@ async fn drain(mut response: Response) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::evidence::Transmission;
+    use crate::record::Transmission;
     use http::StatusCode;
 
     fn config(builder: RetryMiddlewareBuilder) -> Arc<Config> {

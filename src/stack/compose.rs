@@ -20,16 +20,16 @@ use crate::stage::{Handled, Inner, Known, PerAttempt, Rare, Then};
 /// nothing was sent, counted or taken.
 pub(crate) struct Composed {
     pub(crate) observer: Rare<super::RequestObserver>,
-    pub(crate) retry: PerAttempt<crate::RetryMiddleware>,
+    pub(crate) retry: PerAttempt<crate::retry::RetryMiddleware>,
     /// `BearerAuth`'s token fetch, before the breaker and the limiter: a request waits for
     /// its token before it takes a half-open probe slot or a limiter permit.
     pub(crate) token_first: Option<crate::auth::TokenFirst>,
-    pub(crate) breaker: Option<crate::CircuitBreakerMiddleware>,
+    pub(crate) breaker: Option<crate::breaker::CircuitBreakerMiddleware>,
     pub(crate) limit: Option<crate::limit::ConcurrencyLimit>,
-    pub(crate) bearer: Option<crate::BearerAuth>,
+    pub(crate) bearer: Option<crate::auth::BearerAuth>,
     /// `None` when a user's per-attempt middleware runs between `BearerAuth` and the
     /// transport step: then the transport step is a middleware of its own after them.
-    pub(crate) transport: Option<crate::TransportEvidence>,
+    pub(crate) transport: Option<crate::evidence::TransportEvidence>,
 }
 
 impl Composed {

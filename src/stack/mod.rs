@@ -53,12 +53,15 @@ use reqwest_middleware::{ClientBuilder, ClientWithMiddleware, Middleware};
 pub(crate) mod compose;
 use crate::stage::{Inner, Known, Stage, standalone_middleware};
 
+use crate::auth::BearerAuth;
+use crate::backoff::Backoff;
 use crate::breaker::{BreakerConfig, BreakerEvent, BreakerRegistry, CircuitBreakerMiddleware};
-use crate::evidence::{AttemptDecision, AttemptHistory, RequestEvidence, TransportEvidence};
+use crate::error::ResilienceError;
+use crate::evidence::TransportEvidence;
 use crate::limit::{LimitChoice, LimiterConfig, LimiterRegistry};
+use crate::record::{AttemptDecision, AttemptHistory, RequestEvidence};
 use crate::redirect::ClientRedirects;
-use crate::retry::{ErrorWrapping, Hedging, RetryAfterPolicy};
-use crate::{Backoff, BearerAuth, ResilienceError, RetryBudget, RetryMiddleware};
+use crate::retry::{ErrorWrapping, Hedging, RetryAfterPolicy, RetryBudget, RetryMiddleware};
 
 type AttemptHook = Arc<dyn Fn(&RequestEvidence, Option<&AttemptDecision>) + Send + Sync>;
 type TransitionHook = Arc<dyn Fn(&BreakerEvent) + Send + Sync>;
@@ -783,9 +786,9 @@ mod observe {
     use reqwest::{Request, Response};
     use tracing::field::Empty;
 
-    use crate::evidence::{AttemptDecision, AttemptRecord};
-    use crate::retry::{RetryReason, StopReason};
-    use crate::{Origin, ResilienceError};
+    use crate::error::ResilienceError;
+    use crate::origin::Origin;
+    use crate::record::{AttemptDecision, AttemptRecord, RetryReason, StopReason};
 
     /// The span of the logical call. Its kind is `internal`: it encloses every attempt
     /// (and the waits between them), while OpenTelemetry's HTTP conventions give each

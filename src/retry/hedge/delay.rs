@@ -10,8 +10,8 @@ use std::time::Duration;
 use tokio::time::{Instant, Sleep};
 
 use super::{HedgeDelay, Hedging, RoundSpec};
-use crate::Origin;
-use crate::evidence::{AttemptRecord, FailureKind};
+use crate::origin::Origin;
+use crate::record::{AttemptRecord, FailureKind};
 use crate::retry::latency::Window;
 
 impl Hedging {
@@ -57,7 +57,7 @@ impl Hedging {
 /// How the first copy of a round ended, for its latency sample.
 pub(super) enum FirstCopy<'e> {
     /// It won, with this evidence.
-    Won(&'e crate::evidence::RequestEvidence),
+    Won(&'e crate::record::RequestEvidence),
     /// It lost: its record, if any, is among the losers under this attempt number.
     Lost(u32),
 }

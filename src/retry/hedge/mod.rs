@@ -21,8 +21,9 @@ use tokio::time::Instant;
 
 use super::RetryBudget;
 use super::latency::LatencyTracker;
-use crate::evidence::{AttemptHistory, RequestEvidence};
-use crate::{Origin, ResilienceError};
+use crate::error::ResilienceError;
+use crate::origin::Origin;
+use crate::record::{AttemptHistory, RequestEvidence};
 use race::RaceInputs;
 
 /// How long a copy waits for its response head before the next copy is sent.

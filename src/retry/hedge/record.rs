@@ -6,11 +6,11 @@ use reqwest::Response;
 use tokio::time::Instant;
 
 use super::Round;
-use crate::Origin;
-use crate::evidence::{
-    AttemptDecision, AttemptHistory, AttemptRecord, FailureKind, RequestEvidence, Transmission,
+use crate::origin::Origin;
+use crate::record::{
+    AttemptDecision, AttemptHistory, AttemptRecord, AttemptScope, FailureKind, RequestEvidence,
+    Transmission,
 };
-use crate::record::AttemptScope;
 use crate::retry::fallback::fallback_evidence;
 
 /// A decided race, owning what it hands back (so the caller's extensions are free again).

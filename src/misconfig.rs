@@ -8,11 +8,12 @@
 //! | a [`RetryMiddleware`](crate::RetryMiddleware) inside another (for the same request) | [`ResilienceError::Misconfigured`](crate::ResilienceError::Misconfigured) for every request, before anything is sent ([`Misconfiguration::NestedRetry`]) |
 //! | a retry middleware with no [`TransportEvidence`](crate::TransportEvidence) under it | it still works (failures are `Unknown`, so only idempotent requests are retried); reported **once per process** on standard error, as a `tracing` warning with feature `tracing`, and in [`Misconfiguration::reported`] |
 //!
-//! The first two are errors because they multiply attempts (a stack inside a stack made
-//! a refused connection take 16 attempts and minutes of backoff while the history said 4)
-//! or make the evidence describe a middleware rather than the wire. Their rejection is
-//! `Transmission::NotSent` with [`FailureKind::Misconfigured`](crate::FailureKind::Misconfigured),
-//! which no retry repeats.
+//! The first two are errors because they multiply attempts (a stack inside a stack made a
+//! refused connection take 16 attempts and minutes of backoff while the history said 4) or
+//! make the evidence describe a middleware rather than the wire. Their rejection is
+//! `Transmission::NotSent` with
+//! [`FailureKind::Misconfigured`](crate::FailureKind::Misconfigured), which no retry
+//! repeats.
 //!
 //! A middleware of another crate added with `.with()` after the stack cannot be seen from
 //! inside it; [`Resilience`](crate::Resilience)'s builders return a
@@ -22,12 +23,13 @@
 //! Detection costs no allocation: while the retry middleware and the transport step poll
 //! the rest of a request, they note that request's extensions in the thread-local marks
 //! that also tell a request's owner (`src/stage/scope.rs`), and a middleware of this crate
-//! starting under them for the *same* extensions knows where it is. Another request made meanwhile (a token fetch through another resilient client)
-//! has extensions of its own and is not mistaken for a nested one. The stack that
-//! [`Resilience`](crate::Resilience) installs checks once, at its top, for all its stages
-//! (as the middleware the outermost of them is: `RetryMiddleware` when it has one), as its
-//! future is made; the marks are set while a middleware of this crate makes the future of
-//! a middleware inside it, so that check sees the same marks a poll would.
+//! starting under them for the *same* extensions knows where it is. Another request made
+//! meanwhile (a token fetch through another resilient client) has extensions of its own and
+//! is not mistaken for a nested one. The stack that [`Resilience`](crate::Resilience)
+//! installs checks once, at its top, for all its stages (as the middleware the outermost of
+//! them is: `RetryMiddleware` when it has one), as its future is made; the marks are set
+//! while a middleware of this crate makes the future of a middleware inside it, so that
+//! check sees the same marks a poll would.
 
 use std::fmt;
 use std::sync::Mutex;

@@ -14,10 +14,11 @@
 //!
 //! [`ClientRedirects`] tells the transport step which case it is in:
 //!
-//! - [`ClientRedirects::Unobserved`] (the default, for any client): a response is judged
-//!   by its URL; an error may come from a later hop, so no `NotSent` is claimed for it
-//!   ([`Redirects::Unknown`](crate::Redirects::Unknown)). A refused connect is still retried for an idempotent
-//!   request; a `POST` is not, because its first hop may have been processed.
+//! - [`ClientRedirects::Unobserved`] (the default, for any client): a response is judged by
+//!   its URL; an error may come from a later hop, so no `NotSent` is claimed for it
+//!   ([`Redirects::Unknown`](crate::Redirects::Unknown)). A refused connect is still
+//!   retried for an idempotent request; a `POST` is not, because its first hop may have
+//!   been processed.
 //! - [`ClientRedirects::Recorded`]: the client was built with [`recorded`]`(policy)`. Every
 //!   hop is then seen exactly (a redirect back to the same URL too), and an error with no
 //!   hop before it is proven to be the first hop's.

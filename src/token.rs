@@ -206,8 +206,9 @@ impl fmt::Debug for AccessToken {
 #[async_trait::async_trait]
 pub trait TokenSource: Send + Sync + 'static {
     /// Why a fetch failed: any error convertible into `Box<dyn Error + Send + Sync>` (a
-    /// `std::error::Error`, `anyhow::Error`, a boxed error). Its `Display` must not
-    /// contain a secret: it reaches callers and logs through [`TokenError`](crate::auth::TokenError)'s `source()`.
+    /// `std::error::Error`, `anyhow::Error`, a boxed error). Its `Display` must not contain
+    /// a secret: it reaches callers and logs through
+    /// [`TokenError`](crate::auth::TokenError)'s `source()`.
     type Error: Into<Box<dyn StdError + Send + Sync>> + Send + 'static;
 
     /// Fetches a fresh token.

@@ -4,7 +4,7 @@ use std::fmt;
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use crate::stage::{Inner, Known, Stage, standalone_middleware};
+use crate::stage::{Handover, RestOfStack, Stage, standalone_middleware};
 use http::{Extensions, HeaderValue, StatusCode, header};
 use reqwest::{Request, Response, Url};
 
@@ -35,14 +35,15 @@ use crate::token::AccessToken;
 ///   redirect) is returned as it is, with no refresh: it answers a later hop, while the
 ///   request sent was received and answered (`3xx`), so replaying it would repeat it
 ///   (and on a cross-origin hop reqwest dropped the token, so that server never saw it).
-/// - **Errors**: when no token can be had, the request is not sent and the call fails
-///   with [`ResilienceError::Token`] inside `reqwest_middleware::Error::Middleware`
-///   (also when the refresh after a `401` fails: the replay is then not sent). The
-///   attempt that was not sent is recorded like a breaker rejection: a `NotSent`
-///   [`RequestEvidence`](crate::RequestEvidence) with [`FailureKind::TokenUnavailable`] in the extensions and
-///   appended to the [`AttemptHistory`](crate::AttemptHistory), its `retry_after` set to when the manager will
-///   fetch again ([`TokenError::retry_at`]). The breaker counts it as neutral; the retry
-///   middleware retries it (any method: nothing was sent), not before that time.
+/// - **Errors**: when no token can be had, the request is not sent and the call fails with
+///   [`ResilienceError::Token`] inside `reqwest_middleware::Error::Middleware` (also when
+///   the refresh after a `401` fails: the replay is then not sent). The attempt that was
+///   not sent is recorded like a breaker rejection: a `NotSent`
+///   [`RequestEvidence`](crate::RequestEvidence) with [`FailureKind::TokenUnavailable`] in
+///   the extensions and appended to the [`AttemptHistory`](crate::AttemptHistory), its
+///   `retry_after` set to when the manager will fetch again ([`TokenError::retry_at`]). The
+///   breaker counts it as neutral; the retry middleware retries it (any method: nothing was
+///   sent), not before that time.
 ///
 /// Place it inside the retry and breaker middlewares, outside `TransportEvidence`.
 ///
@@ -322,9 +323,9 @@ fn token_unavailable(
 impl BearerAuth {
     /// Whether this middleware attaches its token to `req`: one of its origins, and no
     /// `Authorization` header of the caller's.
-    fn attaches_to(&self, req: &Request, known: &Known<'_>) -> bool {
+    fn attaches_to(&self, req: &Request, handover: &Handover<'_>) -> bool {
         !req.headers().contains_key(header::AUTHORIZATION)
-            && known
+            && handover
                 .origin(req.url())
                 .is_some_and(|origin| self.covers_origin(&origin))
     }
@@ -343,66 +344,63 @@ standalone_middleware!(BearerAuth);
 pub(crate) struct TokenFirst(pub(crate) BearerAuth);
 
 impl Stage for TokenFirst {
-    // Not an `async fn`: see `Stage::serve`.
     #[allow(clippy::manual_async_fn)]
-    fn serve<'a, N: Inner + 'a>(
+    fn serve<'a, N: RestOfStack + 'a>(
         &'a self,
         req: Request,
         extensions: &'a mut Extensions,
-        known: Known<'a>,
+        handover: Handover<'a>,
         next: N,
     ) -> impl Future<Output = reqwest_middleware::Result<Response>> + Send + 'a {
         async move {
-            if !self.0.attaches_to(&req, &known) {
-                return next.run(req, extensions, known).await;
+            if !self.0.attaches_to(&req, &handover) {
+                return next.run(req, extensions, handover).await;
             }
             let token = match self.0.manager.token().await {
                 Ok(token) => token,
                 Err(e) => return Err(token_unavailable(e, req.url(), extensions)),
             };
-            next.run(req, extensions, known.with_token(&token)).await
+            next.run(req, extensions, handover.with_token(&token)).await
         }
     }
 }
 
 impl Stage for BearerAuth {
-    // Not an `async fn`: see `Stage::serve`.
     #[allow(clippy::manual_async_fn)]
-    fn serve<'a, N: Inner + 'a>(
+    fn serve<'a, N: RestOfStack + 'a>(
         &'a self,
         mut req: Request,
         extensions: &'a mut Extensions,
-        known: Known<'a>,
+        handover: Handover<'a>,
         next: N,
     ) -> impl Future<Output = reqwest_middleware::Result<Response>> + Send + 'a {
         async move {
-            let owner = known.enter(extensions, "BearerAuth", false, req.url())?;
-            if !self.attaches_to(&req, &known) {
+            let owner = handover.enter(extensions, "BearerAuth", false, req.url())?;
+            if !self.attaches_to(&req, &handover) {
                 return owner
-                    .wrap(next, |next| next.run(req, extensions, known))
+                    .poll_as(next, |next| next.run(req, extensions, handover))
                     .await;
             }
-            let token = match known.token() {
+            let token = match handover.token() {
                 Some(token) => token.clone(),
                 None => match self.manager.token().await {
                     Ok(token) => token,
                     Err(e) => return Err(token_unavailable(e, req.url(), extensions)),
                 },
             };
-            let sent = Sent::of(&req, known.spare());
+            let sent = Sent::of(&req, handover.spare());
             if let Err(e) = attach(&mut req, &token) {
                 return Err(token_unavailable(e, req.url(), extensions));
             }
             // The request now carries the token: the outside's copy no longer matches it.
-            let inner = known.without_spare();
+            let inner = handover.without_spare();
             let response = owner
-                .wrap(next.clone(), |next| next.run(req, extensions, inner))
+                .poll_as(next.clone(), |next| next.run(req, extensions, inner))
                 .await?;
             if response.status() != StatusCode::UNAUTHORIZED {
                 return Ok(response);
             }
-            // Boxed: rare, and its second token wait would otherwise enlarge (and be copied
-            // with) every request's future.
+            // Rare: a second token wait (boxed: stage cost rule 2).
             Box::pin(self.after_unauthorized(token, sent, response, extensions, inner, next, owner))
                 .await
         }
@@ -454,13 +452,13 @@ impl BearerAuth {
     /// The `401` path of [`serve`](Stage::serve): refresh and replay once, or return the
     /// response as it is.
     #[allow(clippy::too_many_arguments)]
-    async fn after_unauthorized<N: Inner>(
+    async fn after_unauthorized<N: RestOfStack>(
         &self,
         token: AccessToken,
         sent: Sent<'_>,
         response: Response,
         extensions: &mut Extensions,
-        known: Known<'_>,
+        handover: Handover<'_>,
         next: N,
         owner: crate::stage::scope::Ownership,
     ) -> reqwest_middleware::Result<Response> {
@@ -499,7 +497,7 @@ impl BearerAuth {
             return Err(token_unavailable(e, replay.url(), extensions));
         }
         owner
-            .wrap(next, |next| next.run(replay, extensions, known))
+            .poll_as(next, |next| next.run(replay, extensions, handover))
             .await
     }
 }

@@ -342,10 +342,11 @@ impl OAuth2SourceBuilder {
     }
 
     /// The HTTP client for the token endpoint (with the TLS backend you chose). Default: a
-    /// client that follows no redirects. Give yours `.redirect(reqwest::redirect::Policy::none())`
-    /// too: a `307`/`308` from the endpoint would resend the body, with the client secret or
-    /// the refresh token, to the redirect's target. A response that arrives from another
-    /// URL than the endpoint is refused.
+    /// client that follows no redirects. Give yours
+    /// `.redirect(reqwest::redirect::Policy::none())` too: a `307`/`308` from the endpoint
+    /// would resend the body, with the client secret or the refresh token, to the
+    /// redirect's target. A response that arrives from another URL than the endpoint is
+    /// refused.
     pub fn http_client(mut self, client: reqwest::Client) -> Self {
         self.http = Some(client);
         self

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::time::{Duration, SystemTime};
 
-use crate::stage::{Inner, Known, Stage, standalone_middleware};
+use crate::stage::{Handover, RestOfStack, Stage, standalone_middleware};
 use http::{Extensions, StatusCode};
 use reqwest::{Request, Response};
 use tokio::time::Instant;
@@ -21,7 +21,7 @@ use crate::record::{
     AttemptHistory, AttemptScope, Deadline, FailureKind, RequestEvidence, RetryIn, Transmission,
     earlier, next_attempt, record_rejected_locally,
 };
-use crate::stage::Cut;
+use crate::stage::CutAt;
 
 /// One circuit breaker per origin, from a shared [`BreakerRegistry`].
 ///
@@ -74,12 +74,13 @@ use crate::stage::Cut;
 /// admitted at or after its deadline gave the server no time and is cut without being
 /// counted.
 ///
-/// The retry middleware's [attempt timeout](crate::retry::RetryMiddlewareBuilder::attempt_timeout)
-/// is handed inward for each attempt and cuts it here the same way, at the earlier of the
-/// two: a cut attempt is a failure either way. A hedge (an extra copy of a hedged request)
-/// is turned away at once by an Open breaker or a pause, never waits one out, and never
-/// takes a HalfOpen probe slot; a copy dropped because another copy answered first is a
-/// cancellation and is never counted.
+/// The retry middleware's [attempt
+/// timeout](crate::retry::RetryMiddlewareBuilder::attempt_timeout) is handed inward for
+/// each attempt and cuts it here the same way, at the earlier of the two: a cut attempt is
+/// a failure either way. A hedge (an extra copy of a hedged request) is turned away at once
+/// by an Open breaker or a pause, never waits one out, and never takes a HalfOpen probe
+/// slot; a copy dropped because another copy answered first is a cancellation and is never
+/// counted.
 ///
 /// ```
 /// use reqwest_middleware::ClientBuilder;
@@ -298,23 +299,22 @@ fn server_pause(
 standalone_middleware!(CircuitBreakerMiddleware);
 
 impl Stage for CircuitBreakerMiddleware {
-    // Not an `async fn`: see `Stage::serve`.
     #[allow(clippy::manual_async_fn)]
-    fn serve<'a, N: Inner + 'a>(
+    fn serve<'a, N: RestOfStack + 'a>(
         &'a self,
         req: Request,
         extensions: &'a mut Extensions,
-        known: Known<'a>,
+        handover: Handover<'a>,
         next: N,
     ) -> impl Future<Output = reqwest_middleware::Result<Response>> + Send + 'a {
         async move {
-            let owner = known.enter(extensions, "CircuitBreakerMiddleware", false, req.url())?;
+            let owner = handover.enter(extensions, "CircuitBreakerMiddleware", false, req.url())?;
             // A "retry in" from an earlier attempt must not be read as this one's.
             extensions.remove::<RetryIn>();
-            let Some(origin) = known.origin(req.url()) else {
+            let Some(origin) = handover.origin(req.url()) else {
                 // No origin, no breaker: reqwest will reject the URL itself.
                 return owner
-                    .wrap(next, |next| next.run(req, extensions, known))
+                    .poll_as(next, |next| next.run(req, extensions, handover))
                     .await;
             };
             // The retry middleware's word on this attempt: its own cut, whether it is a hedge.
@@ -324,8 +324,8 @@ impl Stage for CircuitBreakerMiddleware {
                 Err(rejection) => return Err(reject(&origin, rejection, extensions)),
             };
             let held = Held::under_cut(permit, scope, extensions);
-            let sent = owner.wrap(next, |next| next.run(req, extensions, known));
-            let outcome = Cut::new(sent, held.cut()).await;
+            let sent = owner.poll_as(next, |next| next.run(req, extensions, handover));
+            let outcome = CutAt::new(sent, held.cut()).await;
             let (result, permit) = held.end(outcome, extensions, &origin);
             if let Some(permit) = permit {
                 self.record_outcome(permit, &origin, extensions, &result);
@@ -350,7 +350,7 @@ impl CircuitBreakerMiddleware {
             Ok(permit) => Ok(permit),
             // A hedge does not wait out a pause: it would only add load when it ends.
             Err(first) if hedge => Err(first),
-            // Boxed: rare, and its sleep would otherwise enlarge every request's future.
+            // Rare: the wait for a pause (boxed: stage cost rule 2).
             Err(first) => Box::pin(self.admit_after(origin, extensions, first)).await,
         }
     }
@@ -399,7 +399,7 @@ enum Held<'p> {
     /// cancellation.
     Uncut(BreakerPermit<'p>),
     /// Under a cut: dropped past it, the guard counts the timeout.
-    Cut {
+    CutAt {
         guard: CutAtDeadline<'p>,
         /// The history's length before the attempt.
         recorded_before: usize,
@@ -420,7 +420,7 @@ impl<'p> Held<'p> {
         let deadline = extensions.get::<Deadline>().map(|d| d.0);
         match earlier(deadline, scope.cut) {
             None => Held::Uncut(permit),
-            Some(deadline) => Held::Cut {
+            Some(deadline) => Held::CutAt {
                 recorded_before: extensions.get::<AttemptHistory>().map_or(0, |h| h.len()),
                 guard: CutAtDeadline {
                     permit: Some(permit),
@@ -436,7 +436,7 @@ impl<'p> Held<'p> {
     fn cut(&self) -> Option<Instant> {
         match self {
             Held::Uncut(_) => None,
-            Held::Cut { guard, .. } => Some(guard.deadline),
+            Held::CutAt { guard, .. } => Some(guard.deadline),
         }
     }
 
@@ -453,9 +453,9 @@ impl<'p> Held<'p> {
     ) {
         match (self, outcome) {
             (Held::Uncut(permit), Ok(result)) => (result, Some(permit)),
-            (Held::Cut { guard, .. }, Ok(result)) => (result, guard.disarm()),
+            (Held::CutAt { guard, .. }, Ok(result)) => (result, guard.disarm()),
             (held, Err(elapsed)) => {
-                if let Held::Cut {
+                if let Held::CutAt {
                     guard,
                     recorded_before,
                 } = held

@@ -116,7 +116,7 @@ struct ShardMap {
     victims: Vec<(Instant, Origin)>,
 }
 
-struct Inner {
+struct RestOfStack {
     config: BreakerConfig,
     shards: Box<[Shard]>,
     len: AtomicUsize,
@@ -185,7 +185,7 @@ struct Inner {
 /// ```
 #[derive(Clone)]
 pub struct BreakerRegistry {
-    inner: Arc<Inner>,
+    inner: Arc<RestOfStack>,
 }
 
 impl fmt::Debug for BreakerRegistry {
@@ -239,7 +239,7 @@ impl BreakerRegistry {
         let shards = (config.max_origins / 256).clamp(1, MAX_SHARDS);
         let shards = (0..shards).map(|_| RwLock::default()).collect();
         BreakerRegistry {
-            inner: Arc::new(Inner {
+            inner: Arc::new(RestOfStack {
                 config,
                 shards,
                 len: AtomicUsize::new(0),

@@ -10,7 +10,8 @@ pub enum BreakerState {
     Open,
     /// A limited number of probes are let through to test the origin.
     HalfOpen,
-    /// Forced open by [`BreakerRegistry::isolate`](crate::breaker::BreakerRegistry::isolate) until
+    /// Forced open by
+    /// [`BreakerRegistry::isolate`](crate::breaker::BreakerRegistry::isolate) until
     /// [`reset`](crate::breaker::BreakerRegistry::reset): rejects everything, never probes.
     Isolated,
 }

@@ -7,8 +7,9 @@ use crate::record::StopReason;
 /// The last attempt failed and no further attempt was made.
 ///
 /// It travels as [`ResilienceError::Retry`](crate::ResilienceError::Retry) inside
-/// `reqwest_middleware::Error::Middleware` (see [`ErrorWrapping`](crate::retry::ErrorWrapping) for when). The last
-/// attempt's error stays reachable: as [`last_error`](RetryError::last_error), as
+/// `reqwest_middleware::Error::Middleware` (see
+/// [`ErrorWrapping`](crate::retry::ErrorWrapping) for when). The last attempt's error stays
+/// reachable: as [`last_error`](RetryError::last_error), as
 /// [`reqwest_error`](RetryError::reqwest_error), and as `source()` (the `reqwest::Error`
 /// itself, or the inner middleware's error), so `is_timeout()` and friends can still be
 /// asked. In the `source()` chain it sits between the `ResilienceError::Retry` (whose

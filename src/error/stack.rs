@@ -1,4 +1,5 @@
-//! [`StackError`]: a [`Resilience`](crate::Resilience)(crate::Resilience) stack whose parts cannot work together.
+//! [`StackError`]: a [`Resilience`](crate::Resilience)(crate::Resilience) stack whose parts
+//! cannot work together.
 
 use std::fmt;
 use std::time::Duration;
@@ -13,10 +14,12 @@ pub enum StackPart {
     Breaker,
 }
 
-/// A [`Resilience`](crate::Resilience) configuration that cannot work, found when the stack is built
-/// (inside [`ResilienceError::InvalidStack`](super::ResilienceError::InvalidStack)). A part's own checks (a bad
-/// [`Backoff`](crate::Backoff), an invalid [`BreakerConfig`](crate::BreakerConfig) field other than the probes) keep
-/// their [`ResilienceError::InvalidConfig`](super::ResilienceError::InvalidConfig).
+/// A [`Resilience`](crate::Resilience) configuration that cannot work, found when the stack
+/// is built (inside
+/// [`ResilienceError::InvalidStack`](super::ResilienceError::InvalidStack)). A part's own
+/// checks (a bad [`Backoff`](crate::Backoff), an invalid
+/// [`BreakerConfig`](crate::BreakerConfig) field other than the probes) keep their
+/// [`ResilienceError::InvalidConfig`](super::ResilienceError::InvalidConfig).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum StackError {

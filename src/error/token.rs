@@ -6,8 +6,9 @@ use std::sync::Arc;
 
 use tokio::time::Instant;
 
-/// A boxed error from a [`TokenSource`](crate::auth::TokenSource)(crate::auth::TokenSource), shared by every caller
-/// that waited for it.
+/// A boxed error from a
+/// [`TokenSource`](crate::auth::TokenSource)(crate::auth::TokenSource), shared by every
+/// caller that waited for it.
 pub type SharedSourceError = Arc<dyn StdError + Send + Sync + 'static>;
 
 /// Why no token could be had. Cheap to clone: every caller that waited for one failed

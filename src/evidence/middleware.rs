@@ -10,7 +10,7 @@ use crate::record::{
     AttemptHistory, FailureKind, Redirects, RequestEvidence, Transmission, next_attempt,
 };
 use crate::redirect::{ClientRedirects, HopCount, Recording};
-use crate::stage::{Inner, Known, Stage, standalone_middleware};
+use crate::stage::{Handover, RestOfStack, Stage, standalone_middleware};
 
 /// The transport step: register it last (innermost), right before the `reqwest::Client`.
 ///
@@ -39,9 +39,10 @@ use crate::stage::{Inner, Known, Stage, standalone_middleware};
 /// carries no not-processed proof (those would describe a later hop), and
 /// [`RequestEvidence::redirects`] says so; the failure, status and `Retry-After` describe
 /// the last hop, at [`RequestEvidence::final_origin`]. What can be proven depends on the
-/// client ([`ClientRedirects`], set with [`with_client_redirects`](Self::with_client_redirects)):
-/// by default an error proves nothing about earlier hops (reqwest reports it with the
-/// first URL), so it is never `NotSent` either. See [`crate::redirect`].
+/// client ([`ClientRedirects`], set with
+/// [`with_client_redirects`](Self::with_client_redirects)): by default an error proves
+/// nothing about earlier hops (reqwest reports it with the first URL), so it is never
+/// `NotSent` either. See [`crate::redirect`].
 ///
 /// # Cancel safety
 ///
@@ -84,21 +85,20 @@ impl TransportEvidence {
 standalone_middleware!(TransportEvidence);
 
 impl Stage for TransportEvidence {
-    // Not an `async fn`: see `Stage::serve`.
     #[allow(clippy::manual_async_fn)]
-    fn serve<'a, N: Inner + 'a>(
+    fn serve<'a, N: RestOfStack + 'a>(
         &'a self,
         req: Request,
         extensions: &'a mut Extensions,
-        known: Known<'a>,
+        handover: Handover<'a>,
         next: N,
     ) -> impl Future<Output = reqwest_middleware::Result<Response>> + Send + 'a {
         async move {
             // Nothing of this crate runs inside the transport step, so as the owner (used
             // alone) it only clears what an earlier request left behind.
-            let _ = known.enter(extensions, "TransportEvidence", false, req.url())?;
+            let _ = handover.enter(extensions, "TransportEvidence", false, req.url())?;
             let (origin, attempt, started, method, url_key, sent) =
-                hand_on(req, &mut *extensions, known, next);
+                hand_on(req, &mut *extensions, handover, next);
             let (result, hops) = match self.redirects {
                 ClientRedirects::Recorded => {
                     let (result, hops) = Recording::new(sent).await;
@@ -167,13 +167,12 @@ impl Stage for TransportEvidence {
     }
 }
 
-/// Takes what the evidence needs from the request and hands it on. Synchronous on
-/// purpose: a request borrowed across an `.await` keeps a second 264-byte copy of it in
-/// the future, which every request moves with the future.
-fn hand_on<'a, N: Inner + 'a>(
+/// Takes what the evidence needs from the request and hands it on, synchronously
+/// ([stage cost rule 3](crate::stage#cost-rules)).
+fn hand_on<'a, N: RestOfStack + 'a>(
     req: Request,
     extensions: &'a mut Extensions,
-    known: Known<'a>,
+    handover: Handover<'a>,
     next: N,
 ) -> (
     Option<Origin>,
@@ -181,18 +180,19 @@ fn hand_on<'a, N: Inner + 'a>(
     tokio::time::Instant,
     crate::metrics::MethodLabel,
     UrlKey,
-    crate::stage::scope::Marked<
+    crate::stage::scope::PolledAs<
         impl Future<Output = reqwest_middleware::Result<Response>> + Send + 'a,
     >,
 ) {
-    let origin = known.origin(req.url());
+    let origin = handover.origin(req.url());
     let attempt = next_attempt(extensions.get::<AttemptHistory>().map_or(0, |h| h.len()));
     let key = UrlKey::of(req.url());
     let started = tokio::time::Instant::now();
     let method = crate::metrics::method_label(req.method());
     let at = crate::stage::scope::key(extensions);
-    let sent =
-        crate::stage::scope::under_transport(at, next, |next| next.run(req, extensions, known));
+    let sent = crate::stage::scope::poll_as_transport(at, next, |next| {
+        next.run(req, extensions, handover)
+    });
     (origin, attempt, started, method, key, sent)
 }
 

@@ -1,4 +1,5 @@
-//! [`LimiterConfig`] and [`LimitPolicy`]: every knob of a [`LimiterRegistry`](super::LimiterRegistry).
+//! [`LimiterConfig`] and [`LimitPolicy`]: every knob of a
+//! [`LimiterRegistry`](super::LimiterRegistry).
 
 use std::time::Duration;
 

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use crate::stage::{Inner, Known, Stage, standalone_middleware};
+use crate::stage::{Handover, RestOfStack, Stage, standalone_middleware};
 use http::{Extensions, StatusCode};
 use reqwest::{Request, Response};
 
@@ -149,29 +149,28 @@ fn sample_of(
 standalone_middleware!(ConcurrencyLimit);
 
 impl Stage for ConcurrencyLimit {
-    // Not an `async fn`: see `Stage::serve`.
     #[allow(clippy::manual_async_fn)]
-    fn serve<'a, N: Inner + 'a>(
+    fn serve<'a, N: RestOfStack + 'a>(
         &'a self,
         req: Request,
         extensions: &'a mut Extensions,
-        known: Known<'a>,
+        handover: Handover<'a>,
         next: N,
     ) -> impl Future<Output = reqwest_middleware::Result<Response>> + Send + 'a {
         async move {
             // The owner of the request (used alone) clears what an earlier one left
             // behind, a deadline handed on for a request whose future was dropped included.
-            let owner = known.enter(extensions, "ConcurrencyLimit", false, req.url())?;
-            let Some(origin) = known.origin(req.url()) else {
+            let owner = handover.enter(extensions, "ConcurrencyLimit", false, req.url())?;
+            let Some(origin) = handover.origin(req.url()) else {
                 // No origin, no limit: reqwest will reject the URL itself.
                 return owner
-                    .wrap(next, |next| next.run(req, extensions, known))
+                    .poll_as(next, |next| next.run(req, extensions, handover))
                     .await;
             };
             let deadline = extensions.get::<Deadline>().map(|d| d.0);
             let permit = match self.registry.admit(&origin, deadline, true) {
                 Admission::Admitted(permit) => permit,
-                // Boxed: rare, and its timer would otherwise enlarge every request's future.
+                // Rare: the wait in the queue (boxed: stage cost rule 2).
                 Admission::Queued(queued) => {
                     match Box::pin(self.registry.wait(&origin, queued, deadline)).await {
                         Ok(permit) => permit,
@@ -184,7 +183,7 @@ impl Stage for ConcurrencyLimit {
             // no transport step runs inside.
             extensions.remove::<RequestEvidence>();
             let result = owner
-                .wrap(next, |next| next.run(req, extensions, known))
+                .poll_as(next, |next| next.run(req, extensions, handover))
                 .await;
             let elapsed = permit.admitted_at().elapsed();
             permit.record(sample_of(

@@ -217,7 +217,7 @@ const OVERFLOW_LABEL: &str = "_overflow";
 
 type Shard = RwLock<OriginMap<Arc<Entry>>>;
 
-struct Inner {
+struct RestOfStack {
     config: LimiterConfig,
     shards: Box<[Shard]>,
     per_shard: usize,
@@ -269,7 +269,7 @@ struct Inner {
 /// ```
 #[derive(Clone)]
 pub struct LimiterRegistry {
-    inner: Arc<Inner>,
+    inner: Arc<RestOfStack>,
 }
 
 impl fmt::Debug for LimiterRegistry {
@@ -307,7 +307,7 @@ impl LimiterRegistry {
         let per_shard = config.max_origins / shards;
         let overflow = Arc::new(Entry::new(None, &config));
         LimiterRegistry {
-            inner: Arc::new(Inner {
+            inner: Arc::new(RestOfStack {
                 shards: (0..shards).map(|_| RwLock::default()).collect(),
                 per_shard,
                 overflow,

@@ -29,7 +29,9 @@ pub enum AttemptDecision {
     /// answered first, or the last one to fail). A [`FailureKind::Cancelled`] attempt was
     /// dropped when `by` answered.
     Superseded {
-        /// The attempt number ([`RequestEvidence::attempt`](crate::RequestEvidence::attempt)) the request went on with.
+        /// The attempt number
+        /// ([`RequestEvidence::attempt`](crate::RequestEvidence::attempt)) the request went
+        /// on with.
         by: u32,
     },
 }

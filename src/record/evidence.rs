@@ -141,8 +141,9 @@ impl Redirects {
 
 /// What the transport step observed about one attempt.
 ///
-/// Read it from the request's extensions inside a middleware (after `next.run`), from
-/// a response's extensions, or from the [`AttemptHistory`](super::AttemptHistory) left in the caller's extensions.
+/// Read it from the request's extensions inside a middleware (after `next.run`), from a
+/// response's extensions, or from the [`AttemptHistory`](super::AttemptHistory) left in the
+/// caller's extensions.
 ///
 /// ```no_run
 /// use reqwest_resilience::{RequestEvidence, Resilience, Transmission};

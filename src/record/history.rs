@@ -21,8 +21,8 @@ pub struct AttemptRecord {
 
 /// Every attempt of one logical request, in order.
 ///
-/// [`TransportEvidence`](crate::evidence::TransportEvidence) appends a record per attempt to the
-/// extensions it is handed, which are the caller's own when the caller uses
+/// [`TransportEvidence`](crate::evidence::TransportEvidence) appends a record per attempt
+/// to the extensions it is handed, which are the caller's own when the caller uses
 /// `execute_with_extensions`. A `send()` caller reads it from the response with
 /// [`of_response`](AttemptHistory::of_response).
 ///

@@ -1,6 +1,6 @@
 //! The keys the stages leave in a request's extensions: what the retry middleware did
 //! ([`RetryOutcome`]), what a breaker's rejection says ([`RetryIn`]), the request's
-//! [`Deadline`], and the crate-private keys a stage hands inward ([`HandedOn`],
+//! [`Deadline`], and the crate-private keys a stage hands inward ([`HandedOnDeadline`],
 //! [`AttemptScope`]).
 
 use std::sync::Arc;
@@ -94,7 +94,7 @@ impl Deadline {
 /// middlewares inside it (the retry middleware's `total_deadline`), so that one left
 /// behind by a dropped request is recognised and removed by the next request's owner.
 #[derive(Clone, Copy)]
-pub(crate) struct HandedOn(pub(crate) Deadline);
+pub(crate) struct HandedOnDeadline(pub(crate) Deadline);
 
 /// What the retry middleware hands the middlewares inside it for one attempt. The circuit
 /// breaker takes it (so it never outlives the attempt it was meant for): it cuts the

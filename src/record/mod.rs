@@ -5,7 +5,7 @@
 //! it: [`RequestEvidence`] (the transport step's contract), [`AttemptHistory`] and the
 //! attempt record in [`crate::evidence`], [`RetryOutcome`] and [`Deadline`] in
 //! [`crate::retry`], [`RetryIn`] in [`crate::breaker`]. The crate-private keys a stage
-//! hands inward ([`HandedOn`], [`AttemptScope`]) live here too.
+//! hands inward ([`HandedOnDeadline`], [`AttemptScope`]) live here too.
 //!
 //! A caller may reuse one `Extensions` for several requests, and a request's future may
 //! be dropped half-way, so this state must belong to one request and end with it: the
@@ -22,7 +22,7 @@ pub use decision::{AttemptDecision, RetryReason, StopReason};
 pub use evidence::{FailureKind, NotProcessedProof, Redirects, RequestEvidence, Transmission};
 pub use history::{AttemptHistory, AttemptRecord};
 pub(crate) use history::{next_attempt, record_rejected_locally};
-pub(crate) use keys::{AttemptScope, HandedOn, earlier};
+pub(crate) use keys::{AttemptScope, HandedOnDeadline, earlier};
 pub use keys::{Deadline, RetryIn, RetryOutcome};
 
 use http::Extensions;
@@ -36,7 +36,7 @@ pub(crate) fn clear_earlier_request(extensions: &mut Extensions) {
     if extensions.is_empty() {
         return;
     }
-    if let Some(HandedOn(stale)) = extensions.remove::<HandedOn>()
+    if let Some(HandedOnDeadline(stale)) = extensions.remove::<HandedOnDeadline>()
         && extensions.get::<Deadline>() == Some(&stale)
     {
         extensions.remove::<Deadline>();

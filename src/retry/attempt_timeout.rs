@@ -11,7 +11,7 @@ use std::time::Duration;
 use tokio::time::error::Elapsed;
 
 use crate::origin::Origin;
-use crate::stage::{Cut, Inner, Known};
+use crate::stage::{CutAt, Handover, RestOfStack};
 use http::Extensions;
 use reqwest::{Request, Response};
 use tokio::time::Instant;
@@ -59,23 +59,23 @@ pub(super) fn attempt_cut(deadline: Option<Instant>, timeout: Option<Duration>) 
 /// Runs one attempt through the rest of the stack, cut at `cut` ([`start_attempt`] and
 /// then [`AttemptEnd::finish`]).
 #[allow(clippy::too_many_arguments)]
-pub(super) async fn run_attempt<N: Inner>(
+pub(super) async fn run_attempt<N: RestOfStack>(
     next: N,
     req: Request,
     extensions: &mut Extensions,
-    known: Known<'_>,
+    handover: Handover<'_>,
     owner: crate::stage::scope::Ownership,
     cut: Option<Instant>,
     scope: Option<AttemptScope>,
     attempt: u32,
 ) -> reqwest_middleware::Result<Response> {
     // Taken now (the request moves into the attempt), and only when a cut can use it.
-    let origin = cut.and_then(|_| known.origin(req.url()));
+    let origin = cut.and_then(|_| handover.origin(req.url()));
     let (sent, end) = start_attempt(
         next,
         req,
         &mut *extensions,
-        known,
+        handover,
         owner,
         cut,
         scope,
@@ -86,7 +86,7 @@ pub(super) async fn run_attempt<N: Inner>(
 }
 
 /// The future of an attempt started by [`start_attempt`].
-pub(super) type Sent<'a> = Cut<crate::stage::scope::Marked<crate::stage::Handled<'a>>>;
+pub(super) type Sent<'a> = CutAt<crate::stage::scope::PolledAs<crate::stage::Handled<'a>>>;
 
 /// What the end of an attempt needs to know ([`AttemptEnd::finish`]).
 #[must_use]
@@ -105,11 +105,11 @@ pub(super) struct AttemptEnd {
 /// `owner` marks the request while the rest of the stack runs: as under a retry
 /// middleware, and as owned when the retry owns it (or the copy is its own).
 #[allow(clippy::too_many_arguments)]
-pub(super) fn start_attempt<'a, N: Inner + 'a>(
+pub(super) fn start_attempt<'a, N: RestOfStack + 'a>(
     next: N,
     req: Request,
     extensions: &'a mut Extensions,
-    known: Known<'a>,
+    handover: Handover<'a>,
     owner: crate::stage::scope::Ownership,
     cut: Option<Instant>,
     scope: Option<AttemptScope>,
@@ -120,8 +120,8 @@ pub(super) fn start_attempt<'a, N: Inner + 'a>(
         extensions.insert(scope);
     }
     let cut_end = cut.map(|_| (Instant::now(), attempt));
-    let sent = Cut::new(
-        owner.wrap_retry(next, |next| next.run_boxed(req, extensions, known)),
+    let sent = CutAt::new(
+        owner.poll_as_retry(next, |next| next.run_boxed(req, extensions, handover)),
         cut,
     );
     (

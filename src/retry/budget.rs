@@ -44,10 +44,10 @@ const SLOTS: usize = 10;
 /// same service.
 #[derive(Clone)]
 pub struct RetryBudget {
-    inner: Arc<Inner>,
+    inner: Arc<RestOfStack>,
 }
 
-struct Inner {
+struct RestOfStack {
     ratio: f64,
     floor: u64,
     slot_len: Duration,
@@ -96,7 +96,7 @@ impl RetryBudget {
         }
         let floor = (u64::from(min_retries_per_sec) as f64 * window.as_secs_f64()) as u64;
         Ok(RetryBudget {
-            inner: Arc::new(Inner {
+            inner: Arc::new(RestOfStack {
                 ratio: retry_ratio,
                 floor,
                 slot_len: window / SLOTS as u32,

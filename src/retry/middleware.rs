@@ -5,7 +5,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use crate::stage::{Inner, Known, Stage, standalone_middleware};
+use crate::stage::{Handover, RestOfStack, Stage, standalone_middleware};
 use http::Extensions;
 use reqwest::{Request, Response};
 use tokio::time::Instant;
@@ -22,7 +22,7 @@ use crate::error::{ResilienceError, RetryError};
 use crate::misconfig::{self, Misconfiguration};
 use crate::origin::Origin;
 use crate::record::{
-    AttemptDecision, AttemptHistory, AttemptScope, Deadline, FailureKind, HandedOn,
+    AttemptDecision, AttemptHistory, AttemptScope, Deadline, FailureKind, HandedOnDeadline,
     RequestEvidence, RetryOutcome, RetryReason, StopReason,
 };
 
@@ -288,8 +288,8 @@ impl RetryMiddlewareBuilder {
     /// `true`: every final error is wrapped in [`ResilienceError::Retry`]
     /// ([`ErrorWrapping::Always`]); `false`: none is ([`ErrorWrapping::Never`]). Without
     /// this call, all but a `reqwest::Error` are ([`ErrorWrapping::ExceptReqwest`]).
-    pub fn wrap_errors(mut self, wrap: bool) -> Self {
-        self.config.error_wrapping = if wrap {
+    pub fn wrap_errors(mut self, poll_as: bool) -> Self {
+        self.config.error_wrapping = if poll_as {
             ErrorWrapping::Always
         } else {
             ErrorWrapping::Never
@@ -299,10 +299,11 @@ impl RetryMiddlewareBuilder {
 
     /// Bounds each attempt's wait for its response head (default: none). A cut attempt is
     /// `Unknown` / [`Timeout`](FailureKind::Timeout), so only an idempotent request is
-    /// retried after it, and a [`CircuitBreakerMiddleware`](crate::breaker::CircuitBreakerMiddleware)
-    /// inside counts it as a failure. A body streamed after the head is not cut, and the
-    /// total deadline still bounds everything. The per-request
-    /// [`AttemptTimeout`](super::AttemptTimeout) extension replaces it.
+    /// retried after it, and a
+    /// [`CircuitBreakerMiddleware`](crate::breaker::CircuitBreakerMiddleware) inside counts
+    /// it as a failure. A body streamed after the head is not cut, and the total deadline
+    /// still bounds everything. The per-request [`AttemptTimeout`](super::AttemptTimeout)
+    /// extension replaces it.
     ///
     /// Off by default on purpose: endpoints such as LLM APIs take well over 10 s to their
     /// first byte, and a default like Polly's 10 s attempt timeout would cut (and, for an
@@ -499,35 +500,33 @@ impl Config {
 standalone_middleware!(RetryMiddleware);
 
 impl Stage for RetryMiddleware {
-    fn serve<'a, N: Inner + 'a>(
+    fn serve<'a, N: RestOfStack + 'a>(
         &'a self,
         req: Request,
         extensions: &'a mut Extensions,
-        known: Known<'a>,
+        handover: Handover<'a>,
         next: N,
     ) -> impl Future<Output = reqwest_middleware::Result<Response>> + Send + 'a {
-        self.attempts(req, extensions, known, next)
+        self.attempts(req, extensions, handover, next)
     }
 }
 
 impl RetryMiddleware {
     /// The retry loop for one logical request: prepare an attempt, run it (plain or as a
     /// hedged round), decide, and either stop or wait and go round again.
-    // Not an `async fn`: its desugaring moves each argument into a second slot of the
-    // future, and a `Request` is 264 bytes copied into every request's boxed future.
     #[allow(clippy::manual_async_fn)]
-    fn attempts<'a, N: Inner + 'a>(
+    fn attempts<'a, N: RestOfStack + 'a>(
         &'a self,
         mut req: Request,
         extensions: &'a mut Extensions,
-        known: Known<'a>,
+        handover: Handover<'a>,
         next: N,
     ) -> impl Future<Output = reqwest_middleware::Result<Response>> + Send + 'a {
         async move {
             // The owner of the request clears what an earlier one left behind, a deadline
             // handed on for a request whose future was dropped included.
-            let owner = known.enter(extensions, "RetryMiddleware", true, req.url())?;
-            let mut run = RequestRun::begin(&self.config, &req, extensions, known);
+            let owner = handover.enter(extensions, "RetryMiddleware", true, req.url())?;
+            let mut run = RequestRun::begin(&self.config, &req, extensions, handover);
             loop {
                 // One attempt and its decision, in a block of their own: the request, the
                 // response and the evidence end with it, so the future does not also keep
@@ -539,13 +538,13 @@ impl RetryMiddleware {
                         run.hedged_round(&req, prepared.attempt, owner)
                     {
                         let is_final = run.is_final();
-                        // Boxed: only hedged requests carry the race in their future.
+                        // Only a hedged request carries the race (boxed: stage cost rule 2).
                         let round =
                             Box::pin(hedging.round(spec, &next, req, extensions, is_final)).await;
                         (round.result, round.hedges)
                     } else {
                         let (sent, end) =
-                            run.start_attempt(&next, req, extensions, known, owner, &prepared);
+                            run.start_attempt(&next, req, extensions, handover, owner, &prepared);
                         let outcome = sent.await;
                         (end.finish(outcome, extensions, &run.origin), 0)
                     };
@@ -555,8 +554,7 @@ impl RetryMiddleware {
                     };
                     // The attempt's request was moved into it; the spare is the next one.
                     req = spare;
-                    // Boxed: the timers and the drain are large, and only a retry needs them,
-                    // so the success path does not carry (and copy) them in its future.
+                    // Only a retry waits (boxed: stage cost rule 2).
                     (Box::pin(wait_before_retry(result.ok(), retry.delay)), retry)
                 };
                 run.wait_then_count(wait, retry).await;
@@ -612,7 +610,7 @@ impl<'a> RequestRun<'a> {
         config: &'a Config,
         req: &Request,
         extensions: &mut Extensions,
-        known: Known<'_>,
+        handover: Handover<'_>,
     ) -> Self {
         let handed_on = hand_on_deadline(config, extensions);
         let idempotent = extensions
@@ -641,12 +639,12 @@ impl<'a> RequestRun<'a> {
             config,
             method: req.method().clone(),
             idempotent,
-            origin: known.origin(req.url()),
+            origin: handover.origin(req.url()),
             hedging,
             state,
             not_processed_retries: 0,
             handed_on,
-            transport_installed: known.transport_installed(),
+            transport_installed: handover.transport_installed(),
         }
     }
 
@@ -708,12 +706,12 @@ impl<'a> RequestRun<'a> {
     }
 
     /// Starts a plain attempt, cut at the deadline or its attempt timeout.
-    fn start_attempt<'s, N: Inner + 's>(
+    fn start_attempt<'s, N: RestOfStack + 's>(
         &'s self,
         next: &N,
         req: Request,
         extensions: &'s mut Extensions,
-        known: Known<'s>,
+        handover: Handover<'s>,
         owner: crate::stage::scope::Ownership,
         prepared: &'s PreparedAttempt,
     ) -> (attempt_timeout::Sent<'s>, attempt_timeout::AttemptEnd) {
@@ -723,14 +721,14 @@ impl<'a> RequestRun<'a> {
             .attempt_timeout
             .map(|_| AttemptScope::cut_at(cut));
         // The stages inside share the origin, and replay the spare.
-        let known = known
+        let handover = handover
             .with_origin(&self.origin)
             .with_spare(prepared.spare.as_ref());
         attempt_timeout::start_attempt(
             next.clone(),
             req,
             extensions,
-            known,
+            handover,
             owner,
             cut,
             scope,
@@ -827,7 +825,7 @@ fn hand_on_deadline(config: &Config, extensions: &mut Extensions) -> bool {
     };
     if let Some(d) = handed_on {
         extensions.insert(Deadline(d));
-        extensions.insert(HandedOn(Deadline(d)));
+        extensions.insert(HandedOnDeadline(Deadline(d)));
     }
     handed_on.is_some()
 }
@@ -965,7 +963,7 @@ fn finish(
     if handed_on {
         // The deadline this middleware handed inward ends with the request.
         extensions.remove::<Deadline>();
-        extensions.remove::<HandedOn>();
+        extensions.remove::<HandedOnDeadline>();
     }
     let outcome = RetryOutcome { attempts, stop };
     extensions.insert(outcome);

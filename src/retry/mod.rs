@@ -27,9 +27,9 @@
 //! ```
 //!
 //! Per-request overrides are extensions: [`MaxRetries`] (0 disables retrying),
-//! [`Idempotent`], [`Deadline`], [`AttemptTimeout`]. After the request, [`RetryOutcome`] (attempt count, why it
-//! stopped) is in the caller's extensions (with `execute_with_extensions`) and in the
-//! response's.
+//! [`Idempotent`], [`Deadline`], [`AttemptTimeout`]. After the request, [`RetryOutcome`]
+//! (attempt count, why it stopped) is in the caller's extensions (with
+//! `execute_with_extensions`) and in the response's.
 
 mod attempt_timeout;
 mod budget;

@@ -6,7 +6,7 @@ use http::Extensions;
 use reqwest::Request;
 use reqwest_middleware::{Middleware, Next};
 
-use crate::stage::{Handled, Inner, Known, PerAttempt, Rare, Then};
+use crate::stage::{BoxedWhenPresent, Handled, Handover, Nested, RestOfStack, RetrySlot};
 
 /// The whole stack as one middleware: the stages [`Resilience`](super::Resilience) chose,
 /// outermost first, each one left out being `None`.
@@ -19,8 +19,8 @@ use crate::stage::{Handled, Inner, Known, PerAttempt, Rare, Then};
 /// its future is made, so a future dropped before its first poll has done only that:
 /// nothing was sent, counted or taken.
 pub(crate) struct Composed {
-    pub(crate) observer: Rare<super::RequestObserver>,
-    pub(crate) retry: PerAttempt<crate::retry::RetryMiddleware>,
+    pub(crate) observer: BoxedWhenPresent<super::RequestObserver>,
+    pub(crate) retry: RetrySlot<crate::retry::RetryMiddleware>,
     /// `BearerAuth`'s token fetch, before the breaker and the limiter: a request waits for
     /// its token before it takes a half-open probe slot or a limiter permit.
     pub(crate) token_first: Option<crate::auth::TokenFirst>,
@@ -62,22 +62,24 @@ impl Middleware for Composed {
         Self: 'async_trait,
     {
         // The checks and the clean-up of an earlier request's state, once for every
-        // stage. Here, as the future is made: the middleware outside made it under the
-        // same marks as it will poll it with (`scope::Ownership::wrap`).
+        // stage. Here, as the future is made: the middleware outside made it as it will
+        // poll it (`scope::Ownership::poll_as`).
         let (middleware, is_retry) = self.checked_as();
         let owner = match crate::stage::scope::enter(extensions, middleware, is_retry, req.url()) {
             Ok(owner) => owner,
             Err(refused) => return Box::pin(std::future::ready(Err(refused))),
         };
-        let inner = Then::new(&self.transport, next);
-        let inner = Then::new(&self.bearer, inner);
-        let inner = Then::new(&self.limit, inner);
-        let inner = Then::new(&self.breaker, inner);
-        let inner = Then::new(&self.token_first, inner);
-        let inner = Then::new(&self.retry, inner);
-        let inner = Then::new(&self.observer, inner);
+        let inner = Nested::new(&self.transport, next);
+        let inner = Nested::new(&self.bearer, inner);
+        let inner = Nested::new(&self.limit, inner);
+        let inner = Nested::new(&self.breaker, inner);
+        let inner = Nested::new(&self.token_first, inner);
+        let inner = Nested::new(&self.retry, inner);
+        let inner = Nested::new(&self.observer, inner);
         // Installed always: here, or after the user's per-attempt middlewares.
-        let known = Known::default().with_entered().with_transport_installed();
-        Box::pin(owner.wrap_made(inner.run(req, extensions, known)))
+        let handover = Handover::default()
+            .with_entered()
+            .with_transport_installed();
+        Box::pin(owner.poll_made_as(inner.run(req, extensions, handover)))
     }
 }

@@ -51,7 +51,7 @@ use reqwest::{Request, Response};
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware, Middleware};
 
 pub(crate) mod compose;
-use crate::stage::{Inner, Known, Stage, standalone_middleware};
+use crate::stage::{Handover, RestOfStack, Stage, standalone_middleware};
 
 use crate::auth::BearerAuth;
 use crate::backoff::Backoff;
@@ -495,11 +495,11 @@ impl Resilience {
             (None, Some(transport))
         };
         let mut builder = builder.with(compose::Composed {
-            observer: crate::stage::Rare(RequestObserver::new(
+            observer: crate::stage::BoxedWhenPresent(RequestObserver::new(
                 self.on_attempt,
                 self.span_url_query,
             )),
-            retry: crate::stage::PerAttempt(retry),
+            retry: crate::stage::RetrySlot(retry),
             token_first: self.bearer.clone().map(crate::auth::TokenFirst),
             breaker,
             limit,
@@ -734,17 +734,16 @@ impl RequestObserver {
 standalone_middleware!(RequestObserver);
 
 impl Stage for RequestObserver {
-    // Not an `async fn`: see `Stage::serve`.
     #[allow(clippy::manual_async_fn)]
-    fn serve<'a, N: Inner + 'a>(
+    fn serve<'a, N: RestOfStack + 'a>(
         &'a self,
         req: Request,
         extensions: &'a mut Extensions,
-        known: Known<'a>,
+        handover: Handover<'a>,
         next: N,
     ) -> impl Future<Output = reqwest_middleware::Result<Response>> + Send + 'a {
         async move {
-            let owner = known.begin(extensions);
+            let owner = handover.enter_unchecked(extensions);
             // Extensions reused across calls keep older attempts: report only this call's.
             let before = extensions
                 .get::<AttemptHistory>()
@@ -756,13 +755,13 @@ impl Stage for RequestObserver {
             let result = {
                 use tracing::Instrument;
                 owner
-                    .wrap(next, |next| next.run(req, extensions, known))
+                    .poll_as(next, |next| next.run(req, extensions, handover))
                     .instrument(span.clone())
                     .await
             };
             #[cfg(not(feature = "tracing"))]
             let result = owner
-                .wrap(next, |next| next.run(req, extensions, known))
+                .poll_as(next, |next| next.run(req, extensions, handover))
                 .await;
 
             let attempts = extensions

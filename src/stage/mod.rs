@@ -1,22 +1,41 @@
-//! How the stages compose: each middleware's logic is a [`Stage`], generic over what is
-//! inside it ([`Inner`]), the way tower composes its layers. Used alone, a middleware is
-//! a stage whose inside is reqwest-middleware's `Next`; [`Resilience`](super::Resilience)
-//! nests the stages into one [`Composed`] middleware, so a request through the whole stack
-//! costs one boxed future for the stages (and one per attempt below the retry loop,
-//! [`Inner::run_boxed`]) and one trip through `Next`, not one of each per layer.
+//! The stage vocabulary: how a middleware's logic is written once and serves both the
+//! middleware used alone and the composed stack.
 //!
-//! The stages outside an attempt hand what they already know inward ([`Known`]): the
-//! request's origin, worked out once per logical request; the retry's spare copy of the
-//! request, which `BearerAuth` replays after a `401` instead of copying the request
-//! itself (one copy per attempt); and that the stack already entered the request (its
-//! placement checks and clean-up run once, at the top). Across a `Next` (a user's
-//! middleware, or a middleware used alone) nothing is known and each stage works it out
-//! itself.
+//! Each middleware's logic is a [`Stage`], generic over the rest of the stack inside it
+//! ([`RestOfStack`]), the way tower composes its layers. Used alone, a middleware is a
+//! stage whose inside is reqwest-middleware's `Next` ([`standalone_middleware!`]);
+//! `Resilience` nests the stages into one middleware (`stack::compose::Composed`, one
+//! [`Nested`] per stage), so a request through the whole stack costs one boxed future for
+//! the stages, one per attempt below the retry loop ([`RestOfStack::run_boxed`]) and one
+//! trip through `Next`, not one of each per layer.
 //!
-//! The cost tricks live here and nowhere else: [`Either`] chooses an optional stage
-//! before its first poll, [`PerAttempt`] and [`Rare`] keep a left-out stage's slot
-//! small, and [`Cut`] cuts an attempt at its deadline holding the inside once. Why each
-//! one pays, measured, is in BENCHMARKS.md ("With the static composition").
+//! The stages outside an attempt hand inward what they already worked out
+//! ([`Handover`]): the request's origin, worked out once per logical request; the retry's
+//! spare copy of the request, which `BearerAuth` replays after a `401` instead of copying
+//! the request itself (one copy per attempt); the bearer token fetched before the breaker
+//! and the limiter admitted the attempt; that the stack already entered the request (its
+//! placement checks and clean-up run once, at the top, see [`scope`]). Across a `Next` (a
+//! user's middleware, or a middleware used alone) nothing is handed over and each stage
+//! works it out itself.
+//!
+//! # Cost rules
+//!
+//! Every request moves every stage's future, so their size is paid per request (why each
+//! rule pays, measured, is in BENCHMARKS.md, "With the static composition"). The stages
+//! refer here rather than repeat them:
+//!
+//! 1. A stage's `serve` returns an `async move` block instead of being an `async fn`
+//!    (hence `allow(clippy::manual_async_fn)` on every impl): the desugaring of an
+//!    `async fn` keeps a second slot for each argument, the 264-byte `Request` among
+//!    them.
+//! 2. A rare path that waits (a pause, a queue, a second token fetch after a `401`) is
+//!    boxed where it is awaited: its timer or its state would otherwise enlarge every
+//!    request's future.
+//! 3. A request is not borrowed across an `.await`: what a stage needs from it is taken
+//!    before it is handed on (a borrow keeps a second copy of the request in the future).
+//! 4. An optional stage is chosen before its first poll ([`Either`]); a left-out stage's
+//!    slot costs nothing ([`RetrySlot`], [`BoxedWhenPresent`]); an attempt's cut holds
+//!    the inside once ([`CutAt`]).
 
 use std::future::Future;
 
@@ -31,7 +50,7 @@ pub(crate) mod scope;
 
 /// What the stages outside an attempt already worked out about it.
 #[derive(Clone, Copy, Default)]
-pub(crate) struct Known<'a> {
+pub(crate) struct Handover<'a> {
     /// The request's origin (`Some(None)`: its URL has none); `None` when not worked out.
     origin: Option<&'a Option<Origin>>,
     /// A copy of the request as sent to this attempt, before any stage changed it, which
@@ -49,10 +68,10 @@ pub(crate) struct Known<'a> {
     transport_installed: bool,
 }
 
-impl<'a> Known<'a> {
+impl<'a> Handover<'a> {
     /// Knows the request's origin.
     pub(crate) fn with_origin(self, origin: &'a Option<Origin>) -> Self {
-        Known {
+        Handover {
             origin: Some(origin),
             ..self
         }
@@ -60,13 +79,13 @@ impl<'a> Known<'a> {
 
     /// Knows a replayable copy of the request (`None`: there is none).
     pub(crate) fn with_spare(self, spare: Option<&'a Request>) -> Self {
-        Known { spare, ..self }
+        Handover { spare, ..self }
     }
 
     /// Knows that the stack installed the transport step
     /// ([`TransportEvidence`](crate::TransportEvidence)).
     pub(crate) fn with_transport_installed(self) -> Self {
-        Known {
+        Handover {
             transport_installed: true,
             ..self
         }
@@ -80,7 +99,7 @@ impl<'a> Known<'a> {
 
     /// Knows the bearer token the attempt is to carry.
     pub(crate) fn with_token(self, token: &'a AccessToken) -> Self {
-        Known {
+        Handover {
             token: Some(token),
             ..self
         }
@@ -93,7 +112,7 @@ impl<'a> Known<'a> {
 
     /// Knows that the stages inside need not enter the request themselves.
     pub(crate) fn with_entered(self) -> Self {
-        Known {
+        Handover {
             entered: true,
             ..self
         }
@@ -110,18 +129,18 @@ impl<'a> Known<'a> {
         url: &reqwest::Url,
     ) -> Result<scope::Ownership, reqwest_middleware::Error> {
         if self.entered {
-            Ok(scope::Ownership::nested_in(extensions))
+            Ok(scope::Ownership::inside_stack(extensions))
         } else {
             scope::enter(extensions, middleware, is_retry, url)
         }
     }
 
     /// [`enter`](Self::enter) for a stage that checks nothing: only its place.
-    pub(crate) fn begin(&self, extensions: &mut Extensions) -> scope::Ownership {
+    pub(crate) fn enter_unchecked(&self, extensions: &mut Extensions) -> scope::Ownership {
         if self.entered {
-            scope::Ownership::nested_in(extensions)
+            scope::Ownership::inside_stack(extensions)
         } else {
-            scope::begin(extensions)
+            scope::enter_unchecked(extensions)
         }
     }
 
@@ -140,7 +159,7 @@ impl<'a> Known<'a> {
 
     /// What a stage that changes the request hands on: the spare no longer matches it.
     pub(crate) fn without_spare(self) -> Self {
-        Known {
+        Handover {
             spare: None,
             ..self
         }
@@ -149,19 +168,19 @@ impl<'a> Known<'a> {
 
 /// The rest of the stack, as seen from a stage: called once per attempt (and once per
 /// copy of a hedged attempt), so cheap to clone.
-pub(crate) trait Inner: Clone + Send + Sync {
+pub(crate) trait RestOfStack: Clone + Send + Sync {
     /// Whether making this inside's future may do work of this crate (a `Next` may lead to
     /// a composed stack, which checks its place as its future is made): then a stage
-    /// makes it under its marks ([`scope::Ownership::wrap`](scope::Ownership)).
+    /// makes it as it will poll it ([`scope::Ownership::poll_as`]).
     /// The composed stack's own stages do all their work when polled.
-    const MAKES_WORK: bool = false;
+    const MAKING_DOES_WORK: bool = false;
 
     /// Runs the request through the rest of the stack.
     fn run<'a>(
         self,
         req: Request,
         extensions: &'a mut Extensions,
-        known: Known<'a>,
+        handover: Handover<'a>,
     ) -> impl Future<Output = reqwest_middleware::Result<Response>> + Send + 'a
     where
         Self: 'a;
@@ -174,23 +193,23 @@ pub(crate) trait Inner: Clone + Send + Sync {
         self,
         req: Request,
         extensions: &'a mut Extensions,
-        known: Known<'a>,
+        handover: Handover<'a>,
     ) -> Handled<'a>
     where
         Self: 'a,
     {
-        Box::pin(self.run(req, extensions, known))
+        Box::pin(self.run(req, extensions, handover))
     }
 }
 
-impl Inner for Next<'_> {
-    const MAKES_WORK: bool = true;
+impl RestOfStack for Next<'_> {
+    const MAKING_DOES_WORK: bool = true;
 
     fn run<'a>(
         self,
         req: Request,
         extensions: &'a mut Extensions,
-        _: Known<'a>,
+        _: Handover<'a>,
     ) -> impl Future<Output = reqwest_middleware::Result<Response>> + Send + 'a
     where
         Self: 'a,
@@ -203,7 +222,7 @@ impl Inner for Next<'_> {
         self,
         req: Request,
         extensions: &'a mut Extensions,
-        _: Known<'a>,
+        _: Handover<'a>,
     ) -> Handled<'a>
     where
         Self: 'a,
@@ -214,37 +233,34 @@ impl Inner for Next<'_> {
 
 /// One middleware's logic, generic over what is inside it.
 pub(crate) trait Stage: Send + Sync {
-    /// Handles one request (or attempt) with `next` inside.
-    ///
-    /// Implemented as a function returning an `async move` block rather than as an
-    /// `async fn`, whose desugaring keeps a second slot in the future for each argument
-    /// (the 264-byte `Request` among them) and so enlarges every stage around it.
-    fn serve<'a, N: Inner + 'a>(
+    /// Handles one request (or attempt) with `next` inside (an `async move` block: see
+    /// the [cost rules](self#cost-rules)).
+    fn serve<'a, N: RestOfStack + 'a>(
         &'a self,
         req: Request,
         extensions: &'a mut Extensions,
-        known: Known<'a>,
+        handover: Handover<'a>,
         next: N,
     ) -> impl Future<Output = reqwest_middleware::Result<Response>> + Send + 'a;
 }
 
 /// A stage that may be left out: without it the request goes straight inside.
 impl<S: Stage> Stage for Option<S> {
-    fn serve<'a, N: Inner + 'a>(
+    fn serve<'a, N: RestOfStack + 'a>(
         &'a self,
         req: Request,
         extensions: &'a mut Extensions,
-        known: Known<'a>,
+        handover: Handover<'a>,
         next: N,
     ) -> impl Future<Output = reqwest_middleware::Result<Response>> + Send + 'a {
         // Chosen here rather than in an `async` block, which would keep the request (and
         // the arguments) in the future beside the inner one's.
         match self {
             Some(stage) => Either::Stage {
-                future: stage.serve(req, extensions, known, next),
+                future: stage.serve(req, extensions, handover, next),
             },
             None => Either::Skip {
-                future: next.run(req, extensions, known),
+                future: next.run(req, extensions, handover),
             },
         }
     }
@@ -277,24 +293,24 @@ impl<A: Future, B: Future<Output = A::Output>> Future for Either<A, B> {
 /// The stage whose inside runs once per attempt (the retry loop), or its inside boxed
 /// when it is left out. An optional stage's future is as large as the larger of its own
 /// and its inside's; the retry's own future holds the attempt's inside behind a box
-/// ([`Inner::run_boxed`]), so without this the "left out" branch would put the whole
+/// ([`RestOfStack::run_boxed`]), so without this the "left out" branch would put the whole
 /// inside back into every request's future, retry or not.
-pub(crate) struct PerAttempt<S>(pub(crate) Option<S>);
+pub(crate) struct RetrySlot<S>(pub(crate) Option<S>);
 
-impl<S: Stage> Stage for PerAttempt<S> {
-    fn serve<'a, N: Inner + 'a>(
+impl<S: Stage> Stage for RetrySlot<S> {
+    fn serve<'a, N: RestOfStack + 'a>(
         &'a self,
         req: Request,
         extensions: &'a mut Extensions,
-        known: Known<'a>,
+        handover: Handover<'a>,
         next: N,
     ) -> impl Future<Output = reqwest_middleware::Result<Response>> + Send + 'a {
         match &self.0 {
             Some(stage) => Either::Stage {
-                future: stage.serve(req, extensions, known, next),
+                future: stage.serve(req, extensions, handover, next),
             },
             None => Either::Skip {
-                future: next.run_boxed(req, extensions, known),
+                future: next.run_boxed(req, extensions, handover),
             },
         }
     }
@@ -303,59 +319,59 @@ impl<S: Stage> Stage for PerAttempt<S> {
 /// A stage most stacks leave out, its future boxed when it is there: an optional stage's
 /// future is as large as the larger of its own and its inside's, so without the box the
 /// stacks that leave it out would carry its state in every request's future.
-pub(crate) struct Rare<S>(pub(crate) Option<S>);
+pub(crate) struct BoxedWhenPresent<S>(pub(crate) Option<S>);
 
-impl<S: Stage> Stage for Rare<S> {
-    fn serve<'a, N: Inner + 'a>(
+impl<S: Stage> Stage for BoxedWhenPresent<S> {
+    fn serve<'a, N: RestOfStack + 'a>(
         &'a self,
         req: Request,
         extensions: &'a mut Extensions,
-        known: Known<'a>,
+        handover: Handover<'a>,
         next: N,
     ) -> impl Future<Output = reqwest_middleware::Result<Response>> + Send + 'a {
         match &self.0 {
             Some(stage) => Either::Stage {
-                future: Box::pin(stage.serve(req, extensions, known, next)) as Handled<'a>,
+                future: Box::pin(stage.serve(req, extensions, handover, next)) as Handled<'a>,
             },
             None => Either::Skip {
-                future: next.run(req, extensions, known),
+                future: next.run(req, extensions, handover),
             },
         }
     }
 }
 
 /// `stage` with `next` inside it: itself the inside of the stage around it.
-pub(crate) struct Then<'s, S, N> {
+pub(crate) struct Nested<'s, S, N> {
     stage: &'s S,
     next: N,
 }
 
-impl<S, N: Clone> Clone for Then<'_, S, N> {
+impl<S, N: Clone> Clone for Nested<'_, S, N> {
     fn clone(&self) -> Self {
-        Then {
+        Nested {
             stage: self.stage,
             next: self.next.clone(),
         }
     }
 }
 
-impl<'s, S: Stage, N: Inner> Then<'s, S, N> {
+impl<'s, S: Stage, N: RestOfStack> Nested<'s, S, N> {
     pub(crate) fn new(stage: &'s S, next: N) -> Self {
-        Then { stage, next }
+        Nested { stage, next }
     }
 }
 
-impl<S: Stage, N: Inner> Inner for Then<'_, S, N> {
+impl<S: Stage, N: RestOfStack> RestOfStack for Nested<'_, S, N> {
     fn run<'a>(
         self,
         req: Request,
         extensions: &'a mut Extensions,
-        known: Known<'a>,
+        handover: Handover<'a>,
     ) -> impl Future<Output = reqwest_middleware::Result<Response>> + Send + 'a
     where
         Self: 'a,
     {
-        self.stage.serve(req, extensions, known, self.next)
+        self.stage.serve(req, extensions, handover, self.next)
     }
 }
 
@@ -385,7 +401,7 @@ macro_rules! standalone_middleware {
                     self,
                     req,
                     extensions,
-                    $crate::stage::Known::default(),
+                    $crate::stage::Handover::default(),
                     next,
                 ))
             }
@@ -400,7 +416,7 @@ pin_project_lite::pin_project! {
     /// it holds the inner future once (the two branches would each keep a slot for it).
     /// Its output is the same as tokio's timeout's, tokio's `Elapsed` at the cut: the
     /// inner future is polled first, so an answer ready at the cut wins.
-    pub(crate) struct Cut<F> {
+    pub(crate) struct CutAt<F> {
         #[pin]
         inner: F,
         #[pin]
@@ -408,16 +424,16 @@ pin_project_lite::pin_project! {
     }
 }
 
-impl<F: Future> Cut<F> {
+impl<F: Future> CutAt<F> {
     pub(crate) fn new(inner: F, at: Option<tokio::time::Instant>) -> Self {
-        Cut {
+        CutAt {
             inner,
             timer: at.map(|at| tokio::time::timeout_at(at, std::future::pending())),
         }
     }
 }
 
-impl<F: Future> Future for Cut<F> {
+impl<F: Future> Future for CutAt<F> {
     type Output = Result<F::Output, tokio::time::error::Elapsed>;
 
     fn poll(

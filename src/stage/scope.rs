@@ -1,25 +1,28 @@
-//! The per-request state's one owner and one lifetime.
+//! Who owns a request's state, and where a stage stands in the request it runs.
 //!
-//! The crate keeps what it learns about a logical request in the caller's
-//! `http::Extensions`: the [`AttemptHistory`], the last [`RequestEvidence`], the
-//! [`RetryOutcome`], a breaker's [`RetryIn`], a [`Deadline`] the retry middleware hands
-//! inward, and an attempt's own cut ([`AttemptScope`]). A caller may reuse one `Extensions`
-//! for several requests, and a request's future may be dropped half-way, so that state must
-//! belong to one request and end with it. The first middleware of this crate that runs a
-//! request (whichever it is: the whole stack, or one middleware used alone) owns it: on
-//! entry it clears what an earlier request left behind, and while it polls the middlewares
-//! inside it, they see that a request is already owned and leave its state alone.
+//! The per-request state lives in the caller's `http::Extensions` ([`crate::record`]). A
+//! caller may reuse one `Extensions` for several requests, and a request's future may be
+//! dropped half-way, so that state must belong to one request and end with it. The first
+//! middleware of this crate that runs a request (the whole stack, or one middleware used
+//! alone) owns it: on entry it clears what an earlier request left behind
+//! ([`clear_earlier_request`](crate::record::clear_earlier_request)). The middlewares it
+//! polls see that the request is owned and leave its state alone.
 //!
-//! Ownership is found without allocating: an owner marks the address of the request's
-//! `Extensions` as the one being run on this thread for the duration of each poll of the
-//! rest of the stack (the retry middleware and the transport step mark their place the same
-//! way, for the [misconfiguration](crate::misconfig) checks) (reqwest-middleware hands the
-//! same `&mut Extensions` down the chain, and polls the inner middlewares inside the outer
-//! one's poll), and puts back the mark it found afterwards. Only the innermost owner being
-//! polled needs to be known: a request's middlewares never run inside another request's
-//! poll, except through a second request a user's middleware makes, whose own owner then
-//! marks it (and unmarks it when its poll returns). A mark lasts only as long as its
-//! owner's poll, so a dropped or finished request leaves nothing behind.
+//! Ownership is found without allocating, through what this thread is polling
+//! ([`Polling`]). reqwest-middleware hands the same `&mut Extensions` down the chain and
+//! polls the inner middlewares inside the outer one's poll, so the address of the
+//! request's `Extensions` identifies the request. For the duration of each poll of the
+//! rest of the stack, the owner records that address as the request it polls as owner,
+//! and puts back what it found when the poll returns. The retry middleware and the
+//! transport step record their place the same way, for the placement checks
+//! ([`misplaced`]): a retry inside a retry, or any stage inside the transport step, for
+//! the same request.
+//!
+//! Only the innermost owner being polled needs to be known: a request's middlewares never
+//! run inside another request's poll, except through a second request a user's middleware
+//! makes, whose own owner then records itself (and puts the first back when its poll
+//! returns). A record lasts only as long as its poll, so a dropped or finished request
+//! leaves nothing behind.
 
 use std::cell::Cell;
 use std::future::Future;
@@ -31,28 +34,27 @@ use http::Extensions;
 use crate::error::ResilienceError;
 use crate::misconfig::Misconfiguration;
 use crate::record::{FailureKind, record_rejected_locally};
-use crate::stage::Inner;
+use crate::stage::RestOfStack;
 
-/// The requests (by the address of their `Extensions`, 0 for none) that this thread is
-/// polling the rest of, as their owner, under a retry middleware, and under the transport
-/// step. The misconfiguration checks read the last two
-/// ([`misconfig`](crate::misconfig)).
+/// The requests (by the address of their `Extensions`, 0 for none) whose rest of the
+/// stack this thread is polling: as their owner, under a retry middleware, under the
+/// transport step.
 #[derive(Clone, Copy, Default)]
-pub(crate) struct Active {
+pub(crate) struct Polling {
     pub(crate) owner: usize,
-    pub(crate) retry: usize,
-    pub(crate) transport: usize,
+    pub(crate) under_retry: usize,
+    pub(crate) under_transport: usize,
 }
 
 thread_local! {
-    static ACTIVE: Cell<Active> = const {
-        Cell::new(Active { owner: 0, retry: 0, transport: 0 })
+    static POLLING: Cell<Polling> = const {
+        Cell::new(Polling { owner: 0, under_retry: 0, under_transport: 0 })
     };
 }
 
 /// What this thread is polling now.
-pub(crate) fn active() -> Active {
-    ACTIVE.try_with(Cell::get).unwrap_or_default()
+pub(crate) fn polling() -> Polling {
+    POLLING.try_with(Cell::get).unwrap_or_default()
 }
 
 /// The key of the request whose middlewares are handed `extensions`.
@@ -69,32 +71,31 @@ pub(crate) struct Ownership {
     owner: bool,
 }
 
-/// Called first by every middleware of this crate. When no middleware of this crate
-/// outside it is running the request, this one owns it, and what an earlier request left
-/// in `extensions` is removed.
-pub(crate) fn begin(extensions: &mut Extensions) -> Ownership {
-    begin_at(extensions, active())
+/// [`enter`] without the placement checks, for a stage that cannot be misplaced.
+pub(crate) fn enter_unchecked(extensions: &mut Extensions) -> Ownership {
+    enter_at(extensions, polling())
 }
 
-/// How a middleware of this crate starts: refused (with its `NotSent` evidence left) when
-/// it stands where it cannot work ([`misconfig`](crate::misconfig)), else [`begin`], on
-/// one read of the marks.
+/// How every middleware of this crate starts: refused (with its `NotSent` evidence left)
+/// when it stands where it cannot work ([`misplaced`]); else, when no middleware of this
+/// crate outside it is running the request, it owns it, and what an earlier request left
+/// in `extensions` is removed.
 pub(crate) fn enter(
     extensions: &mut Extensions,
     middleware: &'static str,
     is_retry: bool,
     url: &reqwest::Url,
 ) -> Result<Ownership, reqwest_middleware::Error> {
-    let active = active();
-    match misplaced(active, key(extensions), middleware, is_retry) {
+    let now = polling();
+    match misplaced(now, key(extensions), middleware, is_retry) {
         Some(m) => Err(refuse(extensions, m, url)),
-        None => Ok(begin_at(extensions, active)),
+        None => Ok(enter_at(extensions, now)),
     }
 }
 
-fn begin_at(extensions: &mut Extensions, active: Active) -> Ownership {
+fn enter_at(extensions: &mut Extensions, now: Polling) -> Ownership {
     let key = key(extensions);
-    if active.owner == key {
+    if now.owner == key {
         return Ownership { key, owner: false };
     }
     crate::record::clear_earlier_request(extensions);
@@ -103,7 +104,7 @@ fn begin_at(extensions: &mut Extensions, active: Active) -> Ownership {
 
 /// The ownership of a copy of a request with extensions of its own (a hedge), run by the
 /// middleware that owns the request: nothing to clear, and owned.
-pub(crate) fn claim(extensions: &Extensions) -> Ownership {
+pub(crate) fn owner_of_copy(extensions: &Extensions) -> Ownership {
     Ownership {
         key: key(extensions),
         owner: true,
@@ -113,26 +114,30 @@ pub(crate) fn claim(extensions: &Extensions) -> Ownership {
 impl Ownership {
     /// The place of a stage nested inside the composed stack, which entered the request
     /// of `extensions` for it: not its owner.
-    pub(crate) fn nested_in(extensions: &Extensions) -> Ownership {
+    pub(crate) fn inside_stack(extensions: &Extensions) -> Ownership {
         Ownership {
             key: key(extensions),
             owner: false,
         }
     }
 
-    /// The rest of the stack's future, `next`'s made by `make`, polled with the request
-    /// marked as owned when this middleware is its owner. When making it may do work of
-    /// this crate ([`Inner::MAKES_WORK`]: the composed stack checks its place as its
-    /// future is made), the marks are set while `make` runs too, so that work sees the
-    /// same marks as a poll would.
-    pub(crate) fn wrap<N: Inner, F: Future>(self, next: N, make: impl FnOnce(N) -> F) -> Marked<F> {
-        Marked::make(self.key, self.owner, Role::None, next, make)
+    /// The rest of the stack's future, `next`'s made by `make`, polled as the request's
+    /// owner when this middleware owns it. When making it may do work of this crate
+    /// ([`RestOfStack::MAKING_DOES_WORK`]: the composed stack checks its place as its
+    /// future is made), it is made as it will be polled, so that work sees what a poll
+    /// would.
+    pub(crate) fn poll_as<N: RestOfStack, F: Future>(
+        self,
+        next: N,
+        make: impl FnOnce(N) -> F,
+    ) -> PolledAs<F> {
+        PolledAs::make(self.key, self.owner, Role::None, next, make)
     }
 
-    /// As [`wrap`](Self::wrap), for an inside already made (one whose making does no
+    /// As [`poll_as`](Self::poll_as), for an inside already made (one whose making does no
     /// work of this crate: the composed stack's own stages).
-    pub(crate) fn wrap_made<F: Future>(self, inner: F) -> Marked<F> {
-        Marked {
+    pub(crate) fn poll_made_as<F: Future>(self, inner: F) -> PolledAs<F> {
+        PolledAs {
             inner,
             key: self.key,
             owner: self.owner,
@@ -140,19 +145,19 @@ impl Ownership {
         }
     }
 
-    /// As [`wrap`](Self::wrap), and marked as running under a retry middleware.
-    pub(crate) fn wrap_retry<N: Inner, F: Future>(
+    /// As [`poll_as`](Self::poll_as), and polled as running under a retry middleware.
+    pub(crate) fn poll_as_retry<N: RestOfStack, F: Future>(
         self,
         next: N,
         make: impl FnOnce(N) -> F,
-    ) -> Marked<F> {
-        Marked::make(self.key, self.owner, Role::Retry, next, make)
+    ) -> PolledAs<F> {
+        PolledAs::make(self.key, self.owner, Role::Retry, next, make)
     }
 
-    /// As [`wrap_retry`](Self::wrap_retry), for an inside already made.
+    /// As [`poll_as_retry`](Self::poll_as_retry), for an inside already made.
     #[cfg(test)]
-    pub(crate) fn wrap_retry_made<F: Future>(self, inner: F) -> Marked<F> {
-        Marked {
+    pub(crate) fn poll_made_as_retry<F: Future>(self, inner: F) -> PolledAs<F> {
+        PolledAs {
             inner,
             key: self.key,
             owner: self.owner,
@@ -161,20 +166,19 @@ impl Ownership {
     }
 }
 
-/// The rest of the stack's future inside the transport step, made and polled marked as
-/// such.
-pub(crate) fn under_transport<N: Inner, F: Future>(
+/// The rest of the stack's future inside the transport step, made and polled as such.
+pub(crate) fn poll_as_transport<N: RestOfStack, F: Future>(
     key: usize,
     next: N,
     make: impl FnOnce(N) -> F,
-) -> Marked<F> {
-    Marked::make(key, false, Role::Transport, next, make)
+) -> PolledAs<F> {
+    PolledAs::make(key, false, Role::Transport, next, make)
 }
 
-/// As [`under_transport`], for an inside already made.
+/// As [`poll_as_transport`], for an inside already made.
 #[cfg(test)]
-pub(crate) fn under_transport_made<F: Future>(key: usize, inner: F) -> Marked<F> {
-    Marked {
+pub(crate) fn poll_made_as_transport<F: Future>(key: usize, inner: F) -> PolledAs<F> {
+    PolledAs {
         inner,
         key,
         owner: false,
@@ -190,8 +194,9 @@ enum Role {
 }
 
 pin_project_lite::pin_project! {
-    /// A future of the middlewares inside one of this crate's, polled with its marks set.
-    pub(crate) struct Marked<F> {
+    /// The future of the rest of the stack, polled as the owner of its request or in a
+    /// role (under a retry, under the transport step): see [`Polling`].
+    pub(crate) struct PolledAs<F> {
         #[pin]
         inner: F,
         key: usize,
@@ -200,22 +205,22 @@ pin_project_lite::pin_project! {
     }
 }
 
-impl<F> Marked<F> {
-    /// Makes the inner future under the marks it will be polled with.
-    fn make<N: Inner>(
+impl<F> PolledAs<F> {
+    /// Makes the inner future as it will be polled: as owner or in `role`.
+    fn make<N: RestOfStack>(
         key: usize,
         owner: bool,
         role: Role,
         next: N,
         make: impl FnOnce(N) -> F,
     ) -> Self {
-        let inner = if N::MAKES_WORK {
-            let _restore = Marks::set(key, owner, role);
+        let inner = if N::MAKING_DOES_WORK {
+            let _restore = Polling::record(key, owner, role);
             make(next)
         } else {
             make(next)
         };
-        Marked {
+        PolledAs {
             inner,
             key,
             owner,
@@ -224,61 +229,59 @@ impl<F> Marked<F> {
     }
 }
 
-/// Setting the marks of one of this crate's middlewares for the duration of a call.
-struct Marks;
-
-impl Marks {
-    /// Sets them, if this middleware has any (an owner, or a role), and returns what puts
-    /// the earlier ones back.
-    fn set(key: usize, owner: bool, role: Role) -> Option<Restore> {
+impl Polling {
+    /// Records that this thread polls the request of `key` as its owner (`owner`) or in
+    /// `role`, until the returned guard is dropped; `None` when there is nothing to record
+    /// (a stage that neither owns the request nor has a role).
+    fn record(key: usize, owner: bool, role: Role) -> Option<RestorePolling> {
         if !owner && role == Role::None {
             return None;
         }
-        let before = active();
+        let before = polling();
         let mut now = before;
         if owner {
             now.owner = key;
         }
         match role {
             Role::None => {}
-            Role::Retry => now.retry = key,
-            Role::Transport => now.transport = key,
+            Role::Retry => now.under_retry = key,
+            Role::Transport => now.under_transport = key,
         }
-        let _ = ACTIVE.try_with(|a| a.set(now));
-        Some(Restore(before))
+        let _ = POLLING.try_with(|p| p.set(now));
+        Some(RestorePolling(before))
     }
 }
 
-/// Puts back the marks found before a poll, even if the poll unwinds.
-struct Restore(Active);
+/// Puts back what this thread was polling before, even if the poll unwinds.
+struct RestorePolling(Polling);
 
-impl Drop for Restore {
+impl Drop for RestorePolling {
     fn drop(&mut self) {
-        let _ = ACTIVE.try_with(|a| a.set(self.0));
+        let _ = POLLING.try_with(|p| p.set(self.0));
     }
 }
 
-impl<F: Future> Future for Marked<F> {
+impl<F: Future> Future for PolledAs<F> {
     type Output = F::Output;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
         let this = self.project();
-        let _restore = Marks::set(*this.key, *this.owner, *this.role);
+        let _restore = Polling::record(*this.key, *this.owner, *this.role);
         this.inner.poll(cx)
     }
 }
 
-/// What is wrong with a `middleware` (`is_retry`: a retry loop) starting, for the request
-/// of `key`, under the marks `active`, if anything.
+/// What is wrong with a `middleware` (`is_retry`: a retry loop) starting for the request
+/// of `key` while this thread polls `now`, if anything.
 pub(crate) fn misplaced(
-    active: Active,
+    now: Polling,
     key: usize,
     middleware: &'static str,
     is_retry: bool,
 ) -> Option<Misconfiguration> {
-    if active.transport == key {
+    if now.under_transport == key {
         Some(Misconfiguration::InsideTransportStep { middleware })
-    } else if is_retry && active.retry == key {
+    } else if is_retry && now.under_retry == key {
         Some(Misconfiguration::NestedRetry)
     } else {
         None
@@ -308,7 +311,7 @@ mod tests {
         let mut history = AttemptHistory::default();
         history.push(RequestEvidence::new(Transmission::NotSent, None, 1));
         ext.insert(history);
-        let outer = begin(&mut ext);
+        let outer = enter_unchecked(&mut ext);
         assert!(outer.owner);
         assert!(
             ext.get::<AttemptHistory>().is_none(),
@@ -317,15 +320,15 @@ mod tests {
         ext.insert(AttemptHistory::default());
         let ext_ref = &mut ext;
         outer
-            .wrap_made(async move {
-                let inner = begin(ext_ref);
+            .poll_made_as(async move {
+                let inner = enter_unchecked(ext_ref);
                 assert!(!inner.owner, "nested inside its owner");
                 assert!(ext_ref.get::<AttemptHistory>().is_some(), "kept");
             })
             .await;
         // Its owner done, the next request owns the same extensions anew.
-        assert!(begin(&mut ext).owner);
-        assert_eq!(active().owner, 0);
+        assert!(enter_unchecked(&mut ext).owner);
+        assert_eq!(polling().owner, 0);
     }
 }
 
@@ -344,7 +347,7 @@ mod placement_tests {
         middleware: &'static str,
         is_retry: bool,
     ) -> Option<Misconfiguration> {
-        misplaced(active(), key(extensions), middleware, is_retry)
+        misplaced(polling(), key(extensions), middleware, is_retry)
     }
 
     /// Polls `check` from inside a scope, as a middleware starting under a layer would.
@@ -376,17 +379,17 @@ mod placement_tests {
             is_retry,
         };
         // Under a transport step: any middleware of the same request is inside it.
-        let under_transport = |inner| under_transport_made(key(&ours), inner);
+        let poll_as_transport = |inner| poll_made_as_transport(key(&ours), inner);
         assert_eq!(
-            poll_once(under_transport(probe(&ours, false))),
+            poll_once(poll_as_transport(probe(&ours, false))),
             Some(Misconfiguration::InsideTransportStep {
                 middleware: "Probe"
             })
         );
         // Another request polled meanwhile is not.
-        assert_eq!(poll_once(under_transport(probe(&other, true))), None);
+        assert_eq!(poll_once(poll_as_transport(probe(&other, true))), None);
         // Under a retry: only another retry is misplaced.
-        let under_retry = |inner| claim(&ours).wrap_retry_made(inner);
+        let under_retry = |inner| owner_of_copy(&ours).poll_made_as_retry(inner);
         assert_eq!(poll_once(under_retry(probe(&ours, false))), None);
         assert_eq!(
             poll_once(under_retry(probe(&ours, true))),
@@ -407,7 +410,7 @@ mod placement_tests {
             }
         }
         let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            poll_once(under_transport_made(key(&ours), Panics))
+            poll_once(poll_made_as_transport(key(&ours), Panics))
         }));
         assert!(caught.is_err());
         assert_eq!(check(&ours, "Probe", false), None);

@@ -14,7 +14,7 @@ mod record;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::stage::Inner;
+use crate::stage::RestOfStack;
 use http::Extensions;
 use reqwest::{Request, Response};
 use tokio::time::Instant;
@@ -66,9 +66,11 @@ pub enum HedgeDelay {
 ///
 /// In the [`AttemptHistory`] every copy that went out is an attempt: the winner last (the
 /// retry's decision lands on it), before it the copies that failed first and the cancelled
-/// losers (`Unknown` / [`FailureKind::Cancelled`](crate::evidence::FailureKind::Cancelled)), each with
-/// [`AttemptDecision::Superseded`](crate::evidence::AttemptDecision::Superseded) naming the winner. The breaker counts the winner's
-/// outcome and each failed copy's, never a cancelled loser.
+/// losers (`Unknown` /
+/// [`FailureKind::Cancelled`](crate::evidence::FailureKind::Cancelled)), each with
+/// [`AttemptDecision::Superseded`](crate::evidence::AttemptDecision::Superseded) naming the
+/// winner. The breaker counts the winner's outcome and each failed copy's, never a
+/// cancelled loser.
 ///
 /// # Budget
 ///
@@ -269,7 +271,7 @@ pub(super) struct Round {
 impl Hedging {
     /// Runs one attempt of the retry loop as a hedged race. `is_final(evidence, attempt)`:
     /// whether the retry decision would stop on that outcome (then it wins at once).
-    pub(super) async fn round<N: Inner, F>(
+    pub(super) async fn round<N: RestOfStack, F>(
         &self,
         spec: RoundSpec,
         next: &N,

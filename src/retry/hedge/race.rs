@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::Poll;
 use std::time::Duration;
 
-use crate::stage::{Inner, Known};
+use crate::stage::{Handover, RestOfStack};
 use http::Extensions;
 use reqwest::{Request, Response};
 use tokio::time::Instant;
@@ -92,7 +92,7 @@ struct Race<'x, 'r, N, F> {
 impl Hedging {
     /// The race itself: the first copy on the caller's extensions, hedges on copies of
     /// the inputs' `base`, until one wins.
-    pub(super) async fn race<'x, N: Inner + 'x, F>(
+    pub(super) async fn race<'x, N: RestOfStack + 'x, F>(
         &self,
         inputs: RaceInputs<'_, N, F>,
         req: Request,
@@ -118,7 +118,7 @@ impl Hedging {
     }
 }
 
-impl<'x, 'r, N: Inner + 'x, F> Race<'x, 'r, N, F>
+impl<'x, 'r, N: RestOfStack + 'x, F> Race<'x, 'r, N, F>
 where
     F: Fn(&RequestEvidence, u32) -> bool + Sync,
 {
@@ -137,12 +137,12 @@ where
         // Each copy works out for itself what the stages inside need (a hedged round is
         // rare; its copies outlive what this round could lend them).
         let first: InFlightFuture<'x> = Box::pin(async move {
-            let known = Known::default();
+            let handover = Handover::default();
             let result = run_attempt(
                 next,
                 req,
                 &mut *extensions,
-                known,
+                handover,
                 owner,
                 cut,
                 Some(scope),
@@ -224,10 +224,19 @@ where
         let mut ext = self.inputs.base.clone();
         let next = self.inputs.next.clone();
         Box::pin(async move {
-            let owner = crate::stage::scope::claim(&ext);
-            let known = Known::default();
-            let result =
-                run_attempt(next, req, &mut ext, known, owner, cut, Some(scope), attempt).await;
+            let owner = crate::stage::scope::owner_of_copy(&ext);
+            let handover = Handover::default();
+            let result = run_attempt(
+                next,
+                req,
+                &mut ext,
+                handover,
+                owner,
+                cut,
+                Some(scope),
+                attempt,
+            )
+            .await;
             (result, InFlightExtensions::Own(ext))
         })
     }

@@ -507,17 +507,23 @@ impl Stage for RetryMiddleware {
         handover: Handover<'a>,
         next: N,
     ) -> impl Future<Output = reqwest_middleware::Result<Response>> + Send + 'a {
-        self.attempts(req, extensions, handover, next)
+        self.attempts(Some(req), extensions, handover, next)
     }
 }
 
 impl RetryMiddleware {
     /// The retry loop for one logical request: prepare an attempt, run it (plain or as a
     /// hedged round), decide, and either stop or wait and go round again.
+    ///
+    /// The caller's request is `kept` (always `Some` when the loop starts) untouched while
+    /// an attempt sends a copy of it, so the stages inside can replay it after a `401`;
+    /// the last attempt possible sends it itself. The future holds the request in that
+    /// one place (an argument of its own besides would be a second 264 bytes: stage cost
+    /// rule 3).
     #[allow(clippy::manual_async_fn)]
     fn attempts<'a, N: RestOfStack + 'a>(
         &'a self,
-        mut req: Request,
+        mut kept: Option<Request>,
         extensions: &'a mut Extensions,
         handover: Handover<'a>,
         next: N,
@@ -525,17 +531,24 @@ impl RetryMiddleware {
         async move {
             // The owner of the request clears what an earlier one left behind, a deadline
             // handed on for a request whose future was dropped included.
-            let owner = handover.enter(extensions, "RetryMiddleware", true, req.url())?;
-            let mut run = RequestRun::begin(&self.config, &req, extensions, handover);
+            let Some(first) = kept.as_ref() else {
+                unreachable!("serve hands the request in")
+            };
+            let owner = handover.enter(extensions, "RetryMiddleware", true, first.url())?;
+            let mut run = RequestRun::begin(&self.config, first, extensions, handover);
             loop {
                 // One attempt and its decision, in a block of their own: the request, the
                 // response and the evidence end with it, so the future does not also keep
                 // their slots through the backoff wait below (every request pays for the
                 // future's size when it is boxed).
                 let (wait, retry) = {
-                    let prepared = run.prepare(&req, extensions);
+                    let Some((prepared, req)) = run.prepare(&mut kept, extensions) else {
+                        unreachable!(
+                            "the loop goes round only after a retry, which keeps the request"
+                        )
+                    };
                     let (result, hedges) = if let Some((hedging, spec)) =
-                        run.hedged_round(&req, prepared.attempt, owner)
+                        run.hedged_round(&prepared, owner)
                     {
                         let is_final = run.is_final();
                         // Only a hedged request carries the race (boxed: stage cost rule 2).
@@ -543,17 +556,18 @@ impl RetryMiddleware {
                             Box::pin(hedging.round(spec, &next, req, extensions, is_final)).await;
                         (round.result, round.hedges)
                     } else {
+                        let handover = handover.with_spare(kept.as_ref());
                         let (sent, end) =
                             run.start_attempt(&next, req, extensions, handover, owner, &prepared);
                         let outcome = sent.await;
                         (end.finish(outcome, extensions, &run.origin), 0)
                     };
-                    let (spare, retry) = match run.decide(&result, extensions, prepared, hedges) {
-                        Ok(retry) => retry,
-                        Err(stopped) => return run.finish(result, stopped, extensions),
-                    };
-                    // The attempt's request was moved into it; the spare is the next one.
-                    req = spare;
+                    let kept_for_retry = kept.is_some();
+                    let retry =
+                        match run.decide(&result, extensions, prepared, hedges, kept_for_retry) {
+                            Ok(retry) => retry,
+                            Err(stopped) => return run.finish(result, stopped, extensions),
+                        };
                     // Only a retry waits (boxed: stage cost rule 2).
                     (Box::pin(wait_before_retry(result.ok(), retry.delay)), retry)
                 };
@@ -584,8 +598,8 @@ struct RequestRun<'a> {
 struct PreparedAttempt {
     /// Its number, counting the first attempt and every hedge.
     attempt: u32,
-    /// The copy of the request for the next attempt, when a retry is still possible.
-    spare: Option<Request>,
+    /// Whether its request's body can be copied (for hedges).
+    replayable: bool,
     /// The history's length before the attempt.
     recorded_before: usize,
 }
@@ -648,42 +662,51 @@ impl<'a> RequestRun<'a> {
         }
     }
 
-    /// Readies the next attempt: its number, the spare copy of the request, and the
-    /// extensions cleared of the previous attempt's evidence.
-    fn prepare(&self, req: &Request, extensions: &mut Extensions) -> PreparedAttempt {
-        // Cloning only when a retry is still possible keeps streaming bodies (and
+    /// Readies the next attempt: its number, the request it sends, and the extensions
+    /// cleared of the previous attempt's evidence. The request is a copy of the `kept`
+    /// one when a retry is still possible, else the kept one itself (`None` when it was
+    /// sent already).
+    fn prepare(
+        &self,
+        kept: &mut Option<Request>,
+        extensions: &mut Extensions,
+    ) -> Option<(PreparedAttempt, Request)> {
+        // Copying only when a retry is still possible keeps streaming bodies (and
         // `MaxRetries(0)`) on the single-send path.
-        let spare = if self.state.retries < self.state.max_retries {
-            req.try_clone()
-        } else {
-            None
+        let copy = kept
+            .as_ref()
+            .filter(|_| self.state.retries < self.state.max_retries)
+            .and_then(Request::try_clone);
+        let req = match copy {
+            Some(copy) => copy,
+            None => kept.take()?,
         };
         // Evidence from the previous attempt must not be mistaken for this one's.
         extensions.remove::<RequestEvidence>();
-        PreparedAttempt {
+        let prepared = PreparedAttempt {
             attempt: self.state.retries + self.state.hedges + 1,
-            spare,
+            replayable: replayable(&req),
             recorded_before: extensions.get::<AttemptHistory>().map_or(0, |h| h.len()),
-        }
+        };
+        Some((prepared, req))
     }
 
     /// The hedged round this attempt runs as, when hedges are left, the request has an
     /// origin and its body can be copied.
     fn hedged_round(
         &self,
-        req: &Request,
-        attempt: u32,
+        prepared: &PreparedAttempt,
         owner: crate::stage::scope::Ownership,
     ) -> Option<(&'a Hedging, RoundSpec)> {
         let hedging = self.hedging.filter(|h| self.state.hedges < h.max())?;
-        let origin = self.origin.as_ref().filter(|_| replayable(req))?;
+        let origin = self.origin.as_ref().filter(|_| prepared.replayable)?;
         // The deadline bounds the attempt too: a server that trickles its answer (or
         // none) must not hold the caller past it when reqwest has no timeout.
         let spec = RoundSpec {
             deadline: self.state.deadline,
             attempt_timeout: self.state.attempt_timeout,
             hedges_left: hedging.max() - self.state.hedges,
-            attempt,
+            attempt: prepared.attempt,
             origin: origin.clone(),
             owner,
         };
@@ -713,17 +736,15 @@ impl<'a> RequestRun<'a> {
         extensions: &'s mut Extensions,
         handover: Handover<'s>,
         owner: crate::stage::scope::Ownership,
-        prepared: &'s PreparedAttempt,
+        prepared: &PreparedAttempt,
     ) -> (attempt_timeout::Sent<'s>, attempt_timeout::AttemptEnd) {
         let cut = attempt_cut(self.state.deadline, self.state.attempt_timeout);
         let scope = self
             .state
             .attempt_timeout
             .map(|_| AttemptScope::cut_at(cut));
-        // The stages inside share the origin, and replay the spare.
-        let handover = handover
-            .with_origin(&self.origin)
-            .with_spare(prepared.spare.as_ref());
+        // The stages inside share the origin (and replay the kept request: the caller's).
+        let handover = handover.with_origin(&self.origin);
         attempt_timeout::start_attempt(
             next.clone(),
             req,
@@ -736,15 +757,16 @@ impl<'a> RequestRun<'a> {
         )
     }
 
-    /// Decides after the attempt (and the `hedges` its round sent): a retry, with the
-    /// spare request to make it with, or a stop.
+    /// Decides after the attempt (and the `hedges` its round sent): a retry (possible
+    /// only when the request was `kept` for it), or a stop.
     fn decide(
         &mut self,
         result: &reqwest_middleware::Result<Response>,
         extensions: &mut Extensions,
         prepared: PreparedAttempt,
         hedges: u32,
-    ) -> Result<(Request, PlannedRetry), Stopped> {
+        kept: bool,
+    ) -> Result<PlannedRetry, Stopped> {
         // Each hedge sent is an attempt of its own.
         self.state.hedges += hedges;
         let attempts = prepared.attempt + hedges;
@@ -756,27 +778,23 @@ impl<'a> RequestRun<'a> {
             recorded_before: prepared.recorded_before,
             transport_installed: self.transport_installed,
         };
-        let can_replay = prepared.spare.is_some();
-        let step = decision.decide(result, extensions, attempts, can_replay, &self.state);
-        match (step, prepared.spare) {
+        let step = decision.decide(result, extensions, attempts, kept, &self.state);
+        match (step, kept) {
             (
                 Step::Retry {
                     delay,
                     reason,
                     withdrawal,
                 },
-                Some(spare),
-            ) => Ok((
-                spare,
-                PlannedRetry {
-                    delay,
-                    reason,
-                    withdrawal,
-                },
-            )),
+                true,
+            ) => Ok(PlannedRetry {
+                delay,
+                reason,
+                withdrawal,
+            }),
             (Step::Stop(stop), _) => Err(Stopped { attempts, stop }),
             // `plan` never retries without a replayable request.
-            (Step::Retry { .. }, None) => Err(Stopped {
+            (Step::Retry { .. }, false) => Err(Stopped {
                 attempts,
                 stop: StopReason::BodyNotClonable,
             }),

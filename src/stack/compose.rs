@@ -77,9 +77,7 @@ impl Middleware for Composed {
         let inner = Nested::new(&self.retry, inner);
         let inner = Nested::new(&self.observer, inner);
         // Installed always: here, or after the user's per-attempt middlewares.
-        let handover = Handover::default()
-            .with_entered()
-            .with_transport_installed();
+        let handover = Handover::default().within_composed();
         Box::pin(owner.poll_made_as(inner.run(req, extensions, handover)))
     }
 }

@@ -56,16 +56,14 @@ pub(crate) struct Handover<'a> {
     /// A copy of the request as sent to this attempt, before any stage changed it, which
     /// an inner stage may copy again to replay the attempt.
     spare: Option<&'a Request>,
-    /// Whether the composed stack already entered the request for every stage inside
-    /// (the misconfiguration checks and the clean-up done once, at its top).
-    entered: bool,
+    /// Whether the stages run inside the composed stack, which entered the request for
+    /// every stage inside (the placement checks and the clean-up done once, at its top)
+    /// and installed the transport step under them (so an attempt that left no evidence
+    /// was answered by a user's per-attempt middleware, a cache, not sent without one).
+    composed: bool,
     /// The bearer token fetched for this attempt before the breaker and the limiter
     /// admitted it, for `BearerAuth` to attach.
     token: Option<&'a AccessToken>,
-    /// Whether the stack installed the transport step under the stages inside (the
-    /// composed stack always does), so an attempt that left no evidence was answered by
-    /// a user's per-attempt middleware (a cache), not sent without a transport step.
-    transport_installed: bool,
 }
 
 impl<'a> Handover<'a> {
@@ -82,19 +80,10 @@ impl<'a> Handover<'a> {
         Handover { spare, ..self }
     }
 
-    /// Knows that the stack installed the transport step
-    /// ([`TransportEvidence`](crate::TransportEvidence)).
-    pub(crate) fn with_transport_installed(self) -> Self {
-        Handover {
-            transport_installed: true,
-            ..self
-        }
-    }
-
     /// Whether the stack installed the transport step; `false` when not known (a stage
     /// used alone cannot see what is inside its `Next`).
     pub(crate) fn transport_installed(&self) -> bool {
-        self.transport_installed
+        self.composed
     }
 
     /// Knows the bearer token the attempt is to carry.
@@ -110,10 +99,11 @@ impl<'a> Handover<'a> {
         self.token
     }
 
-    /// Knows that the stages inside need not enter the request themselves.
-    pub(crate) fn with_entered(self) -> Self {
+    /// What the composed stack hands its stages: it entered the request for them and
+    /// installed the transport step.
+    pub(crate) fn within_composed(self) -> Self {
         Handover {
-            entered: true,
+            composed: true,
             ..self
         }
     }
@@ -128,7 +118,7 @@ impl<'a> Handover<'a> {
         is_retry: bool,
         url: &reqwest::Url,
     ) -> Result<scope::Ownership, reqwest_middleware::Error> {
-        if self.entered {
+        if self.composed {
             Ok(scope::Ownership::inside_stack(extensions))
         } else {
             scope::enter(extensions, middleware, is_retry, url)
@@ -137,7 +127,7 @@ impl<'a> Handover<'a> {
 
     /// [`enter`](Self::enter) for a stage that checks nothing: only its place.
     pub(crate) fn enter_unchecked(&self, extensions: &mut Extensions) -> scope::Ownership {
-        if self.entered {
+        if self.composed {
             scope::Ownership::inside_stack(extensions)
         } else {
             scope::enter_unchecked(extensions)

@@ -1,5 +1,6 @@
 //! [`BearerAuth`]: the middleware that attaches the token and heals a `401` once.
 
+use std::borrow::Cow;
 use std::fmt;
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -381,10 +382,11 @@ impl Stage for BearerAuth {
                     .poll_as(next, |next| next.run(req, extensions, handover))
                     .await;
             }
+            // Fetched outside the breaker and the limiter (`TokenFirst`), or here.
             let token = match handover.token() {
-                Some(token) => token.clone(),
+                Some(token) => Cow::Borrowed(token),
                 None => match self.manager.token().await {
-                    Ok(token) => token,
+                    Ok(token) => Cow::Owned(token),
                     Err(e) => return Err(token_unavailable(e, req.url(), extensions)),
                 },
             };
@@ -401,7 +403,7 @@ impl Stage for BearerAuth {
                 return Ok(response);
             }
             // Rare: a second token wait (boxed: stage cost rule 2).
-            Box::pin(self.after_unauthorized(token, sent, response, extensions, inner, next, owner))
+            Box::pin(self.after_unauthorized(&token, sent, response, extensions, inner, next, owner))
                 .await
         }
     }
@@ -454,7 +456,7 @@ impl BearerAuth {
     #[allow(clippy::too_many_arguments)]
     async fn after_unauthorized<N: RestOfStack>(
         &self,
-        token: AccessToken,
+        token: &AccessToken,
         sent: Sent<'_>,
         response: Response,
         extensions: &mut Extensions,
@@ -482,7 +484,7 @@ impl BearerAuth {
         tracing::debug!(%origin, replay = !matches!(sent, Sent::Streamed(_)), "401 with a bearer token; refreshing");
         // Whether this call or a concurrent one forgets the token, the next `token()`
         // starts or joins the single refresh.
-        self.manager.invalidate_if_current(&token);
+        self.manager.invalidate_if_current(token);
         // A streamed body cannot be sent twice: the caller gets the 401, and its next
         // request gets a fresh token.
         let Some(mut replay) = sent.replay() else {

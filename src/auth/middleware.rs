@@ -403,8 +403,10 @@ impl Stage for BearerAuth {
                 return Ok(response);
             }
             // Rare: a second token wait (boxed: stage cost rule 2).
-            Box::pin(self.after_unauthorized(&token, sent, response, extensions, inner, next, owner))
-                .await
+            Box::pin(
+                self.after_unauthorized(&token, sent, response, extensions, inner, next, owner),
+            )
+            .await
         }
     }
 }

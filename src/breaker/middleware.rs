@@ -18,8 +18,8 @@ use super::registry::{BreakerPermit, BreakerRegistry, BreakerRejection};
 use crate::error::{RejectReason, ResilienceError};
 use crate::origin::Origin;
 use crate::record::{
-    AttemptHistory, AttemptScope, Deadline, FailureKind, RequestEvidence, RetryIn, Transmission,
-    earlier, next_attempt, record_rejected_locally,
+    AttemptHistory, AttemptScope, Deadline, FailureKind, Inward, RequestEvidence, RetryIn,
+    Transmission, earlier, next_attempt, record_rejected_locally,
 };
 use crate::stage::CutAt;
 
@@ -318,7 +318,7 @@ impl Stage for CircuitBreakerMiddleware {
                     .await;
             };
             // The retry middleware's word on this attempt: its own cut, whether it is a hedge.
-            let scope = extensions.remove::<AttemptScope>().unwrap_or_default();
+            let scope = Inward::take_attempt(extensions).unwrap_or_default();
             let permit = match self.admit(&origin, scope.hedge, extensions).await {
                 Ok(permit) => permit,
                 Err(rejection) => return Err(reject(&origin, rejection, extensions)),

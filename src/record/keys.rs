@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use http::Extensions;
 use tokio::time::Instant;
 
 use super::decision::StopReason;
@@ -90,15 +91,71 @@ impl Deadline {
     }
 }
 
-/// Marks a [`Deadline`] a middleware of this crate put in the caller's extensions for the
-/// middlewares inside it (the retry middleware's `total_deadline`), so that one left
-/// behind by a dropped request is recognised and removed by the next request's owner.
-#[derive(Clone, Copy)]
-pub(crate) struct HandedOnDeadline(pub(crate) Deadline);
+/// The crate-private keys the retry middleware hands the stages inside it, in one
+/// extension (one allocation per request, however many attempts).
+#[derive(Clone, Default)]
+pub(crate) struct Inward {
+    /// The [`Deadline`] the retry middleware put in the caller's extensions from its
+    /// `total_deadline`, so that one left behind by a dropped request is recognised and
+    /// removed by the next request's owner (a caller's own `Deadline` stays).
+    handed_on: Option<Deadline>,
+    /// The current attempt's own cut and role, which the breaker takes.
+    attempt: Option<AttemptScope>,
+}
 
-/// What the retry middleware hands the middlewares inside it for one attempt. The circuit
-/// breaker takes it (so it never outlives the attempt it was meant for): it cuts the
-/// attempt at `cut` and counts that as a failure, as it does at the total deadline.
+impl Inward {
+    /// Puts `deadline` in the extensions for the stages inside, marked as handed on.
+    pub(crate) fn hand_on_deadline(extensions: &mut Extensions, deadline: Deadline) {
+        extensions.insert(deadline);
+        extensions.get_or_insert_default::<Inward>().handed_on = Some(deadline);
+    }
+
+    /// Ends what the retry middleware handed inward for its request: the record, and the
+    /// deadline [`hand_on_deadline`](Self::hand_on_deadline) put there.
+    pub(crate) fn end(extensions: &mut Extensions) {
+        if extensions
+            .remove::<Inward>()
+            .is_some_and(|inward| inward.handed_on.is_some())
+        {
+            extensions.remove::<Deadline>();
+        }
+    }
+
+    /// Hands the next attempt its scope.
+    pub(crate) fn set_attempt(extensions: &mut Extensions, scope: AttemptScope) {
+        extensions.get_or_insert_default::<Inward>().attempt = Some(scope);
+    }
+
+    /// Takes the attempt's scope (the breaker does, so it never outlives the attempt),
+    /// and the record with it when it holds nothing else: nothing is left behind.
+    pub(crate) fn take_attempt(extensions: &mut Extensions) -> Option<AttemptScope> {
+        let inward = extensions.get_mut::<Inward>()?;
+        let scope = inward.attempt.take();
+        if inward.handed_on.is_none() {
+            extensions.remove::<Inward>();
+        }
+        scope
+    }
+
+    /// Removes what the stack handed inward for the request of an earlier `Extensions`'
+    /// owner: the handed-on deadline (when it is still the one in the extensions) and an
+    /// attempt's scope.
+    pub(super) fn clear(extensions: &mut Extensions) {
+        if let Some(Inward {
+            handed_on: Some(stale),
+            ..
+        }) = extensions.remove::<Inward>()
+            && extensions.get::<Deadline>() == Some(&stale)
+        {
+            extensions.remove::<Deadline>();
+        }
+    }
+}
+
+/// What the retry middleware hands the middlewares inside it for one attempt (in
+/// [`Inward`]). The circuit breaker takes it (so it never outlives the attempt it was
+/// meant for): it cuts the attempt at `cut` and counts that as a failure, as it does at
+/// the total deadline.
 #[derive(Clone, Default)]
 pub(crate) struct AttemptScope {
     /// When the attempt timeout cuts this attempt (`None`: only the total deadline).

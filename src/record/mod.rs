@@ -5,7 +5,7 @@
 //! it: [`RequestEvidence`] (the transport step's contract), [`AttemptHistory`] and the
 //! attempt record in [`crate::evidence`], [`RetryOutcome`] and [`Deadline`] in
 //! [`crate::retry`], [`RetryIn`] in [`crate::breaker`]. The crate-private keys a stage
-//! hands inward ([`HandedOnDeadline`], [`AttemptScope`]) live here too.
+//! hands inward ([`Inward`]: a handed-on deadline, an attempt's scope) live here too.
 //!
 //! A caller may reuse one `Extensions` for several requests, and a request's future may
 //! be dropped half-way, so this state must belong to one request and end with it: the
@@ -22,7 +22,7 @@ pub use decision::{AttemptDecision, RetryReason, StopReason};
 pub use evidence::{FailureKind, NotProcessedProof, Redirects, RequestEvidence, Transmission};
 pub use history::{AttemptHistory, AttemptRecord};
 pub(crate) use history::{next_attempt, record_rejected_locally};
-pub(crate) use keys::{AttemptScope, HandedOnDeadline, earlier};
+pub(crate) use keys::{AttemptScope, Inward, earlier};
 pub use keys::{Deadline, RetryIn, RetryOutcome};
 
 use http::Extensions;
@@ -36,14 +36,68 @@ pub(crate) fn clear_earlier_request(extensions: &mut Extensions) {
     if extensions.is_empty() {
         return;
     }
-    if let Some(HandedOnDeadline(stale)) = extensions.remove::<HandedOnDeadline>()
-        && extensions.get::<Deadline>() == Some(&stale)
-    {
-        extensions.remove::<Deadline>();
-    }
+    Inward::clear(extensions);
     extensions.remove::<AttemptHistory>();
     extensions.remove::<RequestEvidence>();
     extensions.remove::<RetryOutcome>();
     extensions.remove::<RetryIn>();
-    extensions.remove::<AttemptScope>();
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use tokio::time::Instant;
+
+    use super::*;
+
+    fn scope_at(cut: Instant) -> AttemptScope {
+        AttemptScope::cut_at(Some(cut))
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn what_is_handed_inward_is_one_record_that_ends_with_the_request() {
+        let mut ext = Extensions::new();
+        let deadline = Deadline(Instant::now() + Duration::from_secs(5));
+        Inward::hand_on_deadline(&mut ext, deadline);
+        for attempt in 1..=3u64 {
+            let cut = Instant::now() + Duration::from_secs(attempt);
+            Inward::set_attempt(&mut ext, scope_at(cut));
+            assert_eq!(ext.len(), 2, "the deadline and one record, attempt {attempt}");
+            let taken = Inward::take_attempt(&mut ext).map(|s| s.cut);
+            assert_eq!(taken, Some(Some(cut)));
+            assert!(Inward::take_attempt(&mut ext).is_none(), "taken once");
+            assert_eq!(ext.get::<Deadline>(), Some(&deadline));
+        }
+        Inward::end(&mut ext);
+        assert!(ext.is_empty(), "the handed-on deadline ends with the request");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_attempts_scope_alone_leaves_nothing_once_taken() {
+        let mut ext = Extensions::new();
+        Inward::set_attempt(&mut ext, scope_at(Instant::now()));
+        assert!(Inward::take_attempt(&mut ext).is_some());
+        assert!(ext.is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_next_owner_clears_a_stale_handed_on_deadline_and_keeps_a_callers_own() {
+        let now = Instant::now();
+        let handed = Deadline(now + Duration::from_secs(5));
+        // A dropped request left its handed-on deadline and an attempt's scope.
+        let mut stale = Extensions::new();
+        Inward::hand_on_deadline(&mut stale, handed);
+        Inward::set_attempt(&mut stale, scope_at(now));
+        clear_earlier_request(&mut stale);
+        assert!(stale.is_empty());
+        // The caller replaced the deadline with its own since: that one stays.
+        let mut replaced = Extensions::new();
+        Inward::hand_on_deadline(&mut replaced, handed);
+        let own = Deadline(now + Duration::from_secs(9));
+        replaced.insert(own);
+        clear_earlier_request(&mut replaced);
+        assert_eq!(replaced.get::<Deadline>(), Some(&own));
+        assert!(replaced.get::<Inward>().is_none());
+    }
 }

@@ -16,7 +16,7 @@ use http::Extensions;
 use reqwest::{Request, Response};
 use tokio::time::Instant;
 
-use crate::record::{AttemptScope, RequestEvidence, earlier};
+use crate::record::{AttemptScope, Inward, RequestEvidence, earlier};
 
 /// Per-request override of the attempt timeout: each attempt of this request waits at
 /// most this long for its response head. `AttemptTimeout(Duration::MAX)` turns the timeout
@@ -117,7 +117,7 @@ pub(super) fn start_attempt<'a, N: RestOfStack + 'a>(
 ) -> (Sent<'a>, AttemptEnd) {
     let scoped = scope.is_some();
     if let Some(scope) = scope {
-        extensions.insert(scope);
+        Inward::set_attempt(extensions, scope);
     }
     let cut_end = cut.map(|_| (Instant::now(), attempt));
     let sent = CutAt::new(
@@ -157,7 +157,7 @@ impl AttemptEnd {
         };
         if self.scoped {
             // Without a breaker inside nothing took it.
-            extensions.remove::<AttemptScope>();
+            let _ = Inward::take_attempt(extensions);
         }
         result
     }

@@ -22,8 +22,8 @@ use crate::error::{ResilienceError, RetryError};
 use crate::misconfig::{self, Misconfiguration};
 use crate::origin::Origin;
 use crate::record::{
-    AttemptDecision, AttemptHistory, AttemptScope, Deadline, FailureKind, HandedOnDeadline,
-    RequestEvidence, RetryOutcome, RetryReason, StopReason,
+    AttemptDecision, AttemptHistory, AttemptScope, Deadline, FailureKind, Inward, RequestEvidence,
+    RetryOutcome, RetryReason, StopReason,
 };
 
 /// What to do with a `Retry-After` longer than the cap.
@@ -842,8 +842,7 @@ fn hand_on_deadline(config: &Config, extensions: &mut Extensions) -> bool {
         _ => None,
     };
     if let Some(d) = handed_on {
-        extensions.insert(Deadline(d));
-        extensions.insert(HandedOnDeadline(Deadline(d)));
+        Inward::hand_on_deadline(extensions, Deadline(d));
     }
     handed_on.is_some()
 }
@@ -980,8 +979,7 @@ fn finish(
 ) -> reqwest_middleware::Result<Response> {
     if handed_on {
         // The deadline this middleware handed inward ends with the request.
-        extensions.remove::<Deadline>();
-        extensions.remove::<HandedOnDeadline>();
+        Inward::end(extensions);
     }
     let outcome = RetryOutcome { attempts, stop };
     extensions.insert(outcome);

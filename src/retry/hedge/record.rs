@@ -8,7 +8,7 @@ use tokio::time::Instant;
 use super::Round;
 use crate::origin::Origin;
 use crate::record::{
-    AttemptDecision, AttemptHistory, AttemptRecord, AttemptScope, FailureKind, RequestEvidence,
+    AttemptDecision, AttemptHistory, AttemptRecord, FailureKind, Inward, RequestEvidence,
     Transmission,
 };
 use crate::retry::fallback::fallback_evidence;
@@ -37,7 +37,7 @@ impl RaceOutcome {
             hedges,
         } = self;
         // A first copy cancelled before its breaker took its scope leaves it behind.
-        extensions.remove::<AttemptScope>();
+        let _ = Inward::take_attempt(extensions);
         let by = evidence.attempt;
         let history = extensions.get_or_insert_default::<AttemptHistory>();
         // The first copy's own record (if it finished) is re-added in the race's order.

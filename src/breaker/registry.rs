@@ -139,13 +139,18 @@ impl From<BreakerRejection> for ResilienceError {
 ///
 /// Eviction is unchanged: a permit holds an `Arc<Entry>` cloned under the shard's read
 /// lock, and a breaker is forgotten only under the shard's write lock with a strong count
-/// of 1. Its `last_used` is kept here, in nanoseconds from the registry's `epoch`, stored
-/// by every acquire and record (locked or not) before the permit's `Arc` is dropped;
-/// eviction reads it after an acquire fence that pairs with that drop's release
-/// decrement, so it sees the last use exactly as the breaker's own field did.
+/// of 1, so only the last use of an entry no permit holds matters. The locked paths note
+/// it in the breaker's own `last_used`, as before; the lock-free ones in `last_used`
+/// here, in nanoseconds from the registry's `epoch`: a lock-free record stores its time,
+/// a non-probe permit dropped without an outcome raises it to the permit's acquire time
+/// (what `try_acquire` noted; a lock-free acquire notes nothing itself, its permit is
+/// not evictable until it ends). The last use is the later of the two, as the breaker's
+/// field alone was. Both stores come before the permit drops its `Arc`; eviction reads
+/// them after an acquire fence that pairs with that drop's release decrement.
 struct Entry {
     breaker: Mutex<Breaker>,
     fast: AtomicU64,
+    // The last lock-free use, in nanoseconds from the registry's `epoch` (0: none).
     last_used: AtomicU64,
 }
 
@@ -170,17 +175,18 @@ fn fast_word(b: &Breaker, config: &BreakerConfig) -> u64 {
     }
 }
 
-/// The time from `epoch` to `now` in nanoseconds, for [`Entry::last_used`].
+/// The time from `epoch` to `now` in nanoseconds, for [`Entry::last_used`] (584 years
+/// fit).
 fn stamp(epoch: Instant, now: Instant) -> u64 {
-    u64::try_from(now.saturating_duration_since(epoch).as_nanos()).unwrap_or(u64::MAX)
+    now.saturating_duration_since(epoch).as_nanos() as u64
 }
 
 impl Entry {
-    fn new(config: &BreakerConfig, epoch: Instant, now: Instant) -> Entry {
+    fn new(config: &BreakerConfig, now: Instant) -> Entry {
         let breaker = Breaker::new(now);
         Entry {
             fast: AtomicU64::new(fast_word(&breaker, config)),
-            last_used: AtomicU64::new(stamp(epoch, now)),
+            last_used: AtomicU64::new(0),
             breaker: Mutex::new(breaker),
         }
     }
@@ -208,8 +214,10 @@ impl Entry {
                 && self.fast.load(Ordering::Acquire) & QUIET_SUCCESS != 0)
     }
 
-    fn touch(&self, epoch: Instant, now: Instant) {
-        self.last_used.store(stamp(epoch, now), Ordering::Relaxed);
+    /// The later of the locked paths' last use (`b`'s) and the lock-free paths'.
+    fn last_used(&self, b: &Breaker, epoch: Instant) -> u64 {
+        let lock_free = self.last_used.load(Ordering::Relaxed);
+        lock_free.max(stamp(epoch, b.last_used()))
     }
 }
 
@@ -418,7 +426,6 @@ impl BreakerRegistry {
         let entry = self.entry(origin);
         let config = &self.inner.config;
         let now = Instant::now();
-        entry.touch(self.inner.epoch, now);
         // Closed and not paused: the ticket without the lock (see `Entry`).
         let ticket = match entry.quiet_ticket() {
             Some(ticket) => ticket,
@@ -438,6 +445,7 @@ impl BreakerRegistry {
             origin,
             entry,
             ticket: Some(ticket),
+            acquired: now,
         })
     }
 
@@ -575,9 +583,9 @@ impl BreakerRegistry {
                 (l < max).then_some(l + 1)
             })
             .is_ok()
-            || evict_one(&mut sm, now)
+            || evict_one(&mut sm, now, self.inner.epoch)
             || self.evict_elsewhere(index, now);
-        let entry = Arc::new(Entry::new(&self.inner.config, self.inner.epoch, now));
+        let entry = Arc::new(Entry::new(&self.inner.config, now));
         if room {
             sm.map.insert(origin.clone(), entry.clone());
         } else {
@@ -595,7 +603,7 @@ impl BreakerRegistry {
             .enumerate()
             .filter(|&(i, _)| i != skip)
             .any(|(_, shard)| match shard.try_write() {
-                Ok(mut sm) => evict_one(&mut sm, now),
+                Ok(mut sm) => evict_one(&mut sm, now, self.inner.epoch),
                 Err(_) => false,
             })
     }
@@ -647,6 +655,8 @@ pub struct BreakerPermit<'a> {
     origin: &'a Origin,
     entry: Arc<Entry>,
     ticket: Option<Ticket>,
+    // When it was handed out: the entry's last use if it ends without an outcome.
+    acquired: Instant,
 }
 
 impl fmt::Debug for BreakerPermit<'_> {
@@ -683,10 +693,11 @@ impl BreakerPermit<'_> {
         let inner = &self.registry.inner;
         let config = &inner.config;
         let now = Instant::now();
-        self.entry.touch(inner.epoch, now);
         let pause = pause.and_then(|p| self.registry.clamp_pause(p));
         // A success of a quiet Closed breaker, a neutral outcome: nothing to count, no lock.
         if pause.is_none() && self.entry.records_nothing(ticket, outcome) {
+            let stamp = stamp(inner.epoch, now);
+            self.entry.last_used.store(stamp, Ordering::Relaxed);
             return;
         }
         let (transition, grew) = {
@@ -703,8 +714,16 @@ impl BreakerPermit<'_> {
 
 impl Drop for BreakerPermit<'_> {
     fn drop(&mut self) {
-        if let Some(ticket) = self.ticket.take().filter(|t| !t.holds_nothing()) {
-            self.entry.lock(&self.registry.inner.config).release(ticket);
+        let Some(ticket) = self.ticket.take() else {
+            return;
+        };
+        let inner = &self.registry.inner;
+        if ticket.holds_nothing() {
+            // Nothing to give back; its acquire is its last use.
+            let stamp = stamp(inner.epoch, self.acquired);
+            self.entry.last_used.fetch_max(stamp, Ordering::Relaxed);
+        } else {
+            self.entry.lock(&inner.config).release(ticket);
         }
     }
 }
@@ -720,7 +739,7 @@ fn effective_state(b: &Breaker, now: Instant) -> BreakerState {
 /// Whether nothing depends on `entry` at `now`: no request holds it (our write lock keeps
 /// new clones out, so one holder is the map) and its breaker may be forgotten. Returns
 /// its last use.
-fn evictable(entry: &Arc<Entry>, now: Instant) -> Option<u64> {
+fn evictable(entry: &Arc<Entry>, now: Instant, epoch: Instant) -> Option<u64> {
     if Arc::strong_count(entry) != 1 {
         return None;
     }
@@ -728,25 +747,24 @@ fn evictable(entry: &Arc<Entry>, now: Instant) -> Option<u64> {
     // `last_used` store, made before it, is seen below.
     fence(Ordering::Acquire);
     let b = entry.breaker.try_lock().ok()?;
-    b.is_evictable(now)
-        .then(|| entry.last_used.load(Ordering::Relaxed))
+    b.is_evictable(now).then(|| entry.last_used(&b, epoch))
 }
 
 /// Forgets the least recently used breaker of the shard that nothing depends on.
-fn evict_one(sm: &mut ShardMap, now: Instant) -> bool {
+fn evict_one(sm: &mut ShardMap, now: Instant, epoch: Instant) -> bool {
     let mut refilled = false;
     loop {
         let Some((seen, origin)) = sm.victims.pop() else {
             if refilled {
                 return false;
             }
-            refill_victims(sm, now);
+            refill_victims(sm, now, epoch);
             refilled = true;
             continue;
         };
         let gone = match sm.map.get(&origin) {
             // Used since it was chosen: no longer among the least recently used.
-            Some(entry) => evictable(entry, now).is_some_and(|last| last <= seen),
+            Some(entry) => evictable(entry, now, epoch).is_some_and(|last| last <= seen),
             None => false,
         };
         if gone {
@@ -756,12 +774,12 @@ fn evict_one(sm: &mut ShardMap, now: Instant) -> bool {
     }
 }
 
-fn refill_victims(sm: &mut ShardMap, now: Instant) {
+fn refill_victims(sm: &mut ShardMap, now: Instant, epoch: Instant) {
     let target = (sm.map.len() / 8).max(1);
     let mut candidates: Vec<(u64, Origin)> = sm
         .map
         .iter()
-        .filter_map(|(origin, entry)| Some((evictable(entry, now)?, origin.clone())))
+        .filter_map(|(origin, entry)| Some((evictable(entry, now, epoch)?, origin.clone())))
         .collect();
     if candidates.len() > target {
         candidates.select_nth_unstable_by_key(target, |c| c.0);

@@ -120,12 +120,14 @@ impl From<BreakerRejection> for ResilienceError {
 /// store it did not see.
 ///
 /// - `acquire` with [`ADMIT`] set hands out [`Ticket::closed`] of the word's generation:
-///   what `try_acquire` does in that state (it only notes the time, kept in `last_used`
-///   here). A failure, trip, pause or isolate that lands just after the load is ordered
-///   after this acquire, as if the acquire had taken the lock first: the ticket is
-///   then of the old generation (a trip or isolate bumps it), so its outcome is stale
-///   and not counted, and the next acquire sees the cleared flag and takes the lock,
-///   which honours the pause or the new state.
+///   what `try_acquire` does in that state (it also notes the time: the permit keeps
+///   it, see below). A failure, trip, pause, isolate or reset that lands just after the
+///   load is ordered after this acquire, as if the acquire had taken the lock first: a
+///   trip or an isolate bumps the generation, so the ticket's outcome is stale and not
+///   counted; a plain failure, a pause or a reset of a Closed breaker keeps it, and the
+///   outcome counts as it did before. After a pause, trip or isolate the next acquire
+///   finds [`ADMIT`] cleared and takes the lock, which honours the pause or the new
+///   state.
 /// - `record(Success)` of a non-probe ticket with [`QUIET_SUCCESS`] set changes nothing
 ///   whatever the ticket's generation (this generation: a count of 0 reset to 0; another:
 ///   stale). Once a failure is counted the flag is clear, so a success that resets a
@@ -294,10 +296,10 @@ struct Inner {
 /// origins only meet on a shard's read lock (shared, never held across an await), and a
 /// new origin takes its shard's write lock once.
 ///
-/// Measured (`cargo bench --bench breaker`, release, a shared 2-core machine): 145–155 ns
-/// for `acquire` + `record` on the Closed path and 105–110 ns for an Open rejection (about
-/// twice that under heavy load); a rejection through the whole middleware, evidence and
-/// error included, about 550 ns.
+/// Measured (`cargo bench --bench breaker`, release, a shared 2-core machine): 84–89 ns
+/// for `acquire` + `record` on the Closed path (110 ns when it took the mutex twice) and
+/// 79–82 ns for an Open rejection (about twice that under heavy load); a rejection
+/// through the whole middleware, evidence and error included, 370–390 ns.
 ///
 /// # Bounds
 ///

@@ -1015,3 +1015,53 @@ fn fresh_successes_racing_failures_leave_state_count_and_listener_in_agreement()
     }
     eprintln!("{tripped_in_race} of {ROUNDS} rounds tripped during the race");
 }
+
+/// Threads acquire and record successes without the lock while the main thread pauses
+/// (even rounds) or isolates (odd rounds) the origin: every acquire that starts after the
+/// pause or isolation returned is turned away, with that reason.
+#[test]
+fn a_pause_or_isolation_stops_every_lock_free_acquire_that_starts_after_it() {
+    use reqwest_resilience::breaker::RejectReason;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    for round in 0..ROUNDS {
+        let (reg, _) = recording_registry();
+        let o = Origin::parse("http://fast-path.example").unwrap();
+        let (stopped, admitted) = (AtomicBool::new(false), AtomicUsize::new(0));
+        let want = if round.is_multiple_of(2) {
+            RejectReason::Paused
+        } else {
+            RejectReason::Isolated
+        };
+        std::thread::scope(|s| {
+            for _ in 0..4 {
+                s.spawn(|| {
+                    for _ in 0..100 {
+                        let after = stopped.load(Ordering::Acquire);
+                        match reg.acquire(&o) {
+                            Ok(p) => {
+                                assert!(!after, "round {round}: admitted after the stop");
+                                admitted.fetch_add(1, Ordering::Relaxed);
+                                p.record(Outcome::Success);
+                            }
+                            Err(r) => assert_eq!(r.reason, want, "round {round}"),
+                        }
+                    }
+                });
+            }
+            while admitted.load(Ordering::Relaxed) < 20 {
+                std::hint::spin_loop();
+            }
+            if want == RejectReason::Paused {
+                reg.pause(&o, 3600 * S);
+            } else {
+                assert!(reg.isolate(&o));
+            }
+            stopped.store(true, Ordering::Release);
+        });
+        let err = reg.acquire(&o).unwrap_err();
+        assert_eq!(err.reason, want, "round {round}");
+        let snap = reg.snapshot();
+        assert_eq!((snap[0].consecutive_failures, snap[0].trips), (0, 0));
+        assert!(snap[0].rejections >= 1);
+    }
+}

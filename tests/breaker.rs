@@ -842,3 +842,226 @@ async fn waiters_released_by_the_end_of_a_pause_are_spread_over_a_short_window()
     assert!(herd <= 1, "{herd} in the instant the pause ended");
     assert!(per_100ms.iter().all(|n| *n <= 30), "{per_100ms:?}");
 }
+
+// --- The registry's lock-free Closed path under real threads --------------------------
+//
+// Successes and neutral outcomes of a Closed breaker with nothing counted are admitted and
+// recorded without the breaker's mutex; these rounds race them against failures, trips,
+// isolation and resets on std threads (real clock, no timing assertion).
+
+const ROUNDS: usize = 200;
+const THRESHOLD: u32 = 6;
+
+type Events = Arc<std::sync::Mutex<Vec<(BreakerState, BreakerState)>>>;
+
+fn recording_registry() -> (BreakerRegistry, Events) {
+    let events: Events = Arc::default();
+    let sink = events.clone();
+    let registry = BreakerRegistry::with_listener(
+        BreakerConfig::default()
+            .policy(TripPolicy::consecutive_failures(THRESHOLD))
+            .open_duration(3600 * S),
+        move |e: &reqwest_resilience::breaker::BreakerEvent| {
+            sink.lock().unwrap().push((e.from, e.to))
+        },
+    )
+    .unwrap();
+    (registry, events)
+}
+
+/// `(state, consecutive failures, trips)` of the one origin in `reg`.
+fn only_breaker(reg: &BreakerRegistry) -> (BreakerState, u32, u32) {
+    let snap = reg.snapshot();
+    assert_eq!(snap.len(), 1);
+    (snap[0].state, snap[0].consecutive_failures, snap[0].trips)
+}
+
+/// Makes the permits held by the caller stale: a trip and a reset (even rounds) or an
+/// isolation and a reset (odd rounds) each bump the breaker's generation twice.
+fn new_generation(reg: &BreakerRegistry, o: &Origin, round: usize) {
+    if round.is_multiple_of(2) {
+        for _ in 0..THRESHOLD {
+            reg.acquire(o).unwrap().record(Outcome::Failure);
+        }
+        assert_eq!(reg.state(o), Some(BreakerState::Open));
+    } else {
+        assert!(reg.isolate(o));
+    }
+    reg.reset(o);
+}
+
+/// Stale successes (permits from before a trip or an isolation) and fresh neutral
+/// outcomes race exactly `THRESHOLD` failures from three threads: no stale success resets
+/// the count, so the breaker trips exactly once, at the last failure, and the snapshot
+/// and the listener agree.
+#[test]
+fn stale_successes_and_neutral_outcomes_racing_failures_never_reset_the_count() {
+    use std::sync::Barrier;
+    for round in 0..ROUNDS {
+        let (reg, events) = recording_registry();
+        let o = Origin::parse("http://fast-path.example").unwrap();
+        let (held, racers) = (Barrier::new(5), Barrier::new(8));
+        std::thread::scope(|s| {
+            for _ in 0..4 {
+                s.spawn(|| {
+                    let stale: Vec<_> = (0..8).map(|_| reg.acquire(&o).unwrap()).collect();
+                    held.wait();
+                    racers.wait();
+                    for (i, permit) in stale.into_iter().enumerate() {
+                        if i % 4 == 3 {
+                            drop(permit);
+                        } else {
+                            permit.record(Outcome::Success);
+                        }
+                        if let Ok(fresh) = reg.acquire(&o) {
+                            fresh.record(Outcome::Neutral);
+                        }
+                    }
+                });
+            }
+            for _ in 0..3 {
+                s.spawn(|| {
+                    racers.wait();
+                    for _ in 0..THRESHOLD / 3 {
+                        reg.acquire(&o).unwrap().record(Outcome::Failure);
+                    }
+                });
+            }
+            held.wait();
+            new_generation(&reg, &o, round);
+            assert_eq!(only_breaker(&reg), (BreakerState::Closed, 0, 0));
+            racers.wait();
+        });
+        assert_eq!(
+            only_breaker(&reg),
+            (BreakerState::Open, THRESHOLD, 1),
+            "round {round}"
+        );
+        let events = events.lock().unwrap();
+        let tail = &events[events.len() - 3..];
+        assert_eq!(tail[2], (BreakerState::Closed, BreakerState::Open));
+        assert_eq!(tail[1].1, BreakerState::Closed, "round {round}");
+        let opened = events.iter().filter(|e| e.1 == BreakerState::Open).count();
+        assert_eq!(
+            opened,
+            1 + usize::from(round.is_multiple_of(2)),
+            "round {round}"
+        );
+    }
+}
+
+/// Fresh successes (lock-free while nothing is counted) race failures: whatever the
+/// interleaving, the count is never past the threshold, the breaker is Open exactly when
+/// the listener saw it trip (once), and then the count is exactly the threshold. Then,
+/// with the racers gone, `THRESHOLD` failures in a row trip a breaker still Closed.
+#[test]
+fn fresh_successes_racing_failures_leave_state_count_and_listener_in_agreement() {
+    use std::sync::Barrier;
+    let mut tripped_in_race = 0;
+    for round in 0..ROUNDS {
+        let (reg, events) = recording_registry();
+        let o = Origin::parse("http://fast-path.example").unwrap();
+        let start = Barrier::new(6);
+        std::thread::scope(|s| {
+            for _ in 0..4 {
+                s.spawn(|| {
+                    start.wait();
+                    for _ in 0..50 {
+                        if let Ok(p) = reg.acquire(&o) {
+                            p.record(Outcome::Success);
+                        }
+                    }
+                });
+            }
+            for _ in 0..2 {
+                s.spawn(|| {
+                    start.wait();
+                    for _ in 0..THRESHOLD {
+                        if let Ok(p) = reg.acquire(&o) {
+                            p.record(Outcome::Failure);
+                        }
+                    }
+                });
+            }
+        });
+        let (state, failures, trips) = only_breaker(&reg);
+        let opened = events.lock().unwrap().len();
+        match state {
+            BreakerState::Open => {
+                assert_eq!(
+                    (failures, trips, opened),
+                    (THRESHOLD, 1, 1),
+                    "round {round}"
+                );
+                tripped_in_race += 1;
+            }
+            BreakerState::Closed => {
+                assert!(failures < THRESHOLD, "round {round}: {failures}");
+                assert_eq!((trips, opened), (0, 0), "round {round}");
+                reg.acquire(&o).unwrap().record(Outcome::Success);
+                assert_eq!(only_breaker(&reg), (BreakerState::Closed, 0, 0));
+                for i in 1..=THRESHOLD {
+                    reg.acquire(&o).unwrap().record(Outcome::Failure);
+                    let want = if i < THRESHOLD {
+                        (BreakerState::Closed, i, 0)
+                    } else {
+                        (BreakerState::Open, THRESHOLD, 1)
+                    };
+                    assert_eq!(only_breaker(&reg), want, "round {round}");
+                }
+            }
+            other => panic!("round {round}: {other:?}"),
+        }
+    }
+    eprintln!("{tripped_in_race} of {ROUNDS} rounds tripped during the race");
+}
+
+/// Threads acquire and record successes without the lock while the main thread pauses
+/// (even rounds) or isolates (odd rounds) the origin: every acquire that starts after the
+/// pause or isolation returned is turned away, with that reason.
+#[test]
+fn a_pause_or_isolation_stops_every_lock_free_acquire_that_starts_after_it() {
+    use reqwest_resilience::breaker::RejectReason;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    for round in 0..ROUNDS {
+        let (reg, _) = recording_registry();
+        let o = Origin::parse("http://fast-path.example").unwrap();
+        let (stopped, admitted) = (AtomicBool::new(false), AtomicUsize::new(0));
+        let want = if round.is_multiple_of(2) {
+            RejectReason::Paused
+        } else {
+            RejectReason::Isolated
+        };
+        std::thread::scope(|s| {
+            for _ in 0..4 {
+                s.spawn(|| {
+                    for _ in 0..100 {
+                        let after = stopped.load(Ordering::Acquire);
+                        match reg.acquire(&o) {
+                            Ok(p) => {
+                                assert!(!after, "round {round}: admitted after the stop");
+                                admitted.fetch_add(1, Ordering::Relaxed);
+                                p.record(Outcome::Success);
+                            }
+                            Err(r) => assert_eq!(r.reason, want, "round {round}"),
+                        }
+                    }
+                });
+            }
+            while admitted.load(Ordering::Relaxed) < 20 {
+                std::hint::spin_loop();
+            }
+            if want == RejectReason::Paused {
+                reg.pause(&o, 3600 * S);
+            } else {
+                assert!(reg.isolate(&o));
+            }
+            stopped.store(true, Ordering::Release);
+        });
+        let err = reg.acquire(&o).unwrap_err();
+        assert_eq!(err.reason, want, "round {round}");
+        let snap = reg.snapshot();
+        assert_eq!((snap[0].consecutive_failures, snap[0].trips), (0, 0));
+        assert!(snap[0].rejections >= 1);
+    }
+}

@@ -3,8 +3,9 @@
 
 use crate::sync::{lock, read, write};
 use std::fmt;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::ops::{Deref, DerefMut};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering, fence};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -102,8 +103,155 @@ impl From<BreakerRejection> for ResilienceError {
     }
 }
 
+/// One origin's breaker, and the two words its lock-free path reads.
+///
+/// # Concurrency
+///
+/// The [`Breaker`] under the mutex is the only source of truth; `fast` is a summary of
+/// it that requests read without the lock: [`fast_word`] of the breaker, that is its
+/// generation and two flags, [`ADMIT`] ([`Breaker::quiet_admission`]: Closed, no pause
+/// set) and [`QUIET_SUCCESS`] ([`Breaker::quiet_success`]: Closed under the
+/// consecutive-failures policy with no failure counted). `fast` is written only while the
+/// mutex is held, by [`Locked`]'s drop at the end of every critical section that may
+/// change the breaker (acquire, record, release, pause, isolate, reset; also when
+/// unwinding), so between critical sections it always equals `fast_word(breaker)`, and
+/// its modification order is the order of the critical sections. A lock-free operation
+/// takes effect at its load of `fast`: just before the first critical section whose
+/// store it did not see.
+///
+/// - `acquire` with [`ADMIT`] set hands out [`Ticket::closed`] of the word's generation:
+///   what `try_acquire` does in that state (it also notes the time: the permit keeps
+///   it, see below). A failure, trip, pause, isolate or reset that lands just after the
+///   load is ordered after this acquire, as if the acquire had taken the lock first: a
+///   trip or an isolate bumps the generation, so the ticket's outcome is stale and not
+///   counted; a plain failure, a pause or a reset of a Closed breaker keeps it, and the
+///   outcome counts as it did before. After a pause, trip or isolate the next acquire
+///   finds [`ADMIT`] cleared and takes the lock, which honours the pause or the new
+///   state.
+/// - `record(Success)` of a non-probe ticket with [`QUIET_SUCCESS`] set changes nothing
+///   whatever the ticket's generation (this generation: a count of 0 reset to 0; another:
+///   stale). Once a failure is counted the flag is clear, so a success that resets a
+///   count, or one that must be checked against the generation, takes the lock; a
+///   success recorded after the breaker tripped is stale there as before.
+/// - `record(Neutral)` and `Drop` of a non-probe ticket never change anything
+///   ([`Ticket::never_counts`], [`Ticket::holds_nothing`]) and take no lock. Failures,
+///   probes and a pause given with the outcome always take the lock.
+/// - The failure-ratio policy counts successes in its window: [`QUIET_SUCCESS`] is never
+///   set under it, its successes take the lock (its acquires may still be lock-free).
+///
+/// Eviction is unchanged: a permit holds an `Arc<Entry>` cloned under the shard's read
+/// lock, and a breaker is forgotten only under the shard's write lock with a strong count
+/// of 1, so only the last use of an entry no permit holds matters. The locked paths note
+/// it in the breaker's own `last_used`, as before; the lock-free ones in `last_used`
+/// here, in nanoseconds from the registry's `epoch`: a lock-free record stores its time,
+/// a non-probe permit dropped without an outcome raises it to the permit's acquire time
+/// (what `try_acquire` noted; a lock-free acquire notes nothing itself, its permit is
+/// not evictable until it ends). The last use is the later of the two, as the breaker's
+/// field alone was. Both stores come before the permit drops its `Arc`; eviction reads
+/// them after an acquire fence that pairs with that drop's release decrement.
 struct Entry {
     breaker: Mutex<Breaker>,
+    fast: AtomicU64,
+    // The last lock-free use, in nanoseconds from the registry's `epoch` (0: none).
+    last_used: AtomicU64,
+}
+
+/// In [`Entry::fast`]: requests may be admitted without the lock.
+const ADMIT: u64 = 1;
+/// In [`Entry::fast`]: a non-probe success may be recorded without the lock.
+const QUIET_SUCCESS: u64 = 2;
+
+/// The summary of `b` that [`Entry::fast`] holds: its generation in the high half and the
+/// flags in the low one; 0 when neither flag holds.
+fn fast_word(b: &Breaker, config: &BreakerConfig) -> u64 {
+    let flags = if b.quiet_admission() { ADMIT } else { 0 }
+        | if b.quiet_success(config) {
+            QUIET_SUCCESS
+        } else {
+            0
+        };
+    if flags == 0 {
+        0
+    } else {
+        (u64::from(b.generation()) << 32) | flags
+    }
+}
+
+/// The time from `epoch` to `now` in nanoseconds, for [`Entry::last_used`] (584 years
+/// fit).
+fn stamp(epoch: Instant, now: Instant) -> u64 {
+    now.saturating_duration_since(epoch).as_nanos() as u64
+}
+
+impl Entry {
+    fn new(config: &BreakerConfig, now: Instant) -> Entry {
+        let breaker = Breaker::new(now);
+        Entry {
+            fast: AtomicU64::new(fast_word(&breaker, config)),
+            last_used: AtomicU64::new(0),
+            breaker: Mutex::new(breaker),
+        }
+    }
+
+    /// The breaker, locked; [`fast`](Self::fast) is brought up to date when it is let go.
+    fn lock<'a>(&'a self, config: &'a BreakerConfig) -> Locked<'a> {
+        Locked {
+            breaker: lock(&self.breaker),
+            fast: &self.fast,
+            config,
+        }
+    }
+
+    /// The ticket `try_acquire` would hand out, when it can be had without the lock.
+    fn quiet_ticket(&self) -> Option<Ticket> {
+        let word = self.fast.load(Ordering::Acquire);
+        (word & ADMIT != 0).then(|| Ticket::closed((word >> 32) as u32))
+    }
+
+    /// Whether recording `outcome` for `ticket` would change nothing but the time.
+    fn records_nothing(&self, ticket: Ticket, outcome: Outcome) -> bool {
+        ticket.never_counts(outcome)
+            || (outcome == Outcome::Success
+                && ticket.holds_nothing()
+                && self.fast.load(Ordering::Acquire) & QUIET_SUCCESS != 0)
+    }
+
+    /// The later of the locked paths' last use (`b`'s) and the lock-free paths'.
+    fn last_used(&self, b: &Breaker, epoch: Instant) -> u64 {
+        let lock_free = self.last_used.load(Ordering::Relaxed);
+        lock_free.max(stamp(epoch, b.last_used()))
+    }
+}
+
+/// An [`Entry`]'s breaker, locked. Dropped (also when unwinding), it republishes the
+/// breaker's [`fast_word`] before the mutex is let go.
+struct Locked<'a> {
+    breaker: MutexGuard<'a, Breaker>,
+    fast: &'a AtomicU64,
+    config: &'a BreakerConfig,
+}
+
+impl Deref for Locked<'_> {
+    type Target = Breaker;
+    fn deref(&self) -> &Breaker {
+        &self.breaker
+    }
+}
+
+impl DerefMut for Locked<'_> {
+    fn deref_mut(&mut self) -> &mut Breaker {
+        &mut self.breaker
+    }
+}
+
+impl Drop for Locked<'_> {
+    fn drop(&mut self) {
+        let word = fast_word(&self.breaker, self.config);
+        // Only the mutex's holder writes it: a relaxed load reads the last store.
+        if self.fast.load(Ordering::Relaxed) != word {
+            self.fast.store(word, Ordering::Release);
+        }
+    }
 }
 
 type Shard = RwLock<ShardMap>;
@@ -113,11 +261,13 @@ struct ShardMap {
     map: OriginMap<Arc<Entry>>,
     // The next breakers to forget, oldest last, with their `last_used` when chosen: one
     // scan of the shard finds an eighth of it, so finding a victim is amortised O(1).
-    victims: Vec<(Instant, Origin)>,
+    victims: Vec<(u64, Origin)>,
 }
 
 struct RestOfStack {
     config: BreakerConfig,
+    // The origin of the entries' `last_used` stamps.
+    epoch: Instant,
     shards: Box<[Shard]>,
     len: AtomicUsize,
     overflowed: AtomicU64,
@@ -134,16 +284,22 @@ struct RestOfStack {
 /// The origins are spread over up to 16 shards (one per 256 origins of the bound), each a
 /// `RwLock<HashMap<Origin, Arc<Entry>>>`. The hot path picks the shard by the origin's
 /// keyed hash (SipHash with a per-process random key, computed once when the origin is,
-/// and used as it is by the map), takes that shard's read lock to clone the entry's `Arc`, then
-/// that origin's own mutex to ask its [`Breaker`]; a [`BreakerPermit`] borrows the
-/// registry instead of cloning it, so no reference count is shared by all requests. No
-/// lock covers the whole registry, two origins only meet on a shard's read lock (shared,
-/// never held across an await), and a new origin takes its shard's write lock once.
+/// and used as it is by the map), takes that shard's read lock to clone the entry's `Arc`,
+/// then reads an atomic word the origin's [`Breaker`] publishes: while it is Closed and
+/// not paused the attempt is admitted from that word, and its success or neutral outcome
+/// is recorded the same way when there is nothing to count (the consecutive-failures
+/// policy with no failure counted), so the common request takes no mutex. Anything else
+/// (a failure, a pause, a probe, an Open or Isolated breaker, the failure-ratio policy's
+/// successes) takes that origin's own mutex to ask its [`Breaker`], which stays the one
+/// source of truth. A [`BreakerPermit`] borrows the registry instead of cloning it, so no
+/// reference count is shared by all requests. No lock covers the whole registry, two
+/// origins only meet on a shard's read lock (shared, never held across an await), and a
+/// new origin takes its shard's write lock once.
 ///
-/// Measured (`cargo bench --bench breaker`, release, a shared 2-core machine): 145–155 ns
-/// for `acquire` + `record` on the Closed path and 105–110 ns for an Open rejection (about
-/// twice that under heavy load); a rejection through the whole middleware, evidence and
-/// error included, about 550 ns.
+/// Measured (`cargo bench --bench breaker`, release, a shared 2-core machine): 84–89 ns
+/// for `acquire` + `record` on the Closed path (110 ns when it took the mutex twice) and
+/// 79–82 ns for an Open rejection (about twice that under heavy load); a rejection
+/// through the whole middleware, evidence and error included, 370–390 ns.
 ///
 /// # Bounds
 ///
@@ -157,8 +313,9 @@ struct RestOfStack {
 /// as if Closed) and [`BreakerRegistry::overflowed`] counts it.
 ///
 /// Memory per origin: one [`Breaker`] ([`Breaker::SIZE`] = 240 bytes on 64-bit targets,
-/// nothing on the heap) in an `Arc<Mutex<_>>`, plus the map slot (the [`Origin`] key and
-/// the `Arc`) and the origin's text; [`BreakerRegistry::BYTES_PER_ORIGIN`] (305 bytes)
+/// nothing on the heap) in an `Arc<Mutex<_>>` beside two atomic words (the lock-free
+/// summary and the last use), plus the map slot (the [`Origin`] key and the `Arc`) and
+/// the origin's text; [`BreakerRegistry::BYTES_PER_ORIGIN`] (321 bytes)
 /// adds up the fixed part. 10⁶ distinct origins through a 10 000-origin registry leave it
 /// at 10 000 with a flat resident set.
 ///
@@ -205,11 +362,11 @@ impl Default for BreakerRegistry {
 }
 
 // The memory per origin is documented; a change that grows it must update the docs.
-const _: () = assert!(BreakerRegistry::BYTES_PER_ORIGIN <= 320);
+const _: () = assert!(BreakerRegistry::BYTES_PER_ORIGIN <= 336);
 
 impl BreakerRegistry {
     /// The fixed memory of one tracked origin, in bytes: the `Arc<Entry>` allocation
-    /// (counts + mutex + [`Breaker`]) and the map slot (key, value, control byte). The
+    /// (counts + mutex + [`Breaker`] + two atomic words) and the map slot (key, value, control byte). The
     /// origin's text (about 16 bytes plus its length) comes on top.
     pub const BYTES_PER_ORIGIN: usize = 2 * std::mem::size_of::<usize>()
         + std::mem::size_of::<Entry>()
@@ -241,6 +398,7 @@ impl BreakerRegistry {
         BreakerRegistry {
             inner: Arc::new(RestOfStack {
                 config,
+                epoch: Instant::now(),
                 shards,
                 len: AtomicUsize::new(0),
                 overflowed: AtomicU64::new(0),
@@ -268,23 +426,29 @@ impl BreakerRegistry {
         origin: &'a Origin,
     ) -> Result<BreakerPermit<'a>, BreakerRejection> {
         let entry = self.entry(origin);
-        let (result, transition) =
-            lock(&entry.breaker).try_acquire(&self.inner.config, Instant::now());
-        self.emit(origin, transition);
-        match result {
-            Ok(ticket) => Ok(BreakerPermit {
-                registry: self,
-                origin,
-                entry,
-                ticket: Some(ticket),
-            }),
-            Err(r) => Err(BreakerRejection {
-                origin: origin.clone(),
-                reason: r.reason,
-                state: r.state,
-                retry_in: r.retry_in,
-            }),
-        }
+        let config = &self.inner.config;
+        let now = Instant::now();
+        // Closed and not paused: the ticket without the lock (see `Entry`).
+        let ticket = match entry.quiet_ticket() {
+            Some(ticket) => ticket,
+            None => {
+                let (result, transition) = entry.lock(config).try_acquire(config, now);
+                self.emit(origin, transition);
+                result.map_err(|r| BreakerRejection {
+                    origin: origin.clone(),
+                    reason: r.reason,
+                    state: r.state,
+                    retry_in: r.retry_in,
+                })?
+            }
+        };
+        Ok(BreakerPermit {
+            registry: self,
+            origin,
+            entry,
+            ticket: Some(ticket),
+            acquired: now,
+        })
     }
 
     /// Pauses `origin` for every caller of this registry for `duration`, clamped to
@@ -295,7 +459,9 @@ impl BreakerRegistry {
             return Duration::ZERO;
         };
         let entry = self.entry(origin);
-        let grew = lock(&entry.breaker).pause_until(Instant::now() + duration);
+        let grew = entry
+            .lock(&self.inner.config)
+            .pause_until(Instant::now() + duration);
         trace_pause(origin, duration, grew);
         duration
     }
@@ -305,7 +471,7 @@ impl BreakerRegistry {
     /// breaker of the registry can be forgotten (see [Bounds](BreakerRegistry#bounds)).
     pub fn isolate(&self, origin: &Origin) -> bool {
         let entry = self.entry(origin);
-        let t = lock(&entry.breaker).isolate(Instant::now());
+        let t = entry.lock(&self.inner.config).isolate(Instant::now());
         self.emit(origin, t);
         self.peek(origin).is_some()
     }
@@ -314,7 +480,7 @@ impl BreakerRegistry {
     /// left alone.
     pub fn reset(&self, origin: &Origin) {
         if let Some(entry) = self.peek(origin) {
-            let t = lock(&entry.breaker).reset(Instant::now());
+            let t = entry.lock(&self.inner.config).reset(Instant::now());
             self.emit(origin, t);
         }
     }
@@ -419,11 +585,9 @@ impl BreakerRegistry {
                 (l < max).then_some(l + 1)
             })
             .is_ok()
-            || evict_one(&mut sm, now)
+            || evict_one(&mut sm, now, self.inner.epoch)
             || self.evict_elsewhere(index, now);
-        let entry = Arc::new(Entry {
-            breaker: Mutex::new(Breaker::new(now)),
-        });
+        let entry = Arc::new(Entry::new(&self.inner.config, now));
         if room {
             sm.map.insert(origin.clone(), entry.clone());
         } else {
@@ -441,7 +605,7 @@ impl BreakerRegistry {
             .enumerate()
             .filter(|&(i, _)| i != skip)
             .any(|(_, shard)| match shard.try_write() {
-                Ok(mut sm) => evict_one(&mut sm, now),
+                Ok(mut sm) => evict_one(&mut sm, now, self.inner.epoch),
                 Err(_) => false,
             })
     }
@@ -493,6 +657,8 @@ pub struct BreakerPermit<'a> {
     origin: &'a Origin,
     entry: Arc<Entry>,
     ticket: Option<Ticket>,
+    // When it was handed out: the entry's last use if it ends without an outcome.
+    acquired: Instant,
 }
 
 impl fmt::Debug for BreakerPermit<'_> {
@@ -526,11 +692,18 @@ impl BreakerPermit<'_> {
         let Some(ticket) = self.ticket.take() else {
             return;
         };
-        let config = &self.registry.inner.config;
+        let inner = &self.registry.inner;
+        let config = &inner.config;
         let now = Instant::now();
         let pause = pause.and_then(|p| self.registry.clamp_pause(p));
+        // A success of a quiet Closed breaker, a neutral outcome: nothing to count, no lock.
+        if pause.is_none() && self.entry.records_nothing(ticket, outcome) {
+            let stamp = stamp(inner.epoch, now);
+            self.entry.last_used.store(stamp, Ordering::Relaxed);
+            return;
+        }
         let (transition, grew) = {
-            let mut b = lock(&self.entry.breaker);
+            let mut b = self.entry.lock(config);
             let grew = pause.map(|p| b.pause_until(now + p));
             (b.record(config, ticket, outcome, now), grew)
         };
@@ -543,8 +716,16 @@ impl BreakerPermit<'_> {
 
 impl Drop for BreakerPermit<'_> {
     fn drop(&mut self) {
-        if let Some(ticket) = self.ticket.take() {
-            lock(&self.entry.breaker).release(ticket);
+        let Some(ticket) = self.ticket.take() else {
+            return;
+        };
+        let inner = &self.registry.inner;
+        if ticket.holds_nothing() {
+            // Nothing to give back; its acquire is its last use.
+            let stamp = stamp(inner.epoch, self.acquired);
+            self.entry.last_used.fetch_max(stamp, Ordering::Relaxed);
+        } else {
+            self.entry.lock(&inner.config).release(ticket);
         }
     }
 }
@@ -560,29 +741,32 @@ fn effective_state(b: &Breaker, now: Instant) -> BreakerState {
 /// Whether nothing depends on `entry` at `now`: no request holds it (our write lock keeps
 /// new clones out, so one holder is the map) and its breaker may be forgotten. Returns
 /// its last use.
-fn evictable(entry: &Arc<Entry>, now: Instant) -> Option<Instant> {
+fn evictable(entry: &Arc<Entry>, now: Instant, epoch: Instant) -> Option<u64> {
     if Arc::strong_count(entry) != 1 {
         return None;
     }
+    // Pairs with the release decrement of the last permit's `Arc`: that permit's
+    // `last_used` store, made before it, is seen below.
+    fence(Ordering::Acquire);
     let b = entry.breaker.try_lock().ok()?;
-    b.is_evictable(now).then(|| b.last_used())
+    b.is_evictable(now).then(|| entry.last_used(&b, epoch))
 }
 
 /// Forgets the least recently used breaker of the shard that nothing depends on.
-fn evict_one(sm: &mut ShardMap, now: Instant) -> bool {
+fn evict_one(sm: &mut ShardMap, now: Instant, epoch: Instant) -> bool {
     let mut refilled = false;
     loop {
         let Some((seen, origin)) = sm.victims.pop() else {
             if refilled {
                 return false;
             }
-            refill_victims(sm, now);
+            refill_victims(sm, now, epoch);
             refilled = true;
             continue;
         };
         let gone = match sm.map.get(&origin) {
             // Used since it was chosen: no longer among the least recently used.
-            Some(entry) => evictable(entry, now).is_some_and(|last| last <= seen),
+            Some(entry) => evictable(entry, now, epoch).is_some_and(|last| last <= seen),
             None => false,
         };
         if gone {
@@ -592,12 +776,12 @@ fn evict_one(sm: &mut ShardMap, now: Instant) -> bool {
     }
 }
 
-fn refill_victims(sm: &mut ShardMap, now: Instant) {
+fn refill_victims(sm: &mut ShardMap, now: Instant, epoch: Instant) {
     let target = (sm.map.len() / 8).max(1);
-    let mut candidates: Vec<(Instant, Origin)> = sm
+    let mut candidates: Vec<(u64, Origin)> = sm
         .map
         .iter()
-        .filter_map(|(origin, entry)| Some((evictable(entry, now)?, origin.clone())))
+        .filter_map(|(origin, entry)| Some((evictable(entry, now, epoch)?, origin.clone())))
         .collect();
     if candidates.len() > target {
         candidates.select_nth_unstable_by_key(target, |c| c.0);
@@ -867,6 +1051,126 @@ mod tests {
         assert!(matches!(err, ResilienceError::Paused { retry_in, .. } if retry_in == 5 * S));
         tokio::time::advance(5 * S).await;
         assert!(r.acquire(&o).is_ok());
+    }
+
+    /// The lock-free summary of `o`'s breaker: `(admit, quiet success)`.
+    fn fast_flags(r: &BreakerRegistry, o: &Origin) -> (bool, bool) {
+        let word = r.peek(o).unwrap().fast.load(Ordering::SeqCst);
+        (word & ADMIT != 0, word & QUIET_SUCCESS != 0)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_lock_free_summary_follows_every_change_of_the_breaker() {
+        let r = registry(10);
+        let o = origin(1);
+        r.acquire(&o).unwrap().record(Outcome::Success);
+        assert_eq!(fast_flags(&r, &o), (true, true));
+        r.acquire(&o).unwrap().record(Outcome::Failure);
+        // A failure counted: admitted without the lock, successes take it.
+        assert_eq!(fast_flags(&r, &o), (true, false));
+        r.acquire(&o).unwrap().record(Outcome::Neutral);
+        assert_eq!(r.snapshot()[0].consecutive_failures, 1);
+        r.acquire(&o).unwrap().record(Outcome::Success);
+        assert_eq!(
+            (fast_flags(&r, &o), r.snapshot()[0].consecutive_failures),
+            ((true, true), 0)
+        );
+        r.pause(&o, 2 * S);
+        assert_eq!(fast_flags(&r, &o), (false, true));
+        assert_eq!(r.acquire(&o).unwrap_err().reason, RejectReason::Paused);
+        tokio::time::advance(2 * S).await;
+        // The ended pause is cleared by the next acquire, under the lock.
+        assert_eq!(fast_flags(&r, &o), (false, true));
+        r.acquire(&o).unwrap().record(Outcome::Success);
+        assert_eq!(fast_flags(&r, &o), (true, true));
+        trip(&r, &o);
+        assert_eq!(fast_flags(&r, &o), (false, false));
+        tokio::time::advance(10 * S).await;
+        let probe = r.acquire(&o).unwrap();
+        assert!(probe.is_probe());
+        assert_eq!(fast_flags(&r, &o), (false, false));
+        probe.record(Outcome::Success);
+        assert_eq!(fast_flags(&r, &o), (true, true));
+        r.isolate(&o);
+        assert_eq!(fast_flags(&r, &o), (false, false));
+        r.reset(&o);
+        assert_eq!(fast_flags(&r, &o), (true, true));
+        // The failure-ratio policy counts successes: admitted without the lock only.
+        let ratio = BreakerRegistry::new(
+            BreakerConfig::default().policy(TripPolicy::failure_ratio(0.5, 10 * S, 4)),
+        )
+        .unwrap();
+        for _ in 0..3 {
+            ratio.acquire(&o).unwrap().record(Outcome::Success);
+        }
+        assert_eq!(fast_flags(&ratio, &o), (true, false));
+        assert_eq!(ratio.snapshot()[0].window_attempts, 3);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_pause_or_isolation_between_a_lock_free_acquire_and_its_record_is_honoured() {
+        let r = registry(10);
+        let o = origin(2);
+        let permit = r.acquire(&o).unwrap();
+        assert_eq!(fast_flags(&r, &o), (true, true));
+        r.pause(&o, 5 * S);
+        permit.record(Outcome::Success);
+        let rej = r.acquire(&o).unwrap_err();
+        assert_eq!(
+            (rej.reason, rej.retry_in),
+            (RejectReason::Paused, Some(5 * S))
+        );
+        tokio::time::advance(5 * S).await;
+        // A pause given with a quiet success takes the lock.
+        r.acquire(&o)
+            .unwrap()
+            .record_with_pause(Outcome::Success, Some(3 * S));
+        let rej = r.acquire(&o).unwrap_err();
+        assert_eq!(
+            (rej.reason, rej.retry_in),
+            (RejectReason::Paused, Some(3 * S))
+        );
+        tokio::time::advance(3 * S).await;
+        // Isolated between acquire and record: the next acquire is rejected, and the
+        // stale outcomes count nothing once reset.
+        let (success, failure) = (r.acquire(&o).unwrap(), r.acquire(&o).unwrap());
+        r.acquire(&o).unwrap().record(Outcome::Failure);
+        assert!(r.isolate(&o));
+        success.record(Outcome::Success);
+        failure.record(Outcome::Failure);
+        assert_eq!(r.acquire(&o).unwrap_err().reason, RejectReason::Isolated);
+        assert_eq!(r.snapshot()[0].consecutive_failures, 1);
+        r.reset(&o);
+        let held = r.acquire(&o).unwrap();
+        r.acquire(&o).unwrap().record(Outcome::Failure);
+        // Same generation: a success acquired before the failure and recorded after it
+        // resets the count, as it did before the lock-free path.
+        held.record(Outcome::Success);
+        assert_eq!(r.snapshot()[0].consecutive_failures, 0);
+        assert_eq!(r.snapshot()[0].trips, 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn lock_free_use_keeps_the_least_recently_used_order_of_eviction() {
+        let r = registry(3);
+        let (a, b, c, d, e) = (origin(1), origin(2), origin(3), origin(4), origin(5));
+        for o in [&a, &b, &c] {
+            r.acquire(o).unwrap().record(Outcome::Success);
+            tokio::time::advance(S).await;
+        }
+        // `a` used again (lock-free): `b` is now the least recently used.
+        r.acquire(&a).unwrap().record(Outcome::Success);
+        tokio::time::advance(S).await;
+        r.acquire(&d).unwrap().record(Outcome::Success);
+        assert_eq!(r.state(&b), None);
+        assert!([&a, &c, &d].iter().all(|o| r.state(o).is_some()));
+        tokio::time::advance(S).await;
+        // A permit dropped without an outcome (lock-free) still counts as a use.
+        drop(r.acquire(&c).unwrap());
+        tokio::time::advance(S).await;
+        r.acquire(&e).unwrap().record(Outcome::Neutral);
+        assert_eq!(r.state(&a), None);
+        assert!([&c, &d, &e].iter().all(|o| r.state(o).is_some()));
     }
 
     #[tokio::test(start_paused = true)]

@@ -16,7 +16,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::config::BreakerConfig;
-use super::policy::{Outcome, PolicyState};
+use super::policy::{Outcome, PolicyState, TripPolicy};
 
 pub use crate::error::BreakerState;
 
@@ -46,6 +46,28 @@ impl Ticket {
     /// Whether this attempt is a HalfOpen probe.
     pub fn is_probe(&self) -> bool {
         self.probe
+    }
+
+    /// The ticket [`Breaker::try_acquire`] hands out while Closed, for a breaker of
+    /// `generation` (the registry's lock-free path, which read the generation from the
+    /// word the breaker's [`Breaker::quiet_admission`] was published in).
+    pub(crate) fn closed(generation: u32) -> Ticket {
+        Ticket {
+            generation,
+            probe: false,
+        }
+    }
+
+    /// Whether [`Breaker::record`] of `outcome` with this ticket does nothing but note the
+    /// time in every state: a neutral outcome of a non-probe attempt (Closed policies
+    /// ignore neutral outcomes; in the other states only probes are counted).
+    pub(crate) fn never_counts(&self, outcome: Outcome) -> bool {
+        !self.probe && outcome == Outcome::Neutral
+    }
+
+    /// Whether [`Breaker::release`] of this ticket does nothing: it holds no probe slot.
+    pub(crate) fn holds_nothing(&self) -> bool {
+        !self.probe
     }
 }
 
@@ -313,6 +335,30 @@ impl Breaker {
     /// Requests turned away since the breaker was created.
     pub fn rejections(&self) -> u64 {
         self.rejections
+    }
+
+    /// The generation of the current state: a [`Ticket`] of another is stale.
+    pub(crate) fn generation(&self) -> u32 {
+        self.generation
+    }
+
+    /// Whether [`try_acquire`](Self::try_acquire) would, at any time from now until the
+    /// next change made through `&mut self`, do nothing but note the time and hand out
+    /// [`Ticket::closed`]`(generation)`: Closed, and no pause set (an ended pause still
+    /// set is cleared by the next `try_acquire`, so it is not quiet yet).
+    pub(crate) fn quiet_admission(&self) -> bool {
+        self.state == BreakerState::Closed && self.paused_until.is_none()
+    }
+
+    /// Whether [`record`](Self::record) of [`Outcome::Success`] with any non-probe ticket
+    /// would do nothing but note the time: Closed under the consecutive-failures policy
+    /// with no failure counted (a ticket of this generation resets a count of 0 to 0; one
+    /// of another generation is stale and not counted). The failure-ratio policy counts
+    /// every success in its window, so it is never quiet.
+    pub(crate) fn quiet_success(&self, config: &BreakerConfig) -> bool {
+        self.state == BreakerState::Closed
+            && matches!(config.policy, TripPolicy::ConsecutiveFailures { .. })
+            && self.policy.consecutive_failures() == 0
     }
 
     /// Whether the registry may forget this breaker at `now` without losing anything a

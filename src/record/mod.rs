@@ -63,14 +63,21 @@ mod tests {
         for attempt in 1..=3u64 {
             let cut = Instant::now() + Duration::from_secs(attempt);
             Inward::set_attempt(&mut ext, scope_at(cut));
-            assert_eq!(ext.len(), 2, "the deadline and one record, attempt {attempt}");
+            assert_eq!(
+                ext.len(),
+                2,
+                "the deadline and one record, attempt {attempt}"
+            );
             let taken = Inward::take_attempt(&mut ext).map(|s| s.cut);
             assert_eq!(taken, Some(Some(cut)));
             assert!(Inward::take_attempt(&mut ext).is_none(), "taken once");
             assert_eq!(ext.get::<Deadline>(), Some(&deadline));
         }
         Inward::end(&mut ext);
-        assert!(ext.is_empty(), "the handed-on deadline ends with the request");
+        assert!(
+            ext.is_empty(),
+            "the handed-on deadline ends with the request"
+        );
     }
 
     #[tokio::test(start_paused = true)]

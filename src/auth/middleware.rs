@@ -324,6 +324,7 @@ fn token_unavailable(
 impl BearerAuth {
     /// Whether this middleware attaches its token to `req`: one of its origins, and no
     /// `Authorization` header of the caller's.
+    #[inline]
     fn attaches_to(&self, req: &Request, handover: &Handover<'_>) -> bool {
         !req.headers().contains_key(header::AUTHORIZATION)
             && handover
@@ -377,13 +378,16 @@ impl Stage for BearerAuth {
     ) -> impl Future<Output = reqwest_middleware::Result<Response>> + Send + 'a {
         async move {
             let owner = handover.enter(extensions, "BearerAuth", false, req.url())?;
-            if !self.attaches_to(&req, &handover) {
+            // In the composed stack `TokenFirst` decided, outside the breaker and the
+            // limiter, and fetched the token; used alone, this stage does both.
+            let handed = handover.token();
+            let composed = handover.composed();
+            if handed.is_none() && (composed || !self.attaches_to(&req, &handover)) {
                 return owner
                     .poll_as(next, |next| next.run(req, extensions, handover))
                     .await;
             }
-            // Fetched outside the breaker and the limiter (`TokenFirst`), or here.
-            let token = match handover.token() {
+            let token = match handed {
                 Some(token) => Cow::Borrowed(token),
                 None => match self.manager.token().await {
                     Ok(token) => Cow::Owned(token),

@@ -338,6 +338,7 @@ impl Stage for CircuitBreakerMiddleware {
 impl CircuitBreakerMiddleware {
     /// The gate: the origin's breaker admits the attempt, or turns it away (after waiting
     /// out a pause, when it may).
+    #[inline]
     async fn admit<'a>(
         &'a self,
         origin: &'a Origin,
@@ -356,6 +357,7 @@ impl CircuitBreakerMiddleware {
     }
 
     /// Counts the outcome of an attempt that ran to its end with the breaker's permit.
+    #[inline]
     fn record_outcome(
         &self,
         permit: BreakerPermit<'_>,
@@ -409,6 +411,7 @@ enum Held<'p> {
 impl<'p> Held<'p> {
     /// Holds an admitted attempt's permit under its cut: the earlier of the request's
     /// [`Deadline`] and the retry middleware's attempt timeout.
+    #[inline]
     fn under_cut(
         permit: BreakerPermit<'p>,
         scope: AttemptScope,
@@ -433,6 +436,7 @@ impl<'p> Held<'p> {
     }
 
     /// When the attempt is cut (`None`: never).
+    #[inline]
     fn cut(&self) -> Option<Instant> {
         match self {
             Held::Uncut(_) => None,
@@ -442,6 +446,7 @@ impl<'p> Held<'p> {
 
     /// The attempt's result, and the permit to count it with (`None` when the cut
     /// counted it already, or it has nothing to count).
+    #[inline]
     fn end(
         self,
         outcome: Result<reqwest_middleware::Result<Response>, Elapsed>,

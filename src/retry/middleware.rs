@@ -620,6 +620,7 @@ struct Stopped {
 impl<'a> RequestRun<'a> {
     /// Sets the request up: the deadline handed inward, the loop's state, the deposits in
     /// the retry and hedge budgets.
+    #[inline]
     fn begin(
         config: &'a Config,
         req: &Request,
@@ -658,7 +659,7 @@ impl<'a> RequestRun<'a> {
             state,
             not_processed_retries: 0,
             handed_on,
-            transport_installed: handover.transport_installed(),
+            transport_installed: handover.composed(),
         }
     }
 
@@ -666,6 +667,7 @@ impl<'a> RequestRun<'a> {
     /// cleared of the previous attempt's evidence. The request is a copy of the `kept`
     /// one when a retry is still possible, else the kept one itself (`None` when it was
     /// sent already).
+    #[inline]
     fn prepare(
         &self,
         kept: &mut Option<Request>,
@@ -693,6 +695,7 @@ impl<'a> RequestRun<'a> {
 
     /// The hedged round this attempt runs as, when hedges are left, the request has an
     /// origin and its body can be copied.
+    #[inline]
     fn hedged_round(
         &self,
         prepared: &PreparedAttempt,
@@ -729,6 +732,7 @@ impl<'a> RequestRun<'a> {
     }
 
     /// Starts a plain attempt, cut at the deadline or its attempt timeout.
+    #[inline]
     fn start_attempt<'s, N: RestOfStack + 's>(
         &'s self,
         next: &N,
@@ -759,6 +763,7 @@ impl<'a> RequestRun<'a> {
 
     /// Decides after the attempt (and the `hedges` its round sent): a retry (possible
     /// only when the request was `kept` for it), or a stop.
+    #[inline]
     fn decide(
         &mut self,
         result: &reqwest_middleware::Result<Response>,
@@ -815,6 +820,7 @@ impl<'a> RequestRun<'a> {
     }
 
     /// The request's result, with its [`RetryOutcome`].
+    #[inline]
     fn finish(
         &self,
         result: reqwest_middleware::Result<Response>,
@@ -836,6 +842,7 @@ impl<'a> RequestRun<'a> {
 /// Hands the configured total deadline inward as a [`Deadline`] when the request has none:
 /// the middlewares inside (the breaker waiting out a pause) honour the same deadline; it
 /// ends with the request ([`finish`]). Whether it did.
+#[inline]
 fn hand_on_deadline(config: &Config, extensions: &mut Extensions) -> bool {
     let handed_on = match (extensions.get::<Deadline>(), config.deadline) {
         (None, Some(total)) => Instant::now().checked_add(total),

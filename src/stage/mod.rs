@@ -80,9 +80,10 @@ impl<'a> Handover<'a> {
         Handover { spare, ..self }
     }
 
-    /// Whether the stack installed the transport step; `false` when not known (a stage
-    /// used alone cannot see what is inside its `Next`).
-    pub(crate) fn transport_installed(&self) -> bool {
+    /// Whether the stages run inside the composed stack, which installed the transport
+    /// step and every stage it has (`TokenFirst` outside `BearerAuth`); `false` for a
+    /// stage used alone, which cannot see what is inside its `Next`.
+    pub(crate) fn composed(&self) -> bool {
         self.composed
     }
 

@@ -323,7 +323,7 @@ impl Stage for CircuitBreakerMiddleware {
                 Ok(permit) => permit,
                 Err(rejection) => return Err(reject(&origin, rejection, extensions)),
             };
-            let held = Held::under_cut(permit, scope, extensions);
+            let held = Held::under_cut(permit, scope, extensions, handover.composed());
             let sent = owner.poll_as(next, |next| next.run(req, extensions, handover));
             let outcome = CutAt::new(sent, held.cut()).await;
             let (result, permit) = held.end(outcome, extensions, &origin);
@@ -416,10 +416,13 @@ impl<'p> Held<'p> {
         permit: BreakerPermit<'p>,
         scope: AttemptScope,
         extensions: &mut Extensions,
+        composed: bool,
     ) -> Self {
         // Evidence left by an earlier attempt would otherwise be read as this one's when
-        // no transport step runs inside.
-        extensions.remove::<RequestEvidence>();
+        // no transport step runs inside (the composed stack always has one).
+        if !composed {
+            extensions.remove::<RequestEvidence>();
+        }
         let deadline = extensions.get::<Deadline>().map(|d| d.0);
         match earlier(deadline, scope.cut) {
             None => Held::Uncut(permit),

@@ -180,8 +180,10 @@ impl Stage for ConcurrencyLimit {
                 Admission::Rejected(rejection) => return Err(rejected(rejection, extensions)),
             };
             // Evidence left by an earlier attempt would otherwise be read as this one's when
-            // no transport step runs inside.
-            extensions.remove::<RequestEvidence>();
+            // no transport step runs inside (the composed stack always has one).
+            if !handover.composed() {
+                extensions.remove::<RequestEvidence>();
+            }
             let result = owner
                 .poll_as(next, |next| next.run(req, extensions, handover))
                 .await;

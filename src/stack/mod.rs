@@ -10,6 +10,14 @@
 //!   outside the breaker).
 //! - **Breaker outside `BearerAuth`**: it sees the outcome *after* a `401` was healed by a
 //!   refresh and a replay, so a routine token expiry does not count against the server.
+//! - **The token before the breaker and the limiter**: the stack fetches an attempt's
+//!   bearer token before the breaker and the concurrency limit admit it, so a request
+//!   waiting for its token holds no half-open probe slot and no limiter permit (a token
+//!   source that fetches from the same origin through the same breaker registry would
+//!   otherwise be refused by the probe its own request holds). A request that gets no
+//!   token is `NotSent` / `TokenUnavailable` and never reaches them. Used alone,
+//!   `BearerAuth` fetches where it stands: under a `CircuitBreakerMiddleware` of yours,
+//!   its token wait holds the breaker's permit.
 //! - **`TransportEvidence` innermost**: only there is the raw `reqwest::Error` seen before
 //!   anything interprets it. It is always installed: every decision above reads it.
 //!
@@ -24,11 +32,13 @@
 //! events, in the [`RequestEvidence`] and in the history. Around the stack it gives one
 //! `client` span per call instead (this crate's span, `internal`, then nests inside it).
 //! The stack is installed as one middleware whose stages are nested at compile time
-//! (`src/stack/compose.rs`): one boxed future per request for all of them (and one per attempt
-//! below the retry loop) instead of one per layer, the origin worked out once per
-//! logical request, and `BearerAuth` replaying a `401` from the retry's spare copy of the
-//! request. With a [`per_attempt`](Resilience::per_attempt) middleware, the transport
-//! step follows it as a middleware of its own.
+//! (`src/stack/compose.rs`, over the stage vocabulary of `src/stage/`): one boxed future
+//! per request for all of them (and one per attempt below the retry loop) instead of one
+//! per layer, the origin worked out once per logical request, the bearer token fetched
+//! before the breaker and the limiter admit an attempt, and `BearerAuth` replaying a
+//! `401` from the retry's copy of the request. With a
+//! [`per_attempt`](Resilience::per_attempt) middleware, the transport step follows it as
+//! a middleware of its own.
 //!
 //! A middleware cannot be added with `.with()` *after* the stack (the [`StackBuilder`]
 //! has no `.with()`): it would land inside the transport step.

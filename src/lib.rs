@@ -132,30 +132,28 @@
 //!
 //! # Architecture: the layers
 //!
-//! A module imports only the modules below it (CI checks it with `module-graph`, and that
-//! no function is over 80 lines). The stages are the middlewares' logic; the stack on top
-//! nests them. The per-request state they leave in a request's `http::Extensions` lives
+//! A module imports only the modules below it; CI checks it (`module-graph`: no loop
+//! between modules or between the files of one) and that no function is over 80 lines.
+//! The stages are the middlewares' logic, and none imports another: they meet only in the
+//! layers below them (the per-request state, the stage vocabulary) and in the stack
+//! above them. The per-request state they leave in a request's `http::Extensions` lives
 //! in one crate-private module, `record`, with the one function that clears it, and is
-//! re-exported where users read it (`evidence`, `retry`, `breaker`).
+//! re-exported where users read it ([`evidence`], [`retry`], [`breaker`]).
 //!
 //! ```text
-//! stack            Resilience, the composed stack (one middleware for every stage)
-//!   │
-//! retry    limit   the retry loop (+ attempt timeout, hedging) · the concurrency limit
-//!   │        │
-//! breaker  auth    per-origin breakers and pauses · bearer tokens (TokenFirst, BearerAuth)
-//!   │        │
-//! evidence         the transport step (TransportEvidence) and the error classifier
-//!   │
-//! stage            the stage vocabulary: a stage, the rest of the stack it runs, what the
-//!   │              stages outside hand inward, request ownership, the placement checks
-//! metrics backoff  instruments · delays
-//!   │
-//! error            ResilienceError and the typed errors (token, retry, stack, breaker state)
-//!   │
-//! record redirect  per-request state: evidence, history, decisions, the keys stages
-//!   │              hand inward, their clearing · redirect proof
-//! origin token retry_after misconfig sync   the ground: keys, tokens, parsers, reports
+//! 6  stack                       Resilience; the composed stack (one middleware, the stages nested)
+//! 5  retry breaker limit auth evidence
+//!                                the stages: the retry loop (+ attempt timeout, hedging), the
+//!                                per-origin breakers and pauses, the concurrency limit, bearer
+//!                                tokens (TokenFirst, BearerAuth), the transport step + classifier
+//! 4  stage metrics backoff       the stage vocabulary (a stage, the rest of the stack it runs,
+//!                                what the stages outside hand inward, request ownership, the
+//!                                placement checks) · instruments · delays
+//! 3  error                       ResilienceError and every typed error it carries
+//! 2  record redirect             the per-request state (evidence, history, decisions, what a
+//!                                stage hands inward) and its clearing · the redirect proof
+//! 1  origin token retry_after misconfig sync
+//!                                origins, tokens and their source, parsers, reports
 //! ```
 //!
 //! # Feature flags

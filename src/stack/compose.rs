@@ -6,10 +6,15 @@ use http::Extensions;
 use reqwest::Request;
 use reqwest_middleware::{Middleware, Next};
 
-use crate::stage::{BoxedWhenPresent, Handled, Handover, Nested, RestOfStack, RetrySlot};
+use crate::stage::{
+    Absent, BoxedWhenPresent, Handled, Handover, Nested, RestOfStack, RetrySlot, Stage,
+};
 
 /// The whole stack as one middleware: the stages [`Resilience`](super::Resilience) chose,
-/// outermost first, each one left out being `None`.
+/// outermost first, each one left out being `None`. `T` is the token fetch before the
+/// breaker and the limiter: [`TokenFirst`](crate::auth::TokenFirst) with a bearer, else
+/// [`Absent`], which costs a stack without a bearer nothing (as an `Option` the left-out
+/// fetch's slot would still size every attempt's future: stage cost rule 4).
 ///
 /// # Cancel safety
 ///
@@ -18,12 +23,12 @@ use crate::stage::{BoxedWhenPresent, Handled, Handover, Nested, RestOfStack, Ret
 /// and the clean-up of what an earlier request left in the caller's extensions) runs as
 /// its future is made, so a future dropped before its first poll has done only that:
 /// nothing was sent, counted or taken.
-pub(crate) struct Composed {
+pub(crate) struct Composed<T> {
     pub(crate) observer: BoxedWhenPresent<super::RequestObserver>,
     pub(crate) retry: RetrySlot<crate::retry::RetryMiddleware>,
     /// `BearerAuth`'s token fetch, before the breaker and the limiter: a request waits for
     /// its token before it takes a half-open probe slot or a limiter permit.
-    pub(crate) token_first: Option<crate::auth::TokenFirst>,
+    pub(crate) token_first: T,
     pub(crate) breaker: Option<crate::breaker::CircuitBreakerMiddleware>,
     pub(crate) limit: Option<crate::limit::ConcurrencyLimit>,
     pub(crate) bearer: Option<crate::auth::BearerAuth>,
@@ -32,7 +37,22 @@ pub(crate) struct Composed {
     pub(crate) transport: Option<crate::evidence::TransportEvidence>,
 }
 
-impl Composed {
+impl Composed<Absent> {
+    /// The same stack with `token_first` fetching the bearer token.
+    pub(crate) fn with_token_first<T>(self, token_first: T) -> Composed<T> {
+        Composed {
+            observer: self.observer,
+            retry: self.retry,
+            token_first,
+            breaker: self.breaker,
+            limit: self.limit,
+            bearer: self.bearer,
+            transport: self.transport,
+        }
+    }
+}
+
+impl<T> Composed<T> {
     /// The stage that checks its place for the whole stack: the outermost one that
     /// would check it when used alone (so a misplaced stack names the same middleware).
     fn checked_as(&self) -> (&'static str, bool) {
@@ -48,7 +68,7 @@ impl Composed {
     }
 }
 
-impl Middleware for Composed {
+impl<T: Stage + 'static> Middleware for Composed<T> {
     fn handle<'life0, 'life1, 'life2, 'async_trait>(
         &'life0 self,
         req: Request,

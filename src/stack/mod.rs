@@ -504,18 +504,24 @@ impl Resilience {
         } else {
             (None, Some(transport))
         };
-        let mut builder = builder.with(compose::Composed {
+        let composed = compose::Composed {
             observer: crate::stage::BoxedWhenPresent(RequestObserver::new(
                 self.on_attempt,
                 self.span_url_query,
             )),
             retry: crate::stage::RetrySlot(retry),
-            token_first: self.bearer.clone().map(crate::auth::TokenFirst),
+            token_first: crate::stage::Absent,
             breaker,
             limit,
-            bearer: self.bearer,
+            bearer: self.bearer.clone(),
             transport: inner_transport,
-        });
+        };
+        let mut builder = match self.bearer {
+            Some(bearer) => {
+                builder.with(composed.with_token_first(crate::auth::TokenFirst(bearer)))
+            }
+            None => builder.with(composed),
+        };
         for middleware in self.per_attempt {
             builder = builder.with_arc(middleware);
         }

@@ -235,6 +235,23 @@ pub(crate) trait Stage: Send + Sync {
     ) -> impl Future<Output = reqwest_middleware::Result<Response>> + Send + 'a;
 }
 
+/// A stage the composed stack leaves out by type: the request goes straight inside, and
+/// its slot costs nothing (unlike `None`, whose `Option` is as large as the stage's
+/// future).
+pub(crate) struct Absent;
+
+impl Stage for Absent {
+    fn serve<'a, N: RestOfStack + 'a>(
+        &'a self,
+        req: Request,
+        extensions: &'a mut Extensions,
+        handover: Handover<'a>,
+        next: N,
+    ) -> impl Future<Output = reqwest_middleware::Result<Response>> + Send + 'a {
+        next.run(req, extensions, handover)
+    }
+}
+
 /// A stage that may be left out: without it the request goes straight inside.
 impl<S: Stage> Stage for Option<S> {
     fn serve<'a, N: RestOfStack + 'a>(

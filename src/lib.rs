@@ -90,7 +90,7 @@
 //! | breaker open | 30 s, then 1 half-open probe | the seed ADR; Polly v8 breaks for 5 s, resilience4j for 60 s with 10 half-open calls |
 //! | breaker scope | one per origin `scheme://host:port`, at most 10 000 origins | RFC 6454 origin |
 //! | breaker failures | 5xx, 401, 429, transport failures; other 4xx neutral | a caller's bug must not trip a shared breaker |
-//! | server pause | a `429`/`503` with `Retry-After` pauses the origin for every caller of the registry | |
+//! | server pause | a `429`/`503` with `Retry-After` pauses the origin for every caller of the registry, at most `max_pause` (60 s); a request waits at most `max_pause` in all per attempt, however often servers extend the pause, then fails `Paused` (`NotSent`) | the cap keeps a server from parking a client |
 //! | token refresh | 5 min before expiry (at most half the lifetime), one fetch at a time | |
 //! | concurrency limit | off; when on: adaptive ([`limit::Gradient`]: initial 20, min 4, max 1 000), no wait queue | Netflix concurrency-limits |
 //!

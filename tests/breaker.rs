@@ -1065,3 +1065,35 @@ fn a_pause_or_isolation_stops_every_lock_free_acquire_that_starts_after_it() {
         assert!(snap[0].rejections >= 1);
     }
 }
+
+/// A waiting caller is not parked past `max_pause` by pauses that keep being extended (a
+/// hostile server answering other callers `429 Retry-After: 1` every 0.9 s): its whole
+/// wait is bounded by the cap, then it gets the pause's rejection, unsent.
+#[tokio::test(start_paused = true)]
+async fn a_waiting_caller_waits_at_most_max_pause_however_often_the_pause_is_extended() {
+    let server = FaultServer::always(Action::ok("ok")).await;
+    let reg = registry(BreakerConfig::default().max_pause(S));
+    let c = client(&reg);
+    let o = origin(&server);
+    assert_eq!(reg.pause(&o, S), S);
+    let extender = tokio::spawn({
+        let (reg, o) = (reg.clone(), o.clone());
+        async move {
+            for _ in 0..20 {
+                tokio::time::sleep(900 * MS).await;
+                reg.pause(&o, S);
+            }
+        }
+    });
+    let t0 = Instant::now();
+    let (result, ext) = get(&c, &server.url("/"), Extensions::new()).await;
+    assert_eq!(t0.elapsed(), S, "the cap, not the 20 extensions");
+    // At 1 s the pause (extended at 0.9 s) has 0.9 s left.
+    assert!(matches!(
+        breaker_error(&result),
+        ResilienceError::Paused { retry_in, .. } if *retry_in == 900 * MS
+    ));
+    assert_rejected_locally(&ext, FailureKind::Paused, Some(900 * MS));
+    assert_eq!(server.requests_seen(), 0);
+    extender.abort();
+}

@@ -12,7 +12,12 @@ const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
 #[non_exhaustive]
 pub enum PauseMode {
     /// Sleep until the pause ends, then go on; fail fast instead when the pause would
-    /// end after the request's [`Deadline`](super::Deadline).
+    /// end after the request's [`Deadline`](super::Deadline). One attempt waits for
+    /// pauses at most [`max_pause`](BreakerConfig::max_pause) in all, however often other
+    /// responses extend the pause meanwhile: past that it fails with
+    /// [`ResilienceError::Paused`] (`NotSent`, `retry_in` the pause's time left), like
+    /// `FailFast`. A retry after that rejection is an attempt like any other: it spends
+    /// one of the retry middleware's retries.
     #[default]
     Wait,
     /// Fail at once with [`ResilienceError::Paused`] (and `NotSent` evidence).
@@ -80,7 +85,8 @@ pub struct BreakerConfig {
     /// probes are all taken: the probe's answer is usually due within it (default 1 s).
     pub half_open_retry_in: Duration,
     /// The longest server-directed pause honoured; a longer `Retry-After` is clamped to
-    /// it (default 60 s, as the retry middleware).
+    /// it (default 60 s, as the retry middleware). Also the longest one attempt waits for
+    /// pauses in [`PauseMode::Wait`], however often they are extended.
     pub max_pause: Duration,
     /// What a request does while its origin is paused (default [`PauseMode::Wait`]).
     pub pause_mode: PauseMode,

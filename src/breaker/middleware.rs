@@ -155,17 +155,19 @@ impl CircuitBreakerMiddleware {
         mut rejection: BreakerRejection,
     ) -> Result<BreakerPermit<'a>, BreakerRejection> {
         // Each pass sleeps until the pause it saw ends, so this only goes round again
-        // while servers keep extending the pause (and a deadline bounds that).
+        // while servers keep extending the pause: the caller's whole wait is bounded by
+        // `max_pause` (and its deadline), whatever the servers answer; past it the pause's
+        // rejection is returned.
+        let config = self.registry.config();
+        let end_of_wait = Instant::now().checked_add(config.max_pause);
         loop {
-            if let (RejectReason::Paused, Some(wait), PauseMode::Wait) = (
-                rejection.reason,
-                rejection.retry_in,
-                self.registry.config().pause_mode,
-            ) {
-                let deadline = extensions.get::<Deadline>().map(|d| d.0);
+            if let (RejectReason::Paused, Some(wait), PauseMode::Wait) =
+                (rejection.reason, rejection.retry_in, config.pause_mode)
+            {
+                let deadline = earlier(extensions.get::<Deadline>().map(|d| d.0), end_of_wait);
                 let fits = deadline.is_none_or(|d| Instant::now() + wait <= d);
                 if fits {
-                    // Spread over a short window after the pause, never past the deadline.
+                    // Spread over a short window after the pause, never past the bound.
                     let spread = super::spread_after_pause(wait);
                     let wake = Instant::now() + spread;
                     tokio::time::sleep_until(deadline.map_or(wake, |d| wake.min(d))).await;

@@ -156,18 +156,11 @@ impl BearerAuth {
         &self.manager
     }
 
-    /// Whether a request to `url` gets the token (ignoring any header already present).
+    /// Whether a request to `url` gets the token (ignoring any header already present):
+    /// the middleware's own test, on the URL's [`Origin`] (so every spelling of a host the
+    /// middleware treats as one, an IPv4-mapped IPv6 address among them, answers alike).
     pub fn covers(&self, url: &Url) -> bool {
-        // Compared field by field so that it allocates nothing; the `url` crate already
-        // lower-cases the scheme and the host of http(s) URLs.
-        let (Some(host), Some(port)) = (url.host_str(), url.port_or_known_default()) else {
-            return false;
-        };
-        self.origins.iter().any(|o| {
-            o.port() == port
-                && o.scheme().eq_ignore_ascii_case(url.scheme())
-                && o.host().eq_ignore_ascii_case(host)
-        })
+        Origin::cached(url).is_some_and(|origin| self.covers_origin(&origin))
     }
 
     /// Whether requests to `origin` get the token: what the middleware asks, with the
@@ -605,6 +598,32 @@ mod tests {
             let url = Url::parse(u).unwrap();
             let by_origin = Origin::from_url(&url).is_ok_and(|o| auth.covers_origin(&o));
             assert_eq!(by_origin, auth.covers(&url), "{u}");
+        }
+    }
+
+    #[test]
+    fn covers_answers_as_the_middleware_for_every_spelling_of_an_ip_host() {
+        // `Origin` prints an IPv4-mapped IPv6 host `[::ffff:127.0.0.1]`, the `url` crate
+        // `[::ffff:7f00:1]`: compared as text they differ, as origins they are one.
+        let auth = BearerAuth::builder(manager())
+            .origin(Origin::parse("http://[::ffff:127.0.0.1]:8080").unwrap())
+            .origin(Origin::parse("https://[2001:DB8::1]").unwrap())
+            .allow_http()
+            .build()
+            .unwrap();
+        for (u, covered) in [
+            ("http://[::ffff:127.0.0.1]:8080/x", true),
+            ("http://[::ffff:7f00:1]:8080/x", true),
+            ("http://[0:0:0:0:0:ffff:7f00:1]:8080/x", true),
+            ("http://[::ffff:127.0.0.2]:8080/x", false),
+            ("http://127.0.0.1:8080/x", false),
+            ("https://[2001:db8:0::1]/x", true),
+            ("https://[2001:db8::1]:443/x", true),
+            ("https://[2001:db8::2]/x", false),
+        ] {
+            let url = Url::parse(u).unwrap();
+            let by_origin = Origin::from_url(&url).is_ok_and(|o| auth.covers_origin(&o));
+            assert_eq!((auth.covers(&url), by_origin), (covered, covered), "{u}");
         }
     }
 }

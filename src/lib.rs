@@ -102,8 +102,9 @@
 //! - A `send()` caller reads the history from the response:
 //!   [`AttemptHistory::of_response`].
 //! - Feature `tracing`: a span per logical request with OpenTelemetry's HTTP client
-//!   fields (`http.request.method`, `url.full` with credentials and by default the query's
-//!   values redacted, `url.scheme`, `server.address`, `server.port`,
+//!   fields (`http.request.method`, `url.full` with credentials, the fragment and by
+//!   default every query value redacted, exactly as
+//!   [`Resilience::span_url_query`] says, `url.scheme`, `server.address`, `server.port`,
 //!   `http.response.status_code`, `http.request.resend_count`, `error.type`), an event per
 //!   attempt, per retry decision and per breaker transition. The span is of kind
 //!   `internal`, the logical call: the `client` spans per wire request come from

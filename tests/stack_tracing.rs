@@ -278,3 +278,50 @@ async fn the_span_is_internal_with_url_full_redacting_credentials_and_query_valu
     }
     assert_eq!(server.requests_seen(), 2);
 }
+
+/// A query that is only a secret (`?sk_live_…`, an API key passed as the whole query: a key
+/// with no value to the query parser) is a value and never shows; nor does a key that does
+/// not read as a name.
+#[tokio::test(start_paused = true)]
+async fn url_full_redacts_a_query_that_is_only_a_secret_and_keys_that_are_not_names() {
+    let server = FaultServer::always(Action::ok("ok")).await;
+    let port = server.addr().port();
+    let long_key = "k".repeat(65);
+    let cases = [
+        ("?sk_live_51HxAbCdEf".to_string(), "?REDACTED".to_string()),
+        (
+            "?page=2&sk_live_51HxAbCdEf&&sort=asc".to_string(),
+            "?page=REDACTED&REDACTED&sort=REDACTED".to_string(),
+        ),
+        (
+            format!("?{long_key}=v&sk%5Flive=v&ids[]=1&a.b-c_d=x"),
+            "?REDACTED&REDACTED&ids[]=REDACTED&a.b-c_d=REDACTED".to_string(),
+        ),
+        ("?=only-a-value".to_string(), "?REDACTED".to_string()),
+    ];
+    for (query, expected) in cases {
+        let capture = Capture::default();
+        let _guard = tracing::subscriber::set_default(capture.clone());
+        let client = Resilience::new().build(plain_reqwest()).unwrap();
+        let url = format!("http://127.0.0.1:{port}/hook{query}");
+        let response = client.get(&url).send().await.unwrap();
+        assert_eq!(response.status(), 200);
+        let span = logical_span(&capture);
+        assert_eq!(
+            get(&span, "url.full"),
+            Some(format!("http://127.0.0.1:{port}/hook{expected}")),
+            "{query}"
+        );
+        // No span or event field of this crate's shows the secret.
+        let everything = format!(
+            "{:?}{:?}",
+            capture.spans.lock().unwrap(),
+            capture.events.lock().unwrap()
+        );
+        assert!(
+            !everything.contains("sk_live_51HxAbCdEf"),
+            "{query}: {everything}"
+        );
+    }
+    assert_eq!(server.requests_seen(), 4);
+}

@@ -418,10 +418,14 @@ impl Resilience {
         self
     }
 
-    /// With feature `tracing`: whether the span's `url.full` keeps the query's values
-    /// (default `false`: each value is `REDACTED`, the keys stay, as OpenTelemetry
-    /// recommends for values that may carry signatures or keys). Credentials in the URL are
-    /// always redacted. Without the feature it changes nothing.
+    /// With feature `tracing`: whether the span's `url.full` keeps the query as it is
+    /// (default `false`: every value is `REDACTED`, stricter than OpenTelemetry's
+    /// conventions, which redact the values of a few signature keys). Of each
+    /// `&`-separated component only the key of a `key=value` pair stays, when it reads as
+    /// a name (at most 64 ASCII letters, digits, `-`, `_`, `.`, `[`, `]`); a component
+    /// without `=` (a key passed as the whole query) or with any other key becomes
+    /// `REDACTED` whole. Credentials in the URL are always redacted, and the fragment is
+    /// never shown. Without the feature it changes nothing.
     pub fn span_url_query(mut self, keep: bool) -> Self {
         self.span_url_query = keep;
         self
@@ -836,7 +840,8 @@ mod observe {
     }
 
     /// `url` as `url.full` may show it: user name and password replaced by `REDACTED`
-    /// (OpenTelemetry's rule), the query's values too unless `keep_query`, no fragment.
+    /// (OpenTelemetry's rule), no fragment (it is never sent, and may carry a token), and
+    /// unless `keep_query` the query redacted by [`redacted_query`].
     pub(super) fn redacted(url: &url::Url, keep_query: bool) -> url::Url {
         let mut url = url.clone();
         url.set_fragment(None);
@@ -846,13 +851,40 @@ mod observe {
         if url.password().is_some() {
             let _ = url.set_password(Some("REDACTED"));
         }
-        if !keep_query && url.query().is_some_and(|q| !q.is_empty()) {
-            let keys: Vec<String> = url.query_pairs().map(|(k, _)| k.into_owned()).collect();
-            url.query_pairs_mut()
-                .clear()
-                .extend_pairs(keys.iter().map(|k| (k.as_str(), "REDACTED")));
+        if !keep_query && let Some(query) = url.query().filter(|q| !q.is_empty()) {
+            let query = redacted_query(query);
+            url.set_query(Some(&query));
         }
         url
+    }
+
+    /// The query with every value `REDACTED`: of each `&`-separated component, only the
+    /// key of a `key=value` pair is kept, and only when it reads as a name (at most 64
+    /// ASCII letters, digits, `-`, `_`, `.`, `[`, `]`). A component without `=` is a
+    /// value (`?sk_live_51Hx…`, a key passed as the whole query) and so is a key that
+    /// does not read as a name: either becomes `REDACTED` whole. Empty components go.
+    pub(super) fn redacted_query(query: &str) -> String {
+        let is_name = |key: &str| {
+            !key.is_empty()
+                && key.len() <= 64
+                && key
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"-_.[]".contains(&b))
+        };
+        let mut out = String::with_capacity(query.len());
+        for component in query.split('&').filter(|c| !c.is_empty()) {
+            if !out.is_empty() {
+                out.push('&');
+            }
+            match component.split_once('=') {
+                Some((key, _)) if is_name(key) => {
+                    out.push_str(key);
+                    out.push_str("=REDACTED");
+                }
+                _ => out.push_str("REDACTED"),
+            }
+        }
+        out
     }
 
     /// A decision as one event field ("retry: …" / "stop: …"), formatted only when a

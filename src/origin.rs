@@ -107,7 +107,11 @@ pub enum OriginError {
     NoHost,
     /// The scheme has no default port and the URL names none.
     NoPort,
-    /// The origin is longer than this crate keeps (more than 64 KiB).
+    /// The origin is longer than a real one can be, and this crate keeps none such (in
+    /// a breaker, limiter or hedge-latency registry): a host over
+    /// [`MAX_HOST_LEN`](Origin::MAX_HOST_LEN) bytes or a scheme over
+    /// [`MAX_SCHEME_LEN`](Origin::MAX_SCHEME_LEN). A request to such a URL goes through
+    /// the stack as one without an origin: no breaker, no limit, no bearer token.
     TooLong,
 }
 
@@ -117,7 +121,13 @@ impl fmt::Display for OriginError {
             OriginError::InvalidUrl(e) => write!(f, "not a valid URL: {e}"),
             OriginError::NoHost => f.write_str("the URL has no host"),
             OriginError::NoPort => f.write_str("the URL has no port and its scheme has no default"),
-            OriginError::TooLong => f.write_str("the origin is longer than 64 KiB"),
+            OriginError::TooLong => write!(
+                f,
+                "the origin is longer than a real one can be (a host over {} bytes or a \
+                 scheme over {})",
+                Origin::MAX_HOST_LEN,
+                Origin::MAX_SCHEME_LEN
+            ),
         }
     }
 }
@@ -125,6 +135,14 @@ impl fmt::Display for OriginError {
 impl std::error::Error for OriginError {}
 
 impl Origin {
+    /// The longest host an origin has: a DNS name is at most 253 characters (RFC 1035
+    /// §2.3.4), 254 with a trailing dot; an IP address is shorter. A longer host (a URL a
+    /// hostile party chose, say) has no origin, so that no registry keeps its text.
+    pub const MAX_HOST_LEN: usize = 255;
+
+    /// The longest scheme an origin has (`https`, `wss` and the like are short).
+    pub const MAX_SCHEME_LEN: usize = 32;
+
     /// The origin of a parsed URL.
     pub fn from_url(url: &reqwest::Url) -> Result<Origin, OriginError> {
         use fmt::Write as _;
@@ -134,6 +152,12 @@ impl Origin {
         }
         let port = url.port_or_known_default().ok_or(OriginError::NoPort)?;
         let scheme = url.scheme();
+        let too_long = |h: &str| h.len() > Origin::MAX_HOST_LEN;
+        if scheme.len() > Origin::MAX_SCHEME_LEN
+            || matches!(host, url::Host::Domain(d) if too_long(d))
+        {
+            return Err(OriginError::TooLong);
+        }
         let host_room = match host {
             url::Host::Domain(d) => d.len(),
             // "255.255.255.255" and "[ffff:…:ffff]".
@@ -159,9 +183,7 @@ impl Origin {
         };
         let host_end = text.len();
         let _ = write!(text, ":{port}");
-        if text.len() > u16::MAX as usize {
-            return Err(OriginError::TooLong);
-        }
+        // Within `u16` by the bounds above.
         Ok(Origin {
             scheme_len: scheme_len as u16,
             host_end: host_end as u16,
@@ -520,5 +542,44 @@ mod tests {
             Origin::parse("http://xn--bcher-kva.example/").map(|o| o.to_string()),
             Ok("http://xn--bcher-kva.example:80".to_string())
         );
+    }
+
+    /// A host of `len` bytes: labels of 63 letters joined by dots.
+    fn host_of(len: usize) -> String {
+        let mut host = String::new();
+        while host.len() < len {
+            if !host.is_empty() {
+                host.push('.');
+            }
+            let take = (len - host.len()).min(63);
+            host.push_str(&"a".repeat(take));
+        }
+        host
+    }
+
+    #[test]
+    fn a_host_longer_than_a_dns_name_or_a_long_scheme_has_no_origin() {
+        let longest = host_of(Origin::MAX_HOST_LEN);
+        assert_eq!(longest.len(), 255);
+        let origin = Origin::parse(&format!("https://{longest}/x")).unwrap();
+        assert_eq!(origin.host(), longest);
+        assert_eq!(
+            Origin::parse(&format!("https://{}/x", host_of(256))),
+            Err(OriginError::TooLong)
+        );
+        // 64 KiB of host, the size a hostile URL could make every registry keep.
+        assert_eq!(
+            Origin::parse(&format!("http://{}/", host_of(64 * 1024))),
+            Err(OriginError::TooLong)
+        );
+        let scheme = "s".repeat(Origin::MAX_SCHEME_LEN);
+        assert!(Origin::parse(&format!("{scheme}://host:1/")).is_ok());
+        assert_eq!(
+            Origin::parse(&format!("{scheme}x://host:1/")),
+            Err(OriginError::TooLong)
+        );
+        // IP hosts are short whatever their spelling.
+        assert!(Origin::parse("http://[0000:0000:0000:0000:0000:ffff:7f00:0001]:8080/").is_ok());
+        assert!(OriginError::TooLong.to_string().contains("255"));
     }
 }

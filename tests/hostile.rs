@@ -581,3 +581,54 @@ async fn a_401_after_a_redirect_to_another_covered_origin_does_not_refresh_the_t
     })
     .await;
 }
+
+/// A host no DNS name can be (here 300 bytes, resolved to the loopback server by the
+/// client itself) has no origin: the request goes through, and no breaker, limiter or
+/// bearer token keeps or sees its text, so a hostile URL cannot make a registry hold
+/// kilobytes per entry.
+#[tokio::test]
+async fn a_host_longer_than_any_dns_name_is_kept_by_no_registry() {
+    let server = FaultServer::always(Action::ok("ok")).await;
+    let label = "a".repeat(59);
+    let host = [label.as_str(); 5].join(".");
+    assert_eq!(host.len(), 299);
+    let client = reqwest::Client::builder()
+        .no_proxy()
+        .resolve(&host, server.addr())
+        .build()
+        .unwrap();
+    let breakers = BreakerRegistry::new(BreakerConfig::default()).unwrap();
+    let limits = reqwest_resilience::limit::LimiterRegistry::new(
+        reqwest_resilience::limit::LimiterConfig::fixed(8),
+    )
+    .unwrap();
+    let tokens = TokenManager::new(|| async { Ok::<_, std::io::Error>(AccessToken::new("t")) });
+    let auth = BearerAuth::builder(tokens.clone())
+        .origin(Origin::parse(&server.url("/")).unwrap())
+        .allow_http_on_loopback()
+        .build()
+        .unwrap();
+    let client = stack(
+        Resilience::new()
+            .breaker(breakers.clone())
+            .concurrency_limiter(limits.clone())
+            .bearer(auth),
+        client,
+    );
+    let url = format!("http://{host}:{}/long", server.addr().port());
+    assert!(Origin::parse(&url).is_err());
+    let (result, ext) = bounded(send(&client, client.get(&url))).await;
+    assert_eq!(result.unwrap().status(), 200);
+    let history = ext.get::<AttemptHistory>().unwrap().attempts();
+    assert_eq!(history.len(), 1);
+    assert_eq!(history[0].evidence.origin, None);
+    assert!(breakers.snapshot().is_empty());
+    assert!(limits.snapshot().is_empty());
+    let seen = server.requests();
+    assert_eq!(seen.len(), 1);
+    assert_eq!(
+        seen[0].header("authorization"),
+        None,
+        "no token for an origin-less URL"
+    );
+}

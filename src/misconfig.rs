@@ -21,15 +21,15 @@
 //! does not compile.
 //!
 //! Detection costs no allocation: while the retry middleware and the transport step poll
-//! the rest of a request, they note that request's extensions in the thread-local marks
-//! that also tell a request's owner (`src/stage/scope.rs`), and a middleware of this crate
-//! starting under them for the *same* extensions knows where it is. Another request made
-//! meanwhile (a token fetch through another resilient client) has extensions of its own and
-//! is not mistaken for a nested one. The stack that [`Resilience`](crate::Resilience)
-//! installs checks once, at its top, for all its stages (as the middleware the outermost of
-//! them is: `RetryMiddleware` when it has one), as its future is made; the marks are set
-//! while a middleware of this crate makes the future of a middleware inside it, so that
-//! check sees the same marks a poll would.
+//! the rest of a request, they record that request's extensions in what the thread is
+//! polling, the record that also tells a request's owner (`src/stage/scope.rs`), and a
+//! middleware of this crate starting there for the *same* extensions knows where it is.
+//! Another request made meanwhile (a token fetch through another resilient client) has
+//! extensions of its own and is not mistaken for a nested one. The stack that
+//! [`Resilience`](crate::Resilience) installs checks once, at its top, for all its stages
+//! (as the middleware the outermost of them is: `RetryMiddleware` when it has one), as its
+//! future is made; a middleware of this crate makes the future of a middleware inside it
+//! as it will poll it, so that check sees what a poll would.
 
 use std::fmt;
 use std::sync::Mutex;

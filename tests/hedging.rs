@@ -706,6 +706,22 @@ async fn a_hedge_refused_by_the_limiter_leaves_the_race_to_the_first_copy() {
         1,
         "the refused hedge's withdrawal is refunded"
     );
+
+    // The same through the composed stack.
+    let budget = RetryBudget::new(Duration::from_secs(10), 0, 1.0).unwrap();
+    let c = Resilience::new()
+        .breaker(reg.clone())
+        .concurrency_limit(LimiterConfig::fixed(1))
+        .hedging(Hedging::fixed(MS(50)).budget(budget.clone()))
+        .build(loopback_client())
+        .unwrap();
+    let sent = send(&c, c.get(server.url("/slow"))).await;
+    assert_eq!((sent.took, sent.history().len()), (MS(300), 1));
+    answered(&sent.history().attempts()[0], 1, MS(300));
+    assert_eq!(sent.body().await, "first");
+    assert_eq!(server.requests_seen(), 2);
+    assert_eq!(server.closed_by_client(), 0);
+    assert_eq!(budget.remaining(), 1);
 }
 
 #[tokio::test(start_paused = true)]

@@ -58,10 +58,11 @@ pub enum HedgeDelay {
 /// the [delay](HedgeDelay), another copy is sent, up to [`max_hedges`](Self::max_hedges)
 /// per logical request. An `Idempotency-Key` makes a *sequential* retry safe, not a
 /// concurrent duplicate (servers answer one that arrives while the original is processing
-/// `409 Conflict`), so it never makes a request hedged by itself. The first copy to come back with
-/// an outcome the retry decision would keep (a response it does not retry, or a permanent
-/// failure) wins; the others are dropped, which cancels them (an HTTP/1 connection is
-/// closed, an HTTP/2 stream reset). A copy that fails in a way the decision would retry
+/// `409 Conflict`), so it never makes a request hedged by itself.
+///
+/// The first copy to come back with an outcome the retry decision would keep (a response
+/// it does not retry, or a permanent failure) wins; the others are dropped, which cancels
+/// them (an HTTP/1 connection is closed, an HTTP/2 stream reset). A copy that fails in a way the decision would retry
 /// does not end the race while another copy is in flight; when it is the last, the retry
 /// loop decides as for any attempt, so one logical request sends at most
 /// `1 + max_retries + max_hedges` copies (copies, not wire requests: with `BearerAuth`

@@ -21,9 +21,9 @@
 //! | `reqwest_resilience.breaker.pauses` | counter | `origin` | each server `Retry-After` that started or extended a pause of its origin |
 //! | `reqwest_resilience.auth.token_fetches` | counter | — | each token fetch the [`TokenManager`](crate::TokenManager) made (successful or not) |
 //! | `reqwest_resilience.auth.token_failures` | counter | `kind`: `fetch`, `timeout`, `aborted`, `invalid_secret` | each fetch that gave no usable token |
-//! | `reqwest_resilience.hedge.sent` | counter | `origin` | each extra copy of a hedged request launched ([`Hedging`](crate::retry::Hedging)); those a breaker then turned away are also in `skipped` (`breaker`) |
+//! | `reqwest_resilience.hedge.sent` | counter | `origin` | each extra copy of a hedged request launched ([`Hedging`](crate::retry::Hedging)); those then refused on this side are also in `skipped` |
 //! | `reqwest_resilience.hedge.won` | counter | `origin` | each hedged request whose answer came from an extra copy |
-//! | `reqwest_resilience.hedge.skipped` | counter | `origin`, `reason`: `budget`, `breaker` | each hedge due but not sent: the hedge budget was spent, or a breaker or a pause refused it (its budget given back) |
+//! | `reqwest_resilience.hedge.skipped` | counter | `origin`, `reason`: `budget`, `breaker`, `limit`, `token`, `local` | each hedge due but not sent: the hedge budget was spent, or it was refused on this side (its budget given back) by a breaker or a pause, the concurrency limit, for want of a bearer token, or by a misconfigured stack |
 //! | `reqwest_resilience.limiter.limit` | gauge | `origin` | the origin's current concurrency limit, set on each change ([`limit`](crate::limit)) |
 //! | `reqwest_resilience.limiter.in_flight` | gauge | `origin` | attempts holding a permit, set on each acquire and release |
 //! | `reqwest_resilience.limiter.rejections` | counter | `origin` | each attempt the limiter turned away unsent |
@@ -99,7 +99,7 @@ mod enabled {
         describe_counter!(HEDGES_WON, "Hedged requests answered by an extra copy");
         describe_counter!(
             HEDGES_SKIPPED,
-            "Hedges due but not sent (hedge budget spent, or refused by a breaker or a pause)"
+            "Hedges due but not sent (hedge budget spent, or refused locally)"
         );
     }
 

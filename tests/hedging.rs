@@ -86,8 +86,17 @@ impl Sent {
 }
 
 async fn send(c: &ClientWithMiddleware, req: reqwest_middleware::RequestBuilder) -> Sent {
+    send_with(c, req, Extensions::new()).await
+}
+
+/// `send` with the caller's extensions (a builder's `with_extension` does not survive
+/// `build()`).
+async fn send_with(
+    c: &ClientWithMiddleware,
+    req: reqwest_middleware::RequestBuilder,
+    mut ext: Extensions,
+) -> Sent {
     let req = req.build().unwrap();
-    let mut ext = Extensions::new();
     let t0 = Instant::now();
     let result = tokio::time::timeout(
         Duration::from_secs(3600),
@@ -643,5 +652,300 @@ async fn each_hedged_copy_has_its_own_attempt_timeout_and_each_cut_is_a_breaker_
         reg.snapshot()[0].consecutive_failures,
         3,
         "every cut counted once"
+    );
+}
+
+fn limited_client(
+    retry: RetryMiddleware,
+    registry: &BreakerRegistry,
+    limits: &reqwest_resilience::limit::LimiterRegistry,
+) -> ClientWithMiddleware {
+    ClientBuilder::new(loopback_client())
+        .with(retry)
+        .with(CircuitBreakerMiddleware::new(registry.clone()))
+        .with(reqwest_resilience::limit::ConcurrencyLimit::new(
+            limits.clone(),
+        ))
+        .with(TransportEvidence::new())
+        .build()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_hedge_refused_by_the_limiter_leaves_the_race_to_the_first_copy() {
+    use reqwest_resilience::limit::{LimiterConfig, LimiterRegistry};
+    let server = FaultServer::always(slow(300, "first")).await;
+    let reg = registry(5);
+    let limits = LimiterRegistry::new(LimiterConfig::fixed(1)).unwrap();
+    // One hedge per request: what is refunded shows in `remaining`.
+    let budget = RetryBudget::new(Duration::from_secs(10), 0, 1.0).unwrap();
+    let c = limited_client(
+        exact_retry()
+            .hedging(Hedging::fixed(MS(50)).budget(budget.clone()))
+            .build()
+            .unwrap(),
+        &reg,
+        &limits,
+    );
+
+    let sent = send(&c, c.get(server.url("/slow"))).await;
+    // The hedge at 50 ms found the only permit taken: it sent nothing, so the first
+    // copy, not the limiter's refusal, is the answer.
+    assert_eq!(sent.took, MS(300));
+    assert_eq!(sent.history().len(), 1);
+    answered(&sent.history().attempts()[0], 1, MS(300));
+    assert_eq!(sent.outcome().attempts, 1);
+    assert_eq!(sent.body().await, "first");
+    assert_eq!(server.requests_seen(), 1);
+    assert_eq!(
+        server.closed_by_client(),
+        0,
+        "the first copy was not cancelled"
+    );
+    assert_eq!(
+        budget.remaining(),
+        1,
+        "the refused hedge's withdrawal is refunded"
+    );
+
+    // The same through the composed stack.
+    let budget = RetryBudget::new(Duration::from_secs(10), 0, 1.0).unwrap();
+    let c = Resilience::new()
+        .breaker(reg.clone())
+        .concurrency_limit(LimiterConfig::fixed(1))
+        .hedging(Hedging::fixed(MS(50)).budget(budget.clone()))
+        .build(loopback_client())
+        .unwrap();
+    let sent = send(&c, c.get(server.url("/slow"))).await;
+    assert_eq!((sent.took, sent.history().len()), (MS(300), 1));
+    answered(&sent.history().attempts()[0], 1, MS(300));
+    assert_eq!(sent.body().await, "first");
+    assert_eq!(server.requests_seen(), 2);
+    assert_eq!(server.closed_by_client(), 0);
+    assert_eq!(budget.remaining(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn concurrent_gets_at_the_limit_all_succeed_and_their_refused_hedges_are_refunded() {
+    use reqwest_resilience::limit::{LimiterConfig, LimiterRegistry};
+    const N: usize = 4;
+    let server = FaultServer::always(slow(300, "first")).await;
+    let reg = registry(5);
+    let limits = LimiterRegistry::new(LimiterConfig::fixed(N as u32)).unwrap();
+    let budget = RetryBudget::new(Duration::from_secs(10), 0, 1.0).unwrap();
+    let c = limited_client(
+        exact_retry()
+            .hedging(Hedging::fixed(MS(50)).budget(budget.clone()))
+            .build()
+            .unwrap(),
+        &reg,
+        &limits,
+    );
+
+    let runs = (0..N).map(|i| {
+        let c = c.clone();
+        let url = server.url(&format!("/slow/{i}"));
+        async move { send(&c, c.get(url)).await }
+    });
+    let all = futures_util::future::join_all(runs).await;
+    for sent in all {
+        assert_eq!(sent.took, MS(300));
+        assert_eq!(sent.history().len(), 1);
+        assert_eq!(sent.outcome().attempts, 1);
+        assert_eq!(sent.body().await, "first");
+    }
+    assert_eq!(server.requests_seen(), N);
+    // Every hedge was refused and refunded: the next N requests can each send one.
+    assert_eq!(budget.remaining(), N as u64);
+}
+
+/// A server that implements concurrent-duplicate detection as real ones do: a request
+/// arriving while an identical one (method, path, and `Idempotency-Key`) is still being
+/// processed (300 ms) is answered at once with `conflict` (409 for a keyed POST, 404
+/// for a DELETE whose original is deleting, 412 for a conditional PUT whose original is
+/// changing the validator); otherwise the request is processed and answered 200.
+async fn duplicate_detecting() -> FaultServer {
+    let busy: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
+    FaultServer::start(move |_, req: &RecordedRequest| {
+        let key = format!(
+            "{} {} {:?}",
+            req.method,
+            req.path,
+            req.header("idempotency-key")
+        );
+        let now = Instant::now();
+        let mut busy = busy.lock().unwrap();
+        if busy.get(&key).is_some_and(|until| now < *until) {
+            return match req.method.as_str() {
+                "DELETE" => Action::status(404),
+                "PUT" => Action::status(412),
+                _ => Action::status(409),
+            };
+        }
+        busy.insert(key, now + MS(300));
+        Action::Delay(MS(300), Box::new(Action::ok("processed")))
+    })
+    .await
+}
+
+#[tokio::test(start_paused = true)]
+async fn by_default_put_delete_and_keyed_or_marked_posts_are_not_hedged() {
+    use reqwest_resilience::retry::Idempotent;
+    let server = duplicate_detecting().await;
+    let reg = registry(5);
+    let c = client(
+        exact_retry()
+            .hedging(Hedging::fixed(MS(50)).no_budget())
+            .build()
+            .unwrap(),
+        &reg,
+    );
+
+    let requests = [
+        (
+            c.post(server.url("/pay"))
+                .header("idempotency-key", "k-1")
+                .body("x"),
+            None,
+        ),
+        (
+            c.post(server.url("/jobs")).body("x"),
+            Some(Idempotent(true)),
+        ),
+        (c.delete(server.url("/doc/1")), None),
+        (
+            c.put(server.url("/doc/2"))
+                .header("if-match", "\"v1\"")
+                .body("new"),
+            None,
+        ),
+    ];
+    for (i, (req, marker)) in requests.into_iter().enumerate() {
+        let mut ext = Extensions::new();
+        if let Some(m) = marker {
+            ext.insert(m);
+        }
+        let sent = send_with(&c, req, ext).await;
+        assert_eq!(sent.took, MS(300), "request {i}");
+        assert_eq!(sent.history().len(), 1, "request {i}");
+        answered(&sent.history().attempts()[0], 1, MS(300));
+        assert_eq!(sent.body().await, "processed", "request {i}");
+        assert_eq!(server.requests_seen(), i + 1, "each seen exactly once");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn put_and_delete_are_hedged_on_opt_in_a_key_alone_never() {
+    use reqwest_resilience::retry::{Hedge, Idempotent};
+    let server = first_slow(slow(5000, "slow"), fast(10, "fast")).await;
+    let reg = registry(5);
+    let c = client(
+        exact_retry()
+            .hedging(Hedging::fixed(MS(100)).hedge_idempotent(true).no_budget())
+            .build()
+            .unwrap(),
+        &reg,
+    );
+    let mut marked = Extensions::new();
+    marked.insert(Idempotent(true));
+    let hedged = [
+        (c.put(server.url("/doc/1")).body("new"), Extensions::new()),
+        (c.delete(server.url("/doc/2")), Extensions::new()),
+        (c.post(server.url("/jobs/1")).body("x"), marked),
+    ];
+    for (i, (req, ext)) in hedged.into_iter().enumerate() {
+        let sent = send_with(&c, req, ext).await;
+        assert_eq!(sent.took, MS(110), "request {i}");
+        assert_eq!(sent.history().len(), 2, "request {i}");
+        assert_eq!(sent.body().await, "fast");
+        assert_eq!(server.requests_seen(), 2 * (i + 1));
+    }
+    // An idempotency key alone is no opt-in, whatever the setting.
+    let sent = send(
+        &c,
+        c.post(server.url("/pay"))
+            .header("idempotency-key", "k-1")
+            .body("x"),
+    )
+    .await;
+    assert_eq!((sent.took, sent.history().len()), (MS(5000), 1));
+    assert_eq!(server.requests_seen(), 7);
+
+    // Per request, on a default `Hedging`: `Hedge(true)` opts a DELETE in, `Hedge(false)`
+    // a GET out, and `Hedge(true)` never makes a plain POST hedgeable.
+    let c = client(
+        exact_retry()
+            .hedging(Hedging::fixed(MS(100)).no_budget())
+            .build()
+            .unwrap(),
+        &reg,
+    );
+    let with = |hedge: bool| {
+        let mut ext = Extensions::new();
+        ext.insert(Hedge(hedge));
+        ext
+    };
+    let sent = send_with(&c, c.delete(server.url("/doc/3")), with(true)).await;
+    assert_eq!((sent.took, sent.history().len()), (MS(110), 2));
+    assert_eq!(server.requests_seen(), 9);
+    let sent = send_with(&c, c.get(server.url("/doc/4")), with(false)).await;
+    assert_eq!((sent.took, sent.history().len()), (MS(5000), 1));
+    assert_eq!(server.requests_seen(), 10);
+    let sent = send_with(&c, c.post(server.url("/pay/2")).body("x"), with(true)).await;
+    assert_eq!((sent.took, sent.history().len()), (MS(5000), 1));
+    assert_eq!(server.requests_seen(), 11);
+}
+
+#[tokio::test(start_paused = true)]
+async fn fast_error_answers_do_not_pull_the_adaptive_delay_down() {
+    let seen_slow = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counter = seen_slow.clone();
+    let server = FaultServer::start(move |_, req: &RecordedRequest| {
+        if req.path.starts_with("/missing") {
+            Action::Delay(MS(1), Box::new(Action::status(404)))
+        } else if req.path.starts_with("/learn") {
+            Action::DelayUnlessClosed(MS(200), Box::new(Action::ok("learned")))
+        } else {
+            counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            Action::DelayUnlessClosed(MS(100), Box::new(Action::ok("slow")))
+        }
+    })
+    .await;
+    let reg = registry(5);
+    let hedging = Hedging::adaptive(0.95)
+        .delay_bounds(MS(1), MS(1000))
+        .no_budget();
+    let c = client(
+        exact_retry().hedging(hedging.clone()).build().unwrap(),
+        &reg,
+    );
+    let origin = Origin::parse(&server.url("/")).unwrap();
+
+    // 32 answers in 200 ms: the estimate (p95) is 200 ms; none was hedged (the 1 s bound).
+    for i in 0..32 {
+        let sent = send(&c, c.get(server.url(&format!("/learn/{i}")))).await;
+        assert_eq!(sent.history().len(), 1);
+    }
+    assert_eq!(hedging.current_delay(&origin), MS(200));
+    assert_eq!(server.requests_seen(), 32);
+
+    // Many fast 404s, more than a window of them: no sample, the delay stays.
+    for i in 0..300 {
+        let sent = send(&c, c.get(server.url(&format!("/missing/{i}")))).await;
+        assert_eq!(sent.result.as_ref().unwrap().status(), 404);
+        assert_eq!(sent.history().len(), 1);
+    }
+    assert_eq!(hedging.current_delay(&origin), MS(200));
+    assert_eq!(server.requests_seen(), 332);
+
+    // The 200 path, answered in 100 ms, is hedged no more than before: not at all.
+    for i in 0..10 {
+        let sent = send(&c, c.get(server.url(&format!("/slow/{i}")))).await;
+        assert_eq!((sent.took, sent.history().len()), (MS(100), 1));
+        assert_eq!(sent.body().await, "slow");
+    }
+    assert_eq!(
+        seen_slow.load(std::sync::atomic::Ordering::Relaxed),
+        10,
+        "each seen exactly once"
     );
 }

@@ -584,7 +584,7 @@ struct RequestRun<'a> {
     idempotent: bool,
     /// Worked out once for every attempt and every stage inside.
     origin: Option<Origin>,
-    /// The hedging of an idempotent request.
+    /// The hedging of a request eligible for it ([`Hedging::eligible`]).
     hedging: Option<&'a Hedging>,
     state: LoopState,
     not_processed_retries: u32,
@@ -646,7 +646,10 @@ impl<'a> RequestRun<'a> {
         if let Some(budget) = &config.budget {
             budget.deposit();
         }
-        let hedging = config.hedging.as_ref().filter(|_| idempotent);
+        let hedging = config
+            .hedging
+            .as_ref()
+            .filter(|h| h.eligible(req.method(), extensions, idempotent));
         if let Some(h) = hedging {
             h.deposit();
         }

@@ -27,7 +27,7 @@
 //! ```
 //!
 //! Per-request overrides are extensions: [`MaxRetries`] (0 disables retrying),
-//! [`Idempotent`], [`Deadline`], [`AttemptTimeout`]. After the request, [`RetryOutcome`]
+//! [`Idempotent`], [`Deadline`], [`AttemptTimeout`], [`Hedge`]. After the request, [`RetryOutcome`]
 //! (attempt count, why it stopped) is in the caller's extensions (with
 //! `execute_with_extensions`) and in the response's.
 
@@ -62,6 +62,19 @@ pub struct MaxRetries(pub u32);
 /// side effects from being retried after it may have been processed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Idempotent(pub bool);
+
+/// Per-request hedging override, for a [`RetryMiddleware`] with [`Hedging`]:
+/// `Hedge(false)` sends no hedge for this request (a GET whose load matters more than its
+/// tail); `Hedge(true)` hedges it though the [`Hedging`] default would not (a PUT or a
+/// DELETE, an `Idempotent(true)` POST): the caller vouches that a *concurrent* duplicate
+/// is harmless, which an idempotent request does not promise (a server answers a
+/// duplicate that arrives while the original is processing `409`, `404` or `412`).
+///
+/// `Hedge(true)` never makes a request the retry treats as non-idempotent hedgeable (a
+/// POST without `Idempotent(true)` or an `Idempotency-Key`, a GET marked
+/// `Idempotent(false)`), nor a body that cannot be copied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Hedge(pub bool);
 
 pub use crate::record::Deadline;
 

@@ -318,8 +318,9 @@ impl Resilience {
         self
     }
 
-    /// Hedged requests (default: off): after a delay with no response head, an idempotent
-    /// request sends another copy through the breaker and the transport step, and the
+    /// Hedged requests (default: off): after a delay with no response head, a safe
+    /// request (GET, HEAD, OPTIONS, TRACE; PUT, DELETE and `Idempotent(true)` ones on
+    /// opt-in) sends another copy through the breaker and the transport step, and the
     /// first answer wins. See [`Hedging`] for the delay, the budget and the limits.
     ///
     /// ```

@@ -11,7 +11,7 @@ use tokio::time::{Instant, Sleep};
 
 use super::{HedgeDelay, Hedging, RoundSpec};
 use crate::origin::Origin;
-use crate::record::{AttemptRecord, FailureKind};
+use crate::record::{AttemptRecord, FailureKind, RequestEvidence};
 use crate::retry::latency::Window;
 
 impl Hedging {
@@ -30,8 +30,12 @@ impl Hedging {
         matches!(self.delay, HedgeDelay::Adaptive { .. }).then(|| self.latencies.window(origin))
     }
 
-    /// Feeds the first copy's latency to the estimate: its time to an answer, or,
-    /// cancelled, the time it had run (a lower bound that keeps the slow tail's share true).
+    /// Feeds the first copy's latency to the estimate: its time to a successful answer
+    /// (2xx or 3xx), or, cancelled, the time it had run (a lower bound that keeps the slow
+    /// tail's share true). An error answer (a `404` in 1 ms, a `503` shed at once) is no
+    /// sample: it says how fast the origin refuses, not how long a request it serves
+    /// takes, and a share of fast errors would pull the percentile down until every
+    /// request to the origin is hedged.
     pub(super) fn record_first_copy<'r>(
         &self,
         window: &Window,
@@ -39,12 +43,11 @@ impl Hedging {
         mut losers: impl Iterator<Item = &'r AttemptRecord>,
     ) {
         let sample = match first {
-            FirstCopy::Won(evidence) => evidence.status().map(|_| evidence.elapsed),
+            FirstCopy::Won(evidence) => successful(evidence).then_some(evidence.elapsed),
             FirstCopy::Lost(attempt) => losers
                 .find(|r| r.evidence.attempt == attempt)
                 .filter(|r| {
-                    r.evidence.failure == Some(FailureKind::Cancelled)
-                        || r.evidence.status().is_some()
+                    r.evidence.failure == Some(FailureKind::Cancelled) || successful(&r.evidence)
                 })
                 .map(|r| r.evidence.elapsed),
         };
@@ -54,10 +57,18 @@ impl Hedging {
     }
 }
 
+/// Whether a copy's answer is a latency sample: a response head with a 2xx or 3xx status
+/// (the answers a breaker counts as successes).
+fn successful(evidence: &RequestEvidence) -> bool {
+    evidence
+        .status()
+        .is_some_and(|s| s.is_success() || s.is_redirection())
+}
+
 /// How the first copy of a round ended, for its latency sample.
 pub(super) enum FirstCopy<'e> {
     /// It won, with this evidence.
-    Won(&'e crate::record::RequestEvidence),
+    Won(&'e RequestEvidence),
     /// It lost: its record, if any, is among the losers under this attempt number.
     Lost(u32),
 }

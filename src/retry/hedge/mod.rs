@@ -1,5 +1,6 @@
-//! Hedged requests ([`Hedging`]): when an attempt of an idempotent request has no response
-//! head after the hedging delay, another copy is sent, and the first answer wins.
+//! Hedged requests ([`Hedging`]): when an attempt of a safe request (GET, HEAD, OPTIONS,
+//! TRACE; PUT, DELETE and `Idempotent(true)` ones on opt-in) has no response head after
+//! the hedging delay, another copy is sent, and the first answer wins.
 //!
 //! After Dean & Barroso, "The Tail at Scale" (CACM 2013), Finagle's backup requests, gRPC
 //! A6's `hedgingPolicy` and Polly's hedging strategy. It lives in the retry loop because a
@@ -33,7 +34,10 @@ pub enum HedgeDelay {
     /// Always this long.
     Fixed(Duration),
     /// The `quantile` of the origin's recent first-attempt latencies (e.g. 0.95: p95),
-    /// kept within `min..=max`; `max` until the origin has 32 samples.
+    /// kept within `min..=max`; `max` until the origin has 32 samples. Only successful
+    /// answers (2xx, 3xx) and first copies cancelled by a winning hedge are samples: a
+    /// `404` answered in 1 ms says how fast the origin refuses, and a share of such fast
+    /// errors would pull the percentile down until every request there were hedged.
     Adaptive {
         /// The percentile as a fraction, in `(0, 1)`.
         quantile: f64,
@@ -47,22 +51,32 @@ pub enum HedgeDelay {
 /// Hedged requests for [`RetryMiddleware`](super::RetryMiddleware) (and
 /// [`Resilience::hedging`](crate::Resilience::hedging)).
 ///
-/// For an idempotent request (by method, `Idempotency-Key`, or
-/// [`Idempotent(true)`](super::Idempotent)) whose body can be cloned: when the attempt
-/// has no response head after the [delay](HedgeDelay), another copy is sent, up to
-/// [`max_hedges`](Self::max_hedges) per logical request. The first copy to come back with
-/// an outcome the retry decision would keep (a response it does not retry, or a permanent
-/// failure) wins; the others are dropped, which cancels them (an HTTP/1 connection is
-/// closed, an HTTP/2 stream reset). A copy that fails in a way the decision would retry
+/// For a request whose body can be cloned and whose method is safe (GET, HEAD, OPTIONS,
+/// TRACE), or, with [`hedge_idempotent(true)`](Self::hedge_idempotent), a PUT, a DELETE
+/// or a request marked [`Idempotent(true)`](super::Idempotent) (per request,
+/// [`Hedge`](super::Hedge) decides instead): when the attempt has no response head after
+/// the [delay](HedgeDelay), another copy is sent, up to [`max_hedges`](Self::max_hedges)
+/// per logical request. An `Idempotency-Key` makes a *sequential* retry safe, not a
+/// concurrent duplicate (servers answer one that arrives while the original is processing
+/// `409 Conflict`), so it never makes a request hedged by itself.
+///
+/// The first copy to come back with an outcome the retry decision would keep (a response
+/// it does not retry, or a permanent failure) wins; the others are dropped, which cancels
+/// them (an HTTP/1 connection is closed, an HTTP/2 stream reset). A copy that fails in a way the decision would retry
 /// does not end the race while another copy is in flight; when it is the last, the retry
 /// loop decides as for any attempt, so one logical request sends at most
-/// `1 + max_retries + max_hedges` copies.
+/// `1 + max_retries + max_hedges` copies (copies, not wire requests: with `BearerAuth`
+/// each may be replayed once after a `401`, see [`max_hedges`](Self::max_hedges)).
 ///
-/// A hedge is never sent for a non-idempotent request or a body that cannot be cloned,
-/// when it would start at or past the deadline, when the [hedge budget](Self::budget) is
-/// spent, or into an open breaker or a pause (the breaker turns the hedge away at once,
-/// without waiting, and never lets it take a half-open probe slot; nothing is then sent
-/// or recorded, and no further hedge is tried for that attempt).
+/// A hedge is never sent for a request not eligible as above or a body that cannot be
+/// cloned, when it would start at or past the deadline, or when the
+/// [hedge budget](Self::budget) is spent. A hedge refused on this side before anything
+/// was sent — by an open breaker or a pause (the breaker turns a hedge away at once,
+/// without waiting, and never lets it take a half-open probe slot), by the
+/// [concurrency limit](crate::limit::ConcurrencyLimit), for want of a bearer token, or by
+/// a misconfigured stack — leaves the race to the copies that were sent: it is never the
+/// result and cancels nothing, nothing of it is recorded, its budget is given back, and
+/// no further hedge is tried for that attempt.
 ///
 /// In the [`AttemptHistory`] every copy that went out is an attempt: the winner last (the
 /// retry's decision lands on it), before it the copies that failed first and the cancelled
@@ -84,6 +98,11 @@ pub enum HedgeDelay {
 /// budget: with p90 and a 5 % budget the budget runs dry, and the hedges it allows go to
 /// whichever copies cross the delay first, most of them about to answer anyway.
 ///
+/// The budget is one for every origin the middleware serves (as the retry budget is):
+/// it caps the middleware's extra load, wherever it goes. The delay is per origin, and
+/// error answers do not lower it (see [`HedgeDelay::Adaptive`]), so one origin's fast
+/// errors do not make its requests spend the budget the others' slow tails need.
+///
 /// # Cost
 ///
 /// The first copy runs with the caller's extensions; an eligible request also keeps a
@@ -97,7 +116,8 @@ pub enum HedgeDelay {
 ///
 /// Dropping the request's future drops every copy in flight (each is a future owned by the
 /// one that is dropped); a copy dropped that way is a cancellation for its breaker, as
-/// any dropped attempt is. A hedge taken from the budget and sent is not given back.
+/// any dropped attempt is. A hedge taken from the budget and sent is not given back (one
+/// cancelled while it waited in a limiter's queue counts as sent: nothing below tells).
 ///
 /// ```
 /// use std::time::Duration;
@@ -115,6 +135,8 @@ pub enum HedgeDelay {
 pub struct Hedging {
     delay: HedgeDelay,
     max_hedges: u32,
+    /// Whether PUT, DELETE and `Idempotent(true)` requests are hedged too.
+    idempotent: bool,
     budget: Option<RetryBudget>,
     latencies: Arc<LatencyTracker>,
 }
@@ -124,6 +146,7 @@ impl std::fmt::Debug for Hedging {
         f.debug_struct("Hedging")
             .field("delay", &self.delay)
             .field("max_hedges", &self.max_hedges)
+            .field("hedge_idempotent", &self.idempotent)
             .field("budget", &self.budget)
             .finish_non_exhaustive()
     }
@@ -163,6 +186,7 @@ impl Hedging {
         Hedging {
             delay,
             max_hedges: 1,
+            idempotent: false,
             budget: Some(default_budget()),
             latencies: Arc::new(LatencyTracker::new(quantile)),
         }
@@ -179,8 +203,31 @@ impl Hedging {
     /// Extra copies per logical request (default 1, at most 4): at most `1 + max_hedges`
     /// in flight. Each waits one more delay after the previous one. The ceiling is gRPC
     /// A6's: five copies of one request in all.
+    ///
+    /// The bound counts copies, not wire requests: under
+    /// [`BearerAuth`](crate::auth::BearerAuth) each copy may be replayed once after a `401`
+    /// with a fresh token, so `1 + max_hedges` copies can be up to `2 × (1 + max_hedges)`
+    /// requests on the wire (and with reqwest following redirects inside each, more
+    /// hops).
     pub fn max_hedges(mut self, max_hedges: u32) -> Self {
         self.max_hedges = max_hedges;
+        self
+    }
+
+    /// Whether PUT, DELETE and requests marked [`Idempotent(true)`](super::Idempotent) are
+    /// hedged too (default `false`: only the safe methods, GET, HEAD, OPTIONS and TRACE).
+    ///
+    /// Idempotent means that a request repeated *after* the first has been processed does
+    /// no more harm; a hedge is a *concurrent* duplicate, sent while the first may still be
+    /// processing, and servers answer that differently: a DELETE's duplicate gets `404`
+    /// while the original succeeds, a conditional PUT's `412`, and a request with an
+    /// `Idempotency-Key` (the IETF draft, Stripe-style APIs) `409 Conflict`, any of which
+    /// may win the race while the original's effect goes through on the cancelled copy.
+    /// Opt in when the server answers a concurrent duplicate as it does the original. An
+    /// `Idempotency-Key` alone never makes a request hedged, with this setting or without;
+    /// per request, [`Hedge`](super::Hedge) decides.
+    pub fn hedge_idempotent(mut self, hedge: bool) -> Self {
+        self.idempotent = hedge;
         self
     }
 
@@ -226,6 +273,32 @@ impl Hedging {
             }
         }
         Ok(())
+    }
+
+    /// Whether a request the retry treats as `idempotent` (or not) may be hedged: its
+    /// [`Hedge`](super::Hedge) extension, else a safe method, or, with
+    /// [`hedge_idempotent`](Self::hedge_idempotent), PUT, DELETE or `Idempotent(true)`.
+    #[inline]
+    pub(super) fn eligible(
+        &self,
+        method: &http::Method,
+        extensions: &Extensions,
+        idempotent: bool,
+    ) -> bool {
+        use http::Method;
+        if !idempotent {
+            return false;
+        }
+        if let Some(super::Hedge(hedge)) = extensions.get::<super::Hedge>() {
+            return *hedge;
+        }
+        let safe = matches!(
+            *method,
+            Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE
+        );
+        safe || (self.idempotent
+            && (matches!(*method, Method::PUT | Method::DELETE)
+                || extensions.get::<super::Idempotent>() == Some(&super::Idempotent(true))))
     }
 
     /// Called once per eligible logical request.

@@ -14,7 +14,7 @@ use reqwest::{Request, Response};
 use tokio::time::Instant;
 
 use super::delay::{FirstCopy, HedgeTimer};
-use super::record::{RaceOutcome, cancelled, copy_evidence, record_of, refused};
+use super::record::{RaceOutcome, cancelled, copy_evidence, record_of, refused_locally};
 use super::{Hedging, RoundSpec};
 use crate::record::{AttemptRecord, AttemptScope, RequestEvidence};
 use crate::retry::attempt_timeout::{attempt_cut, run_attempt};
@@ -58,7 +58,7 @@ struct InFlight<'x> {
     future: Option<InFlightFuture<'x>>,
     attempt: u32,
     started: Instant,
-    /// Its hedge budget withdrawal (hedges only), given back if the breaker refused it.
+    /// Its hedge budget withdrawal (hedges only), given back if it was refused locally.
     withdrawal: Option<Withdrawal>,
 }
 
@@ -242,8 +242,9 @@ where
     }
 
     /// Takes in the copy `index` that finished: the winner, or `None` while the race goes
-    /// on. A hedge the breaker turned away sent nothing and is not counted; a failure the
-    /// retry would retry waits for the copies still in flight.
+    /// on. A copy refused locally sent nothing: it never ends the race while another copy
+    /// is in flight (a hedge refused so is not counted either); a failure the retry would
+    /// retry waits for the copies still in flight.
     fn settle(&mut self, index: usize, (result, ext): InFlightOutput<'x>) -> Option<Finished<'x>> {
         self.copies[index].future = None;
         let evidence = copy_evidence(&result, ext.get(), self.copies[index].attempt);
@@ -253,12 +254,8 @@ where
             extensions: ext,
             evidence,
         };
-        if index > 0 && refused(&finished.evidence) {
-            self.take_back_hedge(index);
-            if in_flight {
-                return None;
-            }
-            return Some(self.last_failure.take().unwrap_or(finished));
+        if let Some(reason) = refused_locally(&finished.evidence) {
+            return self.refused(index, finished, reason, in_flight);
         }
         if !in_flight || (self.inputs.is_final)(&finished.evidence, finished.evidence.attempt) {
             if let Some(earlier) = self.last_failure.take() {
@@ -267,19 +264,49 @@ where
             return Some(finished);
         }
         // A failure the retry would retry: the copies in flight may still answer.
-        if let Some(earlier) = self.last_failure.replace(finished) {
-            self.superseded.push(record_of(earlier.evidence));
-        }
+        self.keep_failure(finished);
         None
     }
 
-    /// The breaker turned hedge `index` away: nothing went out, so its budget goes back,
-    /// it is no hedge sent, and no further one is tried.
-    fn take_back_hedge(&mut self, index: usize) {
+    /// Copy `index` was refused locally (by a breaker, a pause, the concurrency limit, a
+    /// missing token): it leaves the race to the copies that were sent. A hedge refused so
+    /// is taken back (no record, its budget refunded, no further hedge); the first copy's
+    /// refusal is kept as the outcome should no other copy answer.
+    fn refused(
+        &mut self,
+        index: usize,
+        finished: Finished<'x>,
+        reason: &'static str,
+        in_flight: bool,
+    ) -> Option<Finished<'x>> {
+        if index > 0 {
+            self.take_back_hedge(index, reason);
+            if in_flight {
+                return None;
+            }
+            return Some(self.last_failure.take().unwrap_or(finished));
+        }
+        if !in_flight {
+            return Some(finished);
+        }
+        self.keep_failure(finished);
+        None
+    }
+
+    /// Keeps a failure while other copies may answer (an earlier one is superseded).
+    fn keep_failure(&mut self, finished: Finished<'x>) {
+        if let Some(earlier) = self.last_failure.replace(finished) {
+            self.superseded.push(record_of(earlier.evidence));
+        }
+    }
+
+    /// Hedge `index` was refused locally: nothing went out, so its budget goes back, it is
+    /// no hedge sent, and no further one is tried.
+    fn take_back_hedge(&mut self, index: usize, reason: &'static str) {
         if let (Some(b), Some(w)) = (&self.hedging.budget, self.copies[index].withdrawal) {
             b.refund(w);
         }
-        crate::metrics::hedge_skipped(&self.inputs.spec.origin, "breaker");
+        crate::metrics::hedge_skipped(&self.inputs.spec.origin, reason);
         self.hedges -= 1;
         self.timer.disarm();
     }

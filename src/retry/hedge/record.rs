@@ -94,18 +94,62 @@ pub(super) fn cancelled(attempt: u32, started: Instant, origin: &Origin) -> Atte
     record_of(e)
 }
 
-/// A hedge the breaker turned away (open, paused, or a half-open probe refused).
-pub(super) fn refused(e: &RequestEvidence) -> bool {
-    e.transmission == Transmission::NotSent
-        && matches!(
-            e.failure,
-            Some(FailureKind::BreakerOpen | FailureKind::Paused)
-        )
+/// Whether a copy was refused on this side before anything was sent, and by what (the
+/// `reason` label of the `hedge.skipped` metric): an open breaker or a pause (`breaker`),
+/// the concurrency limit (`limit`), no bearer token (`token`), a misconfigured stack or a
+/// copy that could not be built (`local`). Such a copy is no answer of the server's: it
+/// never decides a race while another copy is in flight.
+///
+/// Only `NotSent` with a kind that names a local refusal counts: a copy proven unsent by
+/// the network (a refused connection) is a failure the retry decision weighs as any.
+pub(super) fn refused_locally(e: &RequestEvidence) -> Option<&'static str> {
+    if e.transmission != Transmission::NotSent {
+        return None;
+    }
+    match e.failure? {
+        FailureKind::BreakerOpen | FailureKind::Paused => Some("breaker"),
+        FailureKind::ConcurrencyLimited => Some("limit"),
+        FailureKind::TokenUnavailable => Some("token"),
+        FailureKind::Misconfigured | FailureKind::Builder => Some("local"),
+        _ => None,
+    }
 }
 
 pub(super) fn record_of(evidence: RequestEvidence) -> AttemptRecord {
     AttemptRecord {
         evidence,
         decision: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_local_refusal_and_only_it_counts_as_refused() {
+        let of = |t: Transmission, kind: FailureKind| {
+            let mut e = RequestEvidence::new(t, None, 2);
+            e.failure = Some(kind);
+            refused_locally(&e)
+        };
+        for (kind, reason) in [
+            (FailureKind::BreakerOpen, "breaker"),
+            (FailureKind::Paused, "breaker"),
+            (FailureKind::ConcurrencyLimited, "limit"),
+            (FailureKind::TokenUnavailable, "token"),
+            (FailureKind::Misconfigured, "local"),
+            (FailureKind::Builder, "local"),
+        ] {
+            assert_eq!(of(Transmission::NotSent, kind), Some(reason), "{kind:?}");
+            // Whatever the kind says, a copy that may have gone out is no refusal.
+            assert_eq!(of(Transmission::Unknown, kind), None, "{kind:?}");
+        }
+        // Unsent by the network's word, not refused here: the retry decision weighs it.
+        for kind in [FailureKind::Connect, FailureKind::Dns, FailureKind::Tls] {
+            assert_eq!(of(Transmission::NotSent, kind), None, "{kind:?}");
+        }
+        let e = RequestEvidence::new(Transmission::NotSent, None, 2);
+        assert_eq!(refused_locally(&e), None);
     }
 }

@@ -18,6 +18,11 @@
 //! requests whose client had already given up (share of the requests it served during the
 //! run) and the backlog left in its queue at the end.
 //!
+//! Then the mixed-latency runs (issue 21): the same 16 handlers, each answer 5 ms or
+//! 50 ms at random by request id (independent of load, a capacity of 582 requests/s):
+//! 12 callers in a closed loop below capacity (the adaptive limit should reject none), and
+//! 2x open-loop overload with 200 ms deadlines (and 50 ms, which cuts every slow answer).
+//!
 //! Then the cost of one rejection, in nanoseconds, in the same run: `try_acquire` on a
 //! full limit (the registry alone), and a request turned away by the middleware
 //! (`ClientWithMiddleware::execute`, evidence and error included) against a request the
@@ -39,8 +44,50 @@ mod answer200;
 
 const HANDLERS: usize = 16;
 const SERVICE: Duration = Duration::from_millis(5);
+const SLOW: Duration = Duration::from_millis(50);
 const DEADLINE: Duration = Duration::from_millis(50);
 const CAPACITY: f64 = HANDLERS as f64 / 0.005;
+
+/// One run's setting: the server's service times, the deadline, and the load.
+#[derive(Clone, Copy)]
+struct Setup {
+    /// 5 ms or 50 ms at random (by request id, independent of load) instead of 5 ms.
+    mixed: bool,
+    deadline: Duration,
+    /// `Some(n)`: `n` callers in a closed loop; `None`: open-loop arrivals at 2x capacity.
+    callers: Option<usize>,
+}
+
+impl Setup {
+    const OVERLOAD: Setup = Setup {
+        mixed: false,
+        deadline: DEADLINE,
+        callers: None,
+    };
+
+    fn capacity(&self) -> f64 {
+        if self.mixed {
+            HANDLERS as f64 / ((SERVICE + SLOW).as_secs_f64() / 2.0)
+        } else {
+            CAPACITY
+        }
+    }
+}
+
+/// Request `id`'s service time: a fixed pseudo-random choice per id (splitmix64).
+fn service(id: usize, mixed: bool) -> Duration {
+    if !mixed {
+        return SERVICE;
+    }
+    let mut z = (id as u64).wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    if (z ^ (z >> 31)) & 1 == 1 {
+        SERVICE
+    } else {
+        SLOW
+    }
+}
 
 // ---------------------------------------------------------------------------------------
 // The server: a tokio runtime reads requests, 16 threads serve them in FIFO order.
@@ -61,7 +108,7 @@ struct Server {
 }
 
 impl Server {
-    fn start(max_ids: usize) -> Server {
+    fn start(max_ids: usize, mixed: bool) -> Server {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .enable_all()
@@ -98,7 +145,7 @@ impl Server {
                             // After the run: drop the backlog instead of serving it.
                             continue;
                         }
-                        std::thread::sleep(SERVICE);
+                        std::thread::sleep(service(job.id, mixed));
                         served[job.id].store(true, Ordering::SeqCst);
                         count.fetch_add(1, Ordering::SeqCst);
                         let _ = job.done.send(());
@@ -193,6 +240,7 @@ enum Outcome {
 
 struct Report {
     name: &'static str,
+    capacity: f64,
     offered: usize,
     goodput: f64,
     p50: Duration,
@@ -220,10 +268,15 @@ fn client(limit: Option<&LimiterRegistry>) -> ClientWithMiddleware {
     b.with(TransportEvidence::new()).build()
 }
 
-fn run(name: &'static str, limit: Option<LimiterConfig>, secs: u64) -> Report {
-    let rate = 2.0 * CAPACITY;
-    let max_ids = (rate * secs as f64 * 1.1) as usize + 1024;
-    let server = Server::start(max_ids);
+fn run(name: &'static str, limit: Option<LimiterConfig>, secs: u64, setup: Setup) -> Report {
+    let rate = 2.0 * setup.capacity();
+    let max_ids = match setup.callers {
+        None => (rate * secs as f64 * 1.1) as usize + 1024,
+        // A closed loop below capacity, rejected requests retried after 1 ms: bounded by
+        // the callers' pace plus their retries.
+        Some(n) => n * (secs as usize * 1_000 + 1024),
+    };
+    let server = Server::start(max_ids, setup.mixed);
     let url = format!("http://{}/work", server.addr);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -246,6 +299,31 @@ fn run(name: &'static str, limit: Option<LimiterConfig>, secs: u64) -> Report {
         let mut due = 0.0f64;
         let mut id = 0usize;
         let mut ticks = 0u64;
+        let next_id = Arc::new(AtomicUsize::new(0));
+        let mut loops = Vec::new();
+        for _ in 0..setup.callers.unwrap_or(0) {
+            let (client, url, gave_up, next_id) = (
+                client.clone(),
+                url.clone(),
+                gave_up.clone(),
+                next_id.clone(),
+            );
+            loops.push(tokio::spawn(async move {
+                let mut out = Vec::new();
+                while Instant::now() < end {
+                    let this = next_id.fetch_add(1, Ordering::Relaxed);
+                    if this >= max_ids {
+                        break;
+                    }
+                    let o = request(&client, &url, this, &gave_up, setup.deadline).await;
+                    out.push((this, o));
+                    if matches!(o, Outcome::Rejected) {
+                        tokio::time::sleep(Duration::from_millis(1)).await;
+                    }
+                }
+                out
+            }));
+        }
         while Instant::now() < end {
             tick.tick().await;
             ticks += 1;
@@ -259,26 +337,34 @@ fn run(name: &'static str, limit: Option<LimiterConfig>, secs: u64) -> Report {
             }
             // Arrivals owed by now (open loop: independent of how the last ones fared).
             let owed = start.elapsed().as_secs_f64() * rate;
-            while due < owed && id < max_ids {
+            while setup.callers.is_none() && due < owed && id < max_ids {
                 due += 1.0;
                 let (client, url, gave_up) = (client.clone(), url.clone(), gave_up.clone());
                 let this = id;
                 id += 1;
+                let deadline = setup.deadline;
                 tasks.push(tokio::spawn(async move {
-                    request(&client, &url, this, &gave_up).await
+                    (this, request(&client, &url, this, &gave_up, deadline).await)
                 }));
             }
         }
         let mut out = Vec::with_capacity(tasks.len());
         for t in tasks {
-            out.push(t.await.unwrap_or(Outcome::Failed));
+            out.extend(t.await.ok());
+        }
+        for l in loops {
+            out.extend(l.await.unwrap_or_default());
         }
         out
     });
     let served_in_run = server.served_in_run.load(Ordering::SeqCst);
-    let wasted = (0..outcomes.len())
-        .filter(|&i| gave_up[i].load(Ordering::SeqCst) && server.served[i].load(Ordering::SeqCst))
+    let wasted = outcomes
+        .iter()
+        .filter(|&&(i, _)| {
+            gave_up[i].load(Ordering::SeqCst) && server.served[i].load(Ordering::SeqCst)
+        })
         .count();
+    let outcomes: Vec<Outcome> = outcomes.into_iter().map(|(_, o)| o).collect();
     let limit_seen = (!limits.is_empty()).then(|| {
         let mean = limits.iter().map(|&l| f64::from(l)).sum::<f64>() / limits.len() as f64;
         let (min, max) = (limits.iter().min(), limits.iter().max());
@@ -293,6 +379,7 @@ fn run(name: &'static str, limit: Option<LimiterConfig>, secs: u64) -> Report {
         wasted as f64 / served_in_run.max(1) as f64,
         backlog,
         limit_seen,
+        setup,
     )
 }
 
@@ -301,9 +388,10 @@ async fn request(
     url: &str,
     id: usize,
     gave_up: &[AtomicBool],
+    deadline: Duration,
 ) -> Outcome {
     let started = Instant::now();
-    let deadline = started + DEADLINE;
+    let deadline = started + deadline;
     let mut extensions = http::Extensions::new();
     extensions.insert(Deadline(deadline));
     let req = match client.get(url).header("x-id", id).build() {
@@ -337,12 +425,13 @@ fn summarize(
     wasted: f64,
     backlog: usize,
     limit_seen: Option<(u32, f64, u32)>,
+    setup: Setup,
 ) -> Report {
     let mut admitted: Vec<Duration> = outcomes
         .iter()
         .filter_map(|o| match o {
             Outcome::Answered(d) => Some(*d),
-            Outcome::TimedOut => Some(DEADLINE),
+            Outcome::TimedOut => Some(setup.deadline),
             _ => None,
         })
         .collect();
@@ -356,6 +445,7 @@ fn summarize(
     let count = |f: fn(&Outcome) -> bool| outcomes.iter().filter(|o| f(o)).count();
     Report {
         name,
+        capacity: setup.capacity(),
         offered: outcomes.len(),
         goodput: count(|o| matches!(o, Outcome::Answered(_))) as f64 / secs as f64,
         p50: pct(0.50),
@@ -469,11 +559,11 @@ fn main() {
          {:.0} req/s for {secs} s per configuration; deadline {DEADLINE:?}",
         2.0 * CAPACITY
     );
-    let mut configs: Vec<(&'static str, Option<LimiterConfig>)> = vec![
-        ("no limit", None),
-        ("fixed 16", Some(LimiterConfig::fixed(16))),
-        ("fixed 64", Some(LimiterConfig::fixed(64))),
-        ("adaptive", Some(LimiterConfig::default())),
+    let mut configs: Vec<(&'static str, Option<LimiterConfig>, Setup)> = vec![
+        ("no limit", None, Setup::OVERLOAD),
+        ("fixed 16", Some(LimiterConfig::fixed(16)), Setup::OVERLOAD),
+        ("fixed 64", Some(LimiterConfig::fixed(64)), Setup::OVERLOAD),
+        ("adaptive", Some(LimiterConfig::default()), Setup::OVERLOAD),
     ];
     // `OVERLOAD_EXTRA=1`: the adaptive limit with a tighter latency tolerance, to show
     // the trade-off between admitted latency and goodput.
@@ -481,14 +571,47 @@ fn main() {
         configs.push((
             "adaptive, tolerance 1.25",
             Some(LimiterConfig::adaptive(Gradient::default().tolerance(1.25))),
+            Setup::OVERLOAD,
         ));
     }
+    // Mixed latency (issue 21): the same 16 handlers, each answer 5 ms or 50 ms at random
+    // (independent of load): a capacity of 16 / 27.5 ms = 582 req/s. Below capacity: 12
+    // callers in a closed loop. At 2x: open-loop arrivals, with a deadline of 200 ms
+    // (4x the slow answer: a 50 ms deadline would cut every slow answer, whatever the
+    // limit) and, to show it, with 50 ms.
+    let mixed = |callers, deadline| Setup {
+        mixed: true,
+        deadline,
+        callers,
+    };
+    configs.extend([
+        (
+            "mixed, 12 callers, adaptive",
+            Some(LimiterConfig::default()),
+            mixed(Some(12), Duration::from_secs(1)),
+        ),
+        (
+            "mixed, 2x, no limit",
+            None,
+            mixed(None, Duration::from_millis(200)),
+        ),
+        (
+            "mixed, 2x, adaptive",
+            Some(LimiterConfig::default()),
+            mixed(None, Duration::from_millis(200)),
+        ),
+        (
+            "mixed, 2x, adaptive, 50 ms deadline",
+            Some(LimiterConfig::default()),
+            mixed(None, DEADLINE),
+        ),
+    ]);
     let mut reports = Vec::new();
-    for (name, config) in configs {
+    for (name, config, setup) in configs {
         if only.as_deref().is_some_and(|o| o != name) {
             continue;
         }
-        reports.push(run(name, config, secs));
+        reports.push(run(name, config, secs, setup));
     }
     println!(
         "\n| limit | offered | goodput/s | of capacity | admitted p50 | admitted p99 | rejected | timed out | failed | server work on abandoned | backlog at end | limit min / mean / max |"
@@ -496,14 +619,15 @@ fn main() {
     println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
     for r in &reports {
         println!(
-            "| {} | {} | {:.0} | {:.1} % | {:.1} ms | {:.1} ms | {} | {} | {} | {:.1} % | {} | {} |",
+            "| {} | {} | {:.0} | {:.1} % | {:.1} ms | {:.1} ms | {} ({:.2} %) | {} | {} | {:.1} % | {} | {} |",
             r.name,
             r.offered,
             r.goodput,
-            100.0 * r.goodput / CAPACITY,
+            100.0 * r.goodput / r.capacity,
             r.p50.as_secs_f64() * 1e3,
             r.p99.as_secs_f64() * 1e3,
             r.rejected,
+            100.0 * r.rejected as f64 / r.offered.max(1) as f64,
             r.timed_out,
             r.failed,
             100.0 * r.wasted,

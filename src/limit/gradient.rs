@@ -10,19 +10,31 @@ use tokio::time::Instant;
 ///
 /// # The algorithm
 ///
-/// The gradient limit of Netflix's concurrency-limits library (`GradientLimit`, the
-/// first version, whose no-load latency is a minimum; `Gradient2Limit` keeps its
-/// smoothing and its bounded gradient), with two changes, each for a reason:
+/// The gradient limit of Netflix's concurrency-limits library: the short window's mean
+/// latency against a long-run reference (`Gradient2Limit` compares a short- with a
+/// long-window average; `GradientLimit`, the first version, used the fastest answer),
+/// with its smoothing and its bounded gradient, and these choices, each for a reason:
 ///
-/// - The **no-load latency** is the fastest answer since it was last measured, and it is
-///   re-measured when no answer has confirmed it for [`Gradient::no_load_window`] (10 s):
-///   the limit is halved until [`Gradient::min_window_samples`] attempts admitted under
-///   that half have answered, their fastest becomes the no-load latency, and the limit
-///   returns (BBR's `PROBE_RTT`, with half the limit instead of four packets). Netflix's
-///   probe drops the limit to its floor every thousand samples, which costs goodput; and
-///   a minimum that merely forgets old samples ratchets up, because at a steady limit
-///   above the server's capacity every answer has queued behind our own attempts. The
-///   probe drains that queue, and relearns a server that really got slower.
+/// - The reference, the **no-load latency**, is a *mean*: the mean latency of every
+///   attempt admitted in a stretch of time while none of ours waited at the server. A
+///   minimum makes a mix look like queueing: an origin answering in 5 ms or 50 ms at
+///   random, independently of load, has a window mean 5.5 times its fastest answer, and
+///   the limit collapsed to its floor (issue 21). Against a mean, a window is slower only
+///   when answers wait longer, which is what queueing does, whatever the mix. The mean
+///   counts every attempt *admitted* in its stretch, slow and fast, waiting for the slow
+///   ones after it: the first answers after any instant are the fast ones.
+/// - It is measured first from the first `max(2 × initial_limit, min_window_samples)`
+///   answers, then re-measured when it is [`Gradient::no_load_window`] (10 s) old and
+///   either the last window filled the limit (our own attempts may be what queues at the
+///   server) or no window since was as fast: the limit is halved until the attempts
+///   admitted under that half (at least `max(2 × half, min_window_samples)`) have all
+///   answered, their mean becomes the no-load latency, and the limit returns (BBR's
+///   `PROBE_RTT`, with half the limit instead of four packets). Netflix's long average
+///   follows every window, so at a steady limit above the server's capacity it follows
+///   the queue up and the limit grows without bound; the probe drains that queue, and
+///   relearns a server that really got slower. A client that never fills its limit
+///   (application limited) is not probed while its windows confirm the reference, so a
+///   healthy origin pays nothing.
 /// - An **overload signal** (a `429`, a `503`, a timeout: [`Sample::Overload`]) in a
 ///   window cuts the limit by [`Gradient::backoff_ratio`] (0.9), the multiplicative
 ///   decrease of Netflix's `AIMDLimit` and TCP: a server that says it is overloaded is
@@ -32,7 +44,7 @@ use tokio::time::Instant;
 /// The limit is updated once per **window** of samples: as many as the limit was when
 /// the window opened (one "round trip" of the limit's worth of requests, as TCP Vegas
 /// updates once per round trip), at least [`Gradient::min_window_samples`]. At the end of
-/// a window, with `rtt` the window's mean latency and `no_load` the windowed minimum:
+/// a window, with `rtt` the window's mean latency and `no_load` the no-load mean above:
 ///
 /// ```text
 /// gradient  = clamp(tolerance × no_load / rtt, 0.5, 1.0)
@@ -88,8 +100,8 @@ pub struct Gradient {
     /// The factor applied to the limit after a window with an overload signal, in
     /// `(0, 1)` (default 0.9).
     pub backoff_ratio: f64,
-    /// How long the no-load latency stands without an answer as fast before it is
-    /// re-measured (default 10 s).
+    /// How long a no-load latency stands before it is re-measured, when the limit was
+    /// filled or no window was as fast (default 10 s).
     pub no_load_window: Duration,
     /// The fewest samples in a window, and in a re-measurement (default 10).
     pub min_window_samples: u32,
@@ -264,8 +276,14 @@ pub struct AdaptiveLimit {
     params: Gradient,
     estimate: f64,
     window: Window,
-    /// The no-load latency and when a sample last confirmed it.
+    /// The no-load latency (the mean latency of answers that waited behind none of our
+    /// own attempts) and when a window last confirmed it.
     no_load: Option<(Duration, Instant)>,
+    /// A measurement of the no-load latency under way: the first one, then each probe's.
+    /// (Boxed: it is rare, and kept out of every registry entry's size.)
+    measure: Option<Box<Measure>>,
+    /// When the last measurement ended.
+    measured: Option<Instant>,
     probe: Option<Probe>,
 }
 
@@ -279,17 +297,96 @@ struct Window {
     overloaded: bool,
 }
 
-/// A re-measurement of the no-load latency: the limit is halved until enough attempts
-/// admitted at or under that half have answered.
+/// A re-measurement of the no-load latency: the limit is halved until the attempts
+/// admitted under that half have answered.
 #[derive(Debug, Clone, Copy)]
 struct Probe {
     /// The estimate to return to.
     restore: f64,
-    started: Instant,
     cap: u32,
+}
+
+/// The mean latency of the attempts *admitted* in one stretch of time, `[from, until]`:
+/// all of them, slow and fast, which is why it waits after `until` for the slow ones.
+/// (The first `n` answers after any instant are the fast ones: ending a mean at a count of
+/// answers would measure the mix's fast part.) An answer's admission is `now − latency`.
+#[derive(Debug, Clone, Copy)]
+struct Measure {
+    /// The first admission counted (set by the first answer when `None`).
+    from: Option<Instant>,
+    /// The last admission counted, set once `need` answers are in.
+    until: Option<Instant>,
+    /// How long after `until` answers are still awaited.
+    wait: Duration,
+    /// Only attempts admitted with at most this many in flight count (a probe's cap).
+    cap: Option<u32>,
+    need: u32,
     samples: u32,
-    min: Option<Duration>,
+    latencies: u32,
+    sum: Duration,
+    slowest: Duration,
     overloaded: bool,
+}
+
+impl Measure {
+    fn new(from: Option<Instant>, cap: Option<u32>, need: u32) -> Self {
+        Measure {
+            from,
+            until: None,
+            wait: Duration::ZERO,
+            cap,
+            need,
+            samples: 0,
+            latencies: 0,
+            sum: Duration::ZERO,
+            slowest: Duration::ZERO,
+            overloaded: false,
+        }
+    }
+
+    /// Takes one sample; `true` once the measurement is complete.
+    fn take(&mut self, now: Instant, sample: Sample, in_flight: u32) -> bool {
+        if self.cap.is_none_or(|cap| in_flight <= cap) {
+            match sample {
+                Sample::Latency(rtt) => {
+                    // Admitted before the clock's origin: as early as can be.
+                    let admitted = now.checked_sub(rtt);
+                    let from = *self.from.get_or_insert(admitted.unwrap_or(now));
+                    let inside = admitted.is_some_and(|a| a >= from)
+                        && self.until.is_none_or(|u| admitted.is_some_and(|a| a <= u));
+                    if inside || (self.until.is_none() && admitted.is_none()) {
+                        self.samples += 1;
+                        self.latencies += 1;
+                        self.sum = self.sum.saturating_add(rtt);
+                        self.slowest = self.slowest.max(rtt);
+                    }
+                }
+                Sample::Overload => {
+                    self.overloaded = true;
+                    self.samples += 1;
+                }
+                Sample::Ignored => {}
+            }
+        }
+        let Some(until) = self.until else {
+            if self.samples < self.need {
+                return false;
+            }
+            self.until = Some(now);
+            let span = self
+                .from
+                .map_or(Duration::ZERO, |f| now.saturating_duration_since(f));
+            self.wait = self.slowest.max(span);
+            return false;
+        };
+        until.checked_add(self.wait).is_none_or(|end| now >= end)
+    }
+
+    fn mean(&self) -> Option<Duration> {
+        self.sum
+            .checked_div(self.latencies)
+            .filter(|d| !d.is_zero())
+    }
 }
 
 impl AdaptiveLimit {
@@ -304,6 +401,14 @@ impl AdaptiveLimit {
             estimate: f64::from(params.initial_limit),
             window: Window::default(),
             no_load: None,
+            measure: Some(Box::new(Measure::new(
+                None,
+                None,
+                params
+                    .min_window_samples
+                    .max(params.initial_limit.saturating_mul(2)),
+            ))),
+            measured: None,
             probe: None,
         }
     }
@@ -317,8 +422,9 @@ impl AdaptiveLimit {
         }
     }
 
-    /// The no-load latency: the fastest answer seen since it was last measured (`None`
-    /// before the first answer).
+    /// The no-load latency: the mean latency of the attempts admitted while none of our
+    /// own waited at the server (the first ones, then each probe's; `None` before the
+    /// first answer).
     pub fn no_load_latency(&self) -> Option<Duration> {
         self.no_load.map(|n| n.0)
     }
@@ -335,20 +441,46 @@ impl AdaptiveLimit {
         match sample {
             Sample::Ignored => return None,
             Sample::Latency(rtt) if rtt < self.params.min_latency => return None,
-            Sample::Latency(rtt) => match &mut self.no_load {
-                Some((min, at)) if rtt <= *min => (*min, *at) = (rtt, now),
-                Some(_) => {}
-                None => self.no_load = Some((rtt, now)),
-            },
-            Sample::Overload => {}
+            _ => {}
         }
-        if self.probe.is_some() {
-            self.probe_sample(now, sample, in_flight);
-        } else {
+        self.measure_sample(now, sample, in_flight);
+        if self.probe.is_none() {
             self.window_sample(now, sample, in_flight);
         }
         let after = self.limit();
         (after != before).then_some(after)
+    }
+
+    fn measure_sample(&mut self, now: Instant, sample: Sample, in_flight: u32) {
+        let Some(m) = &mut self.measure else {
+            return;
+        };
+        let done = m.take(now, sample, in_flight);
+        let first = m.cap.is_none();
+        let (mean, overloaded) = (m.mean(), m.overloaded);
+        // The first measurement's mean so far stands in until it is complete.
+        if let Some(mean) = mean
+            && (done || (first && m.until.is_none()) || self.no_load.is_none())
+        {
+            self.no_load = Some((mean, now));
+        }
+        if !done {
+            return;
+        }
+        self.measure = None;
+        self.measured = Some(now);
+        if let Some(probe) = self.probe.take() {
+            let restore = if overloaded {
+                probe.restore * self.params.backoff_ratio
+            } else {
+                probe.restore
+            };
+            self.estimate = restore.clamp(
+                f64::from(self.params.min_limit),
+                f64::from(self.params.max_limit),
+            );
+            self.window = Window::default();
+        }
     }
 
     fn window_sample(&mut self, now: Instant, sample: Sample, in_flight: u32) {
@@ -369,61 +501,36 @@ impl AdaptiveLimit {
         }
         let window = std::mem::take(&mut self.window);
         self.estimate = self.next_estimate(&window);
-        // A no-load latency nothing has confirmed for a whole window may be stale: the
-        // server got slower, or every sample since queued behind our own attempts (at a
-        // steady limit above the server's capacity each one does, and the minimum would
-        // ratchet up with the limit). Halving the limit drains that queue; the answers
-        // then say what the server takes unloaded (BBR's PROBE_RTT, with a cap of half
-        // the limit instead of four packets).
-        if let Some((_, at)) = self.no_load
-            && now.saturating_duration_since(at) >= self.params.no_load_window
+        // A window no slower than the no-load latency confirms it: none of our attempts
+        // waited behind another.
+        let mean = window.latency_sum.checked_div(window.latencies);
+        if let (Some(mean), Some((no_load, at))) = (mean, &mut self.no_load)
+            && window.latencies > 0
+            && mean <= *no_load
         {
-            let cap = ((self.estimate / 2.0) as u32).max(self.params.min_limit);
+            *at = now;
+        }
+        // A no-load latency nothing has confirmed for `no_load_window` may be stale: the
+        // server got slower, or every window since queued behind our own attempts (at a
+        // steady limit above the server's capacity each one does). Halving the limit
+        // drains that queue; the attempts admitted under the half then say what the
+        // server takes unloaded (BBR's PROBE_RTT, with a cap of half the limit instead
+        // of four packets).
+        let saturated = window.max_in_flight >= self.limit();
+        if self.measure.is_none()
+            && let Some((_, confirmed)) = self.no_load
+            && let Some(measured) = self.measured
+            && now.saturating_duration_since(measured) >= self.params.no_load_window
+            && (saturated || now.saturating_duration_since(confirmed) >= self.params.no_load_window)
+        {
+            let cap = ((self.estimate / 2.0).ceil() as u32).max(self.params.min_limit);
             self.probe = Some(Probe {
                 restore: self.estimate,
-                started: now,
                 cap,
-                samples: 0,
-                min: None,
-                overloaded: false,
             });
+            let need = self.params.min_window_samples.max(cap.saturating_mul(2));
+            self.measure = Some(Box::new(Measure::new(Some(now), Some(cap), need)));
         }
-    }
-
-    fn probe_sample(&mut self, now: Instant, sample: Sample, in_flight: u32) {
-        let Some(probe) = &mut self.probe else {
-            return;
-        };
-        match sample {
-            Sample::Overload => probe.overloaded = true,
-            // Only an attempt admitted under the halved limit saw the drained queue.
-            Sample::Latency(rtt) if in_flight <= probe.cap => {
-                probe.samples += 1;
-                probe.min = Some(probe.min.map_or(rtt, |m| m.min(rtt)));
-            }
-            _ => {}
-        }
-        if probe.samples < self.params.min_window_samples {
-            return;
-        }
-        let done = *probe;
-        self.probe = None;
-        // A faster answer during the probe (one admitted before the halving) stands.
-        match (done.min, self.no_load) {
-            (Some(min), Some((fastest, at))) if at >= done.started && fastest < min => {}
-            (Some(min), _) => self.no_load = Some((min, now)),
-            (None, _) => {}
-        }
-        let restore = if done.overloaded {
-            done.restore * self.params.backoff_ratio
-        } else {
-            done.restore
-        };
-        self.estimate = restore.clamp(
-            f64::from(self.params.min_limit),
-            f64::from(self.params.max_limit),
-        );
-        self.window = Window::default();
     }
 
     fn next_estimate(&self, w: &Window) -> f64 {
@@ -611,29 +718,173 @@ mod tests {
         assert!((26..=32).contains(&l.limit()), "{}", l.limit());
     }
 
+    /// A seeded xorshift: the same "random" mix on every run.
+    struct Rng(u64);
+
+    impl Rng {
+        fn coin(&mut self) -> bool {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0 & 1 == 1
+        }
+    }
+
+    /// What [`serve`] saw: the lowest limit after the first 1 000 answers, and how many
+    /// times a caller found the limit full.
+    struct Served {
+        lowest: u32,
+        rejected: u64,
+    }
+
+    /// An event simulation of `answers` answers: `callers` in a closed loop (each sends
+    /// its next request as its answer comes; one the limit turns away tries again 1 ms
+    /// later), or with `callers: None` a client that always has work (it keeps the limit
+    /// in flight). `latency(in flight at admission)` is the server.
+    fn serve(
+        l: &mut AdaptiveLimit,
+        now: &mut Instant,
+        callers: Option<u32>,
+        mut latency: impl FnMut(u32) -> Duration,
+        answers: usize,
+    ) -> Served {
+        use std::cmp::Reverse;
+        use std::collections::BinaryHeap;
+        // (answer due, latency, admitted with), and when each waiting caller tries.
+        let mut flight: BinaryHeap<Reverse<(Instant, Duration, u32)>> = BinaryHeap::new();
+        let mut ready: BinaryHeap<Reverse<Instant>> = BinaryHeap::new();
+        if let Some(n) = callers {
+            ready.extend((0..n).map(|_| Reverse(*now)));
+        }
+        let (mut lowest, mut rejected) = (u32::MAX, 0);
+        for answer in 0..answers {
+            loop {
+                let wants = callers.is_none() || ready.peek().is_some_and(|Reverse(t)| *t <= *now);
+                let in_flight = flight.len() as u32;
+                if !wants || (callers.is_none() && in_flight >= l.limit()) {
+                    break;
+                }
+                if callers.is_some() {
+                    ready.pop();
+                }
+                if in_flight >= l.limit() {
+                    ready.push(Reverse(*now + MS));
+                    rejected += 1;
+                    continue;
+                }
+                let rtt = latency(in_flight + 1);
+                flight.push(Reverse((*now + rtt, rtt, in_flight + 1)));
+            }
+            // The next event: a caller's retry before the next answer is served first.
+            if let (Some(Reverse(retry)), Some(Reverse((due, ..)))) = (ready.peek(), flight.peek())
+                && retry < due
+            {
+                *now = *retry;
+                continue;
+            }
+            let Reverse((due, rtt, with)) = flight.pop().expect("something in flight");
+            *now = due;
+            l.sample(due, Sample::Latency(rtt), with);
+            if callers.is_some() {
+                ready.push(Reverse(due));
+            }
+            if answer >= 1_000 {
+                lowest = lowest.min(l.limit());
+            }
+        }
+        Served { lowest, rejected }
+    }
+
+    /// 5 ms or 50 ms at random, whatever the load.
+    fn mixed(seed: u64) -> impl FnMut(u32) -> Duration {
+        let mut rng = Rng(seed);
+        move |_| if rng.coin() { 5 * MS } else { 50 * MS }
+    }
+
     #[tokio::test(start_paused = true)]
-    async fn a_probe_halves_the_limit_until_answers_admitted_under_the_half_arrive() {
+    async fn latencies_that_vary_without_queueing_keep_the_limit_up() {
+        // Regression (issue 21): the fastest answer as the reference made a 10x spread
+        // look like queueing, and the limit settled at the floor (4).
+        for seed in [1, 2, 3, 0x5eed] {
+            // A client that always has work, a server that never queues: the limit grows.
+            let mut l = AdaptiveLimit::new(Gradient::default());
+            let mut now = Instant::now();
+            let s = serve(&mut l, &mut now, None, mixed(seed), 20_000);
+            assert!(s.lowest >= 20, "seed {seed}: lowest {}", s.lowest);
+            assert!(l.limit() >= 100, "seed {seed}: {}", l.limit());
+            let mean = l.no_load_latency().unwrap();
+            assert!(mean >= 20 * MS && mean <= 35 * MS, "seed {seed}: {mean:?}");
+            // 12 callers in a closed loop: never turned away.
+            let mut l = AdaptiveLimit::new(Gradient::default());
+            let s = serve(&mut l, &mut now, Some(12), mixed(seed), 20_000);
+            assert_eq!(s.rejected, 0, "seed {seed}");
+            assert!(s.lowest >= 13, "seed {seed}: lowest {}", s.lowest);
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn mixed_latencies_that_rise_with_in_flight_cut_the_limit() {
+        // The same mix on a server of 16 handlers: beyond 16, each answer waits for the
+        // ones ahead of it.
+        for seed in [1, 2, 3] {
+            let mut mix = mixed(seed);
+            let server = move |n: u32| mix(n).mul_f64((f64::from(n) / 16.0).max(1.0));
+            let mut l = AdaptiveLimit::new(Gradient::default().initial_limit(100));
+            let mut now = Instant::now();
+            serve(&mut l, &mut now, None, server, 60_000);
+            // It settles between 30 and 50 (the probe's half limit drains the queue).
+            assert!(l.limit() < 60, "seed {seed}: {}", l.limit());
+            assert!(l.limit() >= 16, "seed {seed}: {}", l.limit());
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_probe_halves_the_limit_and_measures_every_attempt_admitted_under_the_half() {
         let mut l = AdaptiveLimit::new(Gradient::default().initial_limit(40));
         let mut now = Instant::now();
-        l.sample(now, Sample::Latency(5 * MS), 40);
-        now += Duration::from_secs(10);
-        for _ in 0..40 {
+        // The first measurement: a server that answers in 6 ms.
+        for _ in 0..200 {
+            now += MS;
             l.sample(now, Sample::Latency(6 * MS), 40);
         }
-        assert!(l.is_probing());
-        let cap = l.limit();
+        assert_eq!(l.no_load_latency(), Some(6 * MS));
+        assert!(l.measure.is_none());
+        // Slower for 10 s (nothing confirms 6 ms): the next window starts a probe.
+        now += Duration::from_secs(10);
+        while !l.is_probing() {
+            l.sample(now, Sample::Latency(8 * MS), 40);
+        }
         let restore = l.probe.unwrap().restore;
-        assert_eq!(cap, (restore / 2.0) as u32);
+        let cap = l.limit();
+        assert_eq!(cap, (restore / 2.0).ceil() as u32);
+        let start = now;
         // Answers admitted before the halving do not count.
         for _ in 0..100 {
-            l.sample(now, Sample::Latency(6 * MS), cap + 1);
+            l.sample(now, Sample::Latency(8 * MS), cap + 1);
         }
         assert!(l.is_probing());
-        for i in 0..10 {
-            l.sample(now, Sample::Latency((7 + i) * MS), cap);
+        // Under the cap, 5 ms and 50 ms alternately, each answered at its admission plus
+        // its latency: the fast ones come first, and the probe waits for the slow ones.
+        let mut answers: Vec<(Instant, Duration)> = (0..4 * cap)
+            .map(|i| {
+                let rtt = if i % 2 == 0 { 5 * MS } else { 50 * MS };
+                (start + MS * (i / 2) + rtt, rtt)
+            })
+            .collect();
+        answers.sort();
+        // And one admitted later, answered after the slow ones are all in.
+        answers.push((start + 200 * MS, 5 * MS));
+        let mut ended = None;
+        for (i, (at, rtt)) in answers.into_iter().enumerate() {
+            l.sample(at, Sample::Latency(rtt), cap);
+            if ended.is_none() && !l.is_probing() {
+                ended = Some(i);
+            }
         }
-        assert!(!l.is_probing());
-        assert_eq!(l.no_load_latency(), Some(7 * MS));
+        // The mean of 5 ms and 50 ms, not the fastest answer.
+        let mean = l.no_load_latency().unwrap();
+        assert!(mean >= 25 * MS && mean <= 30 * MS, "{mean:?}");
+        assert_eq!(ended, Some(4 * cap as usize), "the last one ends it");
         assert_eq!(l.limit(), restore as u32);
     }
 

@@ -5,7 +5,7 @@ use crate::origin::OriginMap;
 use crate::sync::{lock, read, write};
 use std::collections::VecDeque;
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
@@ -220,7 +220,8 @@ type Shard = RwLock<OriginMap<Arc<Entry>>>;
 struct RestOfStack {
     config: LimiterConfig,
     shards: Box<[Shard]>,
-    per_shard: usize,
+    /// Origins with a limit of their own, in every shard: the bound is the registry's.
+    len: AtomicUsize,
     overflow: Arc<Entry>,
     overflowed: AtomicU64,
 }
@@ -243,12 +244,15 @@ struct RestOfStack {
 ///
 /// # Bounds
 ///
-/// At most [`LimiterConfig::max_origins`] origins have a limit of their own (spread over
-/// up to 16 shards, each holding its share). A new origin in a full shard takes the place
-/// of its least recently used origin with nothing in flight and nobody waiting. When
-/// every origin of the shard is busy, the new origin shares the registry's one *overflow*
-/// limit with every other such origin (counted by [`overflowed`](Self::overflowed)), so a
-/// flood of origins stays bounded in memory and in concurrency alike.
+/// At most [`LimiterConfig::max_origins`] origins have a limit of their own, in the
+/// registry as a whole (spread over up to 16 shards for concurrency, any shard holding any
+/// share of the bound). Until the bound is reached every new origin gets a limit of its
+/// own. Then a new origin takes the place of the least recently used origin of its shard
+/// with nothing in flight and nobody waiting, or, when its shard has none, of such an
+/// origin in another shard. When no origin can be forgotten (every one is busy), the new
+/// origin shares the registry's one *overflow* limit with every other such origin
+/// (counted by [`overflowed`](Self::overflowed)), so a flood of origins stays bounded in
+/// memory and in concurrency alike.
 ///
 /// # Example
 ///
@@ -303,13 +307,13 @@ impl LimiterRegistry {
     }
 
     fn build(config: LimiterConfig) -> Self {
+        // Shards for concurrency only: any shard may hold any share of the bound.
         let shards = (config.max_origins / 256).clamp(1, MAX_SHARDS);
-        let per_shard = config.max_origins / shards;
         let overflow = Arc::new(Entry::new(None, &config));
         LimiterRegistry {
             inner: Arc::new(RestOfStack {
                 shards: (0..shards).map(|_| RwLock::default()).collect(),
-                per_shard,
+                len: AtomicUsize::new(0),
                 overflow,
                 overflowed: AtomicU64::new(0),
                 config,
@@ -465,7 +469,7 @@ impl LimiterRegistry {
 
     /// The number of origins with a limit of their own.
     pub fn len(&self) -> usize {
-        self.inner.shards.iter().map(|s| read(s).len()).sum()
+        self.inner.len.load(Ordering::Relaxed)
     }
 
     /// Whether no origin has a limit of its own yet.
@@ -473,25 +477,29 @@ impl LimiterRegistry {
         self.len() == 0
     }
 
-    /// How many times a new origin found its shard full of busy origins and was served
+    /// How many times a new origin found the registry full of busy origins and was served
     /// by the shared overflow limit.
     pub fn overflowed(&self) -> u64 {
         self.inner.overflowed.load(Ordering::Relaxed)
     }
 
-    fn shard(&self, origin: &Origin) -> &Shard {
-        let shards = &self.inner.shards;
-        if shards.len() == 1 {
-            return &shards[0];
+    fn shard_index(&self, origin: &Origin) -> usize {
+        let shards = self.inner.shards.len();
+        if shards == 1 {
+            return 0;
         }
         // The high half of the origin's keyed hash: the map inside places entries by the
         // low bits of the same hash.
-        let h = origin.keyed_hash() >> 32;
-        &shards[(h % shards.len() as u64) as usize]
+        ((origin.keyed_hash() >> 32) % shards as u64) as usize
+    }
+
+    fn shard(&self, origin: &Origin) -> &Shard {
+        &self.inner.shards[self.shard_index(origin)]
     }
 
     fn entry(&self, origin: &Origin) -> Arc<Entry> {
-        let shard = self.shard(origin);
+        let index = self.shard_index(origin);
+        let shard = &self.inner.shards[index];
         if let Some(entry) = read(shard).get(origin) {
             return entry.clone();
         }
@@ -499,13 +507,36 @@ impl LimiterRegistry {
         if let Some(entry) = map.get(origin) {
             return entry.clone();
         }
-        if map.len() >= self.inner.per_shard && !evict_one(&mut map) {
+        let max = self.inner.config.max_origins;
+        // A slot reserved in the registry's count keeps the bound exact under races; a
+        // full registry makes room in this shard, else in another.
+        let room = self
+            .inner
+            .len
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |l| {
+                (l < max).then_some(l + 1)
+            })
+            .is_ok()
+            || evict_one(&mut map)
+            || self.evict_elsewhere(index);
+        if !room {
             self.inner.overflowed.fetch_add(1, Ordering::Relaxed);
             return self.inner.overflow.clone();
         }
         let entry = Arc::new(Entry::new(Some(origin.clone()), &self.inner.config));
         map.insert(origin.clone(), entry.clone());
         entry
+    }
+
+    /// Frees a slot in another shard when this one holds nothing to forget. `try_write`
+    /// only: waiting for a second shard while holding one could deadlock.
+    fn evict_elsewhere(&self, skip: usize) -> bool {
+        self.inner
+            .shards
+            .iter()
+            .enumerate()
+            .filter(|&(i, _)| i != skip)
+            .any(|(_, shard)| shard.try_write().is_ok_and(|mut map| evict_one(&mut map)))
     }
 }
 
@@ -795,6 +826,34 @@ mod tests {
         tokio::time::sleep_until(deadline).await;
         drop(cut);
         assert_eq!(r.get(&o).unwrap().limit, 9);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_bound_is_the_registrys_not_a_shards_share() {
+        // Regression (issue 21): 16 shards of 625 each put 153 of a burst of 10 000
+        // distinct origins on the overflow limit, with the registry holding 9 847.
+        let r = LimiterRegistry::default();
+        assert_eq!(r.inner.shards.len(), 16);
+        let held: Vec<_> = (0..10_000)
+            .map(|i| r.try_acquire(&origin(i)).expect("admitted"))
+            .collect();
+        assert_eq!((r.len(), r.overflowed()), (10_000, 0));
+        assert_eq!(r.snapshot().len(), 10_000);
+        assert!((0..10_000).all(|i| r.get(&origin(i)).is_some_and(|s| s.in_flight == 1)));
+        // The 10 001st, every origin busy: the overflow limit serves it.
+        let over = r
+            .try_acquire(&origin(10_000))
+            .expect("on the overflow limit");
+        assert_eq!((r.len(), r.overflowed()), (10_000, 1));
+        assert!(r.get(&origin(10_000)).is_none());
+        // One origin idle again (whichever shard it is in): the next new one takes its place.
+        let mut held = held;
+        held.swap_remove(1234).record(Sample::Ignored);
+        let new = r.try_acquire(&origin(10_001)).expect("admitted");
+        assert_eq!((r.len(), r.overflowed()), (10_000, 1));
+        assert!(r.get(&origin(1234)).is_none());
+        assert_eq!(r.get(&origin(10_001)).unwrap().in_flight, 1);
+        drop((held, over, new));
     }
 
     #[tokio::test(start_paused = true)]

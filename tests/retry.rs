@@ -550,7 +550,7 @@ async fn get_404_and_200_are_final_after_one_request() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn post_refused_by_http2_refused_stream_is_retried_once() {
+async fn post_refused_by_http2_refused_stream_is_retried_at_once_up_to_its_own_cap() {
     use support::h2::{H2Action, H2Server};
     let server = H2Server::start(|_| H2Action::RefuseStream).await;
     let c = ClientBuilder::new(
@@ -572,20 +572,85 @@ async fn post_refused_by_http2_refused_stream_is_retried_once() {
     .build();
     let (res, ext, took) = send(&c, c.post(server.url("/")).body("x"), Extensions::new()).await;
     let err = res.unwrap_err();
+    // Five retries (the default cap), each at once and outside max_retries (3).
+    assert_eq!(server.requests_seen(), 6);
+    assert_eq!(took, Duration::ZERO);
+    let mut want = vec![retry(Duration::ZERO, RetryReason::NotProcessed); 5];
+    want.push(stop(StopReason::NotProcessedRetryUsed));
+    assert_eq!(decisions(&ext), want);
+    assert_eq!(retry_error(&err).attempts(), 6);
+}
+
+/// An h2c client with reqwest's own retries off, under `retry`.
+fn h2_client(retry: RetryMiddleware) -> ClientWithMiddleware {
+    ClientBuilder::new(
+        reqwest::Client::builder()
+            .no_proxy()
+            .pool_idle_timeout(None)
+            .http2_prior_knowledge()
+            .retry(reqwest::retry::never())
+            .redirect(redirect::recorded(reqwest::redirect::Policy::default()))
+            .build()
+            .unwrap(),
+    )
+    .with(retry)
+    .with(TransportEvidence::with_client_redirects(
+        ClientRedirects::Recorded,
+    ))
+    .build()
+}
+
+#[tokio::test(start_paused = true)]
+async fn post_refused_four_times_then_answered_is_delivered_at_once_outside_max_retries() {
+    use support::h2::{H2Action, H2Server};
+    for refusal in [H2Action::RefuseStream, H2Action::GoAwayBelow] {
+        let server = H2Server::start(move |i| {
+            if i < 4 {
+                refusal
+            } else {
+                H2Action::Respond(200)
+            }
+        })
+        .await;
+        // max_retries 3: the four proven refusals are not counted against it.
+        let c = h2_client(plain().build().unwrap());
+        let (res, ext, took) = send(&c, c.post(server.url("/")).body("x"), Extensions::new()).await;
+        assert_eq!(res.unwrap().status(), 200, "{refusal:?}");
+        assert_eq!(server.requests_seen(), 5, "{refusal:?}");
+        assert_eq!(took, Duration::ZERO, "no backoff: {refusal:?}");
+        let mut want = vec![retry(Duration::ZERO, RetryReason::NotProcessed); 4];
+        want.push(stop(StopReason::FinalResponse(http::StatusCode::OK)));
+        assert_eq!(decisions(&ext), want, "{refusal:?}");
+        assert_eq!(outcome(&ext).attempts, 5);
+        if refusal == H2Action::GoAwayBelow {
+            // Each GOAWAY ends its connection: every retry is on a new one.
+            assert_eq!(server.connections(), 5);
+        }
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn not_processed_retries_have_a_configurable_cap_and_max_retries_0_disables_them() {
+    use support::h2::{H2Action, H2Server};
+    let server = H2Server::start(|_| H2Action::GoAwayBelow).await;
+    let c = h2_client(plain().max_not_processed_retries(2).build().unwrap());
+    let (res, ext, _) = send(&c, c.post(server.url("/")).body("x"), Extensions::new()).await;
+    assert_eq!(server.requests_seen(), 3);
     assert_eq!(
-        server.requests_seen(),
-        2,
-        "the proof buys exactly one retry"
+        retry_error(&res.unwrap_err()).stop_reason(),
+        StopReason::NotProcessedRetryUsed
     );
-    assert_eq!(took, S(1));
-    assert_eq!(
-        decisions(&ext),
-        [
-            retry(S(1), RetryReason::NotProcessed),
-            stop(StopReason::NotProcessedRetryUsed)
-        ]
-    );
-    assert_eq!(retry_error(&err).attempts(), 2);
+    assert_eq!(decisions(&ext).len(), 3);
+    // Past the cap, a GET goes on with ordinary (counted, backed-off) retries.
+    let c = h2_client(plain().max_not_processed_retries(1).build().unwrap());
+    let (_, ext, took) = send(&c, c.get(server.url("/")), Extensions::new()).await;
+    assert_eq!(server.requests_seen(), 3 + 5);
+    assert_eq!(took, S(1 + 2 + 4));
+    assert_eq!(outcome(&ext).stop, StopReason::RetriesExhausted);
+    let c = h2_client(plain().max_retries(0).build().unwrap());
+    let (_, ext, _) = send(&c, c.post(server.url("/")).body("x"), Extensions::new()).await;
+    assert_eq!(server.requests_seen(), 3 + 5 + 1);
+    assert_eq!(outcome(&ext).stop, StopReason::RetriesExhausted);
 }
 
 #[tokio::test(start_paused = true)]

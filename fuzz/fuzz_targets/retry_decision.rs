@@ -8,10 +8,11 @@
 //!
 //! The safety property both must keep (DESIGN.md, "Retry decision"): a non-idempotent
 //! request is never sent again after an attempt that may have been processed
-//! (`SentNoResponse`/`Unknown`), unless the server proved it did not process it (once),
+//! (`SentNoResponse`/`Unknown`), unless the server proved it did not process it (up to the
+//! cap of not-processed retries),
 //! nor after a 408/5xx without `Retry-After`, nor after an attempt during which reqwest
 //! followed a redirect (or one cannot be ruled out). On top, the loop never exceeds the retry
-//! count, the budget or the deadline.
+//! count (plus, outside it, the cap of not-processed retries), the budget or the deadline.
 #![no_main]
 
 use std::sync::{Arc, Mutex};
@@ -125,7 +126,7 @@ fn evidence(b: &mut Bytes<'_>) -> RequestEvidence {
 }
 
 /// The property: may another attempt follow `e` for a request of this idempotency?
-fn may_resend(e: &RequestEvidence, idempotent: bool, not_processed_retries: u32) -> bool {
+fn may_resend(e: &RequestEvidence, idempotent: bool, not_processed_retries: u32, cap: u32) -> bool {
     if idempotent {
         return true;
     }
@@ -137,7 +138,7 @@ fn may_resend(e: &RequestEvidence, idempotent: bool, not_processed_retries: u32)
     match e.transmission {
         Transmission::NotSent => true,
         Transmission::SentNoResponse | Transmission::Unknown => {
-            e.not_processed.is_some() && not_processed_retries == 0
+            e.not_processed.is_some() && not_processed_retries < cap
         }
         Transmission::ResponseReceived(s) => {
             s == StatusCode::TOO_MANY_REQUESTS
@@ -156,8 +157,10 @@ fn check_table(b: &mut Bytes<'_>) {
         headers.insert("idempotency-key", "k".parse().unwrap());
     }
     let idempotent = is_idempotent(&method, &headers);
-    let not_processed_retries = u32::from(b.u8() % 3);
+    let not_processed_retries = u32::from(b.u8() % 8);
+    let cap = u32::from(b.u8() % 8);
     let mut ctx = AttemptContext::new(&e, &method);
+    ctx.max_not_processed_retries = cap;
     ctx.idempotent = idempotent;
     ctx.attempt = 1 + u32::from(b.u8() % 5);
     ctx.not_processed_retries = not_processed_retries;
@@ -174,14 +177,14 @@ fn check_table(b: &mut Bytes<'_>) {
     }
     if let Verdict::Retry(reason) = verdict {
         assert!(
-            may_resend(&e, idempotent, not_processed_retries),
+            may_resend(&e, idempotent, not_processed_retries, cap),
             "{method} idempotent={idempotent} {e:?} retried: {reason:?}"
         );
         if let RetryReason::Status(s) = reason {
             assert_eq!(e.status(), Some(s));
         }
         if reason == RetryReason::NotProcessed {
-            assert!(e.not_processed.is_some() && not_processed_retries == 0);
+            assert!(e.not_processed.is_some() && not_processed_retries < cap);
         }
     }
 }
@@ -264,6 +267,7 @@ fn check_loop(b: &mut Bytes<'_>) {
         .bool()
         .then(|| Duration::from_millis(u64::from(b.u16()) * 8));
     let base = Duration::from_millis(1 + u64::from(b.u8()) * 10);
+    let np_cap = u32::from(b.u8() % 7);
 
     let idempotent = marker.unwrap_or_else(|| {
         let mut h = HeaderMap::new();
@@ -284,7 +288,8 @@ fn check_loop(b: &mut Bytes<'_>) {
                         .build()
                         .unwrap(),
                 )
-                .retry_after_cap(cap, policy);
+                .retry_after_cap(cap, policy)
+                .max_not_processed_retries(np_cap);
             retry = match &budget {
                 Some(budget) => retry.budget(budget.clone()),
                 None => retry.no_budget(),
@@ -319,7 +324,9 @@ fn check_loop(b: &mut Bytes<'_>) {
             let elapsed = start.elapsed();
             let calls = calls.lock().unwrap();
 
-            let allowed = per_request_max.unwrap_or(max_retries) as usize;
+            let counted = per_request_max.unwrap_or(max_retries) as usize;
+            // Not-processed retries are outside the count (and off with a count of 0).
+            let allowed = if counted == 0 { 0 } else { counted + np_cap as usize };
             assert!(
                 calls.len() <= allowed + 1,
                 "{} calls, max {allowed} retries",
@@ -331,11 +338,25 @@ fn check_loop(b: &mut Bytes<'_>) {
             // Within one window (less a slot of 1/10 that may expire early), the request's
             // own deposit adds at most one retry (ratios drawn are at most 1). A request
             // that outlives the window legitimately gets the floor of the next one.
+            // A not-processed retry on a `GOAWAY` proof is outside the budget.
+            let mut used = 0;
+            let mut free = 0u64;
+            for e in &calls[..calls.len() - 1] {
+                let proven = matches!(
+                    e.transmission,
+                    Transmission::SentNoResponse | Transmission::Unknown
+                ) && e.not_processed.is_some()
+                    && used < np_cap;
+                if proven {
+                    used += 1;
+                    free += u64::from(e.not_processed == Some(NotProcessedProof::GoAway));
+                }
+            }
             if let Some(before) = budget_before.filter(|_| elapsed < window * 8 / 10) {
                 let ceiling = before + 1;
                 assert!(
-                    (calls.len() - 1) as u64 <= ceiling,
-                    "{} retries, budget {before}",
+                    (calls.len() - 1) as u64 - free <= ceiling,
+                    "{} retries ({free} free), budget {before}",
                     calls.len() - 1
                 );
             }
@@ -343,7 +364,7 @@ fn check_loop(b: &mut Bytes<'_>) {
             for pair in calls.windows(2) {
                 let e = &pair[0];
                 assert!(
-                    may_resend(e, idempotent, not_processed_retries),
+                    may_resend(e, idempotent, not_processed_retries, np_cap),
                     "{method} idempotent={idempotent} resent after {e:?}"
                 );
                 if !idempotent

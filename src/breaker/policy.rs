@@ -272,7 +272,12 @@ pub trait AttemptClassifier: Send + Sync + 'static {
 }
 
 /// The design's classification: 5xx, 401, 429 and transport failures are failures; 2xx
-/// and 3xx successes; other 4xx neutral. A rejection by another breaker or a pause
+/// and 3xx successes; other 4xx neutral. A stream the server refused with proof that it did
+/// not process it ([`RequestEvidence::not_processed`]: HTTP/2 `REFUSED_STREAM`, or a `GOAWAY`
+/// of any error code whose last stream id is below the stream) is neutral: that is how a
+/// healthy server rotates its connections (nginx's `keepalive_requests`) or holds its
+/// stream limit, and five of them in a burst must not open the breaker of a server that
+/// answers everything else. A rejection by another breaker or a pause
 /// (`NotSent`, [`FailureKind::BreakerOpen`] / [`FailureKind::Paused`]), a bearer token
 /// that could not be had (`NotSent`, [`FailureKind::TokenUnavailable`]: the identity
 /// provider failed, not the origin), a request that could not be built, and an error from
@@ -307,6 +312,11 @@ impl AttemptClassifier for DefaultClassifier {
         if let Some(e) = evidence {
             if let Transmission::ResponseReceived(status) = e.transmission {
                 return DefaultClassifier::classify_status(status);
+            }
+            // A stream the server refused with proof (`REFUSED_STREAM`, a `GOAWAY` below
+            // it): a healthy server rotating its connections or at its stream limit.
+            if e.not_processed.is_some() {
+                return Outcome::Neutral;
             }
             return match e.failure {
                 Some(
@@ -408,6 +418,24 @@ mod tests {
         );
         assert_eq!(c.classify(Some(&e), &ok), Outcome::Failure);
         assert_eq!(c.classify(None, &ok), Outcome::Success);
+    }
+
+    #[test]
+    fn a_stream_refused_with_proof_is_neutral() {
+        use crate::record::NotProcessedProof;
+        let err: reqwest_middleware::Result<Response> = Err(reqwest_middleware::Error::middleware(
+            crate::ResilienceError::InvalidConfig("refused".into()),
+        ));
+        for proof in [NotProcessedProof::RefusedStream, NotProcessedProof::GoAway] {
+            let mut e = RequestEvidence::new(Transmission::SentNoResponse, None, 1);
+            e.failure = Some(FailureKind::Protocol);
+            e.not_processed = Some(proof);
+            assert_eq!(DefaultClassifier.classify(Some(&e), &err), Outcome::Neutral);
+        }
+        // Without the proof, the same protocol failure counts.
+        let mut e = RequestEvidence::new(Transmission::SentNoResponse, None, 1);
+        e.failure = Some(FailureKind::Protocol);
+        assert_eq!(DefaultClassifier.classify(Some(&e), &err), Outcome::Failure);
     }
 
     #[test]

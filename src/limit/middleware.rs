@@ -130,6 +130,11 @@ fn sample_of(
         |s: StatusCode| s == StatusCode::TOO_MANY_REQUESTS || s == StatusCode::SERVICE_UNAVAILABLE;
     match evidence {
         Some(e) => match (e.transmission, e.failure) {
+            // The server's stream limit: an overload signal. A `GOAWAY` below the stream is
+            // a connection rotation, not load (it is `Protocol`, ignored below).
+            _ if e.not_processed == Some(crate::record::NotProcessedProof::RefusedStream) => {
+                Sample::Overload
+            }
             (Transmission::ResponseReceived(s), _) if overload(s) => Sample::Overload,
             // The transport step's own time: a token wait in `BearerAuth` is not latency.
             (Transmission::ResponseReceived(_), _) => Sample::Latency(e.elapsed),

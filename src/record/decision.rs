@@ -45,8 +45,11 @@ pub enum RetryReason {
     /// Rejected locally by an open circuit breaker or a server-directed pause; retried after
     /// the breaker's own "retry in".
     BreakerRejected,
-    /// The server proved it did not process the request (HTTP/2 `REFUSED_STREAM` or
-    /// `GOAWAY`): safe for any method, once.
+    /// The server proved it did not process the request (HTTP/2 `REFUSED_STREAM`, or a
+    /// `GOAWAY` whose last stream id is below the request's stream): safe for any method,
+    /// and taken at once (no backoff), outside `max_retries`, up to the middleware's own
+    /// cap per request (`max_not_processed_retries`, default 5) and within the retry
+    /// budget.
     NotProcessed,
     /// An idempotent request got no response (reset, timeout, closed, unknown).
     Transient,
@@ -68,7 +71,9 @@ pub enum StopReason {
     Permanent(FailureKind),
     /// A non-idempotent request that may have reached the server (sent, no response).
     MayHaveBeenProcessed,
-    /// The server's not-processed proof was already used for one retry.
+    /// The server proved it did not process a non-idempotent request again, but the
+    /// request already took as many not-processed retries as its cap allows
+    /// (`max_not_processed_retries`, default 5; the name is from when the cap was one).
     NotProcessedRetryUsed,
     /// The maximum number of retries was reached (or retries are disabled for this
     /// request).
@@ -119,7 +124,7 @@ impl fmt::Display for StopReason {
                 f.write_str("a non-idempotent request may have been processed")
             }
             StopReason::NotProcessedRetryUsed => {
-                f.write_str("the not-processed proof was already used once")
+                f.write_str("the cap of not-processed retries was reached")
             }
             StopReason::RetriesExhausted => f.write_str("retries exhausted"),
             StopReason::BudgetExhausted => f.write_str("retry budget exhausted"),

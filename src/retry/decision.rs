@@ -35,7 +35,19 @@ pub struct AttemptContext<'a> {
     pub attempt: u32,
     /// Retries already taken on a [`RetryReason::NotProcessed`] verdict.
     pub not_processed_retries: u32,
+    /// How many [`RetryReason::NotProcessed`] retries one request may take
+    /// ([`RetryMiddlewareBuilder::max_not_processed_retries`](super::RetryMiddlewareBuilder::max_not_processed_retries),
+    /// default [`DEFAULT_MAX_NOT_PROCESSED_RETRIES`]).
+    pub max_not_processed_retries: u32,
 }
+
+/// The default cap on [`RetryReason::NotProcessed`] retries per request: 5.
+///
+/// Outside `max_retries`: a server rotating its connections (nginx's `keepalive_requests`)
+/// refuses a stream now and then without being unwell, and a request may meet more than
+/// one rotation in a burst. The cap (with the retry budget) keeps a server that refuses
+/// everything from making a loop.
+pub const DEFAULT_MAX_NOT_PROCESSED_RETRIES: u32 = 5;
 
 impl<'a> AttemptContext<'a> {
     /// The context of a first attempt of `method`, idempotent by its method alone; set the
@@ -62,6 +74,7 @@ impl<'a> AttemptContext<'a> {
             idempotent: is_idempotent(method, &HeaderMap::new()),
             attempt: 1,
             not_processed_retries: 0,
+            max_not_processed_retries: DEFAULT_MAX_NOT_PROCESSED_RETRIES,
         }
     }
 }
@@ -96,7 +109,7 @@ pub trait RetryStrategy: Send + Sync + 'static {
 /// | `NotSent`, transient kind | retry | retry |
 /// | `NotSent`, no bearer token ([`FailureKind::TokenUnavailable`]) | retry | retry |
 /// | `NotSent`, over the concurrency limit ([`FailureKind::ConcurrencyLimited`]) | no | no |
-/// | sent, server proved not processed | retry | retry once |
+/// | sent, server proved not processed ([`RequestEvidence::not_processed`]) | retry at once | retry at once |
 /// | `SentNoResponse` / `Unknown` | retry | never |
 /// | 408, 500, 502, 503, 504 | retry | only with `Retry-After` |
 /// | 429 | retry | retry |
@@ -110,6 +123,15 @@ pub trait RetryStrategy: Send + Sync + 'static {
 /// even a token no header can carry may be replaced by the source's next fetch. The wait
 /// is the backoff, but never shorter than the evidence's `retry_after` (when the token
 /// manager will fetch again): a retry sooner would get the same error back at once.
+///
+/// A request the server proved it did not process (HTTP/2 `REFUSED_STREAM`, or a `GOAWAY`
+/// whose last stream id is below the request's stream: RFC 9113 §8.7, §6.8) is as safe to
+/// send again as one never sent, whatever its method: [`RetryReason::NotProcessed`], taken by
+/// the middleware at once (no backoff), outside `max_retries`, up to
+/// [`AttemptContext::max_not_processed_retries`] per request and within the retry budget. Past
+/// that cap an idempotent request falls back to the row below (a counted
+/// [`RetryReason::Transient`] retry), a non-idempotent one stops
+/// ([`StopReason::NotProcessedRetryUsed`]).
 ///
 /// A request over its origin's concurrency limit was not sent either, but is not
 /// retried: the limit says the origin already has as many of our attempts as it should
@@ -151,7 +173,9 @@ impl RetryStrategy for DefaultStrategy {
                 }
                 _ => Verdict::Retry(RetryReason::NotSent),
             },
-            _ if ev.not_processed.is_some() && ctx.not_processed_retries == 0 => {
+            _ if ev.not_processed.is_some()
+                && ctx.not_processed_retries < ctx.max_not_processed_retries =>
+            {
                 Verdict::Retry(RetryReason::NotProcessed)
             }
             _ if ctx.idempotent => Verdict::Retry(RetryReason::Transient),
@@ -208,6 +232,15 @@ mod tests {
     }
 
     fn decide(ev: &RequestEvidence, method: Method, not_processed_retries: u32) -> Verdict {
+        decide_capped(ev, method, not_processed_retries, 1)
+    }
+
+    fn decide_capped(
+        ev: &RequestEvidence,
+        method: Method,
+        not_processed_retries: u32,
+        max_not_processed_retries: u32,
+    ) -> Verdict {
         let idempotent = is_idempotent(&method, &HeaderMap::new());
         DefaultStrategy.decide(&AttemptContext {
             evidence: ev,
@@ -215,6 +248,7 @@ mod tests {
             idempotent,
             attempt: 1,
             not_processed_retries,
+            max_not_processed_retries,
         })
     }
 
@@ -301,6 +335,50 @@ mod tests {
         assert_eq!(
             decide(&ev, Method::GET, 1),
             Verdict::Retry(RetryReason::Transient)
+        );
+    }
+
+    #[test]
+    fn row_not_processed_proof_retries_any_method_up_to_its_own_cap() {
+        let cap = DEFAULT_MAX_NOT_PROCESSED_RETRIES;
+        for proof in [NotProcessedProof::RefusedStream, NotProcessedProof::GoAway] {
+            for t in [Transmission::SentNoResponse, Transmission::Unknown] {
+                let mut ev = evidence(t, Some(FailureKind::Protocol));
+                ev.not_processed = Some(proof);
+                for method in [Method::POST, Method::PATCH, Method::GET, Method::PUT] {
+                    for used in 0..cap {
+                        assert_eq!(
+                            decide_capped(&ev, method.clone(), used, cap),
+                            Verdict::Retry(RetryReason::NotProcessed),
+                            "{method} {proof:?} {used}"
+                        );
+                    }
+                }
+                // Past the cap: an idempotent request is an ordinary (counted) retry.
+                assert_eq!(
+                    decide_capped(&ev, Method::POST, cap, cap),
+                    Verdict::Stop(StopReason::NotProcessedRetryUsed)
+                );
+                assert_eq!(
+                    decide_capped(&ev, Method::GET, cap, cap),
+                    Verdict::Retry(RetryReason::Transient)
+                );
+                // A cap of 0 turns the row off.
+                assert_eq!(
+                    decide_capped(&ev, Method::POST, 0, 0),
+                    Verdict::Stop(StopReason::NotProcessedRetryUsed)
+                );
+            }
+        }
+        // `AttemptContext::new` carries the default cap.
+        let mut ev = evidence(Transmission::SentNoResponse, Some(FailureKind::Protocol));
+        ev.not_processed = Some(NotProcessedProof::GoAway);
+        let mut ctx = AttemptContext::new(&ev, &Method::POST);
+        assert_eq!(ctx.max_not_processed_retries, 5);
+        ctx.not_processed_retries = 4;
+        assert_eq!(
+            DefaultStrategy.decide(&ctx),
+            Verdict::Retry(RetryReason::NotProcessed)
         );
     }
 
@@ -463,6 +541,28 @@ mod tests {
                             "{:?}", reason
                         ),
                     }
+                }
+            }
+
+            /// With any cap: a non-idempotent request that may have been processed is sent
+            /// again only on a proof, while the cap has room.
+            #[test]
+            fn no_unsafe_retry_past_the_not_processed_cap(
+                t in prop_oneof![Just(Transmission::SentNoResponse), Just(Transmission::Unknown)],
+                k in kind(),
+                proof in any::<bool>(),
+                idempotent in any::<bool>(),
+                used in 0u32..8,
+                cap in 0u32..8,
+            ) {
+                let mut ev = evidence(t, k);
+                ev.not_processed = proof.then_some(NotProcessedProof::GoAway);
+                let method = if idempotent { Method::PUT } else { Method::POST };
+                let verdict = decide_capped(&ev, method, used, cap);
+                if verdict == Verdict::Retry(RetryReason::NotProcessed) {
+                    prop_assert!(proof && used < cap);
+                } else if let Verdict::Retry(_) = verdict {
+                    prop_assert!(idempotent);
                 }
             }
         }

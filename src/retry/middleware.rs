@@ -126,6 +126,8 @@ struct Config {
     error_wrapping: ErrorWrapping,
     attempt_timeout: Option<Duration>,
     hedging: Option<Hedging>,
+    /// The cap on [`RetryReason::NotProcessed`] retries per request.
+    max_not_processed_retries: u32,
 }
 
 /// Where backoff delays come from.
@@ -167,6 +169,7 @@ impl RetryMiddleware {
                 error_wrapping: ErrorWrapping::ExceptReqwest,
                 attempt_timeout: None,
                 hedging: None,
+                max_not_processed_retries: super::DEFAULT_MAX_NOT_PROCESSED_RETRIES,
             },
         }
     }
@@ -195,6 +198,7 @@ impl fmt::Debug for RetryMiddleware {
             .field("deadline", &c.deadline)
             .field("attempt_timeout", &c.attempt_timeout)
             .field("hedging", &c.hedging)
+            .field("max_not_processed_retries", &c.max_not_processed_retries)
             .field("error_wrapping", &c.error_wrapping)
             .finish_non_exhaustive()
     }
@@ -226,6 +230,25 @@ impl RetryMiddlewareBuilder {
     /// The backoff between attempts (default [`Backoff::default`]).
     pub fn backoff(mut self, backoff: Backoff) -> Self {
         self.config.delays = Delays::Backoff(backoff);
+        self
+    }
+
+    /// The most retries one request takes on the server's proof that it did not process
+    /// an attempt ([`RetryReason::NotProcessed`]: HTTP/2 `REFUSED_STREAM`, or a `GOAWAY`
+    /// below the request's stream); default
+    /// [`DEFAULT_MAX_NOT_PROCESSED_RETRIES`](super::DEFAULT_MAX_NOT_PROCESSED_RETRIES) (5),
+    /// 0 turns them off.
+    ///
+    /// Such a retry is as safe as one of a request never sent, for any method, and is
+    /// what a server rotating its connections (nginx's `keepalive_requests`) asks for: it
+    /// is taken at once (no backoff) and is not counted against
+    /// [`max_retries`](Self::max_retries) (whose 0 still disables every retry), but it is
+    /// counted against this cap and spends the [retry budget](Self::budget) like any
+    /// retry, so a server that refuses everything gets at most `1 + cap` attempts of a
+    /// request. reqwest retries a refused stream itself too, below this middleware (twice
+    /// by default; `reqwest::ClientBuilder::retry(reqwest::retry::never())` turns that off).
+    pub fn max_not_processed_retries(mut self, cap: u32) -> Self {
+        self.config.max_not_processed_retries = cap;
         self
     }
 
@@ -391,6 +414,21 @@ struct LoopState {
     attempt_timeout: Option<Duration>,
     /// Hedges sent so far.
     hedges: u32,
+    /// Retries taken on [`RetryReason::NotProcessed`] (not counted in `retries`).
+    not_processed_retries: u32,
+}
+
+impl LoopState {
+    /// Attempts made so far: the first, the retries of either kind and the hedges.
+    fn attempts(&self) -> u32 {
+        self.retries + self.not_processed_retries + self.hedges
+    }
+
+    /// Whether another retry may still be taken (so the request must be kept for it).
+    fn retry_possible(&self, max_not_processed_retries: u32) -> bool {
+        self.retries < self.max_retries
+            || (self.max_retries > 0 && self.not_processed_retries < max_not_processed_retries)
+    }
 }
 
 impl Config {
@@ -413,8 +451,8 @@ impl Config {
         state: &LoopState,
         now: Instant,
     ) -> Step {
-        if state.retries >= state.max_retries {
-            return Step::Stop(StopReason::RetriesExhausted);
+        if let Err(stop) = self.count_allows(reason, state) {
+            return Step::Stop(stop);
         }
         if !can_replay {
             return Step::Stop(StopReason::BodyNotClonable);
@@ -429,6 +467,12 @@ impl Config {
             return Step::Stop(StopReason::DeadlineExceeded);
         }
         let withdrawal = match &self.budget {
+            // A `GOAWAY` below the stream is a connection rotation: the retry goes to a new
+            // connection and adds no work the request would not have cost anyway, so only
+            // the per-request cap bounds it (a burst meets one rotation per
+            // `keepalive_requests` requests, more than any budget's 20 %). A
+            // `REFUSED_STREAM` is the server's stream limit, a load signal: budgeted.
+            Some(_) if free_of_budget(reason, evidence) => None,
             Some(budget) => match budget.withdraw() {
                 Some(w) => Some(w),
                 None => return Step::Stop(StopReason::BudgetExhausted),
@@ -440,6 +484,22 @@ impl Config {
             reason,
             withdrawal,
         }
+    }
+
+    /// Whether the retry counts leave room for a retry for `reason`: a not-processed one
+    /// has a cap of its own, every other the retry count (whose 0 disables both).
+    fn count_allows(&self, reason: RetryReason, state: &LoopState) -> Result<(), StopReason> {
+        if state.max_retries == 0 {
+            return Err(StopReason::RetriesExhausted);
+        }
+        if reason == RetryReason::NotProcessed {
+            if state.not_processed_retries >= self.max_not_processed_retries {
+                return Err(StopReason::NotProcessedRetryUsed);
+            }
+        } else if state.retries >= state.max_retries {
+            return Err(StopReason::RetriesExhausted);
+        }
+        Ok(())
     }
 
     fn delay_for(
@@ -456,6 +516,13 @@ impl Config {
             return retry_in
                 .or(evidence.retry_after)
                 .ok_or(StopReason::BreakerRejected);
+        }
+        if reason == RetryReason::NotProcessed {
+            // Proven unprocessed: the connection the server gave up on is not used again
+            // (h2 opens no stream on a connection that sent `GOAWAY`), so waiting would
+            // only delay a request the server never saw (a second per rotation, with the
+            // default backoff).
+            return Ok(Duration::ZERO);
         }
         if let (RetryReason::Status(_), Some(after)) = (reason, evidence.retry_after) {
             // 0 or a past date gives no wait of its own: the backoff applies.
@@ -587,7 +654,6 @@ struct RequestRun<'a> {
     /// The hedging of a request eligible for it ([`Hedging::eligible`]).
     hedging: Option<&'a Hedging>,
     state: LoopState,
-    not_processed_retries: u32,
     /// Whether this middleware handed its `total_deadline` inward as a [`Deadline`].
     handed_on: bool,
     /// Whether the stack installed the transport step inside (see [`Decision`]).
@@ -642,6 +708,7 @@ impl<'a> RequestRun<'a> {
             previous_delay: None,
             attempt_timeout: attempt_timeout::for_request(extensions, config.attempt_timeout),
             hedges: 0,
+            not_processed_retries: 0,
         };
         if let Some(budget) = &config.budget {
             budget.deposit();
@@ -660,7 +727,6 @@ impl<'a> RequestRun<'a> {
             origin: handover.origin(req.url()),
             hedging,
             state,
-            not_processed_retries: 0,
             handed_on,
             transport_installed: handover.composed(),
         }
@@ -680,7 +746,10 @@ impl<'a> RequestRun<'a> {
         // `MaxRetries(0)`) on the single-send path.
         let copy = kept
             .as_ref()
-            .filter(|_| self.state.retries < self.state.max_retries)
+            .filter(|_| {
+                self.state
+                    .retry_possible(self.config.max_not_processed_retries)
+            })
             .and_then(Request::try_clone);
         let req = match copy {
             Some(copy) => copy,
@@ -689,7 +758,7 @@ impl<'a> RequestRun<'a> {
         // Evidence from the previous attempt must not be mistaken for this one's.
         extensions.remove::<RequestEvidence>();
         let prepared = PreparedAttempt {
-            attempt: self.state.retries + self.state.hedges + 1,
+            attempt: self.state.attempts() + 1,
             replayable: replayable(&req),
             recorded_before: extensions.get::<AttemptHistory>().map_or(0, |h| h.len()),
         };
@@ -728,7 +797,8 @@ impl<'a> RequestRun<'a> {
                 method: &self.method,
                 idempotent: self.idempotent,
                 attempt,
-                not_processed_retries: self.not_processed_retries,
+                not_processed_retries: self.state.not_processed_retries,
+                max_not_processed_retries: self.config.max_not_processed_retries,
             };
             matches!(self.config.strategy.decide(&ctx), Verdict::Stop(_))
         }
@@ -782,7 +852,6 @@ impl<'a> RequestRun<'a> {
             config: self.config,
             method: &self.method,
             idempotent: self.idempotent,
-            not_processed_retries: self.not_processed_retries,
             recorded_before: prepared.recorded_before,
             transport_installed: self.transport_installed,
         };
@@ -816,10 +885,12 @@ impl<'a> RequestRun<'a> {
         wait.await;
         unspent.0 = None;
         if retry.reason == RetryReason::NotProcessed {
-            self.not_processed_retries += 1;
+            // Outside the retry count and the backoff's progression.
+            self.state.not_processed_retries += 1;
+        } else {
+            self.state.previous_delay = Some(retry.delay);
+            self.state.retries += 1;
         }
-        self.state.previous_delay = Some(retry.delay);
-        self.state.retries += 1;
     }
 
     /// The request's result, with its [`RetryOutcome`].
@@ -842,6 +913,13 @@ impl<'a> RequestRun<'a> {
     }
 }
 
+/// Whether a retry for `reason` after `evidence` is bounded by its own cap alone, not by
+/// the retry budget: a not-processed retry proven by a `GOAWAY`.
+fn free_of_budget(reason: RetryReason, evidence: &RequestEvidence) -> bool {
+    reason == RetryReason::NotProcessed
+        && evidence.not_processed == Some(crate::record::NotProcessedProof::GoAway)
+}
+
 /// Hands the configured total deadline inward as a [`Deadline`] when the request has none:
 /// the middlewares inside (the breaker waiting out a pause) honour the same deadline; it
 /// ends with the request ([`finish`]). Whether it did.
@@ -862,7 +940,6 @@ struct Decision<'a> {
     config: &'a Config,
     method: &'a http::Method,
     idempotent: bool,
-    not_processed_retries: u32,
     /// The history's length before the attempt.
     recorded_before: usize,
     /// Whether the stack installed the transport step (then an attempt without evidence
@@ -901,7 +978,8 @@ impl Decision<'_> {
             method: self.method,
             idempotent: self.idempotent,
             attempt,
-            not_processed_retries: self.not_processed_retries,
+            not_processed_retries: state.not_processed_retries,
+            max_not_processed_retries: c.max_not_processed_retries,
         });
         let step = match verdict {
             // The deadline passed during the attempt: no time is left for another.
@@ -1100,6 +1178,7 @@ mod tests {
             previous_delay: None,
             attempt_timeout: None,
             hedges: 0,
+            not_processed_retries: 0,
         }
     }
 

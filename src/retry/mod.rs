@@ -46,14 +46,18 @@ pub use attempt_timeout::AttemptTimeout;
 pub use budget::RetryBudget;
 use budget::Withdrawal;
 pub use decision::{
-    AttemptContext, DefaultStrategy, RetryReason, RetryStrategy, StopReason, Verdict, is_idempotent,
+    AttemptContext, DEFAULT_MAX_NOT_PROCESSED_RETRIES, DefaultStrategy, RetryReason, RetryStrategy,
+    StopReason, Verdict, is_idempotent,
 };
 pub use error::{ErrorWrapping, RetryError, find_reqwest_error};
 pub use hedge::{HedgeDelay, Hedging};
 pub use middleware::{RetryAfterPolicy, RetryMiddleware, RetryMiddlewareBuilder};
 
 /// Per-request override of the maximum number of retries (`MaxRetries(0)` disables
-/// retrying for that request).
+/// retrying for that request, not-processed retries included). Retries on the server's
+/// proof that it did not process a request ([`RetryReason::NotProcessed`]) are not counted
+/// against it: they have a cap of their own
+/// ([`RetryMiddlewareBuilder::max_not_processed_retries`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MaxRetries(pub u32);
 

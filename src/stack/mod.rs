@@ -105,6 +105,7 @@ struct RetrySettings {
     error_wrapping: Option<ErrorWrapping>,
     attempt_timeout: Option<Duration>,
     hedging: Option<Hedging>,
+    max_not_processed_retries: Option<u32>,
 }
 
 impl RetrySettings {
@@ -119,6 +120,10 @@ impl RetrySettings {
             (self.error_wrapping.is_some(), "error_wrapping"),
             (self.attempt_timeout.is_some(), "attempt_timeout"),
             (self.hedging.is_some(), "hedging"),
+            (
+                self.max_not_processed_retries.is_some(),
+                "max_not_processed_retries",
+            ),
         ]
         .into_iter()
         .find_map(|(set, name)| set.then_some(name))
@@ -269,6 +274,16 @@ impl Resilience {
     /// The backoff between attempts (default [`Backoff::default`]).
     pub fn backoff(mut self, backoff: Backoff) -> Self {
         self.retry_settings.backoff = Some(backoff);
+        self
+    }
+
+    /// The most retries one request takes, at once and outside
+    /// [`max_retries`](Self::max_retries), on the server's proof that it did not process an
+    /// attempt (HTTP/2 `REFUSED_STREAM`, or a `GOAWAY` below the request's stream: a server
+    /// rotating its connections); default 5, 0 turns them off. See
+    /// [`RetryMiddlewareBuilder::max_not_processed_retries`](crate::retry::RetryMiddlewareBuilder::max_not_processed_retries).
+    pub fn max_not_processed_retries(mut self, cap: u32) -> Self {
+        self.retry_settings.max_not_processed_retries = Some(cap);
         self
     }
 
@@ -555,6 +570,9 @@ impl Resilience {
                 let mut b = RetryMiddleware::builder().backoff(backoff);
                 if let Some(n) = s.max_retries {
                     b = b.max_retries(n);
+                }
+                if let Some(cap) = s.max_not_processed_retries {
+                    b = b.max_not_processed_retries(cap);
                 }
                 if let Some(total) = s.total_deadline {
                     // The smallest delay the jitter can draw before the first retry.

@@ -44,6 +44,7 @@
 #![allow(dead_code)] // each test binary uses a different part of the support code
 
 pub mod h2;
+pub mod nginx;
 pub mod tls;
 
 use std::io;

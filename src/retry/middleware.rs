@@ -535,6 +535,9 @@ impl RetryMiddleware {
                 unreachable!("serve hands the request in")
             };
             let owner = handover.enter(extensions, "RetryMiddleware", true, first.url())?;
+            if let Some(refused) = attempt_timeout::refuse_zero(extensions) {
+                return Err(refused);
+            }
             let mut run = RequestRun::begin(&self.config, first, extensions, handover);
             loop {
                 // One attempt and its decision, in a block of their own: the request, the
@@ -588,7 +591,8 @@ struct RequestRun<'a> {
     hedging: Option<&'a Hedging>,
     state: LoopState,
     not_processed_retries: u32,
-    /// Whether this middleware handed its `total_deadline` inward as a [`Deadline`].
+    /// Whether this middleware handed its `total_deadline` inward as a [`Deadline`], or
+    /// its attempt timeout: what ends with the request ([`Inward::end`]).
     handed_on: bool,
     /// Whether the stack installed the transport step inside (see [`Decision`]).
     transport_installed: bool,
@@ -628,6 +632,9 @@ impl<'a> RequestRun<'a> {
         handover: Handover<'_>,
     ) -> Self {
         let handed_on = hand_on_deadline(config, extensions);
+        let attempt_timeout = attempt_timeout::for_request(extensions, config.attempt_timeout);
+        // Kept for every attempt (and copy) to start its clock from.
+        Inward::set_attempt_timeout(extensions, attempt_timeout);
         let idempotent = extensions
             .get::<Idempotent>()
             .map_or_else(|| is_idempotent(req.method(), req.headers()), |i| i.0);
@@ -640,7 +647,7 @@ impl<'a> RequestRun<'a> {
                 .map_or_else(|| config.max_retries(), |m| m.0),
             retries: 0,
             previous_delay: None,
-            attempt_timeout: attempt_timeout::for_request(extensions, config.attempt_timeout),
+            attempt_timeout,
             hedges: 0,
         };
         if let Some(budget) = &config.budget {
@@ -658,7 +665,8 @@ impl<'a> RequestRun<'a> {
             hedging,
             state,
             not_processed_retries: 0,
-            handed_on,
+            // What this request handed inward ends with it.
+            handed_on: handed_on || attempt_timeout.is_some(),
             transport_installed: handover.composed(),
         }
     }

@@ -34,6 +34,11 @@ use crate::stage::CutAt;
 /// 2. It sends the attempt and, from the evidence the transport step left, tells the
 ///    limit what it showed: the latency to the response head, an overload signal (a
 ///    `429`, a `503`, a timeout), or nothing (a refused connection, a rejection inside).
+/// 3. It holds the permit until the response body has been read to its end, failed or
+///    been dropped: a body still streaming (a download, streamed LLM output) is load on
+///    the server, so a limit of 1 serves one body at a time. The response is rebuilt
+///    around the wrapped body (status, version, headers, extensions and URL kept); one
+///    with `Content-Length: 0` gives the permit back at its head.
 ///
 /// The retry middleware does not retry a rejection: waiting for a permit is this
 /// middleware's queue, bounded by the same deadline; a retry after a backoff would only
@@ -73,6 +78,12 @@ use crate::stage::CutAt;
 /// breaker's), so a request that only waited locally is never counted as a timeout
 /// against the origin. An attempt that was admitted and is still running at the
 /// deadline is a timeout: an overload signal for the limit.
+///
+/// The retry middleware's [attempt
+/// timeout](crate::retry::RetryMiddlewareBuilder::attempt_timeout) runs from the permit:
+/// a wait in the queue stops its clock, and the permit restarts it. This middleware cuts
+/// the attempt there itself (`Unknown` / `Timeout` evidence and tokio's `Elapsed`, as the
+/// retry's own cut), and counts the cut as an overload signal.
 ///
 /// # Cancel safety
 ///

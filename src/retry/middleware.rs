@@ -297,7 +297,12 @@ impl RetryMiddlewareBuilder {
         self
     }
 
-    /// Bounds each attempt's wait for its response head (default: none). A cut attempt is
+    /// Bounds each attempt's wait for its response head (default: none), counted from
+    /// when the request leaves for the network: a
+    /// [`CircuitBreakerMiddleware`](crate::breaker::CircuitBreakerMiddleware) or
+    /// [`ConcurrencyLimit`](crate::limit::ConcurrencyLimit) inside restarts the clock when
+    /// it lets the request go, and a wait for a pause or in the limiter's queue is not
+    /// part of it (the deadline bounds that wait). A cut attempt is
     /// `Unknown` / [`Timeout`](FailureKind::Timeout), so only an idempotent request is
     /// retried after it, and a
     /// [`CircuitBreakerMiddleware`](crate::breaker::CircuitBreakerMiddleware) inside counts

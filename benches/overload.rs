@@ -532,7 +532,19 @@ fn rejection_cost() {
         }
         drop(held);
         println!();
-        println!("cost of one rejection (median of 5 interleaved rounds)");
+        // With `RUST_BACKTRACE=1` (and no `RUST_LIB_BACKTRACE=0`) every error of
+        // reqwest-middleware (an `anyhow::Error`) captures a backtrace when it is made:
+        // that, not the limiter, is most of a rejection's time.
+        let backtraces = std::backtrace::Backtrace::capture().status()
+            == std::backtrace::BacktraceStatus::Captured;
+        println!(
+            "cost of one rejection (median of 5 interleaved rounds; library backtraces {})",
+            if backtraces {
+                "ON: every middleware error captures one"
+            } else {
+                "off"
+            }
+        );
         println!("  registry try_acquire on a full limit: {:>7.0} ns", reg[2]);
         println!(
             "  request rejected by the middleware:   {:>7.0} ns (evidence, history, error)",

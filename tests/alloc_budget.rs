@@ -185,3 +185,68 @@ async fn hedging_an_answer_faster_than_the_delay_adds_ten_allocations_per_reques
         );
     }
 }
+
+/// A zero-sized error: what one `reqwest_middleware::Error` costs by itself (anyhow's
+/// box, and its backtrace when `RUST_BACKTRACE` / `RUST_LIB_BACKTRACE` turns them on).
+#[derive(Debug)]
+struct Nothing;
+
+impl std::fmt::Display for Nothing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("nothing")
+    }
+}
+
+impl std::error::Error for Nothing {}
+
+fn allocations_of_one_middleware_error() -> u64 {
+    let before = counting_alloc::allocations();
+    for _ in 0..REQUESTS {
+        std::hint::black_box(reqwest_middleware::Error::middleware(Nothing));
+    }
+    (counting_alloc::allocations() - before) / REQUESTS
+}
+
+/// Extra allocations per request through `client` (its requests fail), over the empty
+/// client's successful ones.
+async fn extra_per_failed_request(client: &ClientWithMiddleware) -> f64 {
+    let empty = ClientBuilder::new(reqwest_client()).with(Answer200).build();
+    let base = allocations_for(&empty).await;
+    for _ in 0..10 {
+        assert!(client.get(URL).send().await.is_err());
+    }
+    let before = counting_alloc::allocations();
+    for _ in 0..REQUESTS {
+        assert!(client.get(URL).send().await.is_err());
+    }
+    let with = counting_alloc::allocations() - before;
+    (with as f64 - base as f64) / REQUESTS as f64
+}
+
+#[tokio::test]
+async fn a_request_rejected_by_the_limiter_allocates_less_than_an_admitted_one() {
+    use reqwest_resilience::limit::{ConcurrencyLimit, LimiterConfig, LimiterRegistry};
+    let full = LimiterRegistry::new(LimiterConfig::fixed(1)).unwrap();
+    let _held = full
+        .try_acquire(&Origin::parse(URL).unwrap())
+        .expect("the one permit");
+    let through = |registry: &LimiterRegistry| {
+        ClientBuilder::new(reqwest_client())
+            .with(ConcurrencyLimit::new(registry.clone()))
+            .with(TransportEvidence::new())
+            .with(Answer200)
+            .build()
+    };
+    let error = allocations_of_one_middleware_error() as f64;
+    let rejected = extra_per_failed_request(&through(&full)).await - error;
+    let open = LimiterRegistry::new(LimiterConfig::fixed(1_000)).unwrap();
+    let admitted = extra_per_request(through(&open)).await;
+    // Over the bare client's answered request, less the error itself (anyhow's box: 1;
+    // with backtraces on, 5 more for the captured frames): nothing. The limiter's boxed
+    // future (1), the caller's AttemptHistory (map, table, box: 3) and the rejection's
+    // RequestEvidence (1) weigh what the answer's response does in the bare client.
+    assert_eq!(rejected, 0.0);
+    // The transport step's 8 and the limiter's boxed future.
+    assert_eq!(admitted, 9.0 + METRICS_ATTEMPT);
+    assert!(rejected < admitted);
+}

@@ -360,3 +360,27 @@ fn the_stack_refuses_timeout_or_hedging_settings_for_a_prebuilt_retry() {
         .unwrap_err();
     assert_eq!(err.to_string(), conflict("hedging"));
 }
+
+/// Issue 21, item 8: `AttemptTimeout(Duration::ZERO)` on a request is refused as the
+/// builder refuses a zero timeout: a typed error at once, nothing sent, no attempt made.
+#[tokio::test(start_paused = true)]
+async fn a_zero_attempt_timeout_on_a_request_is_refused_before_anything_is_sent() {
+    let server = FaultServer::always(Action::ok("x")).await;
+    let c = client(one_second_attempts(3), None);
+    for method in [reqwest::Method::GET, reqwest::Method::POST] {
+        let mut ext = Extensions::new();
+        ext.insert(AttemptTimeout(Duration::ZERO));
+        let (result, ext, elapsed) = send(&c, method, &server.url("/"), ext).await;
+        let err = result.unwrap_err();
+        assert!(
+            matches!(
+                ResilienceError::from_middleware_error(&err),
+                Some(ResilienceError::InvalidConfig(why)) if why.contains("AttemptTimeout")
+            ),
+            "{err:?}"
+        );
+        assert_eq!(elapsed, Duration::ZERO);
+        assert!(ext.get::<AttemptHistory>().is_none(), "no attempt was made");
+    }
+    assert_eq!(server.requests_seen(), 0);
+}

@@ -896,3 +896,200 @@ async fn a_healthy_origin_whose_answers_take_5_or_50_ms_at_random_is_not_limited
     assert!(s.limit >= 13, "{}", s.limit);
     assert_eq!((s.in_flight, s.rejections), (0, rejected));
 }
+
+/// Issue 21, item 3: the attempt timeout runs from the permit, not from the queue. Under a
+/// 1 s attempt timeout, a POST that waits 3 s in the queue (its timeout) ends there
+/// `NotSent` / `ConcurrencyLimited`, is not retried and leaves the breaker Closed with no
+/// failure; a GET that gets the permit after 2 s is sent then and answered in 0.5 s.
+#[tokio::test(start_paused = true)]
+async fn the_attempt_timeout_starts_at_the_permit_a_wait_in_the_queue_ends_unsent() {
+    let server = FaultServer::start(|_, req| {
+        if req.path == "/hold" {
+            Action::Stall
+        } else {
+            Action::Delay(500 * MS, Box::new(Action::ok("done")))
+        }
+    })
+    .await;
+    let breakers = BreakerRegistry::new(BreakerConfig::default()).unwrap();
+    let limits =
+        LimiterRegistry::new(LimiterConfig::fixed(1).queue(1, Duration::from_secs(3))).unwrap();
+    let client = Resilience::new()
+        .attempt_timeout(Duration::from_secs(1))
+        .breaker(breakers.clone())
+        .concurrency_limiter(limits.clone())
+        .client_builder(reqwest_client())
+        .unwrap()
+        .build();
+    // The holder keeps the permit (no attempt timeout of its own) until it is aborted.
+    let hold = |client: ClientWithMiddleware, url: String| {
+        tokio::spawn(async move {
+            let request = client
+                .get(url)
+                .with_extension(reqwest_resilience::retry::AttemptTimeout(Duration::MAX));
+            let _ = request.send().await;
+        })
+    };
+    let holder = hold(client.clone(), server.url("/hold"));
+    tokio::time::sleep(10 * MS).await;
+    assert_eq!(limits.get(&origin_of(&server)).unwrap().in_flight, 1);
+
+    // A POST behind it: the queue's timeout ends its wait, unsent.
+    let mut ext = Extensions::new();
+    let t0 = Instant::now();
+    let result = client
+        .execute_with_extensions(client.post(server.url("/work")).build().unwrap(), &mut ext)
+        .await;
+    assert_eq!(t0.elapsed(), Duration::from_secs(3));
+    assert_eq!(
+        end_of(result),
+        End::Limited {
+            limit: 1,
+            in_flight: 1
+        }
+    );
+    let h = ext.get::<AttemptHistory>().unwrap().attempts();
+    assert_eq!(h.len(), 1);
+    assert_eq!(
+        (h[0].evidence.transmission, h[0].evidence.failure),
+        (Transmission::NotSent, Some(FailureKind::ConcurrencyLimited))
+    );
+    let b = &breakers.snapshot()[0];
+    assert_eq!((b.state, b.consecutive_failures), (BreakerState::Closed, 0));
+
+    // A GET behind it, the holder gone after 2 s: sent then, answered 0.5 s later.
+    let get = tokio::spawn({
+        let (client, url) = (client.clone(), server.url("/work"));
+        async move {
+            let mut ext = Extensions::new();
+            let t0 = Instant::now();
+            let result = client
+                .execute_with_extensions(client.get(url).build().unwrap(), &mut ext)
+                .await;
+            let body = result.unwrap().text().await.unwrap();
+            (
+                body,
+                t0.elapsed(),
+                ext.get::<RetryOutcome>().unwrap().attempts,
+            )
+        }
+    });
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    holder.abort();
+    let _ = holder.await;
+    let (body, elapsed, attempts) = get.await.unwrap();
+    assert_eq!((body.as_str(), elapsed, attempts), ("done", 2500 * MS, 1));
+    let b = &breakers.snapshot()[0];
+    assert_eq!((b.state, b.consecutive_failures), (BreakerState::Closed, 0));
+    // The holder and the GET; the POST never reached the server.
+    let paths: Vec<String> = server.requests().iter().map(|r| r.path.clone()).collect();
+    assert_eq!(paths, ["/hold", "/work"]);
+}
+
+/// Issue 21, item 4: an attempt cut by the attempt timeout (long before any deadline) is
+/// an overload signal: two cut attempts in a window of two take a limit of 2 to 1, as
+/// two cut at the deadline do.
+#[tokio::test(start_paused = true)]
+async fn attempts_cut_by_the_attempt_timeout_are_overload_signals_for_the_limit() {
+    let server = FaultServer::always(Action::Stall).await;
+    let g = Gradient::default()
+        .min_limit(1)
+        .initial_limit(2)
+        .min_window_samples(1);
+    let limits = LimiterRegistry::new(LimiterConfig::adaptive(g)).unwrap();
+    // The limiter alone under a retry middleware (not the composed stack).
+    let client = ClientBuilder::new(reqwest_client())
+        .with(
+            support::exact_retry()
+                .max_retries(0)
+                .attempt_timeout(Duration::from_secs(1))
+                .build()
+                .unwrap(),
+        )
+        .with(ConcurrencyLimit::new(limits.clone()))
+        .with(TransportEvidence::new())
+        .build();
+    let mut set = JoinSet::new();
+    for _ in 0..2 {
+        let (client, url) = (client.clone(), server.url("/"));
+        set.spawn(async move {
+            let mut ext = Extensions::new();
+            let t0 = Instant::now();
+            let request = client.get(&url).build().unwrap();
+            let result = client.execute_with_extensions(request, &mut ext).await;
+            let e = ext.get::<AttemptHistory>().unwrap().attempts()[0]
+                .evidence
+                .clone();
+            (result.is_err(), e.transmission, e.failure, t0.elapsed())
+        });
+    }
+    while let Some(r) = set.join_next().await {
+        assert_eq!(
+            r.unwrap(),
+            (
+                true,
+                Transmission::Unknown,
+                Some(FailureKind::Timeout),
+                Duration::from_secs(1)
+            )
+        );
+    }
+    let s = limits.get(&origin_of(&server)).unwrap();
+    assert_eq!((s.limit, s.in_flight), (1, 0));
+    assert_eq!(server.requests_seen(), 2);
+}
+
+/// Issue 21, item 6: a permit is held until the response body is read to its end, or
+/// dropped. With `fixed(1)`, two GETs of a body that takes 1 s after its head are served
+/// one after the other (the server never handles two at once), and a response dropped
+/// unread gives its permit back at once. The rebuilt response keeps what reqwest exposes.
+#[tokio::test(start_paused = true)]
+async fn a_permit_is_held_until_the_body_is_read_to_its_end_or_dropped() {
+    let server =
+        FaultServer::always(Action::BodyAfter(Duration::from_secs(1), b"body".to_vec())).await;
+    let limits =
+        LimiterRegistry::new(LimiterConfig::fixed(1).queue(4, Duration::from_secs(60))).unwrap();
+    let client = limited(&limits);
+    let url = server.url("/slow");
+    let t0 = Instant::now();
+    let mut set = JoinSet::new();
+    for _ in 0..2 {
+        let (client, url) = (client.clone(), url.clone());
+        set.spawn(async move { client.get(url).send().await.unwrap().text().await.unwrap() });
+    }
+    while let Some(body) = set.join_next().await {
+        assert_eq!(body.unwrap(), "body");
+    }
+    assert_eq!(
+        t0.elapsed(),
+        Duration::from_secs(2),
+        "one body after the other"
+    );
+    assert_eq!(server.max_concurrent(), 1);
+    assert_eq!(server.requests_seen(), 2);
+    let origin = origin_of(&server);
+    assert_eq!(limits.get(&origin).unwrap().in_flight, 0);
+
+    // The head is in, the body not yet: the permit is still taken, and a second request
+    // waits; dropping the response gives it back.
+    let response = client.get(&url).send().await.unwrap();
+    assert_eq!(limits.get(&origin).unwrap().in_flight, 1);
+    assert_eq!(
+        (
+            response.status().as_u16(),
+            response.url().as_str(),
+            response.content_length(),
+            response.version(),
+        ),
+        (200, url.as_str(), Some(4), http::Version::HTTP_11)
+    );
+    assert_eq!(response.remote_addr(), Some(server.addr()));
+    assert!(
+        response
+            .extensions()
+            .get::<reqwest_resilience::RequestEvidence>()
+            .is_some()
+    );
+    drop(response);
+    assert_eq!(limits.get(&origin).unwrap().in_flight, 0);
+}

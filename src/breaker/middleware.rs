@@ -18,8 +18,8 @@ use super::registry::{BreakerPermit, BreakerRegistry, BreakerRejection};
 use crate::error::{RejectReason, ResilienceError};
 use crate::origin::Origin;
 use crate::record::{
-    AttemptHistory, AttemptScope, Deadline, FailureKind, Inward, RequestEvidence, RetryIn,
-    Transmission, earlier, next_attempt, record_rejected_locally,
+    AttemptClock, AttemptHistory, AttemptScope, Deadline, FailureKind, Inward, RequestEvidence,
+    RetryIn, Transmission, earlier, record_attempt_cut, record_rejected_locally,
 };
 use crate::stage::CutAt;
 
@@ -167,6 +167,11 @@ impl CircuitBreakerMiddleware {
                 let deadline = earlier(extensions.get::<Deadline>().map(|d| d.0), end_of_wait);
                 let fits = deadline.is_none_or(|d| Instant::now() + wait <= d);
                 if fits {
+                    // A wait here is local: the attempt's timeout clock stops for it (the
+                    // admission restarts it), so only the deadline bounds it.
+                    if let Some(clock) = Inward::clock(extensions) {
+                        clock.stop();
+                    }
                     // Spread over a short window after the pause, never past the bound.
                     let spread = super::spread_after_pause(wait);
                     let wake = Instant::now() + spread;
@@ -227,6 +232,8 @@ struct CutAtDeadline<'a> {
     deadline: Instant,
     started: Instant,
     lost: Option<Arc<AtomicBool>>,
+    /// The attempt's timeout clock: then the cut is the clock's, as it stands.
+    clock: Option<AttemptClock>,
 }
 
 impl<'a> CutAtDeadline<'a> {
@@ -236,11 +243,27 @@ impl<'a> CutAtDeadline<'a> {
     }
 }
 
+impl CutAtDeadline<'_> {
+    /// When the attempt is cut as things stand (`None`: never, while a limiter inside
+    /// keeps the request in its queue with no deadline).
+    fn cut(&self) -> Option<Instant> {
+        match &self.clock {
+            None => Some(self.deadline),
+            Some(clock) => clock.cut(),
+        }
+    }
+}
+
 impl Drop for CutAtDeadline<'_> {
     fn drop(&mut self) {
+        // A request a gate inside still held locally (a limiter's queue) was not out:
+        // its cut says nothing about the server.
+        let waiting = self.clock.as_ref().is_some_and(AttemptClock::is_stopped);
         if let Some(permit) = self.permit.take()
-            && self.started < self.deadline
-            && Instant::now() >= self.deadline
+            && let Some(cut) = self.cut()
+            && self.started < cut
+            && Instant::now() >= cut
+            && !waiting
             && !AttemptScope::is_lost(self.lost.as_ref())
         {
             // A timeout is a transport failure, whatever a classifier would make of the
@@ -248,31 +271,6 @@ impl Drop for CutAtDeadline<'_> {
             permit.record(Outcome::Failure);
         }
     }
-}
-
-/// Leaves the evidence of an attempt cut at the deadline, as the retry middleware writes
-/// its own cut: `Unknown` (the request may have reached the server), `Timeout`. Appended to
-/// the history only when nothing inside recorded this attempt, so it is never counted twice
-/// (the retry middleware outside sees the record and adds none).
-fn record_deadline_cut(
-    extensions: &mut Extensions,
-    origin: &Origin,
-    recorded_before: usize,
-    started: Instant,
-) {
-    let history = extensions.get_or_insert_default::<AttemptHistory>();
-    if history.len() != recorded_before {
-        // The transport step finished (and left in the extensions) its record, and a
-        // middleware between it and this one was still working: that record stands.
-        return;
-    }
-    let evidence = RequestEvidence::cut_at_deadline(
-        Some(origin.clone()),
-        next_attempt(recorded_before),
-        started,
-    );
-    history.push(evidence.clone());
-    extensions.insert(evidence);
 }
 
 /// The pause a server asked for: `Retry-After` on a 429 or 503.
@@ -326,8 +324,9 @@ impl Stage for CircuitBreakerMiddleware {
                 Err(rejection) => return Err(reject(&origin, rejection, extensions)),
             };
             let held = Held::under_cut(permit, scope, extensions, handover.composed());
+            let clock = held.clock();
             let sent = owner.poll_as(next, |next| next.run(req, extensions, handover));
-            let outcome = CutAt::new(sent, held.cut()).await;
+            let outcome = CutAt::on_clock(sent, held.cut(), clock).await;
             let (result, permit) = held.end(outcome, extensions, &origin);
             if let Some(permit) = permit {
                 self.record_outcome(permit, &origin, extensions, &result);
@@ -426,15 +425,28 @@ impl<'p> Held<'p> {
             extensions.remove::<RequestEvidence>();
         }
         let deadline = extensions.get::<Deadline>().map(|d| d.0);
-        match earlier(deadline, scope.cut) {
-            None => Held::Uncut(permit),
-            Some(deadline) => Held::CutAt {
+        let now = Instant::now();
+        // Admitted: the attempt's timeout runs from here (a pause waited out is not in it).
+        let clock = Inward::clock(extensions);
+        if let Some(clock) = &clock {
+            clock.restart(now);
+        }
+        let cut = match &clock {
+            Some(clock) => clock.cut(),
+            None => earlier(deadline, scope.cut),
+        };
+        match cut {
+            None if clock.is_none() => Held::Uncut(permit),
+            // On a clock with no deadline, the cut is the clock's timeout (`None` only
+            // once a gate inside stops it).
+            cut => Held::CutAt {
                 recorded_before: extensions.get::<AttemptHistory>().map_or(0, |h| h.len()),
                 guard: CutAtDeadline {
                     permit: Some(permit),
-                    deadline,
-                    started: Instant::now(),
+                    deadline: cut.unwrap_or(now),
+                    started: now,
                     lost: scope.lost,
+                    clock,
                 },
             },
         }
@@ -445,7 +457,16 @@ impl<'p> Held<'p> {
     fn cut(&self) -> Option<Instant> {
         match self {
             Held::Uncut(_) => None,
-            Held::CutAt { guard, .. } => Some(guard.deadline),
+            Held::CutAt { guard, .. } => guard.cut(),
+        }
+    }
+
+    /// The attempt's timeout clock, if it runs on one.
+    #[inline]
+    fn clock(&self) -> Option<AttemptClock> {
+        match self {
+            Held::Uncut(_) => None,
+            Held::CutAt { guard, .. } => guard.clock.clone(),
         }
     }
 
@@ -470,7 +491,7 @@ impl<'p> Held<'p> {
                     recorded_before,
                 } = held
                 {
-                    record_deadline_cut(extensions, origin, recorded_before, guard.started);
+                    record_attempt_cut(extensions, origin, recorded_before, guard.started);
                     // Its drop counts the timeout (the deadline has passed).
                     drop(guard);
                 }

@@ -7,12 +7,15 @@ use crate::stage::{Handover, RestOfStack, Stage, standalone_middleware};
 use http::{Extensions, StatusCode};
 use reqwest::{Request, Response};
 
+use super::body::hold_until_body_end;
 use super::gradient::Sample;
 use super::registry::{Admission, LimitRejection, LimiterRegistry};
 use crate::error::ResilienceError;
 use crate::record::{
-    Deadline, FailureKind, RequestEvidence, Transmission, record_rejected_locally,
+    AttemptHistory, Deadline, FailureKind, Inward, RequestEvidence, Transmission,
+    record_attempt_cut, record_rejected_locally,
 };
+use crate::stage::CutAt;
 
 /// A per-origin concurrency limit, from a shared [`LimiterRegistry`].
 ///
@@ -31,6 +34,11 @@ use crate::record::{
 /// 2. It sends the attempt and, from the evidence the transport step left, tells the
 ///    limit what it showed: the latency to the response head, an overload signal (a
 ///    `429`, a `503`, a timeout), or nothing (a refused connection, a rejection inside).
+/// 3. It holds the permit until the response body has been read to its end, failed or
+///    been dropped: a body still streaming (a download, streamed LLM output) is load on
+///    the server, so a limit of 1 serves one body at a time. The response is rebuilt
+///    around the wrapped body (status, version, headers, extensions and URL kept); one
+///    with `Content-Length: 0` gives the permit back at its head.
 ///
 /// The retry middleware does not retry a rejection: waiting for a permit is this
 /// middleware's queue, bounded by the same deadline; a retry after a backoff would only
@@ -70,6 +78,12 @@ use crate::record::{
 /// breaker's), so a request that only waited locally is never counted as a timeout
 /// against the origin. An attempt that was admitted and is still running at the
 /// deadline is a timeout: an overload signal for the limit.
+///
+/// The retry middleware's [attempt
+/// timeout](crate::retry::RetryMiddlewareBuilder::attempt_timeout) runs from the permit:
+/// a wait in the queue stops its clock, and the permit restarts it. This middleware cuts
+/// the attempt there itself (`Unknown` / `Timeout` evidence and tokio's `Elapsed`, as the
+/// retry's own cut), and counts the cut as an overload signal.
 ///
 /// # Cancel safety
 ///
@@ -173,10 +187,16 @@ impl Stage for ConcurrencyLimit {
                     .await;
             };
             let deadline = extensions.get::<Deadline>().map(|d| d.0);
-            let permit = match self.registry.admit(&origin, deadline, true) {
+            // The retry middleware's attempt timeout, whose clock this gate restarts when
+            // the request leaves: a wait in the queue is not part of the attempt.
+            let clock = Inward::clock(extensions);
+            let mut permit = match self.registry.admit(&origin, deadline, true) {
                 Admission::Admitted(permit) => permit,
                 // Rare: the wait in the queue (boxed: stage cost rule 2).
                 Admission::Queued(queued) => {
+                    if let Some(clock) = &clock {
+                        clock.stop();
+                    }
                     match Box::pin(self.registry.wait(&origin, queued, deadline)).await {
                         Ok(permit) => permit,
                         Err(rejection) => return Err(rejected(rejection, extensions)),
@@ -189,16 +209,42 @@ impl Stage for ConcurrencyLimit {
             if !handover.composed() {
                 extensions.remove::<RequestEvidence>();
             }
-            let result = owner
-                .poll_as(next, |next| next.run(req, extensions, handover))
-                .await;
+            let recorded_before = clock.as_ref().map(|clock| {
+                clock.restart(permit.admitted_at());
+                permit.on_clock(clock.clone());
+                extensions.get::<AttemptHistory>().map_or(0, |h| h.len())
+            });
+            let sent = owner.poll_as(next, |next| next.run(req, extensions, handover));
+            let result = match CutAt::on_clock(sent, None, clock).await {
+                Ok(result) => result,
+                Err(elapsed) => {
+                    // Cut by the attempt timeout (or the deadline) here, the innermost
+                    // gate: the evidence the retry's own cut would leave, and a timeout
+                    // for the limit (an overload signal).
+                    let started = permit.admitted_at();
+                    record_attempt_cut(extensions, &origin, recorded_before.unwrap_or(0), started);
+                    permit.record(Sample::Overload);
+                    return Err(reqwest_middleware::Error::middleware(elapsed));
+                }
+            };
             let elapsed = permit.admitted_at().elapsed();
-            permit.record(sample_of(
-                extensions.get::<RequestEvidence>(),
-                &result,
-                elapsed,
-            ));
-            result
+            let sample = sample_of(extensions.get::<RequestEvidence>(), &result, elapsed);
+            match result {
+                // Nothing to stream (`Content-Length: 0`, a `204`, a `HEAD`'s answer).
+                Ok(response) if response.content_length() == Some(0) => {
+                    permit.record(sample);
+                    Ok(response)
+                }
+                // The permit is held while the body streams: that is load on the server.
+                Ok(response) => Ok(hold_until_body_end(
+                    response,
+                    permit.record_and_hold(sample),
+                )),
+                Err(e) => {
+                    permit.record(sample);
+                    Err(e)
+                }
+            }
         }
     }
 }

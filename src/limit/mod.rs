@@ -69,6 +69,7 @@
 //! | `reqwest_resilience.limiter.in_flight` | gauge | attempts |
 //! | `reqwest_resilience.limiter.rejections` | counter | requests |
 
+mod body;
 mod config;
 mod gradient;
 mod middleware;

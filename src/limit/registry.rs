@@ -16,6 +16,7 @@ use super::config::{LimitPolicy, LimiterConfig};
 use super::gradient::{AdaptiveLimit, Sample};
 use crate::error::ResilienceError;
 use crate::origin::Origin;
+use crate::record::AttemptClock;
 
 const MAX_SHARDS: usize = 16;
 
@@ -165,6 +166,26 @@ impl Entry {
 
     fn label(&self) -> &str {
         self.origin.as_ref().map_or(OVERFLOW_LABEL, Origin::as_str)
+    }
+
+    /// Feeds `sample` to the limit for a permit admitted at `admitted_with` in flight,
+    /// which stays taken (its response body is still being read).
+    fn feed(&self, sample: Sample, admitted_with: u32) {
+        if matches!(sample, Sample::Ignored) {
+            return;
+        }
+        let now = Instant::now();
+        let (change, in_flight) = {
+            let mut st = lock(&self.state);
+            let before = st.limit.get();
+            if let Limit::Adaptive(a) = &mut st.limit {
+                a.sample(now, sample, admitted_with);
+            }
+            let after = st.limit.get();
+            st.grant();
+            ((before != after).then_some((before, after)), st.in_flight)
+        };
+        self.observe(change, in_flight);
     }
 
     /// Gives back a permit admitted at `admitted_with` in flight, feeding `sample` to the
@@ -641,14 +662,22 @@ impl Drop for Queued {
 ///
 /// Give it the attempt's outcome with [`record`](Self::record), which feeds an adaptive
 /// limit. Dropped unrecorded, it frees its place and tells the limit nothing, unless the
-/// request's deadline has passed: the attempt was cut at it, which is a timeout (an
-/// overload signal).
+/// attempt's cut has passed (the request's deadline, or in [`ConcurrencyLimit`] the
+/// retry middleware's attempt timeout): the attempt was cut there, which is a timeout
+/// (an overload signal).
+///
+/// [`ConcurrencyLimit`]: super::ConcurrencyLimit
 #[must_use = "record the attempt's outcome, or the limit learns nothing from it"]
 pub struct LimitPermit {
     entry: Arc<Entry>,
     admitted_with: u32,
     deadline: Option<Instant>,
     admitted_at: Instant,
+    /// The attempt's timeout clock: then the attempt is cut where the clock says.
+    clock: Option<AttemptClock>,
+    /// Whether the attempt's outcome was fed to the limit already (the permit is then
+    /// held only for its response body).
+    sampled: bool,
     armed: bool,
 }
 
@@ -673,8 +702,34 @@ impl LimitPermit {
             admitted_with,
             deadline,
             admitted_at,
+            clock: None,
+            sampled: false,
             armed: true,
         }
+    }
+
+    /// Runs the attempt on `clock`: dropped unrecorded at or after the clock's cut (the
+    /// attempt timeout, or the deadline), it was cut there.
+    pub(crate) fn on_clock(&mut self, clock: AttemptClock) {
+        self.clock = Some(clock);
+    }
+
+    /// Feeds the attempt's outcome to the limit and keeps the permit taken, until it is
+    /// dropped (its response body read to the end, or dropped).
+    pub(crate) fn record_and_hold(mut self, sample: Sample) -> LimitPermit {
+        self.entry.feed(sample, self.admitted_with);
+        self.sampled = true;
+        self
+    }
+
+    /// Whether the attempt was cut, dropped now: at or after its cut (the deadline, or
+    /// the attempt's clock), having been admitted before it.
+    fn cut_now(&self) -> bool {
+        let cut = match &self.clock {
+            Some(clock) => clock.cut(),
+            None => self.deadline,
+        };
+        cut.is_some_and(|d| self.admitted_at < d && Instant::now() >= d)
     }
 
     /// How many attempts were in flight to the origin when this one was admitted
@@ -698,9 +753,7 @@ impl LimitPermit {
 impl Drop for LimitPermit {
     fn drop(&mut self) {
         if self.armed {
-            let cut = self
-                .deadline
-                .is_some_and(|d| self.admitted_at < d && Instant::now() >= d);
+            let cut = !self.sampled && self.cut_now();
             let sample = if cut {
                 Sample::Overload
             } else {

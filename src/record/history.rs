@@ -194,6 +194,32 @@ pub(crate) fn record_rejected_locally(
     extensions.insert(evidence);
 }
 
+/// Leaves the evidence of an attempt cut at its deadline or its attempt timeout (by the
+/// breaker or the concurrency limit), as the retry middleware writes its own cut:
+/// `Unknown` (the request may have reached the server), `Timeout`. Appended to the
+/// history only when nothing inside recorded this attempt, so it is never counted twice
+/// (a stage outside sees the record and adds none).
+pub(crate) fn record_attempt_cut(
+    extensions: &mut Extensions,
+    origin: &Origin,
+    recorded_before: usize,
+    started: tokio::time::Instant,
+) {
+    let history = extensions.get_or_insert_default::<AttemptHistory>();
+    if history.len() != recorded_before {
+        // The transport step finished (and left in the extensions) its record, and a
+        // middleware between it and this one was still working: that record stands.
+        return;
+    }
+    let evidence = RequestEvidence::cut_at_deadline(
+        Some(origin.clone()),
+        next_attempt(recorded_before),
+        started,
+    );
+    history.push(evidence.clone());
+    extensions.insert(evidence);
+}
+
 impl PartialEq for AttemptHistory {
     fn eq(&self, other: &Self) -> bool {
         self.attempts() == other.attempts()

@@ -4,7 +4,7 @@
 //! [`AttemptScope`]).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use http::Extensions;
@@ -101,6 +101,12 @@ pub(crate) struct Inward {
     handed_on: Option<Deadline>,
     /// The current attempt's own cut and role, which the breaker takes.
     attempt: Option<AttemptScope>,
+    /// The request's attempt timeout, from which each attempt (each copy of a hedged
+    /// round) starts a clock of its own.
+    attempt_timeout: Option<Duration>,
+    /// The current attempt's timeout clock, which the gates inside restart when they let
+    /// the request go (and stop while it waits locally).
+    clock: Option<AttemptClock>,
 }
 
 impl Inward {
@@ -127,14 +133,57 @@ impl Inward {
     }
 
     /// Takes the attempt's scope (the breaker does, so it never outlives the attempt),
-    /// and the record with it when it holds nothing else: nothing is left behind.
+    /// and the record with it when it holds nothing else: nothing is left behind. The
+    /// attempt's clock stays, for the gates further in.
     pub(crate) fn take_attempt(extensions: &mut Extensions) -> Option<AttemptScope> {
         let inward = extensions.get_mut::<Inward>()?;
         let scope = inward.attempt.take();
-        if inward.handed_on.is_none() {
+        if inward.is_empty() {
             extensions.remove::<Inward>();
         }
         scope
+    }
+
+    /// Keeps the request's attempt timeout for each of its attempts (`None`: none).
+    pub(crate) fn set_attempt_timeout(extensions: &mut Extensions, timeout: Option<Duration>) {
+        if let Some(timeout) = timeout {
+            extensions.get_or_insert_default::<Inward>().attempt_timeout = Some(timeout);
+        }
+    }
+
+    /// The request's attempt timeout, as the retry middleware kept it.
+    pub(crate) fn attempt_timeout(extensions: &Extensions) -> Option<Duration> {
+        extensions.get::<Inward>()?.attempt_timeout
+    }
+
+    /// Hands the next attempt its timeout clock.
+    pub(crate) fn set_clock(extensions: &mut Extensions, clock: AttemptClock) {
+        extensions.get_or_insert_default::<Inward>().clock = Some(clock);
+    }
+
+    /// The current attempt's timeout clock, if it has one.
+    pub(crate) fn clock(extensions: &Extensions) -> Option<AttemptClock> {
+        extensions.get::<Inward>()?.clock.clone()
+    }
+
+    /// Ends the attempt: its scope and its clock, and the record with them when it holds
+    /// nothing else.
+    pub(crate) fn end_attempt(extensions: &mut Extensions) {
+        let Some(inward) = extensions.get_mut::<Inward>() else {
+            return;
+        };
+        inward.attempt = None;
+        inward.clock = None;
+        if inward.is_empty() {
+            extensions.remove::<Inward>();
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.handed_on.is_none()
+            && self.attempt.is_none()
+            && self.attempt_timeout.is_none()
+            && self.clock.is_none()
     }
 
     /// Removes what the stack handed inward for the request of an earlier `Extensions`'
@@ -180,6 +229,77 @@ impl AttemptScope {
     /// Whether this copy lost a hedged race (then its drop is no verdict on the server).
     pub(crate) fn is_lost(lost: Option<&Arc<AtomicBool>>) -> bool {
         lost.is_some_and(|l| l.load(Ordering::Acquire))
+    }
+}
+
+/// The clock of one attempt's timeout, shared by the stages that cut the attempt (the
+/// retry middleware that started it, and the gates inside: the breaker, the limiter).
+///
+/// The attempt timeout bounds the time a request is *out*, not the time it waits
+/// locally: a gate that lets the request go (the breaker after its admission, the
+/// concurrency limit after its permit) restarts the clock, and one that makes it wait (a
+/// pause, the limiter's queue) stops it for the wait. Every stage cuts at the same
+/// instant, [`cut`](Self::cut), re-read when its timer fires; the innermost one, being
+/// polled first, normally sees it first. The total deadline cuts everything, stopped or
+/// not.
+#[derive(Clone)]
+pub(crate) struct AttemptClock(Arc<ClockState>);
+
+struct ClockState {
+    timeout: Duration,
+    deadline: Option<Instant>,
+    /// When the attempt started: the base of `started`.
+    base: Instant,
+    /// Nanoseconds after `base` at which the clock last started, or [`STOPPED`].
+    started: AtomicU64,
+}
+
+/// The clock's `started` while the request waits locally.
+const STOPPED: u64 = u64::MAX;
+
+impl AttemptClock {
+    /// A clock started `now`, for an attempt of `timeout` under `deadline`.
+    pub(crate) fn start(timeout: Duration, deadline: Option<Instant>, now: Instant) -> Self {
+        AttemptClock(Arc::new(ClockState {
+            timeout,
+            deadline,
+            base: now,
+            started: AtomicU64::new(0),
+        }))
+    }
+
+    /// The request waits locally (a queue, a pause): only the deadline cuts it.
+    pub(crate) fn stop(&self) {
+        self.0.started.store(STOPPED, Ordering::Release);
+    }
+
+    /// A gate let the request go at `now`: the timeout runs from there.
+    pub(crate) fn restart(&self, now: Instant) {
+        let nanos = now.saturating_duration_since(self.0.base).as_nanos();
+        let nanos = u64::try_from(nanos).unwrap_or(STOPPED - 1).min(STOPPED - 1);
+        self.0.started.store(nanos, Ordering::Release);
+    }
+
+    /// When the clock last started (`None`: stopped).
+    pub(crate) fn started(&self) -> Option<Instant> {
+        match self.0.started.load(Ordering::Acquire) {
+            STOPPED => None,
+            nanos => Some(self.0.base + Duration::from_nanos(nanos)),
+        }
+    }
+
+    /// Whether the request waits locally now.
+    pub(crate) fn is_stopped(&self) -> bool {
+        self.started().is_none()
+    }
+
+    /// When the attempt is cut as things stand: the timeout after the clock's last start
+    /// or the deadline, whichever is first; while stopped, the deadline (`None`: never).
+    pub(crate) fn cut(&self) -> Option<Instant> {
+        let timed = self
+            .started()
+            .and_then(|started| started.checked_add(self.0.timeout));
+        earlier(self.0.deadline, timed)
     }
 }
 

@@ -10,17 +10,21 @@ use std::time::Duration;
 
 use tokio::time::error::Elapsed;
 
+use crate::error::ResilienceError;
 use crate::origin::Origin;
 use crate::stage::{CutAt, Handover, RestOfStack};
 use http::Extensions;
 use reqwest::{Request, Response};
 use tokio::time::Instant;
 
-use crate::record::{AttemptScope, Inward, RequestEvidence, earlier};
+use crate::record::{AttemptClock, AttemptScope, Deadline, Inward, RequestEvidence, earlier};
 
 /// Per-request override of the attempt timeout: each attempt of this request waits at
-/// most this long for its response head. `AttemptTimeout(Duration::MAX)` turns the timeout
-/// off for the request.
+/// most this long for its response head, counted from when it leaves for the network
+/// (past the breaker's admission and the concurrency limit's queue). `AttemptTimeout(Duration::MAX)` turns the timeout
+/// off for the request; `AttemptTimeout(Duration::ZERO)` is refused, as the builder
+/// refuses a zero timeout: the request fails at once with
+/// [`ResilienceError::InvalidConfig`], nothing sent and never retried.
 ///
 /// ```
 /// use std::time::Duration;
@@ -44,6 +48,22 @@ pub(super) fn for_request(
     match extensions.get::<AttemptTimeout>() {
         Some(AttemptTimeout(t)) => Some(*t),
         None => configured,
+    }
+}
+
+/// A request whose [`AttemptTimeout`] is zero is refused as the builder refuses a zero
+/// `attempt_timeout`: a typed error ([`ResilienceError::InvalidConfig`]) before anything
+/// is sent, never retried (every attempt would be cut before it left).
+pub(super) fn refuse_zero(extensions: &Extensions) -> Option<reqwest_middleware::Error> {
+    match extensions.get::<AttemptTimeout>() {
+        Some(AttemptTimeout(t)) if t.is_zero() => Some(reqwest_middleware::Error::middleware(
+            ResilienceError::InvalidConfig(
+                "AttemptTimeout must be longer than zero (AttemptTimeout(Duration::MAX) turns \
+                 it off)"
+                    .to_owned(),
+            ),
+        )),
+        _ => None,
     }
 }
 
@@ -94,6 +114,8 @@ pub(super) struct AttemptEnd {
     /// `Some` when the attempt can be cut: when it started, its number.
     cut: Option<(Instant, u32)>,
     scoped: bool,
+    /// The attempt's timeout clock, restarted by the gates inside.
+    clock: Option<AttemptClock>,
 }
 
 /// Starts one attempt through the rest of the stack, cut at `cut`; synchronous, so that
@@ -116,19 +138,32 @@ pub(super) fn start_attempt<'a, N: RestOfStack + 'a>(
     attempt: u32,
 ) -> (Sent<'a>, AttemptEnd) {
     let scoped = scope.is_some();
+    let now = Instant::now();
+    let mut clock = None;
     if let Some(scope) = scope {
+        // The attempt timeout runs on a clock the gates inside restart when they let the
+        // request go (and stop while it waits in a queue or for a pause): it bounds the
+        // time the request is out, not a local wait. The deadline bounds both.
+        if let Some(timeout) = Inward::attempt_timeout(extensions) {
+            let deadline = extensions.get::<Deadline>().map(|d| d.0);
+            let started = AttemptClock::start(timeout, deadline, now);
+            Inward::set_clock(extensions, started.clone());
+            clock = Some(started);
+        }
         Inward::set_attempt(extensions, scope);
     }
-    let cut_end = cut.map(|_| (Instant::now(), attempt));
-    let sent = CutAt::new(
+    let cut_end = cut.map(|_| (now, attempt));
+    let sent = CutAt::on_clock(
         owner.poll_as_retry(next, |next| next.run_boxed(req, extensions, handover)),
         cut,
+        clock.clone(),
     );
     (
         sent,
         AttemptEnd {
             cut: cut_end,
             scoped,
+            clock,
         },
     )
 }
@@ -146,6 +181,12 @@ impl AttemptEnd {
             Ok(result) => result,
             Err(elapsed) => {
                 if let Some((started, attempt)) = self.cut {
+                    // Timed from the clock's last start: a gate's admission.
+                    let started = self
+                        .clock
+                        .as_ref()
+                        .and_then(AttemptClock::started)
+                        .unwrap_or(started);
                     extensions.insert(RequestEvidence::cut_at_deadline(
                         origin.clone(),
                         attempt,
@@ -156,8 +197,8 @@ impl AttemptEnd {
             }
         };
         if self.scoped {
-            // Without a breaker inside nothing took it.
-            let _ = Inward::take_attempt(extensions);
+            // The scope (without a breaker inside nothing took it) and the clock.
+            Inward::end_attempt(extensions);
         }
         result
     }

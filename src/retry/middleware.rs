@@ -320,7 +320,12 @@ impl RetryMiddlewareBuilder {
         self
     }
 
-    /// Bounds each attempt's wait for its response head (default: none). A cut attempt is
+    /// Bounds each attempt's wait for its response head (default: none), counted from
+    /// when the request leaves for the network: a
+    /// [`CircuitBreakerMiddleware`](crate::breaker::CircuitBreakerMiddleware) or
+    /// [`ConcurrencyLimit`](crate::limit::ConcurrencyLimit) inside restarts the clock when
+    /// it lets the request go, and a wait for a pause or in the limiter's queue is not
+    /// part of it (the deadline bounds that wait). A cut attempt is
     /// `Unknown` / [`Timeout`](FailureKind::Timeout), so only an idempotent request is
     /// retried after it, and a
     /// [`CircuitBreakerMiddleware`](crate::breaker::CircuitBreakerMiddleware) inside counts
@@ -602,6 +607,9 @@ impl RetryMiddleware {
                 unreachable!("serve hands the request in")
             };
             let owner = handover.enter(extensions, "RetryMiddleware", true, first.url())?;
+            if let Some(refused) = attempt_timeout::refuse_zero(extensions) {
+                return Err(refused);
+            }
             let mut run = RequestRun::begin(&self.config, first, extensions, handover);
             loop {
                 // One attempt and its decision, in a block of their own: the request, the
@@ -654,7 +662,8 @@ struct RequestRun<'a> {
     /// The hedging of a request eligible for it ([`Hedging::eligible`]).
     hedging: Option<&'a Hedging>,
     state: LoopState,
-    /// Whether this middleware handed its `total_deadline` inward as a [`Deadline`].
+    /// Whether this middleware handed its `total_deadline` inward as a [`Deadline`], or
+    /// its attempt timeout: what ends with the request ([`Inward::end`]).
     handed_on: bool,
     /// Whether the stack installed the transport step inside (see [`Decision`]).
     transport_installed: bool,
@@ -694,6 +703,9 @@ impl<'a> RequestRun<'a> {
         handover: Handover<'_>,
     ) -> Self {
         let handed_on = hand_on_deadline(config, extensions);
+        let attempt_timeout = attempt_timeout::for_request(extensions, config.attempt_timeout);
+        // Kept for every attempt (and copy) to start its clock from.
+        Inward::set_attempt_timeout(extensions, attempt_timeout);
         let idempotent = extensions
             .get::<Idempotent>()
             .map_or_else(|| is_idempotent(req.method(), req.headers()), |i| i.0);
@@ -706,7 +718,7 @@ impl<'a> RequestRun<'a> {
                 .map_or_else(|| config.max_retries(), |m| m.0),
             retries: 0,
             previous_delay: None,
-            attempt_timeout: attempt_timeout::for_request(extensions, config.attempt_timeout),
+            attempt_timeout,
             hedges: 0,
             not_processed_retries: 0,
         };
@@ -727,7 +739,8 @@ impl<'a> RequestRun<'a> {
             origin: handover.origin(req.url()),
             hedging,
             state,
-            handed_on,
+            // What this request handed inward ends with it.
+            handed_on: handed_on || attempt_timeout.is_some(),
             transport_installed: handover.composed(),
         }
     }

@@ -44,6 +44,7 @@ use reqwest::{Request, Response};
 use reqwest_middleware::Next;
 
 use crate::origin::Origin;
+use crate::record::AttemptClock;
 use crate::token::AccessToken;
 
 pub(crate) mod scope;
@@ -424,11 +425,16 @@ pin_project_lite::pin_project! {
     /// it holds the inner future once (the two branches would each keep a slot for it).
     /// Its output is the same as tokio's timeout's, tokio's `Elapsed` at the cut: the
     /// inner future is polled first, so an answer ready at the cut wins.
+    ///
+    /// Cut on an attempt's clock ([`CutAt::on_clock`]), the instant is re-read from the
+    /// clock whenever the timer fires: a gate inside that restarted or stopped the clock
+    /// moved it.
     pub(crate) struct CutAt<F> {
         #[pin]
         inner: F,
         #[pin]
         timer: Option<tokio::time::Timeout<std::future::Pending<()>>>,
+        clock: Option<AttemptClock>,
     }
 }
 
@@ -437,6 +443,20 @@ impl<F: Future> CutAt<F> {
         CutAt {
             inner,
             timer: at.map(|at| tokio::time::timeout_at(at, std::future::pending())),
+            clock: None,
+        }
+    }
+
+    /// Cut where `clock` says when its timer fires (`None`: at `at`, as [`new`](Self::new)).
+    pub(crate) fn on_clock(
+        inner: F,
+        at: Option<tokio::time::Instant>,
+        clock: Option<AttemptClock>,
+    ) -> Self {
+        let at = clock.as_ref().map_or(at, AttemptClock::cut);
+        CutAt {
+            clock,
+            ..CutAt::new(inner, at)
         }
     }
 }
@@ -449,13 +469,30 @@ impl<F: Future> Future for CutAt<F> {
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Self::Output> {
         use std::task::Poll;
-        let this = self.project();
+        let mut this = self.project();
         if let Poll::Ready(output) = this.inner.poll(cx) {
             return Poll::Ready(Ok(output));
         }
-        match this.timer.as_pin_mut().map(|timer| timer.poll(cx)) {
-            Some(Poll::Ready(Err(elapsed))) => Poll::Ready(Err(elapsed)),
-            _ => Poll::Pending,
+        loop {
+            let Some(Poll::Ready(Err(elapsed))) =
+                this.timer.as_mut().as_pin_mut().map(|timer| timer.poll(cx))
+            else {
+                return Poll::Pending;
+            };
+            // On a clock, a gate inside may have moved the cut since the timer was set.
+            let moved = match this.clock.as_ref() {
+                None => None,
+                Some(clock) => match clock.cut() {
+                    Some(at) if at <= tokio::time::Instant::now() => None,
+                    at => Some(at),
+                },
+            };
+            match moved {
+                None => return Poll::Ready(Err(elapsed)),
+                Some(at) => this
+                    .timer
+                    .set(at.map(|at| tokio::time::timeout_at(at, std::future::pending()))),
+            }
         }
     }
 }

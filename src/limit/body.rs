@@ -1,0 +1,70 @@
+//! A response body that holds its attempt's [`LimitPermit`] until it is read to its end,
+//! fails, or is dropped: a body still streaming is load on the server.
+
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use reqwest::{Body, Response, ResponseBuilderExt};
+
+use super::registry::LimitPermit;
+
+pin_project_lite::pin_project! {
+    /// `inner`, with the permit given back at its last frame, its error, or its drop.
+    struct PermitBody {
+        #[pin]
+        inner: Body,
+        permit: Option<LimitPermit>,
+    }
+}
+
+impl http_body::Body for PermitBody {
+    type Data = <Body as http_body::Body>::Data;
+    type Error = <Body as http_body::Body>::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        let mut this = self.project();
+        let frame = std::task::ready!(this.inner.as_mut().poll_frame(cx));
+        // The end (or a failure) of the body ends the permit; a known length ends with
+        // its last data frame, before the caller polls again.
+        if !matches!(frame, Some(Ok(_))) || this.inner.is_end_stream() {
+            this.permit.take();
+        }
+        Poll::Ready(frame)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// `response`, its body holding `permit` until it ends or is dropped.
+///
+/// reqwest rebuilds a `Response` from an `http::Response` whose body it wraps: status,
+/// version, headers and extensions (the remote address, `Response::upgrade`'s handle, a
+/// middleware's records) move across, the URL is put back, and the body keeps its
+/// decoding and its timeouts (they are inside it). The price is two boxed bodies and a
+/// copy of the URL per response with a body.
+pub(super) fn hold_until_body_end(response: Response, permit: LimitPermit) -> Response {
+    let url = response.url().clone();
+    let (parts, body) = http::Response::<Body>::from(response).into_parts();
+    let body = Body::wrap(PermitBody {
+        inner: body,
+        permit: Some(permit),
+    });
+    // reqwest keeps the URL in an extension of its own, which only its builder sets.
+    let with_url = http::Response::builder().url(url).body(());
+    let mut rebuilt = http::Response::from_parts(parts, body);
+    if let Ok(with_url) = with_url {
+        rebuilt
+            .extensions_mut()
+            .extend(with_url.into_parts().0.extensions);
+    }
+    Response::from(rebuilt)
+}

@@ -19,7 +19,7 @@ use http::Extensions;
 use reqwest_middleware::ClientWithMiddleware;
 use reqwest_resilience::breaker::{BreakerConfig, BreakerRegistry, BreakerState, TripPolicy};
 use reqwest_resilience::redirect::{self, ClientRedirects};
-use reqwest_resilience::retry::{Hedging, MaxRetries};
+use reqwest_resilience::retry::{Hedge, Hedging, MaxRetries};
 use reqwest_resilience::{
     AccessToken, AttemptDecision, AttemptHistory, AttemptRecord, Backoff, BearerAuth, Origin,
     Redirects, Resilience, ResilienceError, RetryBudget, TokenManager, Transmission,
@@ -168,6 +168,7 @@ async fn main() -> Result<(), BoxError> {
     overload(&mut tour).await?;
     hedging(&mut tour).await?;
     attempt_timeout(&mut tour).await?;
+    hedging_safe_methods(&mut tour).await?;
 
     println!("\nSummary");
     println!("{:<34} {:<26} {:<26} ok", "scene", "expected", "observed");
@@ -795,6 +796,67 @@ async fn attempt_timeout(tour: &mut Tour) -> Result<(), BoxError> {
         "attempt timeout: at server",
         "4 + 1",
         format!("{at_server} + {}", server.requests() - at_server),
+    );
+    Ok(())
+}
+
+/// A hedge is a concurrent duplicate: only the safe methods are hedged by default, never a
+/// request because of an `Idempotency-Key` (which makes a sequential retry safe, not a
+/// concurrent copy), and PUT or DELETE only when asked.
+async fn hedging_safe_methods(tour: &mut Tour) -> Result<(), BoxError> {
+    println!(
+        "\n14. Hedging only what a concurrent duplicate cannot harm: a keyed POST is never hedged \
+         (its duplicate would get 409 while the first is processed), a PUT only when asked"
+    );
+    // The first request of each path takes 300 ms; a duplicate meanwhile is a conflict.
+    let seen = Arc::new(Mutex::new(Vec::<String>::new()));
+    let server = FlakyServer::start({
+        let seen = seen.clone();
+        move |_, req| {
+            let mut seen = seen.lock().unwrap();
+            let first = !seen.contains(&req.path);
+            seen.push(req.path.clone());
+            if first {
+                Reply::After(Duration::from_millis(300), Box::new(Reply::ok("done")))
+            } else if req.path == "/payments" {
+                Reply::status(409)
+            } else {
+                // A PUT of the same state twice is harmless: the copy answers at once.
+                Reply::ok("done")
+            }
+        }
+    })
+    .await?;
+    let client = demo_stack()?
+        .hedging(Hedging::fixed(Duration::from_millis(50)))
+        .build(reqwest::Client::new())?;
+    let keyed = client
+        .post(server.url("/payments"))
+        .header("idempotency-key", "order-7")
+        .body("{}");
+    let (keyed, _) = send(&client, keyed, Extensions::new()).await?;
+    let keyed = keyed?.status().as_u16();
+    let after_post = server.requests();
+    let mut asked = Extensions::new();
+    asked.insert(Hedge(true));
+    let (put, history) = send(
+        &client,
+        client.put(server.url("/profile")).body("{}"),
+        asked,
+    )
+    .await?;
+    print_history(&history);
+    let put = put?.status().as_u16();
+    println!("   keyed POST: {keyed}, {after_post} at the server; PUT with Hedge(true): {put}");
+    tour.check(
+        "hedge: keyed POST not hedged",
+        "200, 1 at server",
+        format!("{keyed}, {after_post} at server"),
+    );
+    tour.check(
+        "hedge: PUT hedged when asked",
+        "200, 2 at server",
+        format!("{put}, {} at server", server.requests() - after_post),
     );
     Ok(())
 }

@@ -425,9 +425,13 @@ impl<'p> Held<'p> {
             extensions.remove::<RequestEvidence>();
         }
         let deadline = extensions.get::<Deadline>().map(|d| d.0);
-        let now = Instant::now();
         // Admitted: the attempt's timeout runs from here (a pause waited out is not in it).
         let clock = Inward::clock(extensions);
+        if clock.is_none() && deadline.is_none() && scope.cut.is_none() {
+            // Nothing cuts this attempt: no clock to read (the common case).
+            return Held::Uncut(permit);
+        }
+        let now = Instant::now();
         if let Some(clock) = &clock {
             clock.restart(now);
         }

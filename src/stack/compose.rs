@@ -12,9 +12,10 @@ use crate::stage::{
 
 /// The whole stack as one middleware: the stages [`Resilience`](super::Resilience) chose,
 /// outermost first, each one left out being `None`. `T` is the token fetch before the
-/// breaker and the limiter: [`TokenFirst`](crate::auth::TokenFirst) with a bearer, else
-/// [`Absent`], which costs a stack without a bearer nothing (as an `Option` the left-out
-/// fetch's slot would still size every attempt's future: stage cost rule 4).
+/// breaker and the limiter ([`TokenFirst`](crate::auth::TokenFirst) with a bearer) and `L`
+/// the concurrency limit, each [`Absent`] when the stack has none: a left-out stage of
+/// this kind costs nothing, where as an `Option` its slot would still size every
+/// attempt's future (stage cost rule 4; both hold a request or a cut across their wait).
 ///
 /// # Cancel safety
 ///
@@ -23,23 +24,23 @@ use crate::stage::{
 /// and the clean-up of what an earlier request left in the caller's extensions) runs as
 /// its future is made, so a future dropped before its first poll has done only that:
 /// nothing was sent, counted or taken.
-pub(crate) struct Composed<T> {
+pub(crate) struct Composed<T, L> {
     pub(crate) observer: BoxedWhenPresent<super::RequestObserver>,
     pub(crate) retry: RetrySlot<crate::retry::RetryMiddleware>,
     /// `BearerAuth`'s token fetch, before the breaker and the limiter: a request waits for
     /// its token before it takes a half-open probe slot or a limiter permit.
     pub(crate) token_first: T,
     pub(crate) breaker: Option<crate::breaker::CircuitBreakerMiddleware>,
-    pub(crate) limit: Option<crate::limit::ConcurrencyLimit>,
+    pub(crate) limit: L,
     pub(crate) bearer: Option<crate::auth::BearerAuth>,
     /// `None` when a user's per-attempt middleware runs between `BearerAuth` and the
     /// transport step: then the transport step is a middleware of its own after them.
     pub(crate) transport: Option<crate::evidence::TransportEvidence>,
 }
 
-impl Composed<Absent> {
+impl<L> Composed<Absent, L> {
     /// The same stack with `token_first` fetching the bearer token.
-    pub(crate) fn with_token_first<T>(self, token_first: T) -> Composed<T> {
+    pub(crate) fn with_token_first<T>(self, token_first: T) -> Composed<T, L> {
         Composed {
             observer: self.observer,
             retry: self.retry,
@@ -52,7 +53,22 @@ impl Composed<Absent> {
     }
 }
 
-impl<T> Composed<T> {
+impl<T> Composed<T, Absent> {
+    /// The same stack with `limit` as its concurrency limit.
+    pub(crate) fn with_limit<L>(self, limit: L) -> Composed<T, L> {
+        Composed {
+            observer: self.observer,
+            retry: self.retry,
+            token_first: self.token_first,
+            breaker: self.breaker,
+            limit,
+            bearer: self.bearer,
+            transport: self.transport,
+        }
+    }
+}
+
+impl<T, L> Composed<T, L> {
     /// The stage that checks its place for the whole stack: the outermost one that
     /// would check it when used alone (so a misplaced stack names the same middleware).
     fn checked_as(&self) -> (&'static str, bool) {
@@ -68,7 +84,7 @@ impl<T> Composed<T> {
     }
 }
 
-impl<T: Stage + 'static> Middleware for Composed<T> {
+impl<T: Stage + 'static, L: Stage + 'static> Middleware for Composed<T, L> {
     fn handle<'life0, 'life1, 'life2, 'async_trait>(
         &'life0 self,
         req: Request,

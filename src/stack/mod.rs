@@ -532,15 +532,23 @@ impl Resilience {
             retry: crate::stage::RetrySlot(retry),
             token_first: crate::stage::Absent,
             breaker,
-            limit,
+            limit: crate::stage::Absent,
             bearer: self.bearer.clone(),
             transport: inner_transport,
         };
-        let mut builder = match self.bearer {
-            Some(bearer) => {
+        // Each optional stage whose future is large is there by type only when the stack
+        // has it (see `Composed`).
+        let mut builder = match (self.bearer, limit) {
+            (Some(bearer), Some(limit)) => builder.with(
+                composed
+                    .with_token_first(crate::auth::TokenFirst(bearer))
+                    .with_limit(limit),
+            ),
+            (Some(bearer), None) => {
                 builder.with(composed.with_token_first(crate::auth::TokenFirst(bearer)))
             }
-            None => builder.with(composed),
+            (None, Some(limit)) => builder.with(composed.with_limit(limit)),
+            (None, None) => builder.with(composed),
         };
         for middleware in self.per_attempt {
             builder = builder.with_arc(middleware);

@@ -138,9 +138,10 @@ pub(super) fn start_attempt<'a, N: RestOfStack + 'a>(
     attempt: u32,
 ) -> (Sent<'a>, AttemptEnd) {
     let scoped = scope.is_some();
-    let now = Instant::now();
+    // Read only when something cuts this attempt (most attempts: nothing).
+    let now = (scoped || cut.is_some()).then(Instant::now);
     let mut clock = None;
-    if let Some(scope) = scope {
+    if let (Some(scope), Some(now)) = (scope, now) {
         // The attempt timeout runs on a clock the gates inside restart when they let the
         // request go (and stop while it waits in a queue or for a pause): it bounds the
         // time the request is out, not a local wait. The deadline bounds both.
@@ -152,7 +153,7 @@ pub(super) fn start_attempt<'a, N: RestOfStack + 'a>(
         }
         Inward::set_attempt(extensions, scope);
     }
-    let cut_end = cut.map(|_| (now, attempt));
+    let cut_end = cut.zip(now).map(|(_, now)| (now, attempt));
     let sent = CutAt::on_clock(
         owner.poll_as_retry(next, |next| next.run_boxed(req, extensions, handover)),
         cut,

@@ -260,6 +260,34 @@ mod tests {
     }
 
     #[test]
+    fn a_refused_stream_is_an_overload_sample_and_a_goaway_is_not() {
+        use crate::record::NotProcessedProof;
+        let refused = |proof| {
+            let mut e = RequestEvidence::new(Transmission::SentNoResponse, None, 1);
+            e.failure = Some(FailureKind::Protocol);
+            e.not_processed = Some(proof);
+            e
+        };
+        let err = Err(reqwest_middleware::Error::middleware(
+            std::io::Error::other("x"),
+        ));
+        let ms = Duration::from_millis;
+        // The server's stream limit is load; a connection rotation is not.
+        assert_eq!(
+            sample_of(
+                Some(&refused(NotProcessedProof::RefusedStream)),
+                &err,
+                ms(3)
+            ),
+            Sample::Overload
+        );
+        assert_eq!(
+            sample_of(Some(&refused(NotProcessedProof::GoAway)), &err, ms(3)),
+            Sample::Ignored
+        );
+    }
+
+    #[test]
     fn samples_read_latency_overload_or_nothing_from_the_evidence() {
         let ms = Duration::from_millis;
         let status = |c| Transmission::ResponseReceived(StatusCode::from_u16(c).unwrap());

@@ -41,29 +41,24 @@ use crate::record::{AttemptClock, AttemptScope, Deadline, Inward, RequestEvidenc
 pub struct AttemptTimeout(pub Duration);
 
 /// The request's attempt timeout: its [`AttemptTimeout`], else the configured one.
-pub(super) fn for_request(
-    extensions: &Extensions,
-    configured: Option<Duration>,
-) -> Option<Duration> {
-    match extensions.get::<AttemptTimeout>() {
-        Some(AttemptTimeout(t)) => Some(*t),
-        None => configured,
-    }
-}
-
+///
 /// A request whose [`AttemptTimeout`] is zero is refused as the builder refuses a zero
 /// `attempt_timeout`: a typed error ([`ResilienceError::InvalidConfig`]) before anything
 /// is sent, never retried (every attempt would be cut before it left).
-pub(super) fn refuse_zero(extensions: &Extensions) -> Option<reqwest_middleware::Error> {
+pub(super) fn for_request(
+    extensions: &Extensions,
+    configured: Option<Duration>,
+) -> Result<Option<Duration>, reqwest_middleware::Error> {
     match extensions.get::<AttemptTimeout>() {
-        Some(AttemptTimeout(t)) if t.is_zero() => Some(reqwest_middleware::Error::middleware(
+        Some(AttemptTimeout(t)) if t.is_zero() => Err(reqwest_middleware::Error::middleware(
             ResilienceError::InvalidConfig(
                 "AttemptTimeout must be longer than zero (AttemptTimeout(Duration::MAX) turns \
                  it off)"
                     .to_owned(),
             ),
         )),
-        _ => None,
+        Some(AttemptTimeout(t)) => Ok(Some(*t)),
+        None => Ok(configured),
     }
 }
 

@@ -607,10 +607,8 @@ impl RetryMiddleware {
                 unreachable!("serve hands the request in")
             };
             let owner = handover.enter(extensions, "RetryMiddleware", true, first.url())?;
-            if let Some(refused) = attempt_timeout::refuse_zero(extensions) {
-                return Err(refused);
-            }
-            let mut run = RequestRun::begin(&self.config, first, extensions, handover);
+            let timeout = attempt_timeout::for_request(extensions, self.config.attempt_timeout)?;
+            let mut run = RequestRun::begin(&self.config, first, extensions, handover, timeout);
             loop {
                 // One attempt and its decision, in a block of their own: the request, the
                 // response and the evidence end with it, so the future does not also keep
@@ -693,17 +691,18 @@ struct Stopped {
 }
 
 impl<'a> RequestRun<'a> {
-    /// Sets the request up: the deadline handed inward, the loop's state, the deposits in
-    /// the retry and hedge budgets.
+    /// Sets the request up (with its `attempt_timeout`, the request's or the configured
+    /// one): the deadline handed inward, the loop's state, the deposits in the retry and
+    /// hedge budgets.
     #[inline]
     fn begin(
         config: &'a Config,
         req: &Request,
         extensions: &mut Extensions,
         handover: Handover<'_>,
+        attempt_timeout: Option<Duration>,
     ) -> Self {
         let handed_on = hand_on_deadline(config, extensions);
-        let attempt_timeout = attempt_timeout::for_request(extensions, config.attempt_timeout);
         // Kept for every attempt (and copy) to start its clock from.
         Inward::set_attempt_timeout(extensions, attempt_timeout);
         let idempotent = extensions

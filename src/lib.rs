@@ -180,6 +180,7 @@
 pub mod auth;
 pub mod backoff;
 pub mod breaker;
+pub mod chain;
 pub mod error;
 pub mod evidence;
 pub mod limit;

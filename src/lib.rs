@@ -150,10 +150,12 @@
 //! 4  stage metrics backoff       the stage vocabulary (a stage, the rest of the stack it runs,
 //!                                what the stages outside hand inward, request ownership, the
 //!                                placement checks) · instruments · delays
-//! 3  error                       ResilienceError and every typed error it carries
-//! 2  record redirect             the per-request state (evidence, history, decisions, what a
-//!                                stage hands inward) and its clearing · the redirect proof
-//! 1  origin token retry_after misconfig sync
+//! 3  error exchange              ResilienceError and every typed error it carries ·
+//!                                send_with_history
+//! 2  record redirect tls_alert   the per-request state (evidence, history, decisions, what a
+//!                                stage hands inward) and its clearing · the redirect proof ·
+//!                                certificate alerts in an error's text
+//! 1  chain origin token retry_after misconfig sync
 //!                                origins, tokens and their source, parsers, reports
 //! ```
 //!
@@ -183,6 +185,7 @@ pub mod breaker;
 pub mod chain;
 pub mod error;
 pub mod evidence;
+pub mod exchange;
 pub mod limit;
 pub mod metrics;
 pub mod misconfig;
@@ -194,6 +197,7 @@ pub mod retry_after;
 pub mod stack;
 pub(crate) mod stage;
 mod sync;
+pub(crate) mod tls_alert;
 pub(crate) mod token;
 
 /// The `async_trait` attribute, for implementing [`TokenSource`] (or a
@@ -207,6 +211,7 @@ pub use evidence::{
     AttemptDecision, AttemptHistory, AttemptRecord, FailureKind, NotProcessedProof, Redirects,
     RequestEvidence, Transmission, TransportEvidence,
 };
+pub use exchange::{Exchange, SendWithHistory};
 pub use origin::Origin;
 pub use retry::{RetryBudget, RetryMiddleware};
 pub use stack::{Resilience, StackBuilder, StackError};

@@ -22,7 +22,7 @@ use reqwest_resilience::{
     chain,
 };
 use support::h2::{H2Action, H2Server};
-use support::{Action, FaultServer, exact_retry, loopback_client};
+use support::{Action, FaultServer, exact_retry};
 
 type Row = (Transmission, Option<FailureKind>, Option<AttemptDecision>);
 

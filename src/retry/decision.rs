@@ -261,6 +261,13 @@ pub trait RetryStrategy: Send + Sync + 'static {
     fn decide(&self, ctx: &AttemptContext<'_>) -> Verdict;
 }
 
+/// A shared strategy decides as the one it shares.
+impl<S: RetryStrategy + ?Sized> RetryStrategy for std::sync::Arc<S> {
+    fn decide(&self, ctx: &AttemptContext<'_>) -> Verdict {
+        (**self).decide(ctx)
+    }
+}
+
 /// The decision table of the design:
 ///
 /// | evidence | idempotent | non-idempotent |

@@ -14,7 +14,7 @@ use tokio::time::Instant;
 use super::attempt_timeout::{self, attempt_cut};
 use super::fallback::fallback_evidence;
 use super::hedge::{Hedging, RoundSpec};
-use super::notice::RetryNotice;
+use super::notice::{BeforeSleep, RetryNotice};
 use super::{
     AttemptContext, DefaultStrategy, ErrorWrapping, Idempotent, MaxRetries, ResponseHead,
     RetryBudget, RetryStrategy, Verdict, Withdrawal, is_idempotent, unsafe_retry,
@@ -136,9 +136,6 @@ struct Config {
     #[cfg(feature = "tracing")]
     retry_event_level: tracing::Level,
 }
-
-/// The hook [`RetryMiddlewareBuilder::before_sleep`] installs.
-type BeforeSleep = dyn Fn(&RetryNotice<'_>) + Send + Sync;
 
 /// Where backoff delays come from.
 #[derive(Clone)]

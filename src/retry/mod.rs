@@ -54,6 +54,7 @@ pub use decision::{
 pub use error::{ErrorWrapping, RetryError, find_reqwest_error};
 pub use hedge::{HedgeDelay, Hedging};
 pub use middleware::{RetryAfterPolicy, RetryMiddleware, RetryMiddlewareBuilder};
+pub(crate) use notice::BeforeSleep;
 pub use notice::RetryNotice;
 
 /// Per-request override of the maximum number of retries (`MaxRetries(0)` disables

@@ -7,6 +7,10 @@ use http::{Method, StatusCode};
 
 use crate::record::{RequestEvidence, RetryReason};
 
+/// The hook [`RetryMiddlewareBuilder::before_sleep`](super::RetryMiddlewareBuilder::before_sleep)
+/// installs.
+pub(crate) type BeforeSleep = dyn Fn(&RetryNotice<'_>) + Send + Sync;
+
 /// A retry about to be taken, as the
 /// [`before_sleep`](super::RetryMiddlewareBuilder::before_sleep) hook sees it: the attempt
 /// that failed, what was observed, why it is retried and how long the wait is.

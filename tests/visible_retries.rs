@@ -217,7 +217,11 @@ async fn the_composed_stack_takes_a_strategy_and_a_hook_and_refuses_them_over_a_
     assert_eq!(exchange.result.unwrap().status(), 200);
     assert_eq!(
         *calls.lock().unwrap(),
-        [(1, Some(StatusCode::INSUFFICIENT_STORAGE), Duration::from_secs(1))]
+        [(
+            1,
+            Some(StatusCode::INSUFFICIENT_STORAGE),
+            Duration::from_secs(1)
+        )]
     );
     assert_eq!(exchange.outcome.map(|o| o.attempts), Some(2));
 

@@ -53,7 +53,7 @@
 //! | evidence | idempotent request | non-idempotent request |
 //! |---|---|---|
 //! | `NotSent` with a transient kind (connect refused, DNS, breaker/pause rejection) | retry | retry |
-//! | `NotSent` because no bearer token could be had (`TokenUnavailable`) | retry, not before the token manager's next fetch | same |
+//! | `NotSent` because no bearer token could be had (`TokenUnavailable`) | retry, not before the token manager's next fetch (at once with the token error when it lies beyond `retry_after_cap`) | same |
 //! | `NotSent` because the origin's concurrency limit was reached (`ConcurrencyLimited`) | no: the limiter's queue is the wait | no |
 //! | sent, and the server proved it did not process it (HTTP/2 `REFUSED_STREAM`, `GOAWAY` below our stream) | retry at once, outside `max_retries`, up to `max_not_processed_retries` (5) | same |
 //! | `SentNoResponse` / `Unknown` (reset, timeout, closed) | retry | **never** |
@@ -61,7 +61,7 @@
 //! | response 429 | retry | retry |
 //! | any other status | no | no |
 //! | anything after reqwest followed a redirect | as the last hop's row says | **never** |
-//! | certificate, builder, redirect, decode errors | no | no |
+//! | certificate errors and TLS alerts about a certificate (`unknown_ca`, `certificate_expired`, …), builder, redirect, decode errors | no | no |
 //!
 //! **Redirects.** reqwest follows them inside one attempt. Once one was followed, the
 //! request the stack sent was received and answered (`3xx`): it is never `NotSent`, a
@@ -74,7 +74,14 @@
 //!
 //! Idempotent: GET, HEAD, OPTIONS, TRACE, PUT, DELETE (RFC 9110 §9.2.2), a request with an
 //! `Idempotency-Key` header, or one marked with [`retry::Idempotent`]. The table is
-//! [`retry::DefaultStrategy`]; replace it through [`retry::RetryStrategy`].
+//! [`retry::DefaultStrategy`]; replace it through [`retry::RetryStrategy`], whose
+//! [`retry::AttemptContext`] has the error chain, the URL and the response head, and whose
+//! verdict may carry a delay ([`retry::Verdict::RetryAfter`]); uv's rules are
+//! [`retry::strategies::uv_transient`]. No strategy can send again a request that may have
+//! been processed unless that is harmless ([`retry::unsafe_retry`]). Retries are told
+//! before each wait ([`retry::RetryMiddlewareBuilder::before_sleep`], and a `WARN` event
+//! with feature `tracing`); [`SendWithHistory::send_with_history`] returns the attempt
+//! count and stop reason beside reqwest's own error.
 //!
 //! # Defaults and where they come from
 //!

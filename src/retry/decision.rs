@@ -288,7 +288,10 @@ impl<S: RetryStrategy + ?Sized> RetryStrategy for std::sync::Arc<S> {
 /// the manager reported: a fetch error or timeout is the identity provider's outage, and
 /// even a token no header can carry may be replaced by the source's next fetch. The wait
 /// is the backoff, but never shorter than the evidence's `retry_after` (when the token
-/// manager will fetch again): a retry sooner would get the same error back at once.
+/// manager will fetch again): a retry sooner would get the same error back at once. When
+/// that fetch lies beyond the middleware's `retry_after_cap`, the middleware stops at once
+/// ([`StopReason::RetryAfterTooLong`]) with the token error: a retry at the cap would get
+/// it too.
 ///
 /// A request the server proved it did not process (HTTP/2 `REFUSED_STREAM`, or a `GOAWAY`
 /// whose last stream id is below the request's stream: RFC 9113 §8.7, §6.8) is as safe to

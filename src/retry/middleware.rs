@@ -78,9 +78,12 @@ pub enum RetryAfterPolicy {
 /// How many attempts were made and why retrying stopped is always in the caller's
 /// extensions as [`RetryOutcome`] (with the whole [`AttemptHistory`]), and on a response as
 /// [`RetryOutcome`] and [`AttemptHistory::of_response`]. A bare `reqwest::Error` cannot carry
-/// it, so a `send()` caller who wants it on *every* error opts into
+/// it: a caller who wants it beside the error, which stays reqwest's own, sends with
+/// [`send_with_history()`](crate::SendWithHistory) (which also keeps the extensions set
+/// on the request builder); one who wants it *inside* every error opts into
 /// [`ErrorWrapping::Always`] ([`error_wrapping`](RetryMiddlewareBuilder::error_wrapping),
-/// or `wrap_errors(true)`); [`ErrorWrapping::Never`] returns every error unwrapped.
+/// or `wrap_errors(true)`), at the cost of `is_timeout()`/`is_connect()`/`status()`;
+/// [`ErrorWrapping::Never`] returns every error unwrapped.
 ///
 /// ```no_run
 /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {

@@ -1517,6 +1517,63 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn a_strategys_own_delay_replaces_the_backoff_is_capped_and_keeps_the_known_floors() {
+        let c = config(no_jitter());
+        let now = Instant::now();
+        let st = state(0, 3, None);
+        let s = Duration::from_secs;
+        let own = |c: &Config, reason, ev: &RequestEvidence, retry_in, d| {
+            delay_of(c.plan_requested(reason, Some(d), ev, retry_in, true, &st, now))
+        };
+        // Instead of the 1 s backoff, and of a `Retry-After`.
+        assert_eq!(own(&c, S503, &response(503, None), None, s(7)), Ok(s(7)));
+        assert_eq!(
+            own(&c, S503, &response(503, Some(s(2))), None, s(7)),
+            Ok(s(7))
+        );
+        assert_eq!(own(&c, S503, &response(503, None), None, s(600)), Ok(s(60)));
+        let give_up =
+            config(no_jitter().retry_after_cap(Duration::from_secs(60), RetryAfterPolicy::GiveUp));
+        assert_eq!(
+            own(&give_up, S503, &response(503, None), None, s(600)),
+            Err(StopReason::RetryAfterTooLong)
+        );
+        // Never before an open breaker's "retry in", which alone is no longer required.
+        let breaker = RequestEvidence::rejected_locally(FailureKind::BreakerOpen, None, 1);
+        let r = RetryReason::BreakerRejected;
+        assert_eq!(own(&c, r, &breaker, Some(s(5)), s(1)), Ok(s(5)));
+        assert_eq!(own(&c, r, &breaker, Some(s(5)), s(9)), Ok(s(9)));
+        assert_eq!(own(&c, r, &breaker, None, s(2)), Ok(s(2)));
+        // Never before the token manager's next fetch.
+        let mut token = RequestEvidence::rejected_locally(FailureKind::TokenUnavailable, None, 1);
+        token.retry_after = Some(s(20));
+        assert_eq!(own(&c, RetryReason::NotSent, &token, None, s(3)), Ok(s(20)));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_token_managers_next_fetch_beyond_the_cap_stops_under_either_policy() {
+        let now = Instant::now();
+        let st = state(0, 3, None);
+        let s = Duration::from_secs;
+        let mut token = RequestEvidence::rejected_locally(FailureKind::TokenUnavailable, None, 1);
+        let clamp = config(no_jitter());
+        let give_up =
+            config(no_jitter().retry_after_cap(Duration::from_secs(60), RetryAfterPolicy::GiveUp));
+        for c in [&clamp, &give_up] {
+            token.retry_after = Some(s(3600));
+            let plan = |ev: &RequestEvidence| {
+                delay_of(c.plan(RetryReason::NotSent, ev, None, true, &st, now))
+            };
+            assert_eq!(plan(&token), Err(StopReason::RetryAfterTooLong));
+            // At the cap it is still waited for; below the backoff, the backoff applies.
+            token.retry_after = Some(s(60));
+            assert_eq!(plan(&token), Ok(s(60)));
+            token.retry_after = Some(Duration::from_millis(10));
+            assert_eq!(plan(&token), Ok(s(1)));
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn plan_refuses_unreplayable_bodies_and_an_empty_budget() {
         let now = Instant::now();
         let ev = response(503, None);

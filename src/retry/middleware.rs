@@ -712,9 +712,6 @@ impl RetryMiddleware {
                             "the loop goes round only after a retry, which keeps the request"
                         )
                     };
-                    if kept.is_none() {
-                        run.last_url = Some(Box::new(req.url().clone()));
-                    }
                     let (result, hedges) = if let Some((hedging, spec)) =
                         run.hedged_round(&prepared, owner)
                     {
@@ -849,7 +846,7 @@ impl<'a> RequestRun<'a> {
     /// sent already).
     #[inline]
     fn prepare(
-        &self,
+        &mut self,
         kept: &mut Option<Request>,
         extensions: &mut Extensions,
     ) -> Option<(PreparedAttempt, Request)> {
@@ -864,7 +861,12 @@ impl<'a> RequestRun<'a> {
             .and_then(Request::try_clone);
         let req = match copy {
             Some(copy) => copy,
-            None => kept.take()?,
+            None => {
+                let last = kept.take()?;
+                // The strategy still asks for the URL after this attempt.
+                self.last_url = Some(Box::new(last.url().clone()));
+                last
+            }
         };
         // Evidence from the previous attempt must not be mistaken for this one's.
         extensions.remove::<RequestEvidence>();

@@ -227,3 +227,52 @@ async fn under_tls_1_3_a_late_certificate_alert_stops_uvs_rules_and_a_post_is_no
         assert_eq!(server.connections(), 2 + i);
     }
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_server_certificate_the_client_does_not_trust_stops_uvs_rules_at_once() {
+    // The other side of the handshake: the client rejects the server's self-signed
+    // certificate (and sends the `unknown_ca` alert itself).
+    let server = support::tls::TlsServer::start().await;
+    let reqwest = reqwest::Client::builder()
+        .no_proxy()
+        .pool_max_idle_per_host(0)
+        .redirect(redirect::recorded(reqwest::redirect::Policy::default()))
+        .build()
+        .unwrap();
+    let client = ClientBuilder::new(reqwest)
+        .with(exact_retry().strategy(uv_transient()).build().unwrap())
+        .with(TransportEvidence::with_client_redirects(
+            ClientRedirects::Recorded,
+        ))
+        .build();
+    let exchange = client
+        .post(server.url("/upload"))
+        .body("x")
+        .send_with_history()
+        .await;
+    let err = exchange.result.expect_err("the certificate is not trusted");
+    let text = reqwest_resilience::chain::messages(&err).join(" / ");
+    // (The verifier's reason depends on the system's roots; the kind does not.)
+    assert!(text.contains("invalid peer certificate: "), "{text}");
+    let rows: Vec<_> = exchange
+        .history
+        .attempts()
+        .iter()
+        .map(|r| {
+            (
+                r.evidence.transmission,
+                r.evidence.failure,
+                r.decision.clone(),
+            )
+        })
+        .collect();
+    assert_eq!(rows, certificate_stop());
+    assert_eq!(
+        (
+            server.connections(),
+            server.handshakes(),
+            server.requests_seen()
+        ),
+        (1, 0, 0)
+    );
+}

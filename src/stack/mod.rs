@@ -410,7 +410,7 @@ impl Resilience {
     }
 
     /// Installs this retry middleware instead of the default one (e.g. one with its own
-    /// [`RetryStrategy`](crate::retry::RetryStrategy)). The retry settings of this builder
+    /// [`RetryStrategy`]). The retry settings of this builder
     /// then cannot apply: combining them is a [`StackError::Conflict`].
     pub fn retry(mut self, retry: RetryMiddleware) -> Self {
         self.retry = RetryChoice::Prebuilt(retry);

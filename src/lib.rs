@@ -117,6 +117,9 @@
 //!   `internal`, the logical call: the `client` spans per wire request come from
 //!   reqwest-tracing installed per attempt (see [`stack`]).
 //! - Feature `metrics`: the instruments listed in [`metrics`].
+//! - Before each retry's wait: [`Resilience::before_sleep`] (attempt, evidence, error or
+//!   status, reason, delay); with `tracing`, a `WARN` event with the error's text and its
+//!   `Caused by:` chain ([`Resilience::retry_event_level`] changes the level).
 //! - Without `tracing`: [`Resilience::on_attempt`] and
 //!   [`Resilience::on_breaker_transition`] hooks, e.g. to feed metrics.
 //!
@@ -125,7 +128,8 @@
 //! | module | what it holds |
 //! |---|---|
 //! | [`stack`] | [`Resilience`]: the whole stack in one builder |
-//! | [`retry`] | [`RetryMiddleware`], the decision table, [`RetryBudget`], per-request overrides, attempt timeout, [hedging](retry::Hedging) |
+//! | [`retry`] | [`RetryMiddleware`], the decision table, ready strategies ([`retry::strategies`]), [`RetryBudget`], per-request overrides, attempt timeout, [hedging](retry::Hedging) |
+//! | [`exchange`] | [`SendWithHistory`]: `send()` that keeps the builder's extensions and returns the history and the outcome with the result |
 //! | [`backoff`] | [`Backoff`] and [`Jitter`]: the delays between attempts |
 //! | [`retry_after`] | `Retry-After` parsing |
 //! | [`redirect`] | what can be proven about the redirects reqwest follows: [`redirect::ClientRedirects`], [`redirect::recorded`] |

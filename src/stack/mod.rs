@@ -149,6 +149,7 @@ impl RetrySettings {
 /// | hedging | off ([`hedging`](Self::hedging)) |
 /// | transport | [`TransportEvidence`], always |
 /// | concurrency limit | off ([`concurrency_limit`](Self::concurrency_limit) turns it on) |
+/// | coalesced GETs | off ([`coalesce_gets`](Self::coalesce_gets) turns it on) |
 /// | hooks | none |
 ///
 /// Each part can be replaced by a prebuilt one ([`retry`](Self::retry),
@@ -196,6 +197,7 @@ pub struct Resilience {
     client_redirects: ClientRedirects,
     span_url_query: bool,
     concurrency_limit: Option<LimitChoice>,
+    coalesce: Option<crate::coalesce::CoalesceGets>,
 }
 
 impl Default for Resilience {
@@ -231,6 +233,7 @@ impl fmt::Debug for Resilience {
                 &self.on_breaker_transition.is_some(),
             )
             .field("concurrency_limit", &self.concurrency_limit.is_some())
+            .field("coalesce", &self.coalesce)
             .finish()
     }
 }
@@ -249,6 +252,7 @@ impl Resilience {
             client_redirects: ClientRedirects::Unobserved,
             span_url_query: false,
             concurrency_limit: None,
+            coalesce: None,
         }
     }
 
@@ -474,6 +478,25 @@ impl Resilience {
         self
     }
 
+    /// Turns on coalesced identical GETs (off by default), outermost: concurrent GET and
+    /// HEAD requests for the same thing share one logical request, retried, admitted and
+    /// counted once. See [`coalesce`](crate::coalesce).
+    ///
+    /// ```
+    /// use reqwest_resilience::Resilience;
+    /// use reqwest_resilience::coalesce::CoalesceGets;
+    ///
+    /// # fn main() -> Result<(), reqwest_resilience::ResilienceError> {
+    /// let client = Resilience::new()
+    ///     .coalesce_gets(CoalesceGets::new().max_body(256 * 1024))
+    ///     .build(reqwest::Client::new())?;
+    /// # drop(client); Ok(()) }
+    /// ```
+    pub fn coalesce_gets(mut self, coalesce: crate::coalesce::CoalesceGets) -> Self {
+        self.coalesce = Some(coalesce);
+        self
+    }
+
     /// Builds the client: `reqwest::Client` wrapped in the stack.
     ///
     /// # Errors
@@ -529,6 +552,7 @@ impl Resilience {
                 self.on_attempt,
                 self.span_url_query,
             )),
+            coalesce: crate::stage::BoxedWhenPresent(self.coalesce),
             retry: crate::stage::RetrySlot(retry),
             token_first: crate::stage::Absent,
             breaker,

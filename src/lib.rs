@@ -181,6 +181,9 @@ pub mod auth;
 pub mod backoff;
 pub mod breaker;
 pub mod chain;
+#[cfg(feature = "chaos")]
+#[cfg_attr(docsrs, doc(cfg(feature = "chaos")))]
+pub mod chaos;
 pub mod coalesce;
 pub mod error;
 pub mod evidence;

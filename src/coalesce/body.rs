@@ -6,7 +6,7 @@ use std::task::{Context, Poll};
 
 use http_body::Frame;
 use hyper::body::Bytes;
-use reqwest::{Response, ResponseBuilderExt};
+use reqwest::Response;
 
 /// The leader's response, read.
 pub(crate) enum Read {
@@ -61,15 +61,7 @@ pub(crate) async fn read(mut response: Response, max_body: usize) -> Read {
 /// failure that ended it).
 fn rebuilt(response: Response, read: Bytes, failure: Option<reqwest::Error>) -> Response {
     let url = response.url().clone();
-    let (mut head, rest) = http::Response::from(response).into_parts();
-    // `Response::from(http::Response)` takes the URL from an extension only reqwest's
-    // builder can set.
-    let (with_url, ()) = http::Response::builder()
-        .url(url)
-        .body(())
-        .unwrap_or_default()
-        .into_parts();
-    head.extensions.extend(with_url.extensions);
+    let (head, rest) = http::Response::from(response).into_parts();
     let body = Prefixed {
         read: (!read.is_empty()).then_some(read),
         rest: match failure {
@@ -77,7 +69,8 @@ fn rebuilt(response: Response, read: Bytes, failure: Option<reqwest::Error>) -> 
             Some(e) => Rest::Failed(Some(e)),
         },
     };
-    Response::from(http::Response::from_parts(head, reqwest::Body::wrap(body)))
+    let response = Response::from(http::Response::from_parts(head, reqwest::Body::wrap(body)));
+    crate::stage::with_url(response, url)
 }
 
 /// A body that yields what was read of it first.
@@ -113,6 +106,7 @@ impl http_body::Body for Prefixed {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use reqwest::ResponseBuilderExt;
 
     /// A body of `chunks` with no size announced (as a chunked one), then `failure`.
     struct Chunked(Vec<&'static [u8]>, bool);

@@ -198,6 +198,8 @@ pub struct Resilience {
     span_url_query: bool,
     concurrency_limit: Option<LimitChoice>,
     coalesce: Option<crate::coalesce::CoalesceGets>,
+    #[cfg(feature = "chaos")]
+    chaos: Option<crate::chaos::Chaos>,
 }
 
 impl Default for Resilience {
@@ -253,6 +255,8 @@ impl Resilience {
             span_url_query: false,
             concurrency_limit: None,
             coalesce: None,
+            #[cfg(feature = "chaos")]
+            chaos: None,
         }
     }
 
@@ -497,6 +501,16 @@ impl Resilience {
         self
     }
 
+    /// Injects seeded faults for your tests (feature `chaos`), innermost: after the
+    /// transport step, which observes each fault as it observes a real one (the transport
+    /// step is then a middleware of its own). See [`chaos`](crate::chaos).
+    #[cfg(feature = "chaos")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "chaos")))]
+    pub fn chaos(mut self, chaos: crate::chaos::Chaos) -> Self {
+        self.chaos = Some(chaos);
+        self
+    }
+
     /// Builds the client: `reqwest::Client` wrapped in the stack.
     ///
     /// # Errors
@@ -542,7 +556,11 @@ impl Resilience {
         // per-attempt middleware runs between `BearerAuth` and the transport step, which
         // then follows it as a middleware of its own.
         let transport = TransportEvidence::with_client_redirects(self.client_redirects);
-        let (inner_transport, outer_transport) = if self.per_attempt.is_empty() {
+        #[cfg(feature = "chaos")]
+        let chaos = self.chaos;
+        #[cfg(not(feature = "chaos"))]
+        let chaos: Option<std::convert::Infallible> = None;
+        let (inner_transport, outer_transport) = if self.per_attempt.is_empty() && chaos.is_none() {
             (Some(transport), None)
         } else {
             (None, Some(transport))
@@ -579,6 +597,11 @@ impl Resilience {
         }
         if let Some(transport) = outer_transport {
             builder = builder.with(transport);
+        }
+        // Where the network is: inside the transport step.
+        #[cfg(feature = "chaos")]
+        if let Some(chaos) = chaos {
+            builder = builder.with(chaos);
         }
         Ok(StackBuilder { builder })
     }

@@ -7,7 +7,8 @@
 //! leader. The leader lands under the same lock: it takes its flight out of the map (so a
 //! caller arriving after that starts a new flight, never waits on a finished one) and
 //! reads how many followers joined; then it publishes the landing on the flight's
-//! `watch` channel, which every follower that joined holds a receiver of. A follower
+//! `watch` channel (made by its first follower), which every follower that joined holds
+//! a receiver of. A follower
 //! therefore either joined before the landing and sees it, or arrives after the removal
 //! and starts afresh: no follower can miss a landing, none waits on a flight that no one
 //! flies.
@@ -21,7 +22,7 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::watch;
 
-use super::key::FlightKey;
+use super::key::{FlightKey, PreHashed};
 use super::landing::Landing;
 
 /// What a flight's followers are told.
@@ -30,13 +31,16 @@ pub(crate) type Published = Option<Arc<Landing>>;
 /// The flights in flight, shared by every clone of one [`CoalesceGets`](super::CoalesceGets).
 #[derive(Default)]
 pub(crate) struct Flights {
-    map: Mutex<HashMap<FlightKey, InFlight>>,
+    map: Mutex<HashMap<FlightKey, InFlight, PreHashed>>,
+    /// The keys' hasher, with random keys of its own.
+    hasher: std::hash::RandomState,
 }
 
 struct InFlight {
     id: u64,
     followers: u32,
-    landed: watch::Receiver<Published>,
+    /// Made by the first follower: a request nobody joins costs no channel.
+    sender: Option<watch::Sender<Published>>,
 }
 
 /// A caller's part in a flight.
@@ -52,7 +56,8 @@ pub(crate) struct Leader<'f> {
     flights: &'f Flights,
     key: Option<FlightKey>,
     id: u64,
-    sender: watch::Sender<Published>,
+    /// The followers' channel, taken from the flight when it closes.
+    sender: Option<watch::Sender<Published>>,
 }
 
 /// How a follower's wait ended.
@@ -63,33 +68,38 @@ pub(crate) enum Waited {
 }
 
 impl Flights {
+    /// The key of `req` (`None`: never shared), hashed with these flights' hasher.
+    pub(crate) fn key(
+        &self,
+        req: &reqwest::Request,
+        vary: &[http::HeaderName],
+    ) -> Option<FlightKey> {
+        FlightKey::of(req, vary, &self.hasher)
+    }
+
     /// Joins the flight of `key`, or starts it.
-    pub(crate) fn join(&self, key: FlightKey) -> Joined<'_> {
+    pub(crate) fn join(&self, key: &FlightKey) -> Joined<'_> {
         let mut map = crate::sync::lock(&self.map);
-        if let Some(flight) = map.get_mut(&key) {
-            // A sender gone without removing its flight is being dropped right now: its
-            // drop removes only its own id, so a new flight may take the key.
-            if flight.landed.has_changed().is_ok() {
-                flight.followers = flight.followers.saturating_add(1);
-                return Joined::Follower(flight.landed.clone());
-            }
+        if let Some(flight) = map.get_mut(key) {
+            flight.followers = flight.followers.saturating_add(1);
+            let sender = flight.sender.get_or_insert_with(|| watch::channel(None).0);
+            return Joined::Follower(sender.subscribe());
         }
         static IDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         let id = IDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let (sender, landed) = watch::channel(None);
         map.insert(
             key.clone(),
             InFlight {
                 id,
                 followers: 0,
-                landed,
+                sender: None,
             },
         );
         Joined::Leader(Leader {
             flights: self,
-            key: Some(key),
+            key: Some(key.clone()),
             id,
-            sender,
+            sender: None,
         })
     }
 
@@ -99,12 +109,12 @@ impl Flights {
         crate::sync::lock(&self.map).len()
     }
 
-    /// Takes the flight `id` of `key` out of the map; the followers it had.
-    fn remove(&self, key: &FlightKey, id: u64) -> u32 {
+    /// Takes the flight `id` of `key` out of the map.
+    fn remove(&self, key: &FlightKey, id: u64) -> Option<InFlight> {
         let mut map = crate::sync::lock(&self.map);
         match map.get(key) {
-            Some(flight) if flight.id == id => map.remove(key).map_or(0, |f| f.followers),
-            _ => 0,
+            Some(flight) if flight.id == id => map.remove(key),
+            _ => None,
         }
     }
 }
@@ -112,23 +122,31 @@ impl Flights {
 impl Leader<'_> {
     /// Closes the flight to new followers; how many joined it.
     pub(crate) fn close(&mut self) -> u32 {
-        match self.key.take() {
-            Some(key) => self.flights.remove(&key, self.id),
-            None => 0,
-        }
+        let Some(flight) = self
+            .key
+            .take()
+            .and_then(|key| self.flights.remove(&key, self.id))
+        else {
+            return 0;
+        };
+        self.sender = flight.sender;
+        flight.followers
     }
 
     /// Tells every follower how the flight landed (after [`close`](Self::close)).
     pub(crate) fn land(self, landing: Arc<Landing>) {
-        // No receiver left (every follower gave up) is not an error.
-        let _ = self.sender.send(Some(landing));
+        if let Some(sender) = &self.sender {
+            // No receiver left (every follower gave up) is not an error.
+            let _ = sender.send(Some(landing));
+        }
     }
 }
 
 impl Drop for Leader<'_> {
     fn drop(&mut self) {
-        // Abandoned before it closed: no new follower may join; the sender's drop (after
-        // this) ends the wait of those that did.
+        // Abandoned before it closed: no new follower may join, and the channel's sender,
+        // taken out with the flight and dropped with this leader, ends the wait of those
+        // that did.
         self.close();
     }
 }
@@ -153,29 +171,26 @@ pub(crate) async fn wait(mut landed: watch::Receiver<Published>) -> Waited {
 mod tests {
     use super::*;
 
-    fn key(url: &str) -> FlightKey {
-        FlightKey::of(
-            &reqwest::Request::new(http::Method::GET, url.parse().unwrap()),
-            &[],
-        )
-        .unwrap()
+    fn key(flights: &Flights, url: &str) -> FlightKey {
+        let req = reqwest::Request::new(http::Method::GET, url.parse().unwrap());
+        flights.key(&req, &[]).unwrap()
     }
 
     #[tokio::test]
     async fn followers_join_the_leader_until_it_closes_and_all_see_its_landing() {
         let flights = Flights::default();
-        let Joined::Leader(mut leader) = flights.join(key("http://a.test/")) else {
+        let Joined::Leader(mut leader) = flights.join(&key(&flights, "http://a.test/")) else {
             panic!("the first caller leads");
         };
         let followers: Vec<_> = (0..3)
-            .map(|_| match flights.join(key("http://a.test/")) {
+            .map(|_| match flights.join(&key(&flights, "http://a.test/")) {
                 Joined::Follower(landed) => landed,
                 Joined::Leader(_) => panic!("a second leader"),
             })
             .collect();
         // Another URL is another flight.
         assert!(matches!(
-            flights.join(key("http://a.test/other")),
+            flights.join(&key(&flights, "http://a.test/other")),
             Joined::Leader(_)
         ));
         assert_eq!(leader.close(), 3);
@@ -186,7 +201,7 @@ mod tests {
         );
         // After the close, a caller starts a new flight.
         assert!(matches!(
-            flights.join(key("http://a.test/")),
+            flights.join(&key(&flights, "http://a.test/")),
             Joined::Leader(_)
         ));
         leader.land(Arc::new(Landing::NotShared));
@@ -200,15 +215,15 @@ mod tests {
     #[tokio::test]
     async fn a_leader_dropped_before_it_lands_abandons_its_followers_and_its_key() {
         let flights = Flights::default();
-        let leader = flights.join(key("http://a.test/"));
-        let Joined::Follower(landed) = flights.join(key("http://a.test/")) else {
+        let leader = flights.join(&key(&flights, "http://a.test/"));
+        let Joined::Follower(landed) = flights.join(&key(&flights, "http://a.test/")) else {
             panic!("the second caller follows");
         };
         drop(leader);
         assert_eq!(flights.len(), 0);
         assert!(matches!(wait(landed).await, Waited::Abandoned));
         assert!(matches!(
-            flights.join(key("http://a.test/")),
+            flights.join(&key(&flights, "http://a.test/")),
             Joined::Leader(_)
         ));
     }

@@ -1,5 +1,6 @@
 //! [`FlightKey`]: what makes two GETs the same request.
 
+use std::hash::{BuildHasher, Hash, Hasher};
 use std::time::Duration;
 
 use http::{HeaderName, HeaderValue, Method, header};
@@ -22,8 +23,13 @@ pub(crate) const KEYED_HEADERS: [HeaderName; 7] = [
 /// the same URL, the same values of the [`KEYED_HEADERS`] and of the configured `Vary`
 /// list (by position in it), and the same reqwest timeout. Holds secrets (an
 /// `Authorization` value): it has no `Debug`.
-#[derive(Clone, PartialEq, Eq, Hash)]
+///
+/// Hashed once, when it is made (with the flights' own random keys, so no URL chosen by
+/// an attacker can aim at one bucket): the map of flights then hashes a `u64`
+/// ([`PreHashed`]) on each of its operations instead of the URL and the headers.
+#[derive(Clone, PartialEq, Eq)]
 pub(crate) struct FlightKey {
+    hash: u64,
     method: Method,
     url: String,
     // (the header's position in KEYED_HEADERS then the Vary list, a value); every value
@@ -35,7 +41,11 @@ pub(crate) struct FlightKey {
 impl FlightKey {
     /// The key of `req`, or `None` when it is never shared: not a GET or HEAD, or with
     /// a body.
-    pub(crate) fn of(req: &Request, vary: &[HeaderName]) -> Option<FlightKey> {
+    pub(crate) fn of(
+        req: &Request,
+        vary: &[HeaderName],
+        hasher: &impl BuildHasher,
+    ) -> Option<FlightKey> {
         if !(req.method() == Method::GET || req.method() == Method::HEAD) || req.body().is_some() {
             return None;
         }
@@ -43,12 +53,49 @@ impl FlightKey {
         for (i, name) in KEYED_HEADERS.iter().chain(vary).enumerate() {
             headers.extend(req.headers().get_all(name).iter().map(|v| (i, v.clone())));
         }
+        let url = req.url().as_str().to_owned();
+        let timeout = req.timeout().copied();
         Some(FlightKey {
+            hash: hasher.hash_one((req.method(), &url, &headers, timeout)),
             method: req.method().clone(),
-            url: req.url().as_str().to_owned(),
+            url,
             headers,
-            timeout: req.timeout().copied(),
+            timeout,
         })
+    }
+}
+
+impl Hash for FlightKey {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        state.write_u64(self.hash);
+    }
+}
+
+/// The map of flights' hasher: a [`FlightKey`] is hashed already.
+#[derive(Clone, Copy, Default)]
+pub(crate) struct PreHashed;
+
+impl BuildHasher for PreHashed {
+    type Hasher = PreHashedHasher;
+    fn build_hasher(&self) -> PreHashedHasher {
+        PreHashedHasher(0)
+    }
+}
+
+pub(crate) struct PreHashedHasher(u64);
+
+impl Hasher for PreHashedHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        // Only `write_u64` is called (by `FlightKey`); anything else is folded in.
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(b);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
     }
 }
 
@@ -68,7 +115,15 @@ mod tests {
     }
 
     fn key(r: &Request) -> Option<FlightKey> {
-        FlightKey::of(r, &[HeaderName::from_static("x-tenant")])
+        FlightKey::of(
+            r,
+            &[HeaderName::from_static("x-tenant")],
+            &RANDOM.with(|s| s.clone()),
+        )
+    }
+
+    thread_local! {
+        static RANDOM: std::hash::RandomState = std::hash::RandomState::new();
     }
 
     #[test]

@@ -17,9 +17,12 @@
 //! header (a trace id) does not keep two requests apart. Nothing else is ever shared:
 //! another method, a request with a body.
 //!
-//! The first caller (the leader) sends its request; the callers that come while it is in
-//! flight (followers) wait for it. When its response head has come, its body is read
-//! whole, up to [`max_body`](CoalesceGets::max_body) (1 MiB by default), and every caller
+//! The first caller (the leader) sends its request; the callers that come until its
+//! response head arrives (followers) wait for it. A response nobody joined is handed to
+//! the leader as it came, unread (coalescing then costs a key and a map entry). When
+//! others joined, the flight closes at the head (a caller coming after it starts a
+//! request of its own), the body is read whole, up to
+//! [`max_body`](CoalesceGets::max_body) (1 MiB by default), and every caller
 //! gets its own [`Response`] with the same status, headers, URL and body bytes (one copy
 //! of the bytes, shared), and in its [`AttemptHistory`] a
 //! [`Shared`](crate::evidence::Shared) record: whether it [sent](crate::evidence::SharedRole::Sent)
@@ -110,7 +113,6 @@ use crate::error::ResilienceError;
 use crate::record::{AttemptHistory, Deadline, SharedRole};
 use crate::stage::{Handover, RestOfStack, Stage, standalone_middleware};
 use flight::{Flights, Joined, Waited};
-use key::FlightKey;
 use landing::{Landing, Record, SharedResponse};
 
 /// The default bound on a shared body: 1 MiB.
@@ -196,7 +198,7 @@ impl Stage for CoalesceGets {
     ) -> impl Future<Output = reqwest_middleware::Result<Response>> + Send + 'a {
         async move {
             let owner = handover.enter(extensions, "CoalesceGets", false, req.url())?;
-            let Some(key) = FlightKey::of(&req, &self.vary) else {
+            let Some(key) = self.flights.key(&req, &self.vary) else {
                 return owner
                     .poll_as(next, |next| next.run(req, extensions, handover))
                     .await;
@@ -204,7 +206,7 @@ impl Stage for CoalesceGets {
             // Each pass ends with a landing, or with the leader gone and this caller
             // joining again: as the next leader, or behind it.
             loop {
-                let landed = match self.flights.join(key.clone()) {
+                let landed = match self.flights.join(&key) {
                     Joined::Follower(landed) => landed,
                     Joined::Leader(leader) => {
                         let sent = owner.poll_as(next, |next| next.run(req, extensions, handover));
@@ -254,9 +256,16 @@ impl CoalesceGets {
                 return Err(e);
             }
         };
+        // The flight closes at the response head: a caller that comes while the body is
+        // read starts a request of its own, and a response nobody joined is handed over
+        // as it came, unread.
+        let followers = leader.close();
+        if followers == 0 {
+            return Ok(response);
+        }
+        let callers = followers.saturating_add(1);
         match body::read(response, self.max_body).await {
             body::Read::Whole { head, url, body } => {
-                let callers = leader.close().saturating_add(1);
                 let shared = SharedResponse::new(head, url, body, Record::of(extensions), callers);
                 let own = shared.response_for(SharedRole::Sent);
                 mark_shared(extensions, SharedRole::Sent, callers);
@@ -264,7 +273,6 @@ impl CoalesceGets {
                 Ok(own)
             }
             body::Read::Unshared(response) => {
-                leader.close();
                 leader.land(Arc::new(Landing::NotShared));
                 Ok(response)
             }

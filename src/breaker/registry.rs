@@ -319,14 +319,15 @@ struct RestOfStack {
 /// can be forgotten, the new origin gets a breaker that is not stored (its requests pass
 /// as if Closed) and [`BreakerRegistry::overflowed`] counts it.
 ///
-/// Memory per origin: one [`Breaker`] ([`Breaker::SIZE`] = 240 bytes on 64-bit targets,
-/// nothing on the heap) in an `Arc<Mutex<_>>` beside two atomic words (the lock-free
+/// Memory per origin: one [`Breaker`] ([`Breaker::SIZE`] = 248 bytes on 64-bit targets,
+/// nothing on the heap; with [`slow_calls`](BreakerConfig::slow_calls), its slow-call
+/// window of 136 bytes besides, made on the first timed call) in an `Arc<Mutex<_>>` beside two atomic words (the lock-free
 /// summary and the last use), plus the map slot (the [`Origin`] key and the `Arc`) and
-/// the origin's text; [`BreakerRegistry::BYTES_PER_ORIGIN`] (321 bytes) adds up the fixed
+/// the origin's text; [`BreakerRegistry::BYTES_PER_ORIGIN`] (329 bytes) adds up the fixed
 /// part. The text is bounded too: a host over [`Origin::MAX_HOST_LEN`] (255) bytes or a
 /// scheme over [`Origin::MAX_SCHEME_LEN`] (32) has no origin
 /// ([`OriginError::TooLong`](crate::origin::OriginError::TooLong)), so no breaker, so
-/// one origin costs at most 321 + 300 bytes, and a registry at most `max_origins` times
+/// one origin costs at most 329 + 300 bytes, and a registry at most `max_origins` times
 /// that. 10⁶ distinct origins through a 10 000-origin registry leave it at 10 000 with a
 /// flat resident set.
 ///

@@ -105,7 +105,8 @@ pub struct Rejection {
 /// One origin's breaker. Every method takes the registry's [`BreakerConfig`] (kept once
 /// per registry, not per breaker) and the current time.
 ///
-/// Size: see [`Breaker::SIZE`]; nothing is allocated on the heap.
+/// Size: see [`Breaker::SIZE`]; nothing is allocated on the heap, but for the slow-call
+/// window of a breaker whose config has [`slow_calls`](BreakerConfig::slow_calls).
 #[derive(Debug, Clone)]
 pub struct Breaker {
     state: BreakerState,
@@ -128,7 +129,7 @@ pub struct Breaker {
     slow: Option<Box<Window<SlowCounts>>>,
 }
 
-// Stated in the docs (240 bytes on 64-bit targets); keep it small.
+// Stated in the docs (248 bytes on 64-bit targets); keep it small.
 const _: () = assert!(Breaker::SIZE <= 256);
 
 impl Breaker {

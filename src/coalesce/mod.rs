@@ -27,7 +27,7 @@
 //! of the bytes, shared), and in its [`AttemptHistory`] a
 //! [`Shared`](crate::evidence::Shared) record: whether it [sent](crate::evidence::SharedRole::Sent)
 //! the request or [joined](crate::evidence::SharedRole::Joined) it, and how many callers
-//! shared it. A follower's extensions get the leader's [`RequestEvidence`], history and
+//! shared it. A follower's extensions get the leader's [`RequestEvidence`](crate::RequestEvidence), history and
 //! [`RetryOutcome`](crate::retry::RetryOutcome).
 //!
 //! # When the body is larger than the bound
@@ -61,8 +61,8 @@
 //! would be one more attempt for the breaker and take a permit of its own, and a
 //! follower of a retried request would wait through the retries anyway). The
 //! followers take the leader's retry settings: a caller's own per-request
-//! [`MaxRetries`](crate::retry::MaxRetries) or [`Deadline`](crate::retry::Deadline) does
-//! not change the shared request, but a follower's [`Deadline`](crate::retry::Deadline)
+//! [`MaxRetries`](crate::retry::MaxRetries) or [`Deadline`] does
+//! not change the shared request, but a follower's [`Deadline`]
 //! bounds its own wait (past it, it fails with tokio's `Elapsed`, as the retry's cut,
 //! and the others go on). `BearerAuth` is inside: the callers of one stack share its
 //! token, and a request that carries its own `Authorization` is keyed by it.

@@ -351,3 +351,29 @@ fn rates_outside_their_bounds_are_typed_errors() {
         .unwrap();
     assert!((0..100).all(|n| chaos.injection(n).fault.is_none()));
 }
+
+/// The chaos sockets end with the runtime they were bound on (a test's); the same layer
+/// on a later runtime binds them again and produces the same faults.
+#[test]
+fn a_layer_used_on_a_second_runtime_binds_its_sockets_again() {
+    let chaos = Chaos::builder()
+        .fault(Fault::ResetAfterSend, 1.0)
+        .build()
+        .unwrap();
+    for round in 1..=2u64 {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let (evidence, _, _) = rt.block_on(async {
+            let server = FaultServer::always(Action::ok("real")).await;
+            observe(&client(&chaos), &server.url("/")).await
+        });
+        assert_eq!(
+            of(&evidence),
+            expected(Some(Fault::ResetAfterSend)),
+            "round {round}"
+        );
+        assert_eq!(chaos.requests(), round);
+    }
+}

@@ -456,3 +456,47 @@ async fn in_the_stack_a_shared_failure_counts_once_for_the_breaker() {
         "20 callers, one failure counted"
     );
 }
+
+/// In the stack, the shared request is retried once for all its callers: every caller
+/// gets the retried answer and the history of both attempts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn in_the_stack_the_shared_request_is_retried_once_for_every_caller() {
+    let slow = |action| Action::Delay(Duration::from_millis(200), Box::new(action));
+    let server =
+        FaultServer::sequence(vec![slow(Action::status(503))], slow(Action::ok("ok"))).await;
+    let client = Resilience::new()
+        .backoff(
+            reqwest_resilience::Backoff::builder()
+                .base(Duration::from_millis(10))
+                .jitter(reqwest_resilience::Jitter::None)
+                .build()
+                .unwrap(),
+        )
+        .coalesce_gets(CoalesceGets::new())
+        .build(support::loopback_client())
+        .unwrap();
+    let url = server.url("/");
+    let tasks: Vec<_> = (0..10)
+        .map(|_| {
+            let (client, url) = (client.clone(), url.clone());
+            tokio::spawn(async move {
+                let response = client.get(&url).send().await.unwrap();
+                let history = AttemptHistory::of_response(&response).unwrap();
+                let statuses: Vec<_> = history
+                    .attempts()
+                    .iter()
+                    .map(|a| a.evidence.status().map(|s| s.as_u16()))
+                    .collect();
+                let shared = history.shared().map(|s| s.callers);
+                (response.text().await.unwrap(), statuses, shared)
+            })
+        })
+        .collect();
+    for t in tasks {
+        let (body, statuses, shared) = t.await.unwrap();
+        assert_eq!(body, "ok");
+        assert_eq!(statuses, [Some(503), Some(200)]);
+        assert_eq!(shared, Some(10));
+    }
+    assert_eq!(server.requests_seen(), 2);
+}

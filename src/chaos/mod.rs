@@ -88,6 +88,11 @@ type InjectionHook = Arc<dyn Fn(&Injection) + Send + Sync>;
 
 /// The chaos middleware: see the [module docs](self). Clones share their count of
 /// requests and their sockets.
+///
+/// # Cancel safety
+///
+/// A request dropped at any point leaves nothing behind: its number is taken (the next
+/// request gets the next one), a socket it was talking to sees the connection close.
 #[derive(Clone)]
 pub struct Chaos {
     inner: Arc<Inner>,
@@ -99,10 +104,8 @@ struct Inner {
     timeout_after: Duration,
     retry_after: Duration,
     requests: AtomicU64,
-    sockets: tokio::sync::OnceCell<Sockets>,
-    /// Speaks HTTP/2 with prior knowledge to the `REFUSED_STREAM` socket: the user's
-    /// client may speak only HTTP/1.
-    h2: tokio::sync::OnceCell<reqwest::Client>,
+    /// Bound on the first fault, again when the runtime they served ended.
+    sockets: tokio::sync::Mutex<Option<Arc<Sockets>>>,
     on_injection: Option<InjectionHook>,
 }
 
@@ -207,8 +210,7 @@ impl ChaosBuilder {
                 timeout_after: self.timeout_after,
                 retry_after: self.retry_after,
                 requests: AtomicU64::new(0),
-                sockets: tokio::sync::OnceCell::new(),
-                h2: tokio::sync::OnceCell::new(),
+                sockets: tokio::sync::Mutex::new(None),
                 on_injection: self.on_injection,
             }),
         })
@@ -268,6 +270,21 @@ impl reqwest_middleware::Middleware for Chaos {
 }
 
 impl Chaos {
+    /// The chaos sockets, bound now if they are not serving.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropped while binding, nothing is kept: the next fault binds them.
+    async fn sockets(&self) -> std::io::Result<Arc<Sockets>> {
+        let mut sockets = self.inner.sockets.lock().await;
+        if let Some(serving) = sockets.as_ref().filter(|s| s.serving()) {
+            return Ok(serving.clone());
+        }
+        let bound = Arc::new(Sockets::bind(self.inner.retry_after).await?);
+        *sockets = Some(bound.clone());
+        Ok(bound)
+    }
+
     /// Sends `req` to the socket that produces `fault`, and gives the result the
     /// request's own URL back.
     async fn inject(
@@ -278,9 +295,8 @@ impl Chaos {
         next: Next<'_>,
     ) -> reqwest_middleware::Result<Response> {
         let inner = &self.inner;
-        let sockets = inner
-            .sockets
-            .get_or_try_init(|| Sockets::bind(inner.retry_after))
+        let sockets = self
+            .sockets()
             .await
             .map_err(reqwest_middleware::Error::middleware)?;
         let url = req.url().clone();
@@ -298,16 +314,9 @@ impl Chaos {
                 Some(own.map_or(inner.timeout_after, |t| t.min(inner.timeout_after)));
         }
         let result = if fault == Fault::RefusedStream {
-            let h2 = inner
+            sockets
                 .h2
-                .get_or_try_init(|| async {
-                    reqwest::Client::builder()
-                        .http2_prior_knowledge()
-                        .no_proxy()
-                        .build()
-                })
-                .await?;
-            h2.execute(req)
+                .execute(req)
                 .await
                 .map_err(reqwest_middleware::Error::from)
         } else {

@@ -22,6 +22,9 @@ pub(crate) struct Sockets {
     too_many: SocketAddr,
     refused_stream: SocketAddr,
     tasks: Vec<JoinHandle<()>>,
+    /// Speaks HTTP/2 with prior knowledge to the `REFUSED_STREAM` socket (the user's
+    /// client may speak only HTTP/1); made with the sockets, on their runtime.
+    pub(crate) h2: reqwest::Client,
 }
 
 impl Drop for Sockets {
@@ -64,6 +67,11 @@ impl Sockets {
         let h2 = TcpListener::bind(loopback).await?;
         let refused_stream = h2.local_addr()?;
         tasks.push(tokio::spawn(accept_h2(h2)));
+        let h2 = reqwest::Client::builder()
+            .http2_prior_knowledge()
+            .no_proxy()
+            .build()
+            .map_err(io::Error::other)?;
         Ok(Sockets {
             refused: (refused, refused_addr),
             reset,
@@ -72,7 +80,14 @@ impl Sockets {
             too_many,
             refused_stream,
             tasks,
+            h2,
         })
+    }
+
+    /// Whether the sockets still serve: their tasks end with the runtime they were bound
+    /// on (a test's runtime), and a layer used on a later one binds them again.
+    pub(crate) fn serving(&self) -> bool {
+        !self.tasks.iter().any(JoinHandle::is_finished)
     }
 
     /// Where a request meets `fault`.

@@ -1228,3 +1228,41 @@ async fn without_slow_calls_a_5s_server_never_trips() {
     );
     assert_eq!(server.requests_seen(), 40);
 }
+
+/// A slow call is timed from the attempt leaving for the network, not from the breaker's
+/// admission: a wait in the concurrency limiter's queue is local and never makes a call
+/// slow. Two calls at once through a limit of 1: the second waits 600 ms in the queue,
+/// then takes 600 ms; timed from its admission it would be slow (1.2 s > 1 s) and trip the
+/// breaker (1 of 2 at a 50 % rate); timed as the transport step measures it, neither is.
+#[tokio::test(start_paused = true)]
+async fn a_wait_in_the_limiters_queue_never_makes_a_call_slow() {
+    use reqwest_resilience::Resilience;
+    use reqwest_resilience::breaker::SlowCalls;
+    use reqwest_resilience::limit::LimiterConfig;
+    let server = FaultServer::always(Action::Delay(600 * MS, Box::new(Action::ok("ok")))).await;
+    let reg = registry(
+        BreakerConfig::default().slow_calls(
+            SlowCalls::new(S)
+                .rate(0.5)
+                .minimum_throughput(2)
+                .sampling_window(10 * S),
+        ),
+    );
+    let client = Resilience::new()
+        .no_retry()
+        .breaker(reg.clone())
+        .concurrency_limit(LimiterConfig::fixed(1).queue(4, 10 * S))
+        .build(reqwest_client())
+        .unwrap();
+    let url = server.url("/");
+    let started = Instant::now();
+    let (a, b) = tokio::join!(status(&client, &url), status(&client, &url));
+    assert_eq!((a, b), (200, 200));
+    assert_eq!(started.elapsed(), 1200 * MS, "one after the other");
+    let s = reg.snapshot().pop().unwrap();
+    assert_eq!(
+        (s.state, s.slow_window_calls, s.slow_window_slow),
+        (BreakerState::Closed, 2, 0)
+    );
+    assert_eq!(server.requests_seen(), 2);
+}

@@ -43,6 +43,11 @@ impl Record {
         }
     }
 
+    /// The origin the transport step recorded, for the metrics' label.
+    pub(crate) fn origin(&self) -> Option<&crate::origin::Origin> {
+        self.evidence.as_ref().and_then(|e| e.origin.as_ref())
+    }
+
     /// Leaves the record in `extensions`, its history saying it was shared (a history
     /// is made when the stages inside left none).
     pub(crate) fn leave(&self, extensions: &mut Extensions, shared: Shared) {

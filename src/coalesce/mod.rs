@@ -246,7 +246,7 @@ impl CoalesceGets {
             Err(e) => {
                 let callers = leader.close().saturating_add(1);
                 let record = Record::of(extensions);
-                mark_shared(extensions, SharedRole::Sent, callers);
+                mark_shared(extensions, &record, callers);
                 let error = e.to_string();
                 leader.land(Arc::new(Landing::Failed {
                     error,
@@ -268,7 +268,7 @@ impl CoalesceGets {
             body::Read::Whole { head, url, body } => {
                 let shared = SharedResponse::new(head, url, body, Record::of(extensions), callers);
                 let own = shared.response_for(SharedRole::Sent);
-                mark_shared(extensions, SharedRole::Sent, callers);
+                mark_shared(extensions, &shared.record, callers);
                 leader.land(Arc::new(Landing::Response(shared)));
                 Ok(own)
             }
@@ -299,6 +299,12 @@ fn follow(
     landing: &Landing,
     extensions: &mut Extensions,
 ) -> Option<reqwest_middleware::Result<Response>> {
+    let record = match landing {
+        Landing::Response(shared) => &shared.record,
+        Landing::Failed { record, .. } => record,
+        Landing::NotShared => return None,
+    };
+    crate::metrics::coalesced(record.origin(), "joined");
     match landing {
         Landing::Response(shared) => {
             shared
@@ -326,11 +332,15 @@ fn follow(
     }
 }
 
-/// Marks the leader's own history shared, when anyone joined it.
-fn mark_shared(extensions: &mut Extensions, role: SharedRole, callers: u32) {
+/// Marks the leader's own history shared, when anyone joined it (and counts it).
+fn mark_shared(extensions: &mut Extensions, record: &Record, callers: u32) {
     if callers > 1 {
         extensions
             .get_or_insert_default::<AttemptHistory>()
-            .mark_shared(crate::record::Shared { role, callers });
+            .mark_shared(crate::record::Shared {
+                role: SharedRole::Sent,
+                callers,
+            });
+        crate::metrics::coalesced(record.origin(), "sent");
     }
 }

@@ -172,6 +172,7 @@ async fn main() -> Result<(), BoxError> {
     hedging(&mut tour).await?;
     attempt_timeout(&mut tour).await?;
     hedging_safe_methods(&mut tour).await?;
+    visible_retries_with_uvs_rules(&mut tour).await?;
     coalesced_gets(&mut tour).await?;
     slow_call_trip(&mut tour).await?;
     chaos_scene(&mut tour).await?;
@@ -867,10 +868,57 @@ async fn hedging_safe_methods(tour: &mut Tour) -> Result<(), BoxError> {
     Ok(())
 }
 
+/// uv's transient rules as the strategy, each retry told before its wait, and the outcome
+/// beside the result.
+async fn visible_retries_with_uvs_rules(tour: &mut Tour) -> Result<(), BoxError> {
+    use reqwest_resilience::SendWithHistory;
+    use reqwest_resilience::retry::strategies::uv_transient;
+
+    println!(
+        "\n15. uv's rules, retries told as they happen: a 507 (which uv retries, the default \
+         table does not) and a hang-up, then 200"
+    );
+    let server = FlakyServer::start(|n, _| match n {
+        0 => Reply::status(507),
+        1 => Reply::HangUp,
+        _ => Reply::ok("index"),
+    })
+    .await?;
+    let notices = Arc::new(AtomicUsize::new(0));
+    let client = demo_stack()?
+        .retry_strategy(uv_transient())
+        .before_sleep({
+            let notices = notices.clone();
+            move |n| {
+                notices.fetch_add(1, Ordering::SeqCst);
+                let what = n
+                    .status
+                    .map_or_else(|| n.error_messages().join(": "), |s| s.to_string());
+                println!(
+                    "   attempt {} failed ({what}); retrying in {:?}",
+                    n.attempt, n.delay
+                );
+            }
+        })
+        .build(recorded_client()?)?;
+    let exchange = client.get(server.url("/simple/")).send_with_history().await;
+    print_history(&exchange.history);
+    let status = exchange.result?.status().as_u16();
+    let retries = exchange.outcome.map_or(0, |o| o.retries());
+    tour.check(
+        "uv rules: 507 and hang-up retried",
+        "200 after 2 retries, 2 told",
+        format!(
+            "{status} after {retries} retries, {} told",
+            notices.load(Ordering::SeqCst)
+        ),
+    );
+    Ok(())
+}
 /// Concurrent identical GETs share one request: the server answers once, every caller gets
 /// the body, and each history says it was shared.
 async fn coalesced_gets(tour: &mut Tour) -> Result<(), BoxError> {
-    println!("\n15. 100 concurrent identical GETs with coalescing: one request at the server");
+    println!("\n16. 100 concurrent identical GETs with coalescing: one request at the server");
     let server = FlakyServer::start(|_, _| {
         Reply::After(Duration::from_millis(200), Box::new(Reply::ok("catalogue")))
     })
@@ -910,7 +958,7 @@ async fn coalesced_gets(tour: &mut Tour) -> Result<(), BoxError> {
 /// callers after it fail fast.
 async fn slow_call_trip(tour: &mut Tour) -> Result<(), BoxError> {
     println!(
-        "\n16. Slow-call trip: latency jumps from 5 ms to 300 ms; half of the calls over 100 ms \
+        "\n17. Slow-call trip: latency jumps from 5 ms to 300 ms; half of the calls over 100 ms \
          opens the breaker"
     );
     let slow = Arc::new(AtomicBool::new(false));
@@ -970,7 +1018,7 @@ async fn slow_call_trip(tour: &mut Tour) -> Result<(), BoxError> {
 async fn chaos_scene(tour: &mut Tour) -> Result<(), BoxError> {
     use reqwest_resilience::chaos::{Chaos, Fault};
     println!(
-        "\n17. Chaos (seed 7): refused connects, resets after sending and 429s on a third of \
+        "\n18. Chaos (seed 7): refused connects, resets after sending and 429s on a third of \
          the attempts; the retry heals every GET"
     );
     let server = FlakyServer::start(|_, _| Reply::ok("ok")).await?;
@@ -1009,6 +1057,6 @@ async fn chaos_scene(tour: &mut Tour) -> Result<(), BoxError> {
 
 #[cfg(not(feature = "chaos"))]
 async fn chaos_scene(_: &mut Tour) -> Result<(), BoxError> {
-    println!("\n17. Chaos: run with `--features chaos` to see seeded faults healed by the retry");
+    println!("\n18. Chaos: run with `--features chaos` to see seeded faults healed by the retry");
     Ok(())
 }

@@ -17,7 +17,10 @@ use std::time::{Duration, Instant};
 use common::{FlakyServer, Reply, refused_url};
 use http::Extensions;
 use reqwest_middleware::ClientWithMiddleware;
-use reqwest_resilience::breaker::{BreakerConfig, BreakerRegistry, BreakerState, TripPolicy};
+use reqwest_resilience::breaker::{
+    BreakerConfig, BreakerRegistry, BreakerState, SlowCalls, TripPolicy,
+};
+use reqwest_resilience::coalesce::CoalesceGets;
 use reqwest_resilience::redirect::{self, ClientRedirects};
 use reqwest_resilience::retry::{Hedge, Hedging, MaxRetries};
 use reqwest_resilience::{
@@ -170,6 +173,9 @@ async fn main() -> Result<(), BoxError> {
     attempt_timeout(&mut tour).await?;
     hedging_safe_methods(&mut tour).await?;
     visible_retries_with_uvs_rules(&mut tour).await?;
+    coalesced_gets(&mut tour).await?;
+    slow_call_trip(&mut tour).await?;
+    chaos_scene(&mut tour).await?;
 
     println!("\nSummary");
     println!("{:<34} {:<26} {:<26} ok", "scene", "expected", "observed");
@@ -907,5 +913,150 @@ async fn visible_retries_with_uvs_rules(tour: &mut Tour) -> Result<(), BoxError>
             notices.load(Ordering::SeqCst)
         ),
     );
+    Ok(())
+}
+/// Concurrent identical GETs share one request: the server answers once, every caller gets
+/// the body, and each history says it was shared.
+async fn coalesced_gets(tour: &mut Tour) -> Result<(), BoxError> {
+    println!("\n16. 100 concurrent identical GETs with coalescing: one request at the server");
+    let server = FlakyServer::start(|_, _| {
+        Reply::After(Duration::from_millis(200), Box::new(Reply::ok("catalogue")))
+    })
+    .await?;
+    let client = demo_stack()?
+        .coalesce_gets(CoalesceGets::new())
+        .build(reqwest::Client::new())?;
+    let url = server.url("/catalogue");
+    let calls = (0..100).map(|_| {
+        let (client, url) = (client.clone(), url.clone());
+        async move {
+            let response = client.get(&url).send().await?;
+            let shared = AttemptHistory::of_response(&response).and_then(|h| h.shared());
+            let body = response.text().await?;
+            Ok::<_, BoxError>((body, shared.map(|s| s.callers)))
+        }
+    });
+    let answers = futures_util::future::join_all(calls).await;
+    let mut bodies = 0;
+    let mut shared_by = None;
+    for answer in answers {
+        let (body, callers) = answer?;
+        bodies += usize::from(body == "catalogue");
+        shared_by = shared_by.or(callers);
+    }
+    println!("   {bodies} callers got the body; shared by {shared_by:?} callers");
+    tour.check(
+        "coalesce: at server, bodies",
+        "1, 100",
+        format!("{}, {bodies}", server.requests()),
+    );
+    tour.check("coalesce: shared by", "Some(100)", format!("{shared_by:?}"));
+    Ok(())
+}
+
+/// A server that still answers 200, but slowly: the breaker opens on slow calls and the
+/// callers after it fail fast.
+async fn slow_call_trip(tour: &mut Tour) -> Result<(), BoxError> {
+    println!(
+        "\n17. Slow-call trip: latency jumps from 5 ms to 300 ms; half of the calls over 100 ms \
+         opens the breaker"
+    );
+    let slow = Arc::new(AtomicBool::new(false));
+    let server = FlakyServer::start({
+        let slow = slow.clone();
+        move |_, _| {
+            let latency = if slow.load(Ordering::SeqCst) { 300 } else { 5 };
+            Reply::After(Duration::from_millis(latency), Box::new(Reply::ok("ok")))
+        }
+    })
+    .await?;
+    let registry = BreakerRegistry::new(
+        BreakerConfig::default()
+            .open_duration(Duration::from_millis(300))
+            .slow_calls(
+                SlowCalls::new(Duration::from_millis(100))
+                    .rate(0.5)
+                    .minimum_throughput(8)
+                    .sampling_window(Duration::from_secs(5)),
+            ),
+    )?;
+    let client = Resilience::new()
+        .no_retry()
+        .breaker(registry.clone())
+        .build(reqwest::Client::new())?;
+    let url = server.url("/report");
+    for _ in 0..4 {
+        client.get(&url).send().await?;
+    }
+    slow.store(true, Ordering::SeqCst);
+    let slow_calls = (0..4).map(|_| client.get(&url).send());
+    let statuses: Vec<_> = futures_util::future::join_all(slow_calls)
+        .await
+        .into_iter()
+        .map(|r| r.map(|r| r.status().as_u16()))
+        .collect::<Result<_, _>>()?;
+    let state = registry.snapshot().pop().map(|s| s.state);
+    let t0 = Instant::now();
+    let (next, _) = send(&client, client.get(&url), Extensions::new()).await?;
+    println!(
+        "   4 slow calls answered {statuses:?}; breaker {state:?}; the next call: {} in {:.0?}",
+        outcome(&next),
+        t0.elapsed()
+    );
+    tour.check(
+        "slow calls: state, next call",
+        "Some(Open), breaker open",
+        format!("{state:?}, {}", outcome(&next)),
+    );
+    tour.check("slow calls: at server", "8", server.requests());
+    Ok(())
+}
+
+/// Seeded chaos: the faults this crate classifies, injected on the layer's own loopback
+/// sockets; the retry heals every GET, and the histories show the faults it met.
+#[cfg(feature = "chaos")]
+async fn chaos_scene(tour: &mut Tour) -> Result<(), BoxError> {
+    use reqwest_resilience::chaos::{Chaos, Fault};
+    println!(
+        "\n18. Chaos (seed 7): refused connects, resets after sending and 429s on a third of \
+         the attempts; the retry heals every GET"
+    );
+    let server = FlakyServer::start(|_, _| Reply::ok("ok")).await?;
+    let chaos = Chaos::builder()
+        .seed(7)
+        .fault(Fault::RefusedConnect, 0.1)
+        .fault(Fault::ResetAfterSend, 0.1)
+        .fault(Fault::TooManyRequests, 0.1)
+        .build()?;
+    let client = demo_stack()?
+        .no_breaker()
+        .chaos(chaos.clone())
+        .build(reqwest::Client::new())?;
+    let (mut ok, mut failed_attempts) = (0, 0);
+    for _ in 0..20 {
+        let (result, history) =
+            send(&client, client.get(server.url("/")), Extensions::new()).await?;
+        ok += usize::from(result.is_ok_and(|r| r.status() == 200));
+        failed_attempts += history.len() - 1;
+    }
+    let planned = (0..chaos.requests())
+        .filter(|&n| chaos.injection(n).fault.is_some())
+        .count();
+    println!(
+        "   20 GETs answered 200: {ok}; attempts {}, faults injected {planned}",
+        chaos.requests()
+    );
+    tour.check("chaos: GETs answered", "20", ok);
+    tour.check(
+        "chaos: retried attempts = faults",
+        planned.to_string(),
+        failed_attempts,
+    );
+    Ok(())
+}
+
+#[cfg(not(feature = "chaos"))]
+async fn chaos_scene(_: &mut Tour) -> Result<(), BoxError> {
+    println!("\n18. Chaos: run with `--features chaos` to see seeded faults healed by the retry");
     Ok(())
 }

@@ -44,7 +44,8 @@
 //!
 //! [`Resilience`] installs them in this order; each also works alone (see each module).
 //! An optional per-origin concurrency limit ([`limit`]) goes between the breaker and
-//! [`BearerAuth`] ([`Resilience::concurrency_limit`]).
+//! [`BearerAuth`] ([`Resilience::concurrency_limit`]); optional coalesced GETs
+//! ([`coalesce`]) go outermost, outside the retry ([`Resilience::coalesce_gets`]).
 //! Your own middleware goes around the stack ([`Resilience::install`]) or per attempt
 //! ([`Resilience::per_attempt`]); see [`stack`].
 //!
@@ -101,6 +102,8 @@
 //! | server pause | a `429`/`503` with `Retry-After` pauses the origin for every caller of the registry, at most `max_pause` (60 s); a request waits at most `max_pause` in all per attempt, however often servers extend the pause, then fails `Paused` (`NotSent`) | the cap keeps a server from parking a client |
 //! | token refresh | 5 min before expiry (at most half the lifetime), one fetch at a time | |
 //! | concurrency limit | off; when on: adaptive ([`limit::Gradient`]: initial 20, min 4, max 1 000), no wait queue | Netflix concurrency-limits |
+//! | coalesced GETs | off ([`coalesce`]); when on: bodies shared up to 1 MiB | the content negotiation fields of RFC 9110 §12.5 key them, with the credentials |
+//! | slow-call trips | off ([`breaker::SlowCalls`]); when on: rate 100 %, at least 100 calls, over 30 s | resilience4j's `slowCallRateThreshold` and `minimumNumberOfCalls`; Polly's 30 s `SamplingDuration` |
 //!
 //! # Observability
 //!
@@ -136,6 +139,8 @@
 //! | [`redirect`] | what can be proven about the redirects reqwest follows: [`redirect::ClientRedirects`], [`redirect::recorded`] |
 //! | [`breaker`] | [`CircuitBreakerMiddleware`], [`BreakerRegistry`], [`BreakerConfig`], trip policies |
 //! | [`limit`] | [`ConcurrencyLimit`](limit::ConcurrencyLimit): per-origin concurrency limits, fixed or adaptive (off by default) |
+//! | [`coalesce`] | [`CoalesceGets`](coalesce::CoalesceGets): concurrent identical GETs share one request (off by default) |
+//! | `chaos` | `Chaos` (feature `chaos`): seeded fault injection for your own tests, with the real faults' evidence |
 //! | [`auth`] | [`BearerAuth`], [`TokenManager`], [`TokenSource`], [`AccessToken`] |
 //! | [`evidence`] | [`TransportEvidence`], [`RequestEvidence`], [`Transmission`], [`AttemptHistory`] |
 //! | [`origin`] | [`Origin`]: the `scheme://host:port` key |
@@ -155,10 +160,11 @@
 //!
 //! ```text
 //! 6  stack                       Resilience; the composed stack (one middleware, the stages nested)
-//! 5  retry breaker limit auth evidence
+//! 5  retry breaker limit auth evidence coalesce chaos
 //!                                the stages: the retry loop (+ attempt timeout, hedging), the
 //!                                per-origin breakers and pauses, the concurrency limit, bearer
-//!                                tokens (TokenFirst, BearerAuth), the transport step + classifier
+//!                                tokens (TokenFirst, BearerAuth), the transport step + classifier,
+//!                                coalesced GETs; the chaos layer (feature)
 //! 4  stage metrics backoff       the stage vocabulary (a stage, the rest of the stack it runs,
 //!                                what the stages outside hand inward, request ownership, the
 //!                                placement checks) · instruments · delays
@@ -179,6 +185,7 @@
 //! | `retry-policies` | `RetryMiddleware::new_with_policy` takes a `retry_policies::RetryPolicy`, for a one-line migration from reqwest-retry |
 //! | `oauth2` | `auth::OAuth2Source`: OAuth 2.0 client-credentials and refresh-token grants |
 //! | `metrics` | per-attempt `http.client.request.duration` and counters for retries, stops, breakers, pauses, budget and tokens through the `metrics` facade (see [`metrics`]) |
+//! | `chaos` | `chaos::Chaos`: seeded fault injection on loopback sockets of its own (turns on reqwest's `http2`, tokio's `net` and `io-util`) |
 //!
 //! No feature is on by default. reqwest is used without default features: choose your TLS
 //! backend in your own `reqwest` dependency.
@@ -195,6 +202,10 @@ pub mod auth;
 pub mod backoff;
 pub mod breaker;
 pub mod chain;
+#[cfg(feature = "chaos")]
+#[cfg_attr(docsrs, doc(cfg(feature = "chaos")))]
+pub mod chaos;
+pub mod coalesce;
 pub mod error;
 pub mod evidence;
 pub mod exchange;

@@ -34,6 +34,7 @@
 //! | `reqwest_resilience.limiter.limit` | gauge | `origin` | the origin's current concurrency limit, set on each change ([`limit`](crate::limit)) |
 //! | `reqwest_resilience.limiter.in_flight` | gauge | `origin` | attempts holding a permit, set on each acquire and release |
 //! | `reqwest_resilience.limiter.rejections` | counter | `origin` | each attempt the limiter turned away unsent |
+//! | `reqwest_resilience.coalesce.shared` | counter | `origin`, `role`: `sent`, `joined` | each caller of a GET or HEAD shared with others ([`coalesce`](crate::coalesce)): once for the caller that sent it, once per caller that joined it (a request nobody joined is not counted) |
 //!
 //! `describe()` registers each instrument's unit and description with the recorder
 //! installed at the time (call it once after installing one); the first report does it
@@ -83,6 +84,7 @@ mod enabled {
     const HEDGES_SENT: &str = "reqwest_resilience.hedge.sent";
     const HEDGES_WON: &str = "reqwest_resilience.hedge.won";
     const HEDGES_SKIPPED: &str = "reqwest_resilience.hedge.skipped";
+    const COALESCED: &str = "reqwest_resilience.coalesce.shared";
 
     /// Registers every instrument's unit and description with the current recorder.
     pub fn describe() {
@@ -111,6 +113,10 @@ mod enabled {
         describe_counter!(
             HEDGES_SKIPPED,
             "Hedges due but not sent (hedge budget spent, or refused locally)"
+        );
+        describe_counter!(
+            COALESCED,
+            "Callers of GET or HEAD requests shared with others, by role"
         );
     }
 
@@ -344,6 +350,12 @@ mod enabled {
         counter!(HEDGES_SKIPPED, "origin" => origin(Some(at)), "reason" => reason).increment(1);
     }
 
+    /// A caller of a shared request: `role` `sent` or `joined`.
+    pub(crate) fn coalesced(at: Option<&Origin>, role: &'static str) {
+        described();
+        counter!(COALESCED, "origin" => origin(at), "role" => role).increment(1);
+    }
+
     pub(crate) fn token_fetch(failure: Option<TokenErrorKind>) {
         described();
         counter!(FETCHES).increment(1);
@@ -429,5 +441,7 @@ mod disabled {
 
     pub(crate) fn hedge_skipped(_: &Origin, _: &'static str) {}
     #[inline(always)]
+    pub(crate) fn coalesced(_: Option<&Origin>, _: &'static str) {}
+
     pub(crate) fn token_fetch(_: Option<TokenErrorKind>) {}
 }

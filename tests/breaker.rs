@@ -1097,3 +1097,172 @@ async fn a_waiting_caller_waits_at_most_max_pause_however_often_the_pause_is_ext
     assert_eq!(server.requests_seen(), 0);
     extender.abort();
 }
+
+/// A server whose latency jumps from 5 ms to 5 s (the measure): the breaker opens
+/// on slow calls within its window and the callers after it fail fast, unsent.
+#[tokio::test(start_paused = true)]
+async fn latency_jump_from_5ms_to_5s_opens_on_slow_calls_and_callers_fail_fast() {
+    use reqwest_resilience::breaker::{SlowCalls, TripCause};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let slow = Arc::new(AtomicBool::new(false));
+    let server = {
+        let slow = slow.clone();
+        FaultServer::start(move |_, _| {
+            let latency = if slow.load(Ordering::SeqCst) {
+                5 * S
+            } else {
+                5 * MS
+            };
+            Action::Delay(latency, Box::new(Action::ok("ok")))
+        })
+        .await
+    };
+    let events = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let config = BreakerConfig::default().open_duration(5 * S).slow_calls(
+        SlowCalls::new(S)
+            .rate(0.5)
+            .minimum_throughput(10)
+            .sampling_window(10 * S),
+    );
+    let reg = {
+        let events = events.clone();
+        BreakerRegistry::with_listener(config, move |e| {
+            events.lock().unwrap().push((e.from, e.to, e.cause));
+        })
+        .unwrap()
+    };
+    let c = client(&reg);
+    let url = server.url("/");
+    for _ in 0..20 {
+        assert_eq!(status(&c, &url).await, 200);
+    }
+    let snap = |reg: &BreakerRegistry| {
+        let s = reg.snapshot().pop().unwrap();
+        (s.state, s.slow_window_calls, s.slow_window_slow)
+    };
+    assert_eq!(snap(&reg), (BreakerState::Closed, 20, 0));
+    slow.store(true, Ordering::SeqCst);
+    let jumped = Instant::now();
+    // 20 callers at once, each answered in 5 s: the 20th slow call makes 20 of 40 slow.
+    let statuses = futures_util::future::join_all((0..20).map(|_| status(&c, &url))).await;
+    assert_eq!(statuses, vec![200; 20]);
+    assert_eq!(
+        snap(&reg),
+        (BreakerState::Open, 40, 20),
+        "the window that tripped it"
+    );
+    assert!(
+        jumped.elapsed() < 10 * S,
+        "opened within its window: {:?}",
+        jumped.elapsed()
+    );
+    assert_eq!(
+        *events.lock().unwrap(),
+        [(
+            BreakerState::Closed,
+            BreakerState::Open,
+            Some(TripCause::SlowCalls)
+        )]
+    );
+    assert_eq!(server.requests_seen(), 40);
+    // The callers after it fail fast: no time passes, nothing is sent.
+    let before = Instant::now();
+    for _ in 0..10 {
+        let (result, ext) = get(&c, &url, Extensions::new()).await;
+        assert!(matches!(
+            breaker_error(&result),
+            ResilienceError::BreakerOpen { .. }
+        ));
+        assert_rejected_locally(
+            &ext,
+            FailureKind::BreakerOpen,
+            Some(5 * S - before.elapsed()),
+        );
+    }
+    assert_eq!(before.elapsed(), Duration::ZERO);
+    assert_eq!(server.requests_seen(), 40);
+    // The probe after the open period is still slow: open again, as a slow probe.
+    tokio::time::advance(5 * S).await;
+    assert_eq!(status(&c, &url).await, 200);
+    assert_eq!(server.requests_seen(), 41);
+    assert_eq!(snap(&reg).0, BreakerState::Open);
+    // The server recovers: the next probe closes it.
+    slow.store(false, Ordering::SeqCst);
+    tokio::time::advance(5 * S).await;
+    assert_eq!(status(&c, &url).await, 200);
+    assert_eq!(snap(&reg), (BreakerState::Closed, 0, 0));
+    assert_eq!(
+        *events.lock().unwrap(),
+        [
+            (
+                BreakerState::Closed,
+                BreakerState::Open,
+                Some(TripCause::SlowCalls)
+            ),
+            (BreakerState::Open, BreakerState::HalfOpen, None),
+            (
+                BreakerState::HalfOpen,
+                BreakerState::Open,
+                Some(TripCause::ProbeSlow)
+            ),
+            (BreakerState::Open, BreakerState::HalfOpen, None),
+            (BreakerState::HalfOpen, BreakerState::Closed, None),
+        ]
+    );
+    assert_eq!(server.requests_seen(), 42);
+}
+
+/// Without `slow_calls`, the same jump trips nothing: existing behaviour unchanged.
+#[tokio::test(start_paused = true)]
+async fn without_slow_calls_a_5s_server_never_trips() {
+    let server = FaultServer::always(Action::Delay(5 * S, Box::new(Action::ok("ok")))).await;
+    let reg = registry(BreakerConfig::default());
+    let c = client(&reg);
+    let url = server.url("/");
+    let statuses = futures_util::future::join_all((0..40).map(|_| status(&c, &url))).await;
+    assert_eq!(statuses, vec![200; 40]);
+    let s = reg.snapshot().pop().unwrap();
+    assert_eq!(
+        (s.state, s.slow_window_calls, s.slow_window_slow),
+        (BreakerState::Closed, 0, 0)
+    );
+    assert_eq!(server.requests_seen(), 40);
+}
+
+/// A slow call is timed from the attempt leaving for the network, not from the breaker's
+/// admission: a wait in the concurrency limiter's queue is local and never makes a call
+/// slow. Two calls at once through a limit of 1: the second waits 600 ms in the queue,
+/// then takes 600 ms; timed from its admission it would be slow (1.2 s > 1 s) and trip the
+/// breaker (1 of 2 at a 50 % rate); timed as the transport step measures it, neither is.
+#[tokio::test(start_paused = true)]
+async fn a_wait_in_the_limiters_queue_never_makes_a_call_slow() {
+    use reqwest_resilience::Resilience;
+    use reqwest_resilience::breaker::SlowCalls;
+    use reqwest_resilience::limit::LimiterConfig;
+    let server = FaultServer::always(Action::Delay(600 * MS, Box::new(Action::ok("ok")))).await;
+    let reg = registry(
+        BreakerConfig::default().slow_calls(
+            SlowCalls::new(S)
+                .rate(0.5)
+                .minimum_throughput(2)
+                .sampling_window(10 * S),
+        ),
+    );
+    let client = Resilience::new()
+        .no_retry()
+        .breaker(reg.clone())
+        .concurrency_limit(LimiterConfig::fixed(1).queue(4, 10 * S))
+        .build(reqwest_client())
+        .unwrap();
+    let url = server.url("/");
+    let started = Instant::now();
+    let (a, b) = tokio::join!(status(&client, &url), status(&client, &url));
+    assert_eq!((a, b), (200, 200));
+    assert_eq!(started.elapsed(), 1200 * MS, "one after the other");
+    let s = reg.snapshot().pop().unwrap();
+    assert_eq!(
+        (s.state, s.slow_window_calls, s.slow_window_slow),
+        (BreakerState::Closed, 2, 0)
+    );
+    assert_eq!(server.requests_seen(), 2);
+}

@@ -333,3 +333,45 @@ fn a_hedge_winning_is_counted_as_sent_and_won_and_a_spent_budget_as_skipped() {
         Some(1)
     );
 }
+
+#[test]
+fn a_shared_get_counts_its_sender_once_and_each_caller_that_joined() {
+    let recorder = DebuggingRecorder::new();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .start_paused(true)
+        .build()
+        .unwrap();
+    let origin = metrics::with_local_recorder(&recorder, || {
+        runtime.block_on(async {
+            let server = FaultServer::always(Action::Delay(
+                Duration::from_secs(1),
+                Box::new(Action::ok("shared")),
+            ))
+            .await;
+            let client = Resilience::new()
+                .coalesce_gets(reqwest_resilience::coalesce::CoalesceGets::new())
+                .build(reqwest_client())
+                .unwrap();
+            let url = server.url("/c");
+            // Five at once (all join in the first poll), then one alone: not counted.
+            let five = (0..5).map(|_| client.get(&url).send());
+            for response in futures_util::future::join_all(five).await {
+                assert_eq!(response.unwrap().text().await.unwrap(), "shared");
+            }
+            client.get(&url).send().await.unwrap();
+            assert_eq!(server.requests_seen(), 2);
+            Origin::parse(&url).unwrap()
+        })
+    });
+    let seen = seen(&recorder);
+    let count = |role: &str| {
+        seen.get(&(
+            "counter".to_owned(),
+            "reqwest_resilience.coalesce.shared".to_owned(),
+            labels(&[("origin", origin.as_str()), ("role", role)]),
+        ))
+        .map(|(_, n)| *n)
+    };
+    assert_eq!((count("sent"), count("joined")), (Some(1), Some(4)));
+}

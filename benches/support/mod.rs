@@ -13,6 +13,18 @@ const RESPONSE: &[u8] = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
 /// thread), answering every request of every connection with the same `200 ok`. The
 /// server stops when the returned runtime is dropped.
 pub fn start_server() -> (SocketAddr, tokio::runtime::Runtime) {
+    let (addr, rt, _) = start_counting_server();
+    (addr, rt)
+}
+
+/// [`start_server`], with the count of requests it answered.
+pub fn start_counting_server() -> (
+    SocketAddr,
+    tokio::runtime::Runtime,
+    std::sync::Arc<std::sync::atomic::AtomicUsize>,
+) {
+    let answered = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counter = answered.clone();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
@@ -25,6 +37,7 @@ pub fn start_server() -> (SocketAddr, tokio::runtime::Runtime) {
     rt.spawn(async move {
         while let Ok((mut stream, _)) = listener.accept().await {
             let _ = stream.set_nodelay(true);
+            let counter = counter.clone();
             tokio::spawn(async move {
                 let mut buf = vec![0u8; 16 * 1024];
                 let mut filled = 0;
@@ -37,6 +50,7 @@ pub fn start_server() -> (SocketAddr, tokio::runtime::Runtime) {
                     while let Some(end) = buf[..filled].windows(4).position(|w| w == b"\r\n\r\n") {
                         buf.copy_within(end + 4..filled, 0);
                         filled -= end + 4;
+                        counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                         if stream.write_all(RESPONSE).await.is_err() {
                             return;
                         }
@@ -48,7 +62,7 @@ pub fn start_server() -> (SocketAddr, tokio::runtime::Runtime) {
             });
         }
     });
-    (addr, rt)
+    (addr, rt, answered)
 }
 
 /// `BearerAuth` for `url`'s origin, with a token that never expires (fetched once, on the

@@ -45,6 +45,111 @@ impl OpenGrowth {
     }
 }
 
+/// Slow-call trips: a breaker also opens when, over its last `sampling_window`, at least
+/// `minimum_throughput` calls were timed and the share of them that took longer than
+/// `duration_threshold` reached `rate` (resilience4j's `slowCallDurationThreshold` and
+/// `slowCallRateThreshold`). A server that answers `200` in 20 s is down for its callers.
+///
+/// What is timed: an attempt counted as a success or a failure (a neutral one says nothing
+/// about the origin and is not timed either), from the moment it leaves for the network
+/// to its response head: the transport step's
+/// [`RequestEvidence::elapsed`](crate::RequestEvidence::elapsed), which leaves out the concurrency limiter's queue and
+/// the bearer token fetch (local waits, not the server's), and the body (a large download
+/// is not a slow server; the attempt timeout is cut at the head too). Without a transport
+/// step inside the breaker, from the breaker's admission to the response head. An attempt
+/// cut by a deadline or an attempt timeout is timed up to the cut.
+///
+/// In HalfOpen a probe slower than `duration_threshold` re-opens the breaker as a failed
+/// one does (a server still that slow has not recovered), whatever its status.
+///
+/// Defaults ([`SlowCalls::new`]): `rate` 1.0 (resilience4j's `slowCallRateThreshold`
+/// of 100 %), `minimum_throughput` 100 (resilience4j's `minimumNumberOfCalls`),
+/// `sampling_window` 30 s (resilience4j counts its last 100 calls by default; this
+/// crate's windows are kept in time, as Polly's, whose `SamplingDuration` is 30 s).
+/// resilience4j's own `slowCallDurationThreshold` default is 60 s
+/// ([`SlowCalls::default`]); pick one from your endpoint's latency.
+///
+/// ```
+/// use std::time::Duration;
+/// use reqwest_resilience::breaker::{BreakerConfig, SlowCalls};
+///
+/// // Open when half of at least 20 calls in 10 s took more than 2 s.
+/// let config = BreakerConfig::default().slow_calls(
+///     SlowCalls::new(Duration::from_secs(2))
+///         .rate(0.5)
+///         .minimum_throughput(20)
+///         .sampling_window(Duration::from_secs(10)),
+/// );
+/// assert!(config.validate().is_ok());
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq)]
+#[non_exhaustive]
+pub struct SlowCalls {
+    /// A call that took longer than this is slow (more than zero).
+    pub duration_threshold: Duration,
+    /// The slow share that trips the breaker, in `(0, 1]`.
+    pub rate: f64,
+    /// How far back timed calls are counted (at least 10 ms), in
+    /// [`WINDOW_BUCKETS`](super::WINDOW_BUCKETS) buckets.
+    pub sampling_window: Duration,
+    /// Timed calls the window must hold before the share may trip it (at least 1).
+    pub minimum_throughput: u32,
+}
+
+impl SlowCalls {
+    /// Calls over `duration_threshold` are slow; every other setting its default.
+    pub fn new(duration_threshold: Duration) -> Self {
+        SlowCalls {
+            duration_threshold,
+            rate: 1.0,
+            sampling_window: Duration::from_secs(30),
+            minimum_throughput: 100,
+        }
+    }
+    /// Sets [`rate`](Self::rate).
+    pub fn rate(mut self, rate: f64) -> Self {
+        self.rate = rate;
+        self
+    }
+    /// Sets [`sampling_window`](Self::sampling_window).
+    pub fn sampling_window(mut self, window: Duration) -> Self {
+        self.sampling_window = window;
+        self
+    }
+    /// Sets [`minimum_throughput`](Self::minimum_throughput).
+    pub fn minimum_throughput(mut self, calls: u32) -> Self {
+        self.minimum_throughput = calls;
+        self
+    }
+
+    fn check(&self) -> Result<(), String> {
+        if self.duration_threshold.is_zero() || self.duration_threshold > MAX_DURATION {
+            return Err(format!(
+                "slow-call duration threshold must be more than zero and at most a year, got {:?}",
+                self.duration_threshold
+            ));
+        }
+        if !(self.rate > 0.0 && self.rate <= 1.0) {
+            return Err(format!(
+                "slow-call rate must be in (0, 1], got {}",
+                self.rate
+            ));
+        }
+        // The same bounds as the failure-ratio window's.
+        super::policy::TripPolicy::failure_ratio(1.0, self.sampling_window, self.minimum_throughput)
+            .validate()
+            .map_err(|e| format!("slow calls: {e}"))
+    }
+}
+
+/// resilience4j's `slowCallDurationThreshold` default, 60 s, with [`SlowCalls::new`]'s
+/// other defaults.
+impl Default for SlowCalls {
+    fn default() -> Self {
+        SlowCalls::new(Duration::from_secs(60))
+    }
+}
+
 /// The configuration shared by every breaker of a [`BreakerRegistry`](super::BreakerRegistry).
 ///
 /// Defaults (from the design): trip after 5 consecutive failures, stay open 30 s, then
@@ -92,6 +197,9 @@ pub struct BreakerConfig {
     pub pause_mode: PauseMode,
     /// The most origins the registry tracks (default 10 000).
     pub max_origins: usize,
+    /// Slow-call trips, beside the [`policy`](Self::policy) (default none: only
+    /// failures trip the breaker).
+    pub slow_calls: Option<SlowCalls>,
 }
 
 impl Default for BreakerConfig {
@@ -106,6 +214,7 @@ impl Default for BreakerConfig {
             max_pause: Duration::from_secs(60),
             pause_mode: PauseMode::Wait,
             max_origins: 10_000,
+            slow_calls: None,
         }
     }
 }
@@ -154,6 +263,12 @@ impl BreakerConfig {
     /// Sets [`max_origins`](Self::max_origins).
     pub fn max_origins(mut self, max_origins: usize) -> Self {
         self.max_origins = max_origins;
+        self
+    }
+
+    /// Sets [`slow_calls`](Self::slow_calls).
+    pub fn slow_calls(mut self, slow_calls: SlowCalls) -> Self {
+        self.slow_calls = Some(slow_calls);
         self
     }
 
@@ -209,7 +324,7 @@ impl BreakerConfig {
         if self.max_origins == 0 {
             return Err("max_origins must be at least 1".into());
         }
-        Ok(())
+        self.slow_calls.as_ref().map_or(Ok(()), SlowCalls::check)
     }
 
     /// The open period after the `trips`-th trip in a row (1 = first trip), before jitter.
@@ -262,7 +377,13 @@ mod tests {
         assert_eq!(c.max_pause, 60 * S);
         assert_eq!(c.max_origins, 10_000);
         assert_eq!(c.pause_mode, PauseMode::Wait);
+        assert_eq!(c.slow_calls, None);
         assert!(c.validate().is_ok());
+        let slow = SlowCalls::default();
+        assert_eq!(slow.duration_threshold, 60 * S);
+        assert_eq!(slow.rate, 1.0);
+        assert_eq!(slow.minimum_throughput, 100);
+        assert_eq!(slow.sampling_window, 30 * S);
     }
 
     #[test]
@@ -306,6 +427,14 @@ mod tests {
             BreakerConfig::default().max_pause(Duration::MAX),
             BreakerConfig::default().half_open_retry_in(Duration::MAX),
             BreakerConfig::default().open_growth(OpenGrowth::new(2.0, Duration::MAX)),
+            BreakerConfig::default().slow_calls(SlowCalls::new(Duration::ZERO)),
+            BreakerConfig::default().slow_calls(SlowCalls::new(Duration::MAX)),
+            BreakerConfig::default().slow_calls(SlowCalls::new(S).rate(0.0)),
+            BreakerConfig::default().slow_calls(SlowCalls::new(S).rate(f64::NAN)),
+            BreakerConfig::default().slow_calls(SlowCalls::new(S).rate(1.5)),
+            BreakerConfig::default().slow_calls(SlowCalls::new(S).minimum_throughput(0)),
+            BreakerConfig::default()
+                .slow_calls(SlowCalls::new(S).sampling_window(Duration::from_millis(1))),
         ];
         for c in bad {
             assert!(

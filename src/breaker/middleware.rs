@@ -267,8 +267,11 @@ impl Drop for CutAtDeadline<'_> {
             && !AttemptScope::is_lost(self.lost.as_ref())
         {
             // A timeout is a transport failure, whatever a classifier would make of the
-            // error, which it cannot see here.
-            permit.record(Outcome::Failure);
+            // error, which it cannot see here; timed up to the cut.
+            permit.record_timed(
+                Outcome::Failure,
+                cut.saturating_duration_since(self.started),
+            );
         }
     }
 }
@@ -323,13 +326,15 @@ impl Stage for CircuitBreakerMiddleware {
                 Ok(permit) => permit,
                 Err(rejection) => return Err(reject(&origin, rejection, extensions)),
             };
+            // Slow-call trips time an attempt the transport step did not time from here.
+            let admitted = self.registry.config().slow_calls.map(|_| Instant::now());
             let held = Held::under_cut(permit, scope, extensions, handover.composed());
             let clock = held.clock();
             let sent = owner.poll_as(next, |next| next.run(req, extensions, handover));
             let outcome = CutAt::on_clock(sent, held.cut(), clock).await;
             let (result, permit) = held.end(outcome, extensions, &origin);
             if let Some(permit) = permit {
-                self.record_outcome(permit, &origin, extensions, &result);
+                self.record_outcome(permit, &origin, extensions, &result, admitted);
             }
             result
         }
@@ -357,7 +362,9 @@ impl CircuitBreakerMiddleware {
         }
     }
 
-    /// Counts the outcome of an attempt that ran to its end with the breaker's permit.
+    /// Counts the outcome of an attempt that ran to its end with the breaker's permit,
+    /// timed (under slow-call trips, `admitted` is set) by the transport step's
+    /// evidence, else from `admitted`.
     #[inline]
     fn record_outcome(
         &self,
@@ -365,10 +372,12 @@ impl CircuitBreakerMiddleware {
         origin: &Origin,
         extensions: &Extensions,
         result: &reqwest_middleware::Result<Response>,
+        admitted: Option<Instant>,
     ) {
         let evidence = extensions.get::<RequestEvidence>();
         let outcome = self.classifier.classify(evidence, result);
         let pause = server_pause(evidence, result);
+        let took = admitted.map(|at| evidence.map_or_else(|| at.elapsed(), |e| e.elapsed));
         match evidence.and_then(|e| e.final_origin.as_ref()) {
             // Each hop's outcome belongs to the origin that produced it: this origin
             // answered with a redirect, and the last hop's answer (or failure, and any
@@ -376,10 +385,10 @@ impl CircuitBreakerMiddleware {
             Some(last) if last != origin => {
                 permit.record(Outcome::Success);
                 if let Ok(other) = self.registry.acquire(last) {
-                    other.record_with_pause(outcome, pause);
+                    other.record_with_pause(outcome, took, pause);
                 }
             }
-            _ => permit.record_with_pause(outcome, pause),
+            _ => permit.record_with_pause(outcome, took, pause),
         }
     }
 }

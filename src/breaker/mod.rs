@@ -85,13 +85,13 @@ mod state;
 
 use std::time::Duration;
 
-pub use config::{BreakerConfig, OpenGrowth, PauseMode};
+pub use config::{BreakerConfig, OpenGrowth, PauseMode, SlowCalls};
 pub use middleware::CircuitBreakerMiddleware;
 pub use policy::{AttemptClassifier, DefaultClassifier, Outcome, TripPolicy, WINDOW_BUCKETS};
 pub use registry::{
     BreakerEvent, BreakerPermit, BreakerRegistry, BreakerRejection, BreakerSnapshot,
 };
-pub use state::{Breaker, BreakerState, RejectReason, Rejection, Ticket, Transition};
+pub use state::{Breaker, BreakerState, RejectReason, Rejection, Ticket, Transition, TripCause};
 
 pub use crate::record::{Deadline, RetryIn};
 

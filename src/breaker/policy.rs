@@ -120,30 +120,103 @@ const SLOT_LIMIT: u32 = u32::MAX - 1;
 /// Below this a bucket would be shorter than a millisecond: timer noise, not a window.
 const MIN_SAMPLING_WINDOW: Duration = Duration::from_millis(10);
 
+/// A sliding window of [`WINDOW_BUCKETS`] time buckets, each holding counts `C`: fixed
+/// size whatever the traffic; counts leave the window a bucket at a time. Both the
+/// failure-ratio policy and the slow-call trip ([`SlowCalls`](super::SlowCalls)) keep
+/// one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Window<C> {
+    epoch: Instant,
+    buckets: [Bucket<C>; WINDOW_BUCKETS],
+}
+
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-struct Bucket {
+struct Bucket<C> {
     // 1-based index of the bucket's time slice since the window's epoch; 0 = never used.
-    // u32 keeps a bucket at 12 bytes; the epoch is moved before it could overflow.
+    // u32 keeps a bucket of two u32 counts at 12 bytes; the epoch is moved before it
+    // could overflow.
     slot: u32,
+    counts: C,
+}
+
+impl<C: Copy + Default> Window<C> {
+    pub(crate) fn new(now: Instant) -> Self {
+        Window {
+            epoch: now,
+            buckets: [Bucket::default(); WINDOW_BUCKETS],
+        }
+    }
+
+    /// The counts of the bucket `now` falls in, for `sampling_window`.
+    fn bucket_mut(&mut self, sampling_window: Duration, now: Instant) -> &mut C {
+        let mut slot = self.slot(sampling_window, now);
+        if slot >= SLOT_LIMIT {
+            // Years of a tiny window: start a new epoch.
+            *self = Window::new(now);
+            slot = 1;
+        }
+        let bucket = &mut self.buckets[(slot % WINDOW_BUCKETS as u32) as usize];
+        if bucket.slot != slot {
+            *bucket = Bucket {
+                slot,
+                counts: C::default(),
+            };
+        }
+        &mut bucket.counts
+    }
+
+    /// The counts of the buckets still in the window at `now`, summed by `add`.
+    fn sum<T: Default>(
+        &self,
+        sampling_window: Duration,
+        now: Instant,
+        add: impl Fn(T, &C) -> T,
+    ) -> T {
+        let current = self.slot(sampling_window, now);
+        self.buckets
+            .iter()
+            .filter(|b| {
+                b.slot != 0 && b.slot <= current && current - b.slot < WINDOW_BUCKETS as u32
+            })
+            .fold(T::default(), |acc, b| add(acc, &b.counts))
+    }
+
+    fn slot(&self, sampling_window: Duration, now: Instant) -> u32 {
+        let width = (sampling_window.as_nanos() / WINDOW_BUCKETS as u128).max(1);
+        let since = now.saturating_duration_since(self.epoch).as_nanos();
+        u32::try_from(since / width)
+            .map_or(SLOT_LIMIT, |s| s.saturating_add(1))
+            .min(SLOT_LIMIT)
+    }
+}
+
+/// One bucket of the failure-ratio window.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct RatioCounts {
     successes: u32,
     failures: u32,
 }
 
+/// One bucket of the slow-call window: the timed calls, and how many of them were slow.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct SlowCounts {
+    calls: u32,
+    slow: u32,
+}
+
 /// What the policy remembers between attempts while Closed. Fixed size whatever the
-/// traffic: a counter and a ring of [`WINDOW_BUCKETS`] buckets.
+/// traffic: a counter and a [`Window`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct PolicyState {
     consecutive_failures: u32,
-    epoch: Instant,
-    buckets: [Bucket; WINDOW_BUCKETS],
+    window: Window<RatioCounts>,
 }
 
 impl PolicyState {
     pub(crate) fn new(now: Instant) -> Self {
         PolicyState {
             consecutive_failures: 0,
-            epoch: now,
-            buckets: [Bucket::default(); WINDOW_BUCKETS],
+            window: Window::new(now),
         }
     }
 
@@ -165,13 +238,8 @@ impl PolicyState {
         else {
             return (0, 0);
         };
-        let current = self.slot(sampling_window, now);
-        self.buckets
-            .iter()
-            .filter(|b| {
-                b.slot != 0 && b.slot <= current && current - b.slot < WINDOW_BUCKETS as u32
-            })
-            .fold((0u32, 0u32), |(calls, failures), b| {
+        self.window
+            .sum(sampling_window, now, |(calls, failures): (u32, u32), b| {
                 (
                     calls.saturating_add(b.successes).saturating_add(b.failures),
                     failures.saturating_add(b.failures),
@@ -197,20 +265,7 @@ impl PolicyState {
                 sampling_window,
                 minimum_throughput,
             } => {
-                let mut slot = self.slot(sampling_window, now);
-                if slot >= SLOT_LIMIT {
-                    // Years of a tiny window: start a new epoch, keeping this attempt.
-                    self.buckets = [Bucket::default(); WINDOW_BUCKETS];
-                    self.epoch = now;
-                    slot = 1;
-                }
-                let bucket = &mut self.buckets[(slot % WINDOW_BUCKETS as u32) as usize];
-                if bucket.slot != slot {
-                    *bucket = Bucket {
-                        slot,
-                        ..Bucket::default()
-                    };
-                }
+                let bucket = self.window.bucket_mut(sampling_window, now);
                 match outcome {
                     Outcome::Success => bucket.successes = bucket.successes.saturating_add(1),
                     _ => bucket.failures = bucket.failures.saturating_add(1),
@@ -223,13 +278,32 @@ impl PolicyState {
             }
         }
     }
+}
 
-    fn slot(&self, sampling_window: Duration, now: Instant) -> u32 {
-        let width = (sampling_window.as_nanos() / WINDOW_BUCKETS as u128).max(1);
-        let since = now.saturating_duration_since(self.epoch).as_nanos();
-        u32::try_from(since / width)
-            .map_or(SLOT_LIMIT, |s| s.saturating_add(1))
-            .min(SLOT_LIMIT)
+impl Window<SlowCounts> {
+    /// Counts one timed call (`slow`: it took longer than the threshold); returns whether
+    /// the slow share now trips the breaker.
+    pub(crate) fn record_slow(
+        &mut self,
+        trip: &super::SlowCalls,
+        slow: bool,
+        now: Instant,
+    ) -> bool {
+        let bucket = self.bucket_mut(trip.sampling_window, now);
+        bucket.calls = bucket.calls.saturating_add(1);
+        if !slow {
+            return false;
+        }
+        bucket.slow = bucket.slow.saturating_add(1);
+        let (calls, slow) = self.slow_counts(trip, now);
+        calls >= trip.minimum_throughput && f64::from(slow) >= trip.rate * f64::from(calls)
+    }
+
+    /// `(timed calls, slow calls)` in the window at `now`.
+    pub(crate) fn slow_counts(&self, trip: &super::SlowCalls, now: Instant) -> (u32, u32) {
+        self.sum(trip.sampling_window, now, |(calls, slow): (u32, u32), b| {
+            (calls.saturating_add(b.calls), slow.saturating_add(b.slow))
+        })
     }
 }
 

@@ -12,7 +12,7 @@ use tokio::time::Instant;
 
 use super::config::BreakerConfig;
 use super::policy::Outcome;
-use super::state::{Breaker, Ticket, Transition};
+use super::state::{Breaker, Ticket, Transition, TripCause};
 use crate::error::{BreakerState, RejectReason, ResilienceError};
 use crate::origin::{Origin, OriginMap};
 
@@ -35,6 +35,8 @@ pub struct BreakerEvent {
     pub at: Instant,
     /// For a transition to Open: how long it stays open.
     pub open_for: Option<Duration>,
+    /// For a transition to Open: what tripped it.
+    pub cause: Option<TripCause>,
 }
 
 /// One origin's breaker as seen by [`BreakerRegistry::snapshot`].
@@ -53,6 +55,11 @@ pub struct BreakerSnapshot {
     pub window_attempts: u32,
     /// Failures in the failure-ratio window.
     pub window_failures: u32,
+    /// Timed calls in the slow-call window (0 without
+    /// [`slow_calls`](BreakerConfig::slow_calls)).
+    pub slow_window_calls: u32,
+    /// Calls in the slow-call window that took longer than its threshold.
+    pub slow_window_slow: u32,
     /// Trips since it was last Closed.
     pub trips: u32,
     /// HalfOpen probes in flight.
@@ -312,14 +319,15 @@ struct RestOfStack {
 /// can be forgotten, the new origin gets a breaker that is not stored (its requests pass
 /// as if Closed) and [`BreakerRegistry::overflowed`] counts it.
 ///
-/// Memory per origin: one [`Breaker`] ([`Breaker::SIZE`] = 240 bytes on 64-bit targets,
-/// nothing on the heap) in an `Arc<Mutex<_>>` beside two atomic words (the lock-free
+/// Memory per origin: one [`Breaker`] ([`Breaker::SIZE`] = 248 bytes on 64-bit targets,
+/// nothing on the heap; with [`slow_calls`](BreakerConfig::slow_calls), its slow-call
+/// window of 136 bytes besides, made on the first timed call) in an `Arc<Mutex<_>>` beside two atomic words (the lock-free
 /// summary and the last use), plus the map slot (the [`Origin`] key and the `Arc`) and
-/// the origin's text; [`BreakerRegistry::BYTES_PER_ORIGIN`] (321 bytes) adds up the fixed
+/// the origin's text; [`BreakerRegistry::BYTES_PER_ORIGIN`] (329 bytes) adds up the fixed
 /// part. The text is bounded too: a host over [`Origin::MAX_HOST_LEN`] (255) bytes or a
 /// scheme over [`Origin::MAX_SCHEME_LEN`] (32) has no origin
 /// ([`OriginError::TooLong`](crate::origin::OriginError::TooLong)), so no breaker, so
-/// one origin costs at most 321 + 300 bytes, and a registry at most `max_origins` times
+/// one origin costs at most 329 + 300 bytes, and a registry at most `max_origins` times
 /// that. 10⁶ distinct origins through a 10 000-origin registry leave it at 10 000 with a
 /// flat resident set.
 ///
@@ -511,6 +519,8 @@ impl BreakerRegistry {
                 let b = lock(&entry.breaker);
                 let state = effective_state(&b, now);
                 let (window_attempts, window_failures) = b.window_counts(&self.inner.config, now);
+                let (slow_window_calls, slow_window_slow) =
+                    b.slow_call_counts(&self.inner.config, now);
                 let since = if state == b.state() {
                     b.since()
                 } else {
@@ -523,6 +533,8 @@ impl BreakerRegistry {
                     consecutive_failures: b.consecutive_failures(),
                     window_attempts,
                     window_failures,
+                    slow_window_calls,
+                    slow_window_slow,
                     trips: b.trips(),
                     probes_in_flight: b.probes_in_flight(),
                     rejections: b.rejections(),
@@ -623,6 +635,7 @@ impl BreakerRegistry {
             from = ?t.from,
             to = ?t.to,
             open_for = ?t.open_for,
+            cause = ?t.cause,
             "circuit breaker state change"
         );
         if let Some(listener) = &self.inner.listener {
@@ -632,6 +645,7 @@ impl BreakerRegistry {
                 to: t.to,
                 at: t.at,
                 open_for: t.open_for,
+                cause: t.cause,
             });
         }
     }
@@ -685,14 +699,25 @@ impl BreakerPermit<'_> {
         self.origin
     }
 
-    /// Counts the attempt's outcome.
+    /// Counts the attempt's outcome (not timed: see [`record_timed`](Self::record_timed)).
     pub fn record(self, outcome: Outcome) {
-        self.record_with_pause(outcome, None);
+        self.record_with_pause(outcome, None, None);
     }
 
-    /// Counts the outcome and, in the same step, pauses the origin for `pause` (clamped
-    /// to `max_pause`), so no other caller slips in between.
-    pub(crate) fn record_with_pause(mut self, outcome: Outcome, pause: Option<Duration>) {
+    /// Counts the attempt's outcome and how long it took, from leaving for the network to
+    /// its response head (see [`SlowCalls`](super::SlowCalls)).
+    pub fn record_timed(self, outcome: Outcome, took: Duration) {
+        self.record_with_pause(outcome, Some(took), None);
+    }
+
+    /// Counts the outcome (timed, when `took` is known) and, in the same step, pauses the
+    /// origin for `pause` (clamped to `max_pause`), so no other caller slips in between.
+    pub(crate) fn record_with_pause(
+        mut self,
+        outcome: Outcome,
+        took: Option<Duration>,
+        pause: Option<Duration>,
+    ) {
         let Some(ticket) = self.ticket.take() else {
             return;
         };
@@ -709,7 +734,7 @@ impl BreakerPermit<'_> {
         let (transition, grew) = {
             let mut b = self.entry.lock(config);
             let grew = pause.map(|p| b.pause_until(now + p));
-            (b.record(config, ticket, outcome, now), grew)
+            (b.record_timed(config, ticket, outcome, took, now), grew)
         };
         if let (Some(p), Some(grew)) = (pause, grew) {
             trace_pause(self.origin, p, grew);
@@ -1128,7 +1153,7 @@ mod tests {
         // A pause given with a quiet success takes the lock.
         r.acquire(&o)
             .unwrap()
-            .record_with_pause(Outcome::Success, Some(3 * S));
+            .record_with_pause(Outcome::Success, None, Some(3 * S));
         let rej = r.acquire(&o).unwrap_err();
         assert_eq!(
             (rej.reason, rej.retry_in),

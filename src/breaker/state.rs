@@ -16,7 +16,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::config::BreakerConfig;
-use super::policy::{Outcome, PolicyState, TripPolicy};
+use super::policy::{Outcome, PolicyState, SlowCounts, TripPolicy, Window};
 
 pub use crate::error::BreakerState;
 
@@ -32,6 +32,22 @@ pub struct Transition {
     pub at: Instant,
     /// For a transition to Open: how long it stays open.
     pub open_for: Option<Duration>,
+    /// For a transition to Open: what tripped it.
+    pub cause: Option<TripCause>,
+}
+
+/// What opened a breaker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum TripCause {
+    /// The [`TripPolicy`] counted enough failures.
+    Failures,
+    /// The share of slow calls reached the [`SlowCalls`](super::SlowCalls) rate.
+    SlowCalls,
+    /// A HalfOpen probe failed.
+    ProbeFailed,
+    /// A HalfOpen probe took longer than the slow-call threshold.
+    ProbeSlow,
 }
 
 /// The right to send one attempt, handed out by [`Breaker::try_acquire`]; give it back
@@ -89,7 +105,8 @@ pub struct Rejection {
 /// One origin's breaker. Every method takes the registry's [`BreakerConfig`] (kept once
 /// per registry, not per breaker) and the current time.
 ///
-/// Size: see [`Breaker::SIZE`]; nothing is allocated on the heap.
+/// Size: see [`Breaker::SIZE`]; nothing is allocated on the heap, but for the slow-call
+/// window of a breaker whose config has [`slow_calls`](BreakerConfig::slow_calls).
 #[derive(Debug, Clone)]
 pub struct Breaker {
     state: BreakerState,
@@ -107,9 +124,12 @@ pub struct Breaker {
     last_used: Instant,
     rejections: u64,
     policy: PolicyState,
+    // Only with `BreakerConfig::slow_calls`, made on the first timed call: boxed, so a
+    // breaker without it stays at its size.
+    slow: Option<Box<Window<SlowCounts>>>,
 }
 
-// Stated in the docs (240 bytes on 64-bit targets); keep it small.
+// Stated in the docs (248 bytes on 64-bit targets); keep it small.
 const _: () = assert!(Breaker::SIZE <= 256);
 
 impl Breaker {
@@ -130,6 +150,7 @@ impl Breaker {
             last_used: now,
             rejections: 0,
             policy: PolicyState::new(now),
+            slow: None,
         }
     }
 
@@ -179,7 +200,9 @@ impl Breaker {
         (result, transition)
     }
 
-    /// Counts the outcome of the attempt `ticket` was given for.
+    /// Counts the outcome of the attempt `ticket` was given for. It is not timed: with
+    /// [`slow_calls`](BreakerConfig::slow_calls) configured, use
+    /// [`record_timed`](Self::record_timed).
     pub fn record(
         &mut self,
         config: &BreakerConfig,
@@ -187,21 +210,52 @@ impl Breaker {
         outcome: Outcome,
         now: Instant,
     ) -> Option<Transition> {
+        self.record_timed(config, ticket, outcome, None, now)
+    }
+
+    /// Counts the outcome of the attempt `ticket` was given for, which took `took` (from
+    /// leaving for the network to its response head; `None`: not timed). With
+    /// [`slow_calls`](BreakerConfig::slow_calls) configured, a timed success or failure
+    /// also counts in the slow-call window, and a slow probe re-opens a HalfOpen breaker.
+    pub fn record_timed(
+        &mut self,
+        config: &BreakerConfig,
+        ticket: Ticket,
+        outcome: Outcome,
+        took: Option<Duration>,
+        now: Instant,
+    ) -> Option<Transition> {
         self.last_used = now;
         if ticket.generation != self.generation {
             return None;
         }
+        let slow = match (&config.slow_calls, took) {
+            (Some(trip), Some(took)) if outcome != Outcome::Neutral => {
+                Some((trip, took > trip.duration_threshold))
+            }
+            _ => None,
+        };
         match self.state {
             BreakerState::Closed => {
-                if self.policy.record(&config.policy, outcome, now) {
-                    return Some(self.trip(config, now));
+                let by_failures = self.policy.record(&config.policy, outcome, now);
+                let by_slowness = slow.is_some_and(|(trip, is_slow)| {
+                    self.slow
+                        .get_or_insert_with(|| Box::new(Window::new(now)))
+                        .record_slow(trip, is_slow, now)
+                });
+                match (by_failures, by_slowness) {
+                    (true, _) => Some(self.trip(config, now, TripCause::Failures)),
+                    (false, true) => Some(self.trip(config, now, TripCause::SlowCalls)),
+                    (false, false) => None,
                 }
-                None
             }
             BreakerState::HalfOpen if ticket.probe => {
                 self.probes_in_flight = self.probes_in_flight.saturating_sub(1);
                 match outcome {
-                    Outcome::Failure => Some(self.trip(config, now)),
+                    Outcome::Failure => Some(self.trip(config, now, TripCause::ProbeFailed)),
+                    _ if slow.is_some_and(|(_, is_slow)| is_slow) => {
+                        Some(self.trip(config, now, TripCause::ProbeSlow))
+                    }
                     Outcome::Success => {
                         self.probe_successes += 1;
                         (self.probe_successes >= config.half_open_probes)
@@ -244,16 +298,20 @@ impl Breaker {
         self.trips = 0;
         if self.state == BreakerState::Closed {
             self.policy.reset(now);
+            self.slow = None;
             return None;
         }
         Some(self.enter(BreakerState::Closed, now, None))
     }
 
-    fn trip(&mut self, config: &BreakerConfig, now: Instant) -> Transition {
+    fn trip(&mut self, config: &BreakerConfig, now: Instant, cause: TripCause) -> Transition {
         self.trips = self.trips.saturating_add(1);
         let open_for = config.open_duration_for(self.trips);
         self.open_until = now + open_for;
-        self.enter(BreakerState::Open, now, Some(open_for))
+        Transition {
+            cause: Some(cause),
+            ..self.enter(BreakerState::Open, now, Some(open_for))
+        }
     }
 
     fn enter(&mut self, to: BreakerState, now: Instant, open_for: Option<Duration>) -> Transition {
@@ -266,12 +324,16 @@ impl Breaker {
         if to == BreakerState::Closed {
             self.trips = 0;
             self.policy.reset(now);
+            if let Some(slow) = &mut self.slow {
+                **slow = Window::new(now);
+            }
         }
         Transition {
             from,
             to,
             at: now,
             open_for,
+            cause: None,
         }
     }
 
@@ -342,6 +404,15 @@ impl Breaker {
         self.generation
     }
 
+    /// `(timed calls, slow calls)` in the slow-call window at `now`: zeros without
+    /// [`slow_calls`](BreakerConfig::slow_calls) or before the first timed call.
+    pub fn slow_call_counts(&self, config: &BreakerConfig, now: Instant) -> (u32, u32) {
+        match (&config.slow_calls, &self.slow) {
+            (Some(trip), Some(window)) => window.slow_counts(trip, now),
+            _ => (0, 0),
+        }
+    }
+
     /// Whether [`try_acquire`](Self::try_acquire) would, at any time from now until the
     /// next change made through `&mut self`, do nothing but note the time and hand out
     /// [`Ticket::closed`]`(generation)`: Closed, and no pause set (an ended pause still
@@ -354,10 +425,12 @@ impl Breaker {
     /// would do nothing but note the time: Closed under the consecutive-failures policy
     /// with no failure counted (a ticket of this generation resets a count of 0 to 0; one
     /// of another generation is stale and not counted). The failure-ratio policy counts
-    /// every success in its window, so it is never quiet.
+    /// every success in its window, and slow-call trips time every success: neither is
+    /// ever quiet.
     pub(crate) fn quiet_success(&self, config: &BreakerConfig) -> bool {
         self.state == BreakerState::Closed
             && matches!(config.policy, TripPolicy::ConsecutiveFailures { .. })
+            && config.slow_calls.is_none()
             && self.policy.consecutive_failures() == 0
     }
 
@@ -646,6 +719,117 @@ mod tests {
         );
         assert_eq!(open_periods, [10 * S, 20 * S]);
         assert_eq!(b.trips(), 0);
+    }
+
+    fn slow_config() -> BreakerConfig {
+        config().slow_calls(
+            crate::breaker::SlowCalls::new(S)
+                .rate(0.5)
+                .minimum_throughput(4)
+                .sampling_window(10 * S),
+        )
+    }
+
+    fn timed(b: &mut Breaker, c: &BreakerConfig, o: Outcome, took: Duration) -> Option<Transition> {
+        let now = Instant::now();
+        let ticket = b.try_acquire(c, now).0.expect("admitted");
+        b.record_timed(c, ticket, o, Some(took), now)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn half_of_four_timed_calls_slow_trips_with_cause_slow_calls() {
+        let c = slow_config();
+        let mut b = Breaker::new(Instant::now());
+        assert_eq!(
+            timed(&mut b, &c, Outcome::Success, S),
+            None,
+            "at the threshold: not slow"
+        );
+        assert_eq!(timed(&mut b, &c, Outcome::Success, 2 * S), None);
+        // A neutral call is not timed; an untimed one neither.
+        assert_eq!(timed(&mut b, &c, Outcome::Neutral, 9 * S), None);
+        assert_eq!(attempt(&mut b, &c, Outcome::Success), None);
+        assert_eq!(b.slow_call_counts(&c, Instant::now()), (2, 1));
+        assert_eq!(timed(&mut b, &c, Outcome::Success, S / 2), None);
+        assert_eq!(b.slow_call_counts(&c, Instant::now()), (3, 1));
+        let t = timed(&mut b, &c, Outcome::Success, 3 * S).expect("2 slow of 4 = 0.5 trips");
+        assert_eq!((t.from, t.to), (BreakerState::Closed, BreakerState::Open));
+        assert_eq!(t.cause, Some(TripCause::SlowCalls));
+        assert_eq!(t.open_for, Some(10 * S));
+        // Every success, so the failure policy saw nothing.
+        assert_eq!(b.consecutive_failures(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn slow_calls_age_out_of_the_window_and_a_close_forgets_them() {
+        let c = slow_config();
+        let mut b = Breaker::new(Instant::now());
+        for _ in 0..3 {
+            timed(&mut b, &c, Outcome::Success, 5 * S);
+        }
+        assert_eq!(b.slow_call_counts(&c, Instant::now()), (3, 3));
+        tokio::time::advance(10 * S).await;
+        assert_eq!(b.slow_call_counts(&c, Instant::now()), (0, 0));
+        // Three fast calls then one slow: 1 of 4 is below 0.5.
+        for _ in 0..3 {
+            timed(&mut b, &c, Outcome::Success, S / 10);
+        }
+        assert_eq!(timed(&mut b, &c, Outcome::Success, 5 * S), None);
+        assert_eq!(b.slow_call_counts(&c, Instant::now()), (4, 1));
+        // A trip by failures, then a successful probe closes it: the window starts over.
+        for _ in 0..3 {
+            timed(&mut b, &c, Outcome::Failure, S / 10);
+        }
+        assert_eq!(b.state(), BreakerState::Open);
+        tokio::time::advance(10 * S).await;
+        assert_eq!(
+            timed(&mut b, &c, Outcome::Success, S / 10).unwrap().to,
+            BreakerState::Closed
+        );
+        assert_eq!(b.slow_call_counts(&c, Instant::now()), (0, 0));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_slow_probe_reopens_a_fast_one_closes_and_failures_outrank_slowness() {
+        let c = slow_config();
+        let mut b = Breaker::new(Instant::now());
+        for _ in 0..2 {
+            timed(&mut b, &c, Outcome::Failure, 5 * S);
+        }
+        // The third failure trips both ways: the failures are named.
+        let t = timed(&mut b, &c, Outcome::Failure, 5 * S).unwrap();
+        assert_eq!(t.cause, Some(TripCause::Failures));
+        tokio::time::advance(10 * S).await;
+        let t = timed(&mut b, &c, Outcome::Success, 2 * S).expect("a slow probe re-opens");
+        assert_eq!(
+            (t.from, t.to, t.cause),
+            (
+                BreakerState::HalfOpen,
+                BreakerState::Open,
+                Some(TripCause::ProbeSlow)
+            )
+        );
+        assert_eq!(b.trips(), 2);
+        tokio::time::advance(10 * S).await;
+        let t = timed(&mut b, &c, Outcome::Failure, S / 10).unwrap();
+        assert_eq!(t.cause, Some(TripCause::ProbeFailed));
+        tokio::time::advance(10 * S).await;
+        let t = timed(&mut b, &c, Outcome::Success, S).unwrap();
+        assert_eq!((t.to, t.cause), (BreakerState::Closed, None));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn without_slow_calls_configured_timing_changes_nothing() {
+        let c = config();
+        let mut b = Breaker::new(Instant::now());
+        for _ in 0..50 {
+            assert_eq!(timed(&mut b, &c, Outcome::Success, 3600 * S), None);
+        }
+        assert_eq!(b.state(), BreakerState::Closed);
+        assert_eq!(b.slow_call_counts(&c, Instant::now()), (0, 0));
+        assert!(b.slow.is_none(), "nothing allocated");
+        assert!(b.quiet_success(&c));
+        assert!(!b.quiet_success(&slow_config()));
     }
 
     #[tokio::test(start_paused = true)]

@@ -100,6 +100,15 @@ pub enum ResilienceError {
         /// The attempts in flight to the origin at the rejection.
         in_flight: u32,
     },
+    /// A GET or HEAD that joined a concurrent identical one
+    /// ([`CoalesceGets`](crate::coalesce::CoalesceGets)) shares its failure: the one
+    /// request another caller sent failed, for all of them. A `reqwest::Error` cannot be
+    /// cloned, so its text is kept; that request's [`RequestEvidence`](crate::RequestEvidence)
+    /// and [`AttemptHistory`](crate::AttemptHistory) are in this caller's extensions.
+    SharedRequestFailed {
+        /// The sender's error, as text.
+        error: String,
+    },
 }
 
 impl fmt::Display for ResilienceError {
@@ -125,6 +134,12 @@ impl fmt::Display for ResilienceError {
             ),
             ResilienceError::Retry(e) => e.fmt_summary(f),
             ResilienceError::Misconfigured(m) => write!(f, "misconfigured stack: {m}"),
+            ResilienceError::SharedRequestFailed { error } => {
+                write!(
+                    f,
+                    "the request shared with identical concurrent GETs failed: {error}"
+                )
+            }
             ResilienceError::ConcurrencyLimited {
                 origin,
                 limit,

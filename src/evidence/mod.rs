@@ -19,5 +19,5 @@ pub use middleware::TransportEvidence;
 
 pub use crate::record::{
     AttemptDecision, AttemptHistory, AttemptRecord, FailureKind, NotProcessedProof, Redirects,
-    RequestEvidence, Transmission,
+    RequestEvidence, Shared, SharedRole, Transmission,
 };

@@ -51,6 +51,29 @@ pub struct AttemptRecord {
 #[derive(Clone, Default)]
 pub struct AttemptHistory {
     records: Records,
+    shared: Option<Shared>,
+}
+
+/// How a GET or HEAD shared one wire request with concurrent identical ones
+/// ([`CoalesceGets`](crate::coalesce::CoalesceGets)): read with
+/// [`AttemptHistory::shared`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub struct Shared {
+    /// Whether this caller's request went on the wire for the others, or joined one.
+    pub role: SharedRole,
+    /// The callers that shared the request, this one and the one that sent it included.
+    pub callers: u32,
+}
+
+/// A caller's part in a shared request ([`Shared`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum SharedRole {
+    /// Its request was the one sent; the attempts recorded are its own.
+    Sent,
+    /// It joined a request another caller sent; the attempts recorded are that one's.
+    Joined,
 }
 
 /// Most requests take one attempt: that one is kept inline, so recording it allocates
@@ -86,6 +109,17 @@ impl AttemptHistory {
     /// The last attempt.
     pub fn last(&self) -> Option<&AttemptRecord> {
         self.attempts().last()
+    }
+
+    /// Whether the request shared one wire request with concurrent identical ones, and
+    /// how (`None`: it did not).
+    pub fn shared(&self) -> Option<Shared> {
+        self.shared
+    }
+
+    /// Says the request was shared.
+    pub(crate) fn mark_shared(&mut self, shared: Shared) {
+        self.shared = Some(shared);
     }
 
     /// Appends an attempt.
@@ -230,9 +264,12 @@ impl Eq for AttemptHistory {}
 
 impl std::fmt::Debug for AttemptHistory {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("AttemptHistory")
-            .field("records", &self.attempts())
-            .finish()
+        let mut d = f.debug_struct("AttemptHistory");
+        d.field("records", &self.attempts());
+        if let Some(shared) = &self.shared {
+            d.field("shared", shared);
+        }
+        d.finish()
     }
 }
 

@@ -20,7 +20,7 @@ mod keys;
 
 pub use decision::{AttemptDecision, RetryReason, StopReason};
 pub use evidence::{FailureKind, NotProcessedProof, Redirects, RequestEvidence, Transmission};
-pub use history::{AttemptHistory, AttemptRecord};
+pub use history::{AttemptHistory, AttemptRecord, Shared, SharedRole};
 pub(crate) use history::{next_attempt, record_attempt_cut, record_rejected_locally};
 pub(crate) use keys::{AttemptClock, AttemptScope, Inward, earlier};
 pub use keys::{Deadline, RetryIn, RetryOutcome};

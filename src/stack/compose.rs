@@ -26,6 +26,9 @@ use crate::stage::{
 /// nothing was sent, counted or taken.
 pub(crate) struct Composed<T, L> {
     pub(crate) observer: BoxedWhenPresent<super::RequestObserver>,
+    /// Coalesced identical GETs, outside the retry: one shared request is one logical
+    /// request for the retry, the breaker and the limiter.
+    pub(crate) coalesce: BoxedWhenPresent<crate::coalesce::CoalesceGets>,
     pub(crate) retry: RetrySlot<crate::retry::RetryMiddleware>,
     /// `BearerAuth`'s token fetch, before the breaker and the limiter: a request waits for
     /// its token before it takes a half-open probe slot or a limiter permit.
@@ -43,6 +46,7 @@ impl<L> Composed<Absent, L> {
     pub(crate) fn with_token_first<T>(self, token_first: T) -> Composed<T, L> {
         Composed {
             observer: self.observer,
+            coalesce: self.coalesce,
             retry: self.retry,
             token_first,
             breaker: self.breaker,
@@ -58,6 +62,7 @@ impl<T> Composed<T, Absent> {
     pub(crate) fn with_limit<L>(self, limit: L) -> Composed<T, L> {
         Composed {
             observer: self.observer,
+            coalesce: self.coalesce,
             retry: self.retry,
             token_first: self.token_first,
             breaker: self.breaker,
@@ -111,6 +116,7 @@ impl<T: Stage + 'static, L: Stage + 'static> Middleware for Composed<T, L> {
         let inner = Nested::new(&self.breaker, inner);
         let inner = Nested::new(&self.token_first, inner);
         let inner = Nested::new(&self.retry, inner);
+        let inner = Nested::new(&self.coalesce, inner);
         let inner = Nested::new(&self.observer, inner);
         // Installed always: here, or after the user's per-attempt middlewares.
         let handover = Handover::default().within_composed();

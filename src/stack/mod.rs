@@ -179,6 +179,7 @@ impl RetrySettings {
 /// | hedging | off ([`hedging`](Self::hedging)) |
 /// | transport | [`TransportEvidence`], always |
 /// | concurrency limit | off ([`concurrency_limit`](Self::concurrency_limit) turns it on) |
+/// | coalesced GETs | off ([`coalesce_gets`](Self::coalesce_gets) turns it on) |
 /// | hooks | none |
 ///
 /// Each part can be replaced by a prebuilt one ([`retry`](Self::retry),
@@ -226,6 +227,9 @@ pub struct Resilience {
     client_redirects: ClientRedirects,
     span_url_query: bool,
     concurrency_limit: Option<LimitChoice>,
+    coalesce: Option<crate::coalesce::CoalesceGets>,
+    #[cfg(feature = "chaos")]
+    chaos: Option<crate::chaos::Chaos>,
 }
 
 impl Default for Resilience {
@@ -261,6 +265,7 @@ impl fmt::Debug for Resilience {
                 &self.on_breaker_transition.is_some(),
             )
             .field("concurrency_limit", &self.concurrency_limit.is_some())
+            .field("coalesce", &self.coalesce)
             .finish()
     }
 }
@@ -279,6 +284,9 @@ impl Resilience {
             client_redirects: ClientRedirects::Unobserved,
             span_url_query: false,
             concurrency_limit: None,
+            coalesce: None,
+            #[cfg(feature = "chaos")]
+            chaos: None,
         }
     }
 
@@ -530,6 +538,35 @@ impl Resilience {
         self
     }
 
+    /// Turns on coalesced identical GETs (off by default), outermost: concurrent GET and
+    /// HEAD requests for the same thing share one logical request, retried, admitted and
+    /// counted once. See [`coalesce`](crate::coalesce).
+    ///
+    /// ```
+    /// use reqwest_resilience::Resilience;
+    /// use reqwest_resilience::coalesce::CoalesceGets;
+    ///
+    /// # fn main() -> Result<(), reqwest_resilience::ResilienceError> {
+    /// let client = Resilience::new()
+    ///     .coalesce_gets(CoalesceGets::new().max_body(256 * 1024))
+    ///     .build(reqwest::Client::new())?;
+    /// # drop(client); Ok(()) }
+    /// ```
+    pub fn coalesce_gets(mut self, coalesce: crate::coalesce::CoalesceGets) -> Self {
+        self.coalesce = Some(coalesce);
+        self
+    }
+
+    /// Injects seeded faults for your tests (feature `chaos`), innermost: after the
+    /// transport step, which observes each fault as it observes a real one (the transport
+    /// step is then a middleware of its own). See [`chaos`](crate::chaos).
+    #[cfg(feature = "chaos")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "chaos")))]
+    pub fn chaos(mut self, chaos: crate::chaos::Chaos) -> Self {
+        self.chaos = Some(chaos);
+        self
+    }
+
     /// Builds the client: `reqwest::Client` wrapped in the stack.
     ///
     /// # Errors
@@ -575,7 +612,11 @@ impl Resilience {
         // per-attempt middleware runs between `BearerAuth` and the transport step, which
         // then follows it as a middleware of its own.
         let transport = TransportEvidence::with_client_redirects(self.client_redirects);
-        let (inner_transport, outer_transport) = if self.per_attempt.is_empty() {
+        #[cfg(feature = "chaos")]
+        let chaos = self.chaos;
+        #[cfg(not(feature = "chaos"))]
+        let chaos: Option<std::convert::Infallible> = None;
+        let (inner_transport, outer_transport) = if self.per_attempt.is_empty() && chaos.is_none() {
             (Some(transport), None)
         } else {
             (None, Some(transport))
@@ -585,6 +626,7 @@ impl Resilience {
                 self.on_attempt,
                 self.span_url_query,
             )),
+            coalesce: crate::stage::BoxedWhenPresent(self.coalesce),
             retry: crate::stage::RetrySlot(retry),
             token_first: crate::stage::Absent,
             breaker,
@@ -611,6 +653,11 @@ impl Resilience {
         }
         if let Some(transport) = outer_transport {
             builder = builder.with(transport);
+        }
+        // Where the network is: inside the transport step.
+        #[cfg(feature = "chaos")]
+        if let Some(chaos) = chaos {
+            builder = builder.with(chaos);
         }
         Ok(StackBuilder { builder })
     }

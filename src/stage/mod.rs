@@ -384,6 +384,22 @@ impl<S: Stage, N: RestOfStack> RestOfStack for Nested<'_, S, N> {
     }
 }
 
+/// `response` with `url` as its [`Response::url`]: for a stage that hands back a response
+/// it rebuilt or got from elsewhere. `Response::from(http::Response)` takes the URL from
+/// an extension only reqwest's `ResponseBuilderExt::url` can set, so the extension is
+/// taken from a response head built with it.
+pub(crate) fn with_url(response: Response, url: reqwest::Url) -> Response {
+    use reqwest::ResponseBuilderExt;
+    let (mut head, body) = http::Response::<reqwest::Body>::from(response).into_parts();
+    let (with_url, ()) = http::Response::builder()
+        .url(url)
+        .body(())
+        .unwrap_or_default()
+        .into_parts();
+    head.extensions.extend(with_url.extensions);
+    Response::from(http::Response::from_parts(head, body))
+}
+
 /// The boxed future `Middleware::handle` returns (the `async_trait` form of the trait).
 pub(crate) type Handled<'a> =
     std::pin::Pin<Box<dyn Future<Output = reqwest_middleware::Result<Response>> + Send + 'a>>;

@@ -43,6 +43,7 @@
 
 #![allow(dead_code)] // each test binary uses a different part of the support code
 
+pub mod gate;
 pub mod h2;
 pub mod nginx;
 pub mod tls;

@@ -1,0 +1,346 @@
+//! Coalesced identical GETs (opt-in): concurrent GET or HEAD requests that ask for the
+//! same thing share one request on the wire.
+//!
+//! [`CoalesceGets`] is a stage (layer 5: it imports only the layers below it, no other
+//! stage), usable alone as a middleware and in [`Resilience`](crate::Resilience)
+//! ([`Resilience::coalesce_gets`](crate::Resilience::coalesce_gets)).
+//!
+//! # What is shared
+//!
+//! Two requests share one wire request when they are both GET, or both HEAD, without a
+//! body, with the same URL (its query included), the same reqwest timeout, and the same
+//! values of the headers that choose what a server answers or whose answer it is:
+//! `Authorization`, `Proxy-Authorization` and `Cookie` (never across credentials),
+//! `Accept`, `Accept-Encoding`, `Accept-Language`, `Range` (the content negotiation
+//! fields of RFC 9110 §12.5, and §14.2), plus the headers of a configured `Vary` list
+//! ([`CoalesceGets::vary`]: the request headers your servers' `Vary` names). Any other
+//! header (a trace id) does not keep two requests apart. Nothing else is ever shared:
+//! another method, a request with a body.
+//!
+//! The first caller (the leader) sends its request; the callers that come until its
+//! response head arrives (followers) wait for it. A response nobody joined is handed to
+//! the leader as it came, unread (coalescing then costs a key and a map entry). When
+//! others joined, the flight closes at the head (a caller coming after it starts a
+//! request of its own), the body is read whole, up to
+//! [`max_body`](CoalesceGets::max_body) (1 MiB by default), and every caller
+//! gets its own [`Response`] with the same status, headers, URL and body bytes (one copy
+//! of the bytes, shared), and in its [`AttemptHistory`] a
+//! [`Shared`](crate::evidence::Shared) record: whether it [sent](crate::evidence::SharedRole::Sent)
+//! the request or [joined](crate::evidence::SharedRole::Joined) it, and how many callers
+//! shared it. A follower's extensions get the leader's [`RequestEvidence`](crate::RequestEvidence), history and
+//! [`RetryOutcome`](crate::retry::RetryOutcome).
+//!
+//! # When the body is larger than the bound
+//!
+//! A body announced larger (`Content-Length`) is not read; one that grows past the bound
+//! while it is read (chunked) stops being read. Either way the leader gets its response
+//! as it came (what was read, then the rest, streamed), and each follower is let go to
+//! send **its own request**, as if it had never joined: a follower cannot be handed the
+//! rest of a stream that only one caller can read, and holding a large body in memory for
+//! callers that may never read it is what the bound is for. A body that breaks while it
+//! is read is handled the same way (the leader reads the failure where it happened; the
+//! followers send their own). Only the requests of that moment pay for it.
+//!
+//! # When the request fails
+//!
+//! The failure is shared: every follower gets
+//! [`ResilienceError::SharedRequestFailed`] with the leader's error as text (a
+//! `reqwest::Error` cannot be cloned) and the leader's evidence and history in its
+//! extensions. A failing server sees one request, not one per caller.
+//!
+//! # Where it sits in the stack
+//!
+//! Outermost in [`Resilience`](crate::Resilience), outside the retry:
+//!
+//! ```text
+//! CoalesceGets → Retry → CircuitBreaker → [ConcurrencyLimit] → BearerAuth → TransportEvidence
+//! ```
+//!
+//! The shared request is one logical request: it is retried, admitted by the breaker and
+//! the limiter, and counted by them, once for all its callers (inside them, each caller
+//! would be one more attempt for the breaker and take a permit of its own, and a
+//! follower of a retried request would wait through the retries anyway). The
+//! followers take the leader's retry settings: a caller's own per-request
+//! [`MaxRetries`](crate::retry::MaxRetries) or [`Deadline`] does
+//! not change the shared request, but a follower's [`Deadline`]
+//! bounds its own wait (past it, it fails with tokio's `Elapsed`, as the retry's cut,
+//! and the others go on). `BearerAuth` is inside: the callers of one stack share its
+//! token, and a request that carries its own `Authorization` is keyed by it.
+//!
+//! Used alone, put it outside the middlewares whose work should be shared.
+//!
+//! # Cancel safety
+//!
+//! Dropping a follower's future drops its wait and nothing else: the leader and the other
+//! followers go on. Dropping every caller's future drops the leader's, which drops the
+//! wire request (reqwest cancels it). When the leader alone is dropped, its wire request
+//! is dropped with it: a request made through `reqwest_middleware::Next` borrows the
+//! leader's client and middleware chain, so it cannot outlive the leader's future (a
+//! middleware has no client of its own to hand a spawned task). The first follower then
+//! becomes the leader and sends the request again, and the others wait for that one: a
+//! GET or HEAD is safe to send again (RFC 9110 §9.2.1), and their histories show the one
+//! they shared.
+//!
+//! ```
+//! use reqwest_middleware::ClientBuilder;
+//! use reqwest_resilience::coalesce::CoalesceGets;
+//! use reqwest_resilience::{Resilience, TransportEvidence};
+//!
+//! # fn main() -> Result<(), reqwest_resilience::ResilienceError> {
+//! // In the stack:
+//! let client = Resilience::new()
+//!     .coalesce_gets(CoalesceGets::new().vary(["x-tenant"])?)
+//!     .build(reqwest::Client::new())?;
+//! // Alone:
+//! let alone = ClientBuilder::new(reqwest::Client::new())
+//!     .with(CoalesceGets::new())
+//!     .with(TransportEvidence::new())
+//!     .build();
+//! # drop((client, alone)); Ok(()) }
+//! ```
+
+mod body;
+mod flight;
+mod key;
+mod landing;
+
+use std::sync::Arc;
+
+use http::{Extensions, HeaderName};
+use reqwest::{Request, Response};
+
+use crate::error::ResilienceError;
+use crate::record::{AttemptHistory, Deadline, SharedRole};
+use crate::stage::{Handover, RestOfStack, Stage, standalone_middleware};
+use flight::{Flights, Joined, Waited};
+use landing::{Landing, Record, SharedResponse};
+
+/// The default bound on a shared body: 1 MiB.
+pub const DEFAULT_MAX_BODY: usize = 1 << 20;
+
+/// Coalesced identical GETs: see the [module docs](self).
+///
+/// Clones share their flights: two clients built with clones of one `CoalesceGets` share
+/// their requests too.
+#[derive(Clone)]
+pub struct CoalesceGets {
+    flights: Arc<Flights>,
+    vary: Arc<[HeaderName]>,
+    max_body: usize,
+}
+
+impl std::fmt::Debug for CoalesceGets {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CoalesceGets")
+            .field("vary", &self.vary)
+            .field("max_body", &self.max_body)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Default for CoalesceGets {
+    fn default() -> Self {
+        CoalesceGets::new()
+    }
+}
+
+impl CoalesceGets {
+    /// Coalesces with no `Vary` list and bodies up to [`DEFAULT_MAX_BODY`].
+    pub fn new() -> Self {
+        CoalesceGets {
+            flights: Arc::default(),
+            vary: Arc::new([]),
+            max_body: DEFAULT_MAX_BODY,
+        }
+    }
+
+    /// The request headers, beyond the built-in ones, whose values keep two requests
+    /// apart: the ones your servers' `Vary` response header names. A name that is not a
+    /// valid header name is [`ResilienceError::InvalidConfig`].
+    pub fn vary<I, S>(mut self, names: I) -> Result<Self, ResilienceError>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        let names = names
+            .into_iter()
+            .map(|n| {
+                HeaderName::from_bytes(n.as_ref().as_bytes()).map_err(|_| {
+                    ResilienceError::InvalidConfig(format!(
+                        "coalesce vary: {:?} is not a header name",
+                        n.as_ref()
+                    ))
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        self.vary = names.into();
+        Ok(self)
+    }
+
+    /// The largest body shared (default [`DEFAULT_MAX_BODY`]); see the [module
+    /// docs](self#when-the-body-is-larger-than-the-bound) for a larger one.
+    pub fn max_body(mut self, bytes: usize) -> Self {
+        self.max_body = bytes;
+        self
+    }
+}
+
+standalone_middleware!(CoalesceGets);
+
+impl Stage for CoalesceGets {
+    #[allow(clippy::manual_async_fn)]
+    fn serve<'a, N: RestOfStack + 'a>(
+        &'a self,
+        req: Request,
+        extensions: &'a mut Extensions,
+        handover: Handover<'a>,
+        next: N,
+    ) -> impl Future<Output = reqwest_middleware::Result<Response>> + Send + 'a {
+        async move {
+            let owner = handover.enter(extensions, "CoalesceGets", false, req.url())?;
+            let Some(key) = self.flights.key(&req, &self.vary) else {
+                return owner
+                    .poll_as(next, |next| next.run(req, extensions, handover))
+                    .await;
+            };
+            // Each pass ends with a landing, or with the leader gone and this caller
+            // joining again: as the next leader, or behind it.
+            loop {
+                let landed = match self.flights.join(&key) {
+                    Joined::Follower(landed) => landed,
+                    Joined::Leader(leader) => {
+                        let sent = owner.poll_as(next, |next| next.run(req, extensions, handover));
+                        let result = sent.await;
+                        return self.land(leader, result, extensions).await;
+                    }
+                };
+                let landing = match wait_within_deadline(landed, extensions).await? {
+                    Waited::Abandoned => continue,
+                    Waited::Landed(landing) => landing,
+                };
+                return match follow(&landing, extensions) {
+                    Some(result) => result,
+                    // Not shareable: this caller sends its own request.
+                    None => {
+                        owner
+                            .poll_as(next, |next| next.run(req, extensions, handover))
+                            .await
+                    }
+                };
+            }
+        }
+    }
+}
+
+impl CoalesceGets {
+    /// The leader's part once its request ended: read the body, close the flight, tell
+    /// the followers, and hand the leader its own response.
+    async fn land(
+        &self,
+        mut leader: flight::Leader<'_>,
+        result: reqwest_middleware::Result<Response>,
+        extensions: &mut Extensions,
+    ) -> reqwest_middleware::Result<Response> {
+        let response = match result {
+            Ok(response) => response,
+            Err(e) => {
+                let callers = leader.close().saturating_add(1);
+                let record = Record::of(extensions);
+                mark_shared(extensions, &record, callers);
+                let error = e.to_string();
+                leader.land(Arc::new(Landing::Failed {
+                    error,
+                    record,
+                    callers,
+                }));
+                return Err(e);
+            }
+        };
+        // The flight closes at the response head: a caller that comes while the body is
+        // read starts a request of its own, and a response nobody joined is handed over
+        // as it came, unread.
+        let followers = leader.close();
+        if followers == 0 {
+            return Ok(response);
+        }
+        let callers = followers.saturating_add(1);
+        match body::read(response, self.max_body).await {
+            body::Read::Whole { head, url, body } => {
+                let shared = SharedResponse::new(head, url, body, Record::of(extensions), callers);
+                let own = shared.response_for(SharedRole::Sent);
+                mark_shared(extensions, &shared.record, callers);
+                leader.land(Arc::new(Landing::Response(shared)));
+                Ok(own)
+            }
+            body::Read::Unshared(response) => {
+                leader.land(Arc::new(Landing::NotShared));
+                Ok(response)
+            }
+        }
+    }
+}
+
+/// A follower's wait, bounded by its own [`Deadline`]: past it, tokio's `Elapsed` (as the
+/// retry middleware's cut), and the flight goes on without it.
+async fn wait_within_deadline(
+    landed: tokio::sync::watch::Receiver<flight::Published>,
+    extensions: &Extensions,
+) -> Result<Waited, reqwest_middleware::Error> {
+    match extensions.get::<Deadline>() {
+        None => Ok(flight::wait(landed).await),
+        Some(deadline) => tokio::time::timeout_at(deadline.0, flight::wait(landed))
+            .await
+            .map_err(reqwest_middleware::Error::middleware),
+    }
+}
+
+/// A follower's result from the landing (`None`: not shareable, it sends its own).
+fn follow(
+    landing: &Landing,
+    extensions: &mut Extensions,
+) -> Option<reqwest_middleware::Result<Response>> {
+    let record = match landing {
+        Landing::Response(shared) => &shared.record,
+        Landing::Failed { record, .. } => record,
+        Landing::NotShared => return None,
+    };
+    crate::metrics::coalesced(record.origin(), "joined");
+    match landing {
+        Landing::Response(shared) => {
+            shared
+                .record
+                .leave(extensions, shared.shared(SharedRole::Joined));
+            Some(Ok(shared.response_for(SharedRole::Joined)))
+        }
+        Landing::Failed {
+            error,
+            record,
+            callers,
+        } => {
+            let shared = crate::record::Shared {
+                role: SharedRole::Joined,
+                callers: *callers,
+            };
+            record.leave(extensions, shared);
+            Some(Err(reqwest_middleware::Error::middleware(
+                ResilienceError::SharedRequestFailed {
+                    error: error.clone(),
+                },
+            )))
+        }
+        Landing::NotShared => None,
+    }
+}
+
+/// Marks the leader's own history shared, when anyone joined it (and counts it).
+fn mark_shared(extensions: &mut Extensions, record: &Record, callers: u32) {
+    if callers > 1 {
+        extensions
+            .get_or_insert_default::<AttemptHistory>()
+            .mark_shared(crate::record::Shared {
+                role: SharedRole::Sent,
+                callers,
+            });
+        crate::metrics::coalesced(record.origin(), "sent");
+    }
+}

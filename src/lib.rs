@@ -187,6 +187,7 @@ pub mod limit;
 pub mod metrics;
 pub mod misconfig;
 pub mod origin;
+pub mod ratelimit_fields;
 pub(crate) mod record;
 pub mod redirect;
 pub mod retry;

@@ -47,7 +47,7 @@
 use std::fmt;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use http::HeaderMap;
+use http::{HeaderMap, HeaderName};
 
 /// The longest field value (in bytes) this parser looks at.
 pub const MAX_LEN: usize = 1024;
@@ -142,6 +142,19 @@ impl fmt::Display for MalformedField {
 }
 
 impl std::error::Error for MalformedField {}
+
+/// Whether `headers` may hold a rate-limit field that says what remains: the cheap test
+/// before [`parse`] (three lookups of static names), for the responses of servers that
+/// send none.
+pub fn may_be_present(headers: &HeaderMap) -> bool {
+    [&RATELIMIT, &LEGACY_REMAINING, &X_REMAINING]
+        .iter()
+        .any(|name| headers.contains_key(*name))
+}
+
+static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+static LEGACY_REMAINING: HeaderName = HeaderName::from_static("ratelimit-remaining");
+static X_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
 
 /// Parses the rate-limit fields of a response received at `now` (see the [module
 /// docs](self) for the forms and their precedence).

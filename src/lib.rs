@@ -184,6 +184,7 @@ pub mod chain;
 pub mod error;
 pub mod evidence;
 pub mod limit;
+pub mod rate;
 pub mod metrics;
 pub mod misconfig;
 pub mod origin;

@@ -208,6 +208,7 @@ mod enabled {
             StopReason::BodyNotClonable => "body_not_clonable",
             StopReason::RedirectFollowed => "redirect_followed",
             StopReason::ConcurrencyLimited => "concurrency_limited",
+            StopReason::RateLimited => "rate_limited",
         };
         counter!(STOPS, "origin" => origin(at), "reason" => label).increment(1);
         if reason == StopReason::BudgetExhausted {
@@ -310,6 +311,7 @@ mod enabled {
             FailureKind::Other => "_OTHER",
             FailureKind::Misconfigured => "misconfigured",
             FailureKind::ConcurrencyLimited => "concurrency_limited",
+            FailureKind::RateLimited => "rate_limited",
             FailureKind::Cancelled => "cancelled",
         }
     }

@@ -100,6 +100,15 @@ pub enum ResilienceError {
         /// The attempts in flight to the origin at the rejection.
         in_flight: u32,
     },
+    /// The origin's rate limit turned the request away (its next free slot lay beyond
+    /// its wait, or its deadline); it was not sent (`Transmission::NotSent`). See
+    /// [`rate`](crate::rate).
+    RateLimited {
+        /// The origin whose rate was reached.
+        origin: Origin,
+        /// When the origin's next slot is free.
+        retry_in: std::time::Duration,
+    },
 }
 
 impl fmt::Display for ResilienceError {
@@ -134,6 +143,10 @@ impl fmt::Display for ResilienceError {
                 "concurrency limit for {origin} reached ({in_flight} in flight, limit \
                  {limit}): not sent"
             ),
+            ResilienceError::RateLimited { origin, retry_in } => write!(
+                f,
+                "rate limit for {origin} reached: not sent, next slot in {retry_in:?}"
+            ),
         }
     }
 }
@@ -152,11 +165,13 @@ impl std::error::Error for ResilienceError {
 }
 
 impl ResilienceError {
-    /// For a local rejection by a breaker or a pause, when trying again may succeed.
+    /// For a local rejection by a breaker, a pause or a rate limit, when trying again may
+    /// succeed.
     pub fn retry_in(&self) -> Option<std::time::Duration> {
         match self {
             ResilienceError::BreakerOpen { retry_in, .. } => *retry_in,
             ResilienceError::Paused { retry_in, .. } => Some(*retry_in),
+            ResilienceError::RateLimited { retry_in, .. } => Some(*retry_in),
             _ => None,
         }
     }

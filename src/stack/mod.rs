@@ -196,6 +196,7 @@ pub struct Resilience {
     client_redirects: ClientRedirects,
     span_url_query: bool,
     concurrency_limit: Option<LimitChoice>,
+    rate_limit: Option<crate::rate::RateChoice>,
 }
 
 impl Default for Resilience {
@@ -231,6 +232,7 @@ impl fmt::Debug for Resilience {
                 &self.on_breaker_transition.is_some(),
             )
             .field("concurrency_limit", &self.concurrency_limit.is_some())
+            .field("rate_limit", &self.rate_limit.is_some())
             .finish()
     }
 }
@@ -249,6 +251,7 @@ impl Resilience {
             client_redirects: ClientRedirects::Unobserved,
             span_url_query: false,
             concurrency_limit: None,
+            rate_limit: None,
         }
     }
 
@@ -474,6 +477,35 @@ impl Resilience {
         self
     }
 
+    /// Turns on a per-origin rate limit (off by default), in a new
+    /// [`RateLimitRegistry`](crate::rate::RateLimitRegistry) with this configuration
+    /// (checked at build time), between the breaker and the concurrency limit: an open
+    /// breaker turns a request away before it spends a slot, a request waiting for its
+    /// slot holds no concurrency permit, and every retry takes a slot of its own. See
+    /// [`rate`](crate::rate).
+    ///
+    /// ```
+    /// use reqwest_resilience::Resilience;
+    /// use reqwest_resilience::rate::{Rate, RateLimitConfig};
+    ///
+    /// # fn main() -> Result<(), reqwest_resilience::ResilienceError> {
+    /// let client = Resilience::new()
+    ///     .rate_limit(RateLimitConfig::default().rate(Rate::per_second(20)))
+    ///     .build(reqwest::Client::new())?;
+    /// # drop(client); Ok(()) }
+    /// ```
+    pub fn rate_limit(mut self, config: crate::rate::RateLimitConfig) -> Self {
+        self.rate_limit = Some(crate::rate::RateChoice::Config(config));
+        self
+    }
+
+    /// Like [`rate_limit`](Self::rate_limit), with a shared registry: clients built with
+    /// clones of one registry spend the same quotas.
+    pub fn rate_limiter(mut self, registry: crate::rate::RateLimitRegistry) -> Self {
+        self.rate_limit = Some(crate::rate::RateChoice::Registry(registry));
+        self
+    }
+
     /// Builds the client: `reqwest::Client` wrapped in the stack.
     ///
     /// # Errors
@@ -514,6 +546,7 @@ impl Resilience {
         let retry = self.build_retry()?;
         let breaker = build_breaker(self.breaker, self.on_breaker_transition)?;
         let limit = self.concurrency_limit.map(LimitChoice::build).transpose()?;
+        let rate = self.rate_limit.map(crate::rate::RateChoice::build).transpose()?;
 
         // One middleware for the stages, one boxed future per request; a user's
         // per-attempt middleware runs between `BearerAuth` and the transport step, which
@@ -532,6 +565,7 @@ impl Resilience {
             retry: crate::stage::RetrySlot(retry),
             token_first: crate::stage::Absent,
             breaker,
+            rate,
             limit: crate::stage::Absent,
             bearer: self.bearer.clone(),
             transport: inner_transport,

@@ -155,8 +155,8 @@ pub(crate) struct Waiting {
     first: Verdict,
     /// The latest instant it may start.
     latest: Instant,
-    /// Until when it waits for a probe's answer.
-    probe_end: Instant,
+    /// How long it waits for one probe's answer.
+    probe_wait: Duration,
 }
 
 impl RateLimitRegistry {
@@ -279,7 +279,7 @@ impl RateLimitRegistry {
             Verdict::Now { probe } => Admission::Go(Ticket::new(entry, probe, self)),
             Verdict::Over { retry_in } => Admission::Rejected(self.reject(&entry, origin, retry_in)),
             first => Admission::Wait(Waiting {
-                probe_end: now.checked_add(config.probe_wait).unwrap_or(now).min(latest),
+                probe_wait: config.probe_wait,
                 entry,
                 first,
                 latest,
@@ -293,21 +293,30 @@ impl RateLimitRegistry {
         if let Verdict::At(slot) = w.first {
             return Ok(self.wait_for_slot(w.entry, slot).await);
         }
+        // The end of the wait for the probe out now (from when this request found it out).
+        let mut probe_end: Option<Instant> = None;
         loop {
             // Registered before the verdict, so an answer between the two is not missed.
             let mut answered = pin!(w.entry.answered.notified());
             answered.as_mut().enable();
             let now = Instant::now();
+            let end = *probe_end.get_or_insert_with(|| {
+                now.checked_add(w.probe_wait).unwrap_or(now).min(w.latest)
+            });
             let verdict = lock(&w.entry.state)
                 .schedule
-                .decide(now, w.latest, now < w.probe_end);
+                .decide(now, w.latest, now < end);
             match verdict {
                 Verdict::Now { probe } => return Ok(Ticket::new(w.entry.clone(), probe, self)),
                 Verdict::At(slot) => return Ok(self.wait_for_slot(w.entry.clone(), slot).await),
                 Verdict::Over { retry_in } => return Err(self.reject(&w.entry, origin, retry_in)),
-                Verdict::AwaitReset(at) => tokio::time::sleep_until(at).await,
+                Verdict::AwaitReset(at) => {
+                    tokio::time::sleep_until(at).await;
+                    // A reset may send out a new probe: its wait starts then.
+                    probe_end = None;
+                }
                 Verdict::AwaitProbe => {
-                    let _ = tokio::time::timeout_at(w.probe_end, answered).await;
+                    let _ = tokio::time::timeout_at(end, answered).await;
                 }
             }
         }

@@ -229,7 +229,10 @@ fn at(field: &'static str) -> impl Fn(Problem) -> MalformedField {
 
 /// The field's value as text, if present: visible ASCII, at most [`MAX_LEN`] bytes.
 /// Several lines of one field are read as the first (servers send these once).
-fn text<'h>(headers: &'h HeaderMap, field: &'static str) -> Result<Option<&'h str>, MalformedField> {
+fn text<'h>(
+    headers: &'h HeaderMap,
+    field: &'static str,
+) -> Result<Option<&'h str>, MalformedField> {
     let Some(value) = headers.get(field) else {
         return Ok(None);
     };
@@ -615,7 +618,11 @@ impl<'a> Cursor<'a> {
                 self.i += 1;
             }
             let ok = (1..=12).contains(&digits.len()) && (1..=3).contains(&(self.i - frac));
-            return if ok { Ok(Bare::Other) } else { Err(Problem::Syntax) };
+            return if ok {
+                Ok(Bare::Other)
+            } else {
+                Err(Problem::Syntax)
+            };
         }
         if digits.is_empty() {
             return Err(Problem::Syntax);
@@ -623,7 +630,10 @@ impl<'a> Cursor<'a> {
         if negative || digits.len() > 15 {
             return Err(Problem::OutOfRange);
         }
-        digits.parse().map(Bare::Integer).map_err(|_| Problem::OutOfRange)
+        digits
+            .parse()
+            .map(Bare::Integer)
+            .map_err(|_| Problem::OutOfRange)
     }
 
     fn string(&mut self) -> Result<Bare<'a>, Problem> {
@@ -694,7 +704,10 @@ mod tests {
     #[test]
     fn the_current_ietf_form() {
         let f = fields(&[
-            ("ratelimit-policy", r#""burst";q=100;w=60, "daily";q=1000;w=86400"#),
+            (
+                "ratelimit-policy",
+                r#""burst";q=100;w=60, "daily";q=1000;w=86400"#,
+            ),
             ("ratelimit", r#""burst";r=0;t=30"#),
         ])
         .unwrap();
@@ -704,7 +717,10 @@ mod tests {
         assert_eq!(f.exhausted_for(), secs(30));
         // Without a name: the slowest; of several items, the least remaining.
         let f = fields(&[
-            ("ratelimit-policy", r#""burst";q=100;w=60, "daily";q=1000;w=86400"#),
+            (
+                "ratelimit-policy",
+                r#""burst";q=100;w=60, "daily";q=1000;w=86400"#,
+            ),
             ("ratelimit", r#""burst";r=40;t=30, "daily";r=7;t=3600"#),
         ])
         .unwrap();
@@ -720,7 +736,10 @@ mod tests {
             ("ratelimit", "default;r=3;t=1;x=?1"),
         ])
         .unwrap();
-        assert_eq!((f.quota, f.remaining, f.reset), (quota(10, 1), Some(3), secs(1)));
+        assert_eq!(
+            (f.quota, f.remaining, f.reset),
+            (quota(10, 1), Some(3), secs(1))
+        );
     }
 
     #[test]
@@ -730,7 +749,10 @@ mod tests {
             ("ratelimit", "limit=10, remaining=0, reset=30"),
         ])
         .unwrap();
-        assert_eq!((f.quota, f.remaining, f.reset), (quota(10, 1), Some(0), secs(30)));
+        assert_eq!(
+            (f.quota, f.remaining, f.reset),
+            (quota(10, 1), Some(0), secs(30))
+        );
         // A policy alone is enough for the quota; the limit alone has no window.
         // Of several, the slowest: 50 a minute is slower than 10 a second.
         let f = fields(&[("ratelimit-policy", "10;w=1, 50;w=60")]).unwrap();
@@ -747,7 +769,10 @@ mod tests {
             ("ratelimit-reset", " 30 "),
         ])
         .unwrap();
-        assert_eq!((f.quota, f.remaining, f.reset), (quota(50, 60), Some(0), secs(30)));
+        assert_eq!(
+            (f.quota, f.remaining, f.reset),
+            (quota(50, 60), Some(0), secs(30))
+        );
         // GitHub: a Unix time 30 s after now; the limit has no window.
         let f = fields(&[
             ("x-ratelimit-limit", "5000"),
@@ -762,8 +787,11 @@ mod tests {
         let f = fields(&[("x-ratelimit-reset", "1445412481.0001")]).unwrap();
         assert_eq!(f.reset, Some(Duration::from_millis(1001)));
         // A Unix time in the past: zero, no wait.
-        let f = fields(&[("x-ratelimit-remaining", "0"), ("x-ratelimit-reset", "1445412000")])
-            .unwrap();
+        let f = fields(&[
+            ("x-ratelimit-remaining", "0"),
+            ("x-ratelimit-reset", "1445412000"),
+        ])
+        .unwrap();
         assert_eq!((f.reset, f.exhausted_for()), (secs(0), None));
     }
 
@@ -777,7 +805,10 @@ mod tests {
             ("x-ratelimit-limit", "7, 7;w=2"),
         ])
         .unwrap();
-        assert_eq!((f.quota, f.remaining, f.reset), (quota(7, 2), Some(5), secs(10)));
+        assert_eq!(
+            (f.quota, f.remaining, f.reset),
+            (quota(7, 2), Some(5), secs(10))
+        );
     }
 
     #[test]
@@ -825,10 +856,42 @@ mod tests {
             TooLong
         );
         let mut h = HeaderMap::new();
-        h.insert("ratelimit", HeaderValue::from_bytes(b"\"\xe9\";r=0").unwrap());
+        h.insert(
+            "ratelimit",
+            HeaderValue::from_bytes(b"\"\xe9\";r=0").unwrap(),
+        );
         assert_eq!(parse(&h, now()).unwrap_err().problem, NotAscii);
         // Display names the field.
         let e = fields(&[("ratelimit", "")]).unwrap_err();
-        assert_eq!(e.to_string(), "rate-limit field ratelimit has a syntax error; ignored");
+        assert_eq!(
+            e.to_string(),
+            "rate-limit field ratelimit has a syntax error; ignored"
+        );
+    }
+
+    proptest::proptest! {
+        /// Whatever a server sends (built from the characters these fields use), the
+        /// parser answers, and an answer is usable as it is (the fuzz target's check).
+        #[test]
+        fn any_value_is_parsed_or_refused_never_a_panic(
+            values in proptest::collection::vec("[0-9a-z\\\" ;=,.:*?+/-]{0,40}", 7)
+        ) {
+            let names = [
+                "ratelimit", "ratelimit-policy", "ratelimit-limit", "ratelimit-remaining",
+                "ratelimit-reset", "x-ratelimit-remaining", "x-ratelimit-reset",
+            ];
+            let mut h = HeaderMap::new();
+            for (name, value) in names.iter().zip(&values) {
+                h.insert(*name, HeaderValue::from_str(value).unwrap());
+            }
+            if let Ok(f) = parse(&h, now()) {
+                if let Some(q) = f.quota {
+                    proptest::prop_assert!(q.limit >= 1 && q.window >= Duration::from_secs(1));
+                }
+                if f.exhausted_for().is_some() {
+                    proptest::prop_assert_eq!(f.remaining, Some(0));
+                }
+            }
+        }
     }
 }

@@ -53,7 +53,12 @@ async fn get(
 }
 
 async fn status(client: &ClientWithMiddleware, url: &str) -> u16 {
-    get(client, url).await.0.expect("a response").status().as_u16()
+    get(client, url)
+        .await
+        .0
+        .expect("a response")
+        .status()
+        .as_u16()
 }
 
 fn origin(server: &FaultServer) -> Origin {
@@ -74,7 +79,11 @@ async fn first_then_ok(first: Action) -> FaultServer {
 async fn github_remaining_0_on_a_200_pauses_the_origin_for_every_client_of_the_registry() {
     // `X-RateLimit-Reset` is a Unix time: 30 s from now on the system clock (whole
     // seconds, so the pause is between 29 and 30 s).
-    let reset = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs() + 30;
+    let reset = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        + 30;
     let server = first_then_ok(
         Action::ok("last one")
             .header("x-ratelimit-limit", "5000")
@@ -96,7 +105,11 @@ async fn github_remaining_0_on_a_200_pauses_the_origin_for_every_client_of_the_r
         tasks.spawn(async move { (status(&c, &url).await, Instant::now() - paused_at) });
     }
     tokio::time::sleep(28 * S).await;
-    assert_eq!(server.requests_seen(), 1, "nobody reached the server in the pause");
+    assert_eq!(
+        server.requests_seen(),
+        1,
+        "nobody reached the server in the pause"
+    );
     let done = tasks.join_all().await;
     assert_eq!(done.len(), 10);
     for (s, waited) in done {
@@ -142,7 +155,10 @@ async fn ietf_ratelimit_r0_pauses_for_t_seconds_capped_like_retry_after() {
 #[tokio::test(start_paused = true)]
 async fn the_draft_forms_pause_and_something_remaining_does_not() {
     for (headers, pause) in [
-        (vec![("ratelimit", "limit=10, remaining=0, reset=7")], Some(7 * S)),
+        (
+            vec![("ratelimit", "limit=10, remaining=0, reset=7")],
+            Some(7 * S),
+        ),
         (
             vec![("ratelimit-remaining", "0"), ("ratelimit-reset", "4")],
             Some(4 * S),
@@ -233,7 +249,12 @@ impl QuotaServer {
         let stamps = self.stamps();
         stamps
             .iter()
-            .map(|(t, _)| stamps.iter().filter(|(u, _)| *u >= *t && *u - *t < window).count())
+            .map(|(t, _)| {
+                stamps
+                    .iter()
+                    .filter(|(u, _)| *u >= *t && *u - *t < window)
+                    .count()
+            })
             .max()
             .unwrap_or(0)
     }
@@ -293,12 +314,14 @@ async fn remaining_and_reset_hold_the_requests_until_each_reset_then_one_probes(
         let reset = (window + 1) * 10 - (now - t0).as_secs();
         let code = if used <= 5 { 200 } else { 429 };
         Action::status(code)
-            .header("x-ratelimit-remaining", &5u64.saturating_sub(used).to_string())
+            .header(
+                "x-ratelimit-remaining",
+                &5u64.saturating_sub(used).to_string(),
+            )
             .header("x-ratelimit-reset", &reset.to_string())
     })
     .await;
-    let registry =
-        RateLimitRegistry::new(RateLimitConfig::default().max_wait(60 * S)).unwrap();
+    let registry = RateLimitRegistry::new(RateLimitConfig::default().max_wait(60 * S)).unwrap();
     let c = rate_client(&registry);
     let url = server.url("/");
     let mut tasks = tokio::task::JoinSet::new();
@@ -309,7 +332,12 @@ async fn remaining_and_reset_hold_the_requests_until_each_reset_then_one_probes(
     assert_eq!(tasks.join_all().await, vec![200; 20]);
     let stamps = windows.lock().unwrap().clone();
     let per_window: Vec<usize> = (0..4)
-        .map(|w| stamps.iter().filter(|t| (**t - t0).as_secs() / 10 == w).count())
+        .map(|w| {
+            stamps
+                .iter()
+                .filter(|t| (**t - t0).as_secs() / 10 == w)
+                .count()
+        })
         .collect();
     assert_eq!(per_window, vec![5, 5, 5, 5]);
     assert_eq!(stamps.len(), 20);
@@ -346,14 +374,20 @@ async fn over_the_rate_a_request_is_rejected_not_sent_and_not_retried() {
     assert_rate_limited(&ext, S);
     assert_eq!(server.requests_seen(), 1);
     // In the stack: the retry stops at once (one attempt), the breaker counts nothing.
-    let stack = Resilience::new().rate_limit(config).build(loopback_client()).unwrap();
+    let stack = Resilience::new()
+        .rate_limit(config)
+        .build(loopback_client())
+        .unwrap();
     tokio::time::sleep(S).await;
     assert_eq!(status(&stack, &url).await, 200);
     let (result, ext) = get(&stack, &url).await;
     let err = result.expect_err("rejected");
     match ResilienceError::from_middleware_error(&err) {
         Some(ResilienceError::Retry(r)) => {
-            assert_eq!((r.attempts(), r.stop_reason()), (1, StopReason::RateLimited))
+            assert_eq!(
+                (r.attempts(), r.stop_reason()),
+                (1, StopReason::RateLimited)
+            )
         }
         other => panic!("unexpected {other:?}"),
     }

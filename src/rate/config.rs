@@ -155,7 +155,10 @@ impl RateLimitConfig {
             ("max_wait", self.max_wait),
             ("probe_wait", self.probe_wait),
             ("max_server_wait", self.max_server_wait),
-            ("rate window", self.rate.map_or(Duration::ZERO, |r| r.window)),
+            (
+                "rate window",
+                self.rate.map_or(Duration::ZERO, |r| r.window),
+            ),
         ] {
             if d > YEAR {
                 return Err(format!("{name} must be at most a year, got {d:?}"));

@@ -76,6 +76,6 @@ mod registry;
 mod schedule;
 
 pub use config::{Rate, RateLimitConfig};
-pub use middleware::RateLimit;
 pub(crate) use middleware::RateChoice;
+pub use middleware::RateLimit;
 pub use registry::{RateLimitRegistry, RateRejection, RateSnapshot, Ticket};

@@ -74,7 +74,9 @@ struct Entry {
 
 impl Entry {
     fn new(config: &RateLimitConfig, learning: bool, now: Instant) -> Self {
-        let hand = config.rate.map(|r| Pace::new(r.limit.into(), r.window, r.burst));
+        let hand = config
+            .rate
+            .map(|r| Pace::new(r.limit.into(), r.window, r.burst));
         Entry {
             state: Mutex::new(State {
                 schedule: Schedule::new(hand, learning, now),
@@ -277,7 +279,9 @@ impl RateLimitRegistry {
         };
         match verdict {
             Verdict::Now { probe } => Admission::Go(Ticket::new(entry, probe, self)),
-            Verdict::Over { retry_in } => Admission::Rejected(self.reject(&entry, origin, retry_in)),
+            Verdict::Over { retry_in } => {
+                Admission::Rejected(self.reject(&entry, origin, retry_in))
+            }
             first => Admission::Wait(Waiting {
                 probe_wait: config.probe_wait,
                 entry,
@@ -300,9 +304,8 @@ impl RateLimitRegistry {
             let mut answered = pin!(w.entry.answered.notified());
             answered.as_mut().enable();
             let now = Instant::now();
-            let end = *probe_end.get_or_insert_with(|| {
-                now.checked_add(w.probe_wait).unwrap_or(now).min(w.latest)
-            });
+            let end = *probe_end
+                .get_or_insert_with(|| now.checked_add(w.probe_wait).unwrap_or(now).min(w.latest));
             let verdict = lock(&w.entry.state)
                 .schedule
                 .decide(now, w.latest, now < end);
@@ -368,7 +371,9 @@ impl RateLimitRegistry {
         let room = self
             .inner
             .len
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |l| (l < max).then_some(l + 1))
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |l| {
+                (l < max).then_some(l + 1)
+            })
             .is_ok()
             || evict_one(&mut map, now)
             || self.evict_elsewhere(index, now);
@@ -389,7 +394,11 @@ impl RateLimitRegistry {
             .iter()
             .enumerate()
             .filter(|&(i, _)| i != skip)
-            .any(|(_, shard)| shard.try_write().is_ok_and(|mut map| evict_one(&mut map, now)))
+            .any(|(_, shard)| {
+                shard
+                    .try_write()
+                    .is_ok_and(|mut map| evict_one(&mut map, now))
+            })
     }
 }
 
@@ -442,7 +451,9 @@ pub struct Ticket {
 
 impl fmt::Debug for Ticket {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Ticket").field("probe", &self.probe).finish_non_exhaustive()
+        f.debug_struct("Ticket")
+            .field("probe", &self.probe)
+            .finish_non_exhaustive()
     }
 }
 

@@ -170,7 +170,10 @@ impl Schedule {
             };
         }
         let (start, interval) = match self.pace() {
-            Some(p) => (now.max(self.tat.checked_sub(p.tolerance).unwrap_or(now)), p.interval),
+            Some(p) => (
+                now.max(self.tat.checked_sub(p.tolerance).unwrap_or(now)),
+                p.interval,
+            ),
             None => (now, Duration::ZERO),
         };
         if start > latest_start {
@@ -301,8 +304,12 @@ mod tests {
             assert_eq!(s.decide(t0, far, true), Verdict::Now { probe: false });
         }
         // The fourth takes the slot 100 ms on, the fifth 200 ms on.
-        let Verdict::At(a) = s.decide(t0, far, true) else { panic!() };
-        let Verdict::At(b) = s.decide(t0, far, true) else { panic!() };
+        let Verdict::At(a) = s.decide(t0, far, true) else {
+            panic!()
+        };
+        let Verdict::At(b) = s.decide(t0, far, true) else {
+            panic!()
+        };
         assert_eq!((a.at - t0, b.at - t0), (100 * MS, 200 * MS));
         // One that may not wait that long is turned away, taking nothing.
         assert_eq!(
@@ -312,10 +319,15 @@ mod tests {
         // Giving back the last slot frees it; an earlier one cannot be (b is later).
         s.give_back(a);
         s.give_back(b);
-        let Verdict::At(c) = s.decide(t0, far, true) else { panic!() };
+        let Verdict::At(c) = s.decide(t0, far, true) else {
+            panic!()
+        };
         assert_eq!(c.at - t0, 200 * MS);
         // A second later the schedule has caught up.
-        assert_eq!(s.decide(t0 + 2 * S, far, true), Verdict::Now { probe: false });
+        assert_eq!(
+            s.decide(t0 + 2 * S, far, true),
+            Verdict::Now { probe: false }
+        );
     }
 
     #[test]
@@ -330,8 +342,16 @@ mod tests {
         // The answer: 10 a second. The sent requests count: the next starts 100 ms after
         // the last one.
         s.learn(&quota(10, S), t0 + MS, 60 * S, true);
-        assert_eq!(s.pace(), Some(Pace { interval: 100 * MS, tolerance: Duration::ZERO }));
-        let Verdict::At(a) = s.decide(t0 + MS, far, true) else { panic!() };
+        assert_eq!(
+            s.pace(),
+            Some(Pace {
+                interval: 100 * MS,
+                tolerance: Duration::ZERO
+            })
+        );
+        let Verdict::At(a) = s.decide(t0 + MS, far, true) else {
+            panic!()
+        };
         assert_eq!(a.at - t0, 100 * MS);
         // A lost probe (no answer) makes the next request the probe.
         let mut s = Schedule::new(None, true, t0);

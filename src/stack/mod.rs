@@ -546,7 +546,10 @@ impl Resilience {
         let retry = self.build_retry()?;
         let breaker = build_breaker(self.breaker, self.on_breaker_transition)?;
         let limit = self.concurrency_limit.map(LimitChoice::build).transpose()?;
-        let rate = self.rate_limit.map(crate::rate::RateChoice::build).transpose()?;
+        let rate = self
+            .rate_limit
+            .map(crate::rate::RateChoice::build)
+            .transpose()?;
 
         // One middleware for the stages, one boxed future per request; a user's
         // per-attempt middleware runs between `BearerAuth` and the transport step, which

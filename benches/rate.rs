@@ -6,6 +6,10 @@
 //! 2. The lookup over 1 000 origins, round-robin.
 //! 3. What an answer costs: `ratelimit_fields::parse` with no rate-limit field, with the
 //!    IETF pair, and `Ticket::learn` from an answer with no field.
+//!
+//! Instructions instead of time (load-independent): `RATE_ONLY=admitted` (or `rejected`,
+//! `learn`) runs that loop alone `RATE_OPS` times; run it under `valgrind
+//! --tool=callgrind` for N and 2N and divide the difference by N (BENCHMARKS.md).
 
 use std::hint::black_box;
 use std::sync::Mutex;
@@ -46,6 +50,10 @@ fn main() {
         .unwrap();
     let _guard = rt.enter();
     let origin = Origin::parse("https://api.example.com").unwrap();
+    if let Ok(only) = std::env::var("RATE_ONLY") {
+        let n: u32 = std::env::var("RATE_OPS").map_or(10_000, |v| v.parse().unwrap());
+        return only_loop(&only, n, &origin);
+    }
 
     let counter = Mutex::new(0u64);
     let baseline = timed(OPS, |_| *counter.lock().unwrap() += 1);
@@ -73,7 +81,9 @@ fn main() {
     let mut plain = HeaderMap::new();
     plain.insert("content-type", HeaderValue::from_static("application/json"));
     plain.insert("content-length", HeaderValue::from_static("1234"));
-    let none = timed(OPS, |_| drop(black_box(ratelimit_fields::parse(&plain, now))));
+    let none = timed(OPS, |_| {
+        black_box(ratelimit_fields::parse(&plain, now)).ok();
+    });
     println!("answer: parse, no rate-limit field       {none:>7.1} ns");
     let probe = timed(OPS, |_| {
         black_box(ratelimit_fields::may_be_present(&plain));
@@ -82,7 +92,9 @@ fn main() {
     let mut ietf = plain.clone();
     ietf.insert("ratelimit-policy", HeaderValue::from_static(r#""default";q=100;w=60"#));
     ietf.insert("ratelimit", HeaderValue::from_static(r#""default";r=50;t=30"#));
-    let both = timed(OPS, |_| drop(black_box(ratelimit_fields::parse(&ietf, now))));
+    let both = timed(OPS, |_| {
+        black_box(ratelimit_fields::parse(&ietf, now)).ok();
+    });
     println!("answer: parse, the IETF pair             {both:>7.1} ns");
     let learning = RateLimitRegistry::new(RateLimitConfig::default()).unwrap();
     drop(learning.try_acquire(&origin).unwrap()); // the probe, lost: the next one probes
@@ -92,4 +104,22 @@ fn main() {
         "load average: {}",
         std::fs::read_to_string("/proc/loadavg").unwrap_or_default().trim()
     );
+}
+
+/// One loop alone, `n` times, for callgrind.
+fn only_loop(which: &str, n: u32, origin: &Origin) {
+    let open = registry(Rate::per_second(u32::MAX));
+    let spent = registry(Rate::per(1, Duration::from_secs(3600)).burst(1));
+    drop(spent.try_acquire(origin).unwrap());
+    let learning = RateLimitRegistry::new(RateLimitConfig::default()).unwrap();
+    drop(learning.try_acquire(origin).unwrap());
+    let plain = HeaderMap::new();
+    for _ in 0..n {
+        match which {
+            "admitted" => drop(black_box(open.try_acquire(origin).unwrap())),
+            "rejected" => drop(black_box(spent.try_acquire(origin).unwrap_err())),
+            "learn" => learning.try_acquire(origin).unwrap().learn(&plain),
+            other => panic!("RATE_ONLY={other}: admitted, rejected or learn"),
+        }
+    }
 }

@@ -147,14 +147,15 @@ impl std::error::Error for MalformedField {}
 /// before [`parse`] (three lookups of static names), for the responses of servers that
 /// send none.
 pub fn may_be_present(headers: &HeaderMap) -> bool {
-    [&RATELIMIT, &LEGACY_REMAINING, &X_REMAINING]
+    [&RATELIMIT, &LEGACY_IETF[1], &LEGACY_X[1]]
         .iter()
         .any(|name| headers.contains_key(*name))
 }
 
+// The names as `HeaderName`s made once: a lookup by `&str` would parse and check the name
+// on every call.
 static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
-static LEGACY_REMAINING: HeaderName = HeaderName::from_static("ratelimit-remaining");
-static X_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
+static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
 
 /// Parses the rate-limit fields of a response received at `now` (see the [module
 /// docs](self) for the forms and their precedence).
@@ -163,8 +164,8 @@ static X_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining"
 pub fn parse(headers: &HeaderMap, now: SystemTime) -> Result<RateLimitFields, MalformedField> {
     let mut out = RateLimitFields::default();
     let mut named: Option<Name<'_>> = None;
-    if let Some(value) = text(headers, "ratelimit")? {
-        let current = current_field(value).map_err(at("ratelimit"))?;
+    if let Some(value) = text(headers, &RATELIMIT)? {
+        let current = current_field(value).map_err(at(&RATELIMIT))?;
         named = current.policy;
         out.remaining = current.remaining;
         out.reset = current.reset.map(Duration::from_secs);
@@ -176,33 +177,37 @@ pub fn parse(headers: &HeaderMap, now: SystemTime) -> Result<RateLimitFields, Ma
             });
         }
     }
-    if let Some(value) = text(headers, "ratelimit-policy")? {
-        let policy = policy_field(value, named).map_err(at("ratelimit-policy"))?;
+    if let Some(value) = text(headers, &RATELIMIT_POLICY)? {
+        let policy = policy_field(value, named).map_err(at(&RATELIMIT_POLICY))?;
         out.quota = policy.or(out.quota.filter(|q| !q.window.is_zero()));
     }
     if out.quota.is_some_and(|q| q.window.is_zero()) {
         out.quota = None;
     }
-    legacy_family(headers, &mut out, LEGACY_IETF, reset_delta)?;
-    legacy_family(headers, &mut out, LEGACY_X, |v| reset_x(v, now))?;
+    legacy_family(headers, &mut out, &LEGACY_IETF, reset_delta)?;
+    legacy_family(headers, &mut out, &LEGACY_X, |v| reset_x(v, now))?;
     Ok(out)
 }
 
 /// The names of one family of single-valued fields: limit, remaining, reset.
-type Family = [&'static str; 3];
+type Family = [HeaderName; 3];
 
-const LEGACY_IETF: Family = ["ratelimit-limit", "ratelimit-remaining", "ratelimit-reset"];
-const LEGACY_X: Family = [
-    "x-ratelimit-limit",
-    "x-ratelimit-remaining",
-    "x-ratelimit-reset",
+static LEGACY_IETF: Family = [
+    HeaderName::from_static("ratelimit-limit"),
+    HeaderName::from_static("ratelimit-remaining"),
+    HeaderName::from_static("ratelimit-reset"),
+];
+static LEGACY_X: Family = [
+    HeaderName::from_static("x-ratelimit-limit"),
+    HeaderName::from_static("x-ratelimit-remaining"),
+    HeaderName::from_static("x-ratelimit-reset"),
 ];
 
 /// Fills what `out` still lacks from one family of single-valued fields.
 fn legacy_family(
     headers: &HeaderMap,
     out: &mut RateLimitFields,
-    [limit, remaining, reset]: Family,
+    [limit, remaining, reset]: &'static Family,
     read_reset: impl Fn(&str) -> Result<Duration, Problem>,
 ) -> Result<(), MalformedField> {
     if out.quota.is_none()
@@ -223,15 +228,18 @@ fn legacy_family(
     Ok(())
 }
 
-fn at(field: &'static str) -> impl Fn(Problem) -> MalformedField {
-    move |problem| MalformedField { field, problem }
+fn at(field: &'static HeaderName) -> impl Fn(Problem) -> MalformedField {
+    move |problem| MalformedField {
+        field: field.as_str(),
+        problem,
+    }
 }
 
 /// The field's value as text, if present: visible ASCII, at most [`MAX_LEN`] bytes.
 /// Several lines of one field are read as the first (servers send these once).
 fn text<'h>(
     headers: &'h HeaderMap,
-    field: &'static str,
+    field: &'static HeaderName,
 ) -> Result<Option<&'h str>, MalformedField> {
     let Some(value) = headers.get(field) else {
         return Ok(None);
@@ -244,7 +252,7 @@ fn text<'h>(
             Err(_) => Problem::NotAscii,
         }
     };
-    Err(MalformedField { field, problem })
+    Err(at(field)(problem))
 }
 
 /// A policy's name: a String item's raw text (escapes kept) or a token.

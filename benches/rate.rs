@@ -65,7 +65,9 @@ fn main() {
 
     let spent = registry(Rate::per(1, Duration::from_secs(3600)).burst(1));
     drop(spent.try_acquire(&origin).unwrap());
-    let rejected = timed(OPS, |_| drop(black_box(spent.try_acquire(&origin).unwrap_err())));
+    let rejected = timed(OPS, |_| {
+        drop(black_box(spent.try_acquire(&origin).unwrap_err()))
+    });
     println!("decision: turned away                    {rejected:>7.1} ns");
 
     let many: Vec<Origin> = (0..1_000)
@@ -73,7 +75,9 @@ fn main() {
         .collect();
     let wide = registry(Rate::per_second(u32::MAX));
     let round = timed(OPS, |i| {
-        drop(black_box(wide.try_acquire(&many[i as usize % many.len()]).unwrap()))
+        drop(black_box(
+            wide.try_acquire(&many[i as usize % many.len()]).unwrap(),
+        ))
     });
     println!("decision: admitted, 1 000 origins        {round:>7.1} ns");
 
@@ -90,19 +94,29 @@ fn main() {
     });
     println!("answer: may_be_present, no field         {probe:>7.1} ns");
     let mut ietf = plain.clone();
-    ietf.insert("ratelimit-policy", HeaderValue::from_static(r#""default";q=100;w=60"#));
-    ietf.insert("ratelimit", HeaderValue::from_static(r#""default";r=50;t=30"#));
+    ietf.insert(
+        "ratelimit-policy",
+        HeaderValue::from_static(r#""default";q=100;w=60"#),
+    );
+    ietf.insert(
+        "ratelimit",
+        HeaderValue::from_static(r#""default";r=50;t=30"#),
+    );
     let both = timed(OPS, |_| {
         black_box(ratelimit_fields::parse(&ietf, now)).ok();
     });
     println!("answer: parse, the IETF pair             {both:>7.1} ns");
     let learning = RateLimitRegistry::new(RateLimitConfig::default()).unwrap();
     drop(learning.try_acquire(&origin).unwrap()); // the probe, lost: the next one probes
-    let learn = timed(OPS / 4, |_| learning.try_acquire(&origin).unwrap().learn(&plain));
+    let learn = timed(OPS / 4, |_| {
+        learning.try_acquire(&origin).unwrap().learn(&plain)
+    });
     println!("answer: try_acquire + learn, no field    {learn:>7.1} ns");
     println!(
         "load average: {}",
-        std::fs::read_to_string("/proc/loadavg").unwrap_or_default().trim()
+        std::fs::read_to_string("/proc/loadavg")
+            .unwrap_or_default()
+            .trim()
     );
 }
 

@@ -287,11 +287,12 @@ async fn a_server_publishing_10_per_second_sees_at_most_10_a_second_from_100_cal
     assert_eq!(stamps.len(), 100, "one request each, none retried");
     assert_eq!(stamps.iter().filter(|(_, s)| *s == 429).count(), 0);
     assert_eq!(quota.max_in_any(S), 10);
-    // The first answer taught the pace: one per 100 ms after the probe.
+    // The first answer taught the pace: one per 105 ms (the default 5 % headroom) after
+    // the probe; the last of the 100 waited 10.4 s (the default max_wait is 30 s).
     let last = stamps.iter().map(|(t, _)| *t).max().unwrap();
-    assert_eq!(last - start, 99 * 100 * MS);
+    assert_eq!(last - start, 99 * 105 * MS);
     let o = origin(&quota.server);
-    assert_eq!(registry.get(&o).unwrap().interval, Some(100 * MS));
+    assert_eq!(registry.get(&o).unwrap().interval, Some(105 * MS));
     assert_eq!(registry.get(&o).unwrap().rejections, 0);
 }
 

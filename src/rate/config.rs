@@ -44,8 +44,8 @@ impl Rate {
 /// The configuration shared by every origin of a
 /// [`RateLimitRegistry`](super::RateLimitRegistry).
 ///
-/// Defaults: no rate set by hand; the rate learned from the servers' rate-limit fields;
-/// a request waits up to 10 s for its slot (its [`Deadline`](crate::retry::Deadline)
+/// Defaults: no rate set by hand; the rate learned from the servers' rate-limit fields,
+/// 5 % below their quota; a request waits up to 30 s for its slot (its [`Deadline`](crate::retry::Deadline)
 /// shortens that), up to 1 s for the first answer of an origin; a server's reset is
 /// honoured up to 60 s (the cap of `Retry-After`); at most 10 000 origins.
 ///
@@ -70,7 +70,13 @@ pub struct RateLimitConfig {
     /// `X-RateLimit-Remaining` + `-Reset`) is spent and then waited out. The slower of
     /// the hand-set and the learned rate applies.
     pub learn: bool,
-    /// The longest a request waits for its slot (default 10 s); past it, or past its
+    /// How much slower than a learned quota the client goes, as a share of it (default
+    /// 0.05: 10 a second is paced at one per 105 ms). A request's way to the server
+    /// varies by a few milliseconds (a new connection, a busy event loop), and a server
+    /// counting a window of exactly one second would otherwise see the eleventh request
+    /// of a pace of exactly 100 ms arrive inside the window. Between 0 and 1.
+    pub headroom: f64,
+    /// The longest a request waits for its slot (default 30 s); past it, or past its
     /// deadline, it is turned away at once with
     /// [`ResilienceError::RateLimited`](crate::ResilienceError::RateLimited). Zero: never
     /// wait.
@@ -92,7 +98,8 @@ impl Default for RateLimitConfig {
         RateLimitConfig {
             rate: None,
             learn: true,
-            max_wait: Duration::from_secs(10),
+            headroom: 0.05,
+            max_wait: Duration::from_secs(30),
             probe_wait: Duration::from_secs(1),
             max_server_wait: Duration::from_secs(60),
             max_origins: 10_000,
@@ -109,6 +116,11 @@ impl RateLimitConfig {
     /// Sets [`learn`](Self::learn).
     pub fn learn(mut self, learn: bool) -> Self {
         self.learn = learn;
+        self
+    }
+    /// Sets [`headroom`](Self::headroom).
+    pub fn headroom(mut self, headroom: f64) -> Self {
+        self.headroom = headroom;
         self
     }
     /// Sets [`max_wait`](Self::max_wait).
@@ -145,6 +157,12 @@ impl RateLimitConfig {
             if r.window.is_zero() {
                 return Err("a rate's window must be more than zero".into());
             }
+        }
+        if !(0.0..=1.0).contains(&self.headroom) {
+            return Err(format!(
+                "headroom must be between 0 and 1, got {}",
+                self.headroom
+            ));
         }
         if self.rate.is_none() && !self.learn {
             return Err("a rate limit with no rate and no learning limits nothing".into());
@@ -184,6 +202,8 @@ mod tests {
             RateLimitConfig::default().learn(false),
             RateLimitConfig::default().max_wait(Duration::from_secs(400 * 24 * 3600)),
             RateLimitConfig::default().max_origins(0),
+            RateLimitConfig::default().headroom(f64::NAN),
+            RateLimitConfig::default().headroom(1.5),
         ];
         for config in bad {
             assert!(

@@ -24,7 +24,7 @@
 //!
 //! | the server says | the client does |
 //! |---|---|
-//! | a quota: `q` requests per `w` seconds (`RateLimit-Policy: 10;w=1`) | one request per `w / q`, no burst: no window of `w` holds more than `q` of them, however the server counts |
+//! | a quota: `q` requests per `w` seconds (`RateLimit-Policy: 10;w=1`) | one request per `w / q` and 5 % ([`headroom`](RateLimitConfig::headroom)), no burst: no window of `w` holds more than `q` of them, however the server counts |
 //! | `r` remain until a reset in `t` (`RateLimit: "default";r=5;t=30`, `X-RateLimit-Remaining` + `-Reset`) | at most `r` more before the reset (`t` capped at [`max_server_wait`](RateLimitConfig::max_server_wait), 60 s); when none remain, the requests wait for the reset, then one goes first |
 //! | nothing yet (the origin's first request) | that request goes alone; the others wait for its answer, up to [`probe_wait`](RateLimitConfig::probe_wait) (1 s) |
 //!

@@ -79,7 +79,7 @@ impl Entry {
             .map(|r| Pace::new(r.limit.into(), r.window, r.burst));
         Entry {
             state: Mutex::new(State {
-                schedule: Schedule::new(hand, learning, now),
+                schedule: Schedule::new(hand, learning, config.headroom, now),
                 last_used: now,
                 rejections: 0,
             }),

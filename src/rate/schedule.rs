@@ -9,10 +9,11 @@
 //!
 //! On top of the pace, what the server said ([`learn`](Schedule::learn)):
 //!
-//! - its quota (`q` requests per `w`) becomes a pace of one request per `w / q` with no
-//!   tolerance (no burst): however the server counts (a fixed window, a sliding one, its
-//!   own GCRA), no window of length `w` then holds more than `q` of this client's
-//!   requests. The slower of the hand-set and the learned pace applies.
+//! - its quota (`q` requests per `w`) becomes a pace of one request per `w / q` (made
+//!   slower by the headroom, 5 % by default, for the network's jitter) with no tolerance
+//!   (no burst): however the server counts (a fixed window, a sliding one, its own GCRA),
+//!   no window of length `w` then holds more than `q` of this client's requests. The
+//!   slower of the hand-set and the learned pace applies.
 //! - what remains until the reset is an allowance: at most that many more requests
 //!   before the reset instant (capped at `max_server_wait` from the answer).
 //! - before the first answer, and after an exhausted allowance has reset, the server's
@@ -100,11 +101,13 @@ pub(crate) struct Schedule {
     allowance: Option<Allowance>,
     probe: Probe,
     learning: bool,
+    /// How much slower than a learned quota to go (a share of it).
+    headroom: f64,
     last_start: Option<Instant>,
 }
 
 impl Schedule {
-    pub(crate) fn new(hand: Option<Pace>, learning: bool, now: Instant) -> Self {
+    pub(crate) fn new(hand: Option<Pace>, learning: bool, headroom: f64, now: Instant) -> Self {
         Schedule {
             hand,
             learned: None,
@@ -112,6 +115,7 @@ impl Schedule {
             allowance: None,
             probe: if learning { Probe::Needed } else { Probe::Done },
             learning,
+            headroom,
             last_start: None,
         }
     }
@@ -243,7 +247,8 @@ impl Schedule {
             return;
         }
         if let Some(q) = fields.quota {
-            let pace = Pace::new(q.limit, q.window, 1);
+            let mut pace = Pace::new(q.limit, q.window, 1);
+            pace.interval = pace.interval.mul_f64(1.0 + self.headroom);
             if self.pace().is_none() {
                 // The requests already sent count: the next starts one interval after
                 // the last one.
@@ -298,7 +303,7 @@ mod tests {
     #[test]
     fn a_hand_pace_admits_its_burst_then_one_per_interval() {
         let t0 = Instant::now();
-        let mut s = Schedule::new(Some(Pace::new(10, S, 3)), false, t0);
+        let mut s = Schedule::new(Some(Pace::new(10, S, 3)), false, 0.0, t0);
         let far = t0 + 60 * S;
         for _ in 0..3 {
             assert_eq!(s.decide(t0, far, true), Verdict::Now { probe: false });
@@ -334,7 +339,7 @@ mod tests {
     fn the_first_request_probes_and_the_others_wait_for_its_answer() {
         let t0 = Instant::now();
         let far = t0 + 60 * S;
-        let mut s = Schedule::new(None, true, t0);
+        let mut s = Schedule::new(None, true, 0.0, t0);
         assert_eq!(s.decide(t0, far, true), Verdict::Now { probe: true });
         assert_eq!(s.decide(t0, far, true), Verdict::AwaitProbe);
         // Past its probe wait, a request goes without the answer.
@@ -354,7 +359,7 @@ mod tests {
         };
         assert_eq!(a.at - t0, 100 * MS);
         // A lost probe (no answer) makes the next request the probe.
-        let mut s = Schedule::new(None, true, t0);
+        let mut s = Schedule::new(None, true, 0.0, t0);
         assert_eq!(s.decide(t0, far, true), Verdict::Now { probe: true });
         s.probe_lost();
         assert_eq!(s.decide(t0, far, true), Verdict::Now { probe: true });
@@ -369,7 +374,7 @@ mod tests {
     fn the_allowance_is_spent_then_waited_out_then_probed() {
         let t0 = Instant::now();
         let far = t0 + 60 * S;
-        let mut s = Schedule::new(None, true, t0);
+        let mut s = Schedule::new(None, true, 0.0, t0);
         assert_eq!(s.decide(t0, far, true), Verdict::Now { probe: true });
         s.learn(&remaining(2, 10 * S), t0, 60 * S, true);
         assert_eq!(s.decide(t0, far, true), Verdict::Now { probe: false });
@@ -392,7 +397,7 @@ mod tests {
     #[test]
     fn a_reset_is_capped_at_the_longest_server_wait() {
         let t0 = Instant::now();
-        let mut s = Schedule::new(None, true, t0);
+        let mut s = Schedule::new(None, true, 0.0, t0);
         s.learn(&remaining(0, 3600 * S), t0, 60 * S, false);
         assert_eq!(s.allowance(), Some((0, t0 + 60 * S)));
     }
@@ -400,13 +405,17 @@ mod tests {
     #[test]
     fn the_slower_pace_wins() {
         let t0 = Instant::now();
-        let mut s = Schedule::new(Some(Pace::new(5, S, 1)), true, t0);
+        let mut s = Schedule::new(Some(Pace::new(5, S, 1)), true, 0.0, t0);
         s.learn(&quota(10, S), t0, 60 * S, false);
         assert_eq!(s.pace().unwrap().interval, 200 * MS);
         s.learn(&quota(1, S), t0, 60 * S, false);
         assert_eq!(s.pace().unwrap().interval, S);
+        // With headroom, the learned pace is that much slower.
+        let mut s = Schedule::new(None, true, 0.05, t0);
+        s.learn(&quota(10, S), t0, 60 * S, false);
+        assert_eq!(s.pace().unwrap().interval, 105 * MS);
         // Without learning, the server's word is ignored.
-        let mut s = Schedule::new(Some(Pace::new(5, S, 1)), false, t0);
+        let mut s = Schedule::new(Some(Pace::new(5, S, 1)), false, 0.0, t0);
         s.learn(&quota(1, S), t0, 60 * S, false);
         assert_eq!(s.pace().unwrap().interval, 200 * MS);
     }

@@ -227,11 +227,11 @@ impl RateLimitRegistry {
     /// for a probe's answer). The returned ticket tells the origin's rate what the answer
     /// said ([`Ticket::learn`]); dropped, it tells nothing.
     pub fn try_acquire(&self, origin: &Origin) -> Result<Ticket, RateRejection> {
-        let entry = self.entry(origin);
+        let entry = self.with_entry(origin, Arc::clone);
         let now = Instant::now();
         let verdict = lock(&entry.state).schedule.decide(now, now, false);
         match verdict {
-            Verdict::Now { probe } => Ok(Ticket::new(entry, probe, self)),
+            Verdict::Now { probe } => Ok(Ticket::new(&entry, probe, self)),
             Verdict::At(slot) => {
                 // Unreachable with `latest_start == now`; given back all the same.
                 lock(&entry.state).schedule.give_back(slot);
@@ -264,31 +264,33 @@ impl RateLimitRegistry {
         }
     }
 
-    /// The decision for one request: one lookup, one lock, the GCRA arithmetic.
+    /// The decision for one request: one lookup, one lock, the GCRA arithmetic; the
+    /// entry's `Arc` is cloned only for a wait, a probe or an answer to learn from.
     #[inline]
     pub(crate) fn admit(&self, origin: &Origin, deadline: Option<Instant>) -> Admission {
-        let entry = self.entry(origin);
         let config = &self.inner.config;
-        let now = Instant::now();
-        let latest = now.checked_add(config.max_wait).unwrap_or(now);
-        let latest = deadline.map_or(latest, |d| d.min(latest)).max(now);
-        let verdict = {
-            let mut st = lock(&entry.state);
-            st.last_used = now;
-            st.schedule.decide(now, latest, true)
-        };
-        match verdict {
-            Verdict::Now { probe } => Admission::Go(Ticket::new(entry, probe, self)),
-            Verdict::Over { retry_in } => {
-                Admission::Rejected(self.reject(&entry, origin, retry_in))
+        self.with_entry(origin, |entry| {
+            let now = Instant::now();
+            let latest = now.checked_add(config.max_wait).unwrap_or(now);
+            let latest = deadline.map_or(latest, |d| d.min(latest)).max(now);
+            let verdict = {
+                let mut st = lock(&entry.state);
+                st.last_used = now;
+                st.schedule.decide(now, latest, true)
+            };
+            match verdict {
+                Verdict::Now { probe } => Admission::Go(Ticket::new(entry, probe, self)),
+                Verdict::Over { retry_in } => {
+                    Admission::Rejected(self.reject(entry, origin, retry_in))
+                }
+                first => Admission::Wait(Waiting {
+                    probe_wait: config.probe_wait,
+                    entry: entry.clone(),
+                    first,
+                    latest,
+                }),
             }
-            first => Admission::Wait(Waiting {
-                probe_wait: config.probe_wait,
-                entry,
-                first,
-                latest,
-            }),
-        }
+        })
     }
 
     /// Waits for the slot: until the one taken ahead, or for a probe's answer or a reset
@@ -310,7 +312,7 @@ impl RateLimitRegistry {
                 .schedule
                 .decide(now, w.latest, now < end);
             match verdict {
-                Verdict::Now { probe } => return Ok(Ticket::new(w.entry.clone(), probe, self)),
+                Verdict::Now { probe } => return Ok(Ticket::new(&w.entry, probe, self)),
                 Verdict::At(slot) => return Ok(self.wait_for_slot(w.entry.clone(), slot).await),
                 Verdict::Over { retry_in } => return Err(self.reject(&w.entry, origin, retry_in)),
                 Verdict::AwaitReset(at) => {
@@ -331,7 +333,7 @@ impl RateLimitRegistry {
             slot,
         };
         tokio::time::sleep_until(slot.at).await;
-        Ticket::new(taken.keep(), slot.probe, self)
+        Ticket::new(&taken.keep(), slot.probe, self)
     }
 
     fn reject(&self, entry: &Entry, origin: &Origin, retry_in: Duration) -> RateRejection {
@@ -355,13 +357,20 @@ impl RateLimitRegistry {
         ((origin.keyed_hash() >> 32) % shards as u64) as usize
     }
 
-    fn entry(&self, origin: &Origin) -> Arc<Entry> {
-        let index = self.shard_index(origin);
-        let shard = &self.inner.shards[index];
-        if let Some(entry) = read(shard).get(origin) {
-            return entry.clone();
+    /// Runs `f` on `origin`'s entry (made when new): under the shard's read lock for a
+    /// known origin, so the common case clones no `Arc`.
+    #[inline]
+    fn with_entry<R>(&self, origin: &Origin, f: impl FnOnce(&Arc<Entry>) -> R) -> R {
+        if let Some(entry) = read(&self.inner.shards[self.shard_index(origin)]).get(origin) {
+            return f(entry);
         }
-        let mut map = write(shard);
+        f(&self.insert(origin))
+    }
+
+    /// `origin`'s entry, made (or the overflow's) when the registry has none.
+    fn insert(&self, origin: &Origin) -> Arc<Entry> {
+        let index = self.shard_index(origin);
+        let mut map = write(&self.inner.shards[index]);
         if let Some(entry) = map.get(origin) {
             return entry.clone();
         }
@@ -443,10 +452,10 @@ impl Drop for TakenAhead {
 /// answer's rate-limit fields said. Dropped without an answer, a probe's turn passes to
 /// the next request.
 pub struct Ticket {
-    entry: Arc<Entry>,
+    /// `None` when there is nothing to tell the origin's rate (no learning, no probe).
+    entry: Option<Arc<Entry>>,
     probe: bool,
     max_server_wait: Duration,
-    learning: bool,
 }
 
 impl fmt::Debug for Ticket {
@@ -458,13 +467,12 @@ impl fmt::Debug for Ticket {
 }
 
 impl Ticket {
-    fn new(entry: Arc<Entry>, probe: bool, registry: &RateLimitRegistry) -> Self {
+    fn new(entry: &Arc<Entry>, probe: bool, registry: &RateLimitRegistry) -> Self {
         let config = &registry.inner.config;
         Ticket {
-            entry,
+            entry: (config.learn || probe).then(|| entry.clone()),
             probe,
             max_server_wait: config.max_server_wait,
-            learning: config.learn,
         }
     }
 
@@ -476,28 +484,28 @@ impl Ticket {
     /// Learns from an answer's header fields (a malformed rate-limit field is ignored:
     /// the answer then teaches nothing, though a probe's still ends the wait for it).
     pub fn learn(mut self, headers: &http::HeaderMap) {
-        if !self.learning && !self.probe {
+        let Some(entry) = self.entry.take() else {
             return;
-        }
+        };
         let fields = crate::ratelimit_fields::parse(headers, SystemTime::now()).unwrap_or_default();
         if fields.is_empty() && !self.probe {
             return;
         }
         let now = Instant::now();
-        lock(&self.entry.state)
+        lock(&entry.state)
             .schedule
             .learn(&fields, now, self.max_server_wait, self.probe);
         if std::mem::take(&mut self.probe) {
-            self.entry.answered.notify_waiters();
+            entry.answered.notify_waiters();
         }
     }
 }
 
 impl Drop for Ticket {
     fn drop(&mut self) {
-        if self.probe {
-            lock(&self.entry.state).schedule.probe_lost();
-            self.entry.answered.notify_waiters();
+        if let Some(entry) = self.entry.take().filter(|_| self.probe) {
+            lock(&entry.state).schedule.probe_lost();
+            entry.answered.notify_waiters();
         }
     }
 }

@@ -97,6 +97,8 @@ pub(crate) struct Slot {
 pub(crate) struct Schedule {
     hand: Option<Pace>,
     learned: Option<Pace>,
+    /// The slower of the two, worked out when either changes.
+    pace: Option<Pace>,
     tat: Instant,
     allowance: Option<Allowance>,
     probe: Probe,
@@ -111,6 +113,7 @@ impl Schedule {
         Schedule {
             hand,
             learned: None,
+            pace: hand,
             tat: now,
             allowance: None,
             probe: if learning { Probe::Needed } else { Probe::Done },
@@ -122,6 +125,10 @@ impl Schedule {
 
     /// The pace in force: the slower of the hand-set and the learned one.
     pub(crate) fn pace(&self) -> Option<Pace> {
+        self.pace
+    }
+
+    fn slower_pace(&self) -> Option<Pace> {
         match (self.hand, self.learned) {
             (Some(h), Some(l)) if l.interval > h.interval => Some(l),
             (Some(h), _) => Some(h),
@@ -174,6 +181,8 @@ impl Schedule {
             };
         }
         let (start, interval) = match self.pace() {
+            // A zero tolerance (every learned pace, a burst of 1) needs no subtraction.
+            Some(p) if p.tolerance.is_zero() => (now.max(self.tat), p.interval),
             Some(p) => (
                 now.max(self.tat.checked_sub(p.tolerance).unwrap_or(now)),
                 p.interval,
@@ -256,6 +265,7 @@ impl Schedule {
                 self.tat = self.tat.max(after_last);
             }
             self.learned = Some(pace);
+            self.pace = self.slower_pace();
         }
         if let (Some(remaining), Some(reset)) = (fields.remaining, fields.reset) {
             let reset_at = now + reset.min(max_server_wait);

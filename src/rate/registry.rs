@@ -487,6 +487,9 @@ impl Ticket {
         let Some(entry) = self.entry.take() else {
             return;
         };
+        if !self.probe && !crate::ratelimit_fields::any_present(headers) {
+            return;
+        }
         let fields = crate::ratelimit_fields::parse(headers, SystemTime::now()).unwrap_or_default();
         if fields.is_empty() && !self.probe {
             return;

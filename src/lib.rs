@@ -28,8 +28,8 @@
 //! # The stack, outer to inner, and why
 //!
 //! ```text
-//! RetryMiddleware → CircuitBreakerMiddleware → [ConcurrencyLimit] → BearerAuth → TransportEvidence → reqwest::Client
-//! (+ attempt timeout, hedging)                  (off by default)
+//! RetryMiddleware → CircuitBreakerMiddleware → [RateLimit] → [ConcurrencyLimit] → BearerAuth → TransportEvidence → reqwest::Client
+//! (+ attempt timeout, hedging)                  (off by default, each)
 //! ```
 //!
 //! - [`RetryMiddleware`] is outermost: every attempt passes through the breaker, gets a
@@ -44,7 +44,9 @@
 //!
 //! [`Resilience`] installs them in this order; each also works alone (see each module).
 //! An optional per-origin concurrency limit ([`limit`]) goes between the breaker and
-//! [`BearerAuth`] ([`Resilience::concurrency_limit`]).
+//! [`BearerAuth`] ([`Resilience::concurrency_limit`]), and an optional per-origin rate
+//! limit ([`rate`], set by hand or learned from the servers' rate-limit fields) between
+//! the breaker and the concurrency limit ([`Resilience::rate_limit`]).
 //! Your own middleware goes around the stack ([`Resilience::install`]) or per attempt
 //! ([`Resilience::per_attempt`]); see [`stack`].
 //!
@@ -55,6 +57,7 @@
 //! | `NotSent` with a transient kind (connect refused, DNS, breaker/pause rejection) | retry | retry |
 //! | `NotSent` because no bearer token could be had (`TokenUnavailable`) | retry, not before the token manager's next fetch | same |
 //! | `NotSent` because the origin's concurrency limit was reached (`ConcurrencyLimited`) | no: the limiter's queue is the wait | no |
+//! | `NotSent` because the origin's rate was reached (`RateLimited`) | no: the rate limit's wait for a slot is the wait | no |
 //! | sent, and the server proved it did not process it (HTTP/2 `REFUSED_STREAM`, `GOAWAY` below our stream) | retry at once, outside `max_retries`, up to `max_not_processed_retries` (5) | same |
 //! | `SentNoResponse` / `Unknown` (reset, timeout, closed) | retry | **never** |
 //! | response 408, 500, 502, 503, 504 | retry | only with `Retry-After` |
@@ -93,6 +96,8 @@
 //! | server pause | a `429`/`503` with `Retry-After` pauses the origin for every caller of the registry, at most `max_pause` (60 s); a request waits at most `max_pause` in all per attempt, however often servers extend the pause, then fails `Paused` (`NotSent`) | the cap keeps a server from parking a client |
 //! | token refresh | 5 min before expiry (at most half the lifetime), one fetch at a time | |
 //! | concurrency limit | off; when on: adaptive ([`limit::Gradient`]: initial 20, min 4, max 1 000), no wait queue | Netflix concurrency-limits |
+//! | rate-limit pause | rate-limit fields saying nothing remains (`X-RateLimit-Remaining: 0` + `-Reset`, `RateLimit: "default";r=0;t=30`, …) pause the origin like `Retry-After`, at most `max_pause` (60 s) | GitHub's REST API docs; draft-ietf-httpapi-ratelimit-headers; `Retry-After`'s cap |
+//! | rate limit | off; when on: learned from the servers' fields ([`ratelimit_fields`]), 5 % below their quota, a probe first per origin, a wait of at most 30 s for a slot, at most 10 000 origins ([`rate::RateLimitConfig`]) | the servers' quotas; GCRA (ITU-T I.371, as `governor`) |
 //!
 //! # Observability
 //!
@@ -124,6 +129,8 @@
 //! | [`redirect`] | what can be proven about the redirects reqwest follows: [`redirect::ClientRedirects`], [`redirect::recorded`] |
 //! | [`breaker`] | [`CircuitBreakerMiddleware`], [`BreakerRegistry`], [`BreakerConfig`], trip policies |
 //! | [`limit`] | [`ConcurrencyLimit`](limit::ConcurrencyLimit): per-origin concurrency limits, fixed or adaptive (off by default) |
+//! | [`rate`] | [`RateLimit`](rate::RateLimit): per-origin rate limits, set by hand and learned from the servers (off by default) |
+//! | [`ratelimit_fields`] | parsing the servers' rate-limit fields (IETF `RateLimit` / `RateLimit-Policy` in every draft's form, GitHub-style `X-RateLimit-*`) |
 //! | [`auth`] | [`BearerAuth`], [`TokenManager`], [`TokenSource`], [`AccessToken`] |
 //! | [`evidence`] | [`TransportEvidence`], [`RequestEvidence`], [`Transmission`], [`AttemptHistory`] |
 //! | [`origin`] | [`Origin`]: the `scheme://host:port` key |
@@ -143,17 +150,18 @@
 //!
 //! ```text
 //! 6  stack                       Resilience; the composed stack (one middleware, the stages nested)
-//! 5  retry breaker limit auth evidence
+//! 5  retry breaker limit rate auth evidence
 //!                                the stages: the retry loop (+ attempt timeout, hedging), the
-//!                                per-origin breakers and pauses, the concurrency limit, bearer
-//!                                tokens (TokenFirst, BearerAuth), the transport step + classifier
+//!                                per-origin breakers and pauses, the concurrency limit, the rate
+//!                                limit, bearer tokens (TokenFirst, BearerAuth), the transport
+//!                                step + classifier
 //! 4  stage metrics backoff       the stage vocabulary (a stage, the rest of the stack it runs,
 //!                                what the stages outside hand inward, request ownership, the
 //!                                placement checks) · instruments · delays
 //! 3  error                       ResilienceError and every typed error it carries
 //! 2  record redirect             the per-request state (evidence, history, decisions, what a
 //!                                stage hands inward) and its clearing · the redirect proof
-//! 1  origin token retry_after misconfig sync
+//! 1  origin token retry_after ratelimit_fields misconfig sync
 //!                                origins, tokens and their source, parsers, reports
 //! ```
 //!

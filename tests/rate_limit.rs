@@ -488,3 +488,66 @@ fn concurrent_callers_take_exactly_the_burst() {
         });
     }
 }
+
+/// A server stamping each request, answering the first with `first` and the rest `200`
+/// with `RateLimit-Policy: 2;w=1`.
+async fn stamping(first: Action) -> (FaultServer, Arc<Mutex<Vec<Instant>>>) {
+    let stamps: Arc<Mutex<Vec<Instant>>> = Arc::default();
+    let seen = stamps.clone();
+    let server = FaultServer::start(move |i, _| {
+        seen.lock().unwrap().push(Instant::now());
+        if i == 0 {
+            first.clone()
+        } else {
+            Action::ok("ok").header("ratelimit-policy", "2;w=1")
+        }
+    })
+    .await;
+    (server, stamps)
+}
+
+async fn three_callers(c: &ClientWithMiddleware, url: &str) -> Vec<Option<u16>> {
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..3u32 {
+        let (c, url) = (c.clone(), url.to_owned());
+        tasks.spawn(async move {
+            // In this order, a millisecond apart: the first is the origin's probe.
+            tokio::time::sleep(i * MS).await;
+            get(&c, &url).await.0.ok().map(|r| r.status().as_u16())
+        });
+    }
+    let mut out = tasks.join_all().await;
+    out.sort();
+    out
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_probe_that_gets_no_answer_passes_its_turn_to_the_next_request() {
+    let (server, stamps) = stamping(Action::ReadThenClose).await;
+    let registry = RateLimitRegistry::new(RateLimitConfig::default()).unwrap();
+    let c = rate_client(&registry);
+    let t0 = Instant::now();
+    let outcomes = three_callers(&c, &server.url("/")).await;
+    // The probe's connection closed: an error, no answer. The second request (at 1 ms)
+    // probed, and its answer taught 2 a second: the third went 525 ms after it (the
+    // headroom's 5 %).
+    assert_eq!(outcomes, vec![None, Some(200), Some(200)]);
+    let stamps: Vec<Duration> = stamps.lock().unwrap().iter().map(|t| *t - t0).collect();
+    assert_eq!(stamps, vec![Duration::ZERO, MS, 526 * MS]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_others_wait_for_a_slow_probe_only_up_to_the_probe_wait() {
+    let slow = Action::Delay(5 * S, Box::new(Action::ok("slow")));
+    let (server, stamps) = stamping(slow).await;
+    let registry = RateLimitRegistry::new(RateLimitConfig::default().probe_wait(S)).unwrap();
+    let c = rate_client(&registry);
+    let t0 = Instant::now();
+    let outcomes = three_callers(&c, &server.url("/")).await;
+    assert_eq!(outcomes, vec![Some(200), Some(200), Some(200)]);
+    // The second (from 1 ms) went after 1 s of waiting, by what was known (nothing),
+    // long before the probe's answer at 5 s; its own answer taught 2 a second, so the
+    // third (from 2 ms) went 525 ms after it.
+    let stamps: Vec<Duration> = stamps.lock().unwrap().iter().map(|t| *t - t0).collect();
+    assert_eq!(stamps, vec![Duration::ZERO, S + MS, S + 526 * MS]);
+}

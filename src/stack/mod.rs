@@ -2,7 +2,7 @@
 //! one builder (the analogue of Polly's `AddStandardResilienceHandler`).
 //!
 //! ```text
-//! [your outer middleware] → Retry → CircuitBreaker → [ConcurrencyLimit] → BearerAuth → [per_attempt] → TransportEvidence → reqwest::Client
+//! [your outer middleware] → Retry → CircuitBreaker → [RateLimit] → [ConcurrencyLimit] → BearerAuth → [per_attempt] → TransportEvidence → reqwest::Client
 //! ```
 //!
 //! - **Retry outermost**: every attempt passes through the breaker, gets a fresh token
@@ -143,12 +143,13 @@ impl RetrySettings {
 /// | part | default |
 /// |---|---|
 /// | retry | 3 retries; backoff 1 s × 2 capped at 30 s with ±10 % jitter; `Retry-After` honoured up to 60 s (clamped); [`RetryBudget::default`] (20 % of requests, at least 10 retries/s); no deadline |
-/// | breaker | a new [`BreakerRegistry`] per built stack: open after 5 consecutive failures, 30 s open, 1 half-open probe, server pauses up to 60 s waited out |
+/// | breaker | a new [`BreakerRegistry`] per built stack: open after 5 consecutive failures, 30 s open, 1 half-open probe, server pauses (`Retry-After`, rate-limit fields with nothing remaining) up to 60 s waited out |
 /// | bearer | none (it needs your [`TokenManager`](crate::TokenManager)) |
 /// | attempt timeout | none ([`attempt_timeout`](Self::attempt_timeout)) |
 /// | hedging | off ([`hedging`](Self::hedging)) |
 /// | transport | [`TransportEvidence`], always |
 /// | concurrency limit | off ([`concurrency_limit`](Self::concurrency_limit) turns it on) |
+/// | rate limit | off ([`rate_limit`](Self::rate_limit) turns it on) |
 /// | hooks | none |
 ///
 /// Each part can be replaced by a prebuilt one ([`retry`](Self::retry),

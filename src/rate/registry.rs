@@ -119,7 +119,9 @@ struct Inner {
 /// use reqwest_resilience::Origin;
 /// use reqwest_resilience::rate::{Rate, RateLimitConfig, RateLimitRegistry};
 ///
-/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// // On tokio's clock (paused here, so the example's figures are exact).
 /// let registry = RateLimitRegistry::new(
 ///     RateLimitConfig::default().learn(false).rate(Rate::per_second(2)),
 /// )?;

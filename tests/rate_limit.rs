@@ -551,3 +551,25 @@ async fn the_others_wait_for_a_slow_probe_only_up_to_the_probe_wait() {
     let stamps: Vec<Duration> = stamps.lock().unwrap().iter().map(|t| *t - t0).collect();
     assert_eq!(stamps, vec![Duration::ZERO, S + MS, S + 526 * MS]);
 }
+
+#[tokio::test(start_paused = true)]
+async fn an_answer_from_another_origin_after_a_redirect_teaches_the_first_nothing() {
+    let target =
+        FaultServer::always(Action::ok("moved here").header("ratelimit-policy", "1;w=60")).await;
+    let moved = target.url("/new");
+    let first = FaultServer::always(Action::status(302).header("location", &moved)).await;
+    let registry = RateLimitRegistry::new(RateLimitConfig::default()).unwrap();
+    let c = rate_client(&registry);
+    for _ in 0..3 {
+        assert_eq!(status(&c, &first.url("/old")).await, 200);
+    }
+    // Three requests went at once: the first origin's rate learned no 1-a-minute quota.
+    assert_eq!(registry.get(&origin(&first)).unwrap().interval, None);
+    assert_eq!((first.requests_seen(), target.requests_seen()), (3, 3));
+    // Asked directly, the target's answer teaches its own origin.
+    assert_eq!(status(&c, &target.url("/new")).await, 200);
+    assert_eq!(
+        registry.get(&origin(&target)).unwrap().interval,
+        Some(Duration::from_secs(63))
+    );
+}

@@ -27,7 +27,8 @@ use crate::record::{Deadline, FailureKind, Inward, record_rejected_locally};
 /// 2. It sends the attempt and hands the answer's header fields to the origin's rate
 ///    ([`learn`](super::RateLimitConfig::learn)): a quota paces the next requests, an
 ///    allowance running out holds them until the reset, so the client slows down before
-///    the server has to answer `429`.
+///    the server has to answer `429`. An answer that reqwest got from another origin
+///    after a redirect teaches this origin nothing (its fields are the other's quota).
 ///
 /// Each retry and each hedge takes a slot of its own: the server counts every request.
 /// The retry middleware does not retry a rejection (waiting for a slot is this
@@ -143,7 +144,13 @@ impl Stage for RateLimit {
                 .poll_as(next, |next| next.run(req, extensions, handover))
                 .await;
             if let Ok(response) = &result {
-                ticket.learn(response.headers());
+                // After a redirect to another origin the fields are that origin's quota,
+                // not this one's: the answer teaches nothing (it still ends a probe).
+                if crate::origin::Origin::cached(response.url()).as_ref() == Some(&origin) {
+                    ticket.learn(response.headers());
+                } else {
+                    ticket.learn(&http::HeaderMap::new());
+                }
             }
             result
         }

@@ -58,7 +58,8 @@
 //! | `NotSent` because no bearer token could be had (`TokenUnavailable`) | retry, not before the token manager's next fetch | same |
 //! | `NotSent` because the origin's concurrency limit was reached (`ConcurrencyLimited`) | no: the limiter's queue is the wait | no |
 //! | `NotSent` because the origin's rate was reached (`RateLimited`) | no: the rate limit's wait for a slot is the wait | no |
-//! | sent, and the server proved it did not process it (HTTP/2 `REFUSED_STREAM`, `GOAWAY` below our stream) | retry at once, outside `max_retries`, up to `max_not_processed_retries` (5) | same |
+//! | sent, and the server proved it did not process it (HTTP/2 `REFUSED_STREAM`) | retry at once, outside `max_retries`, up to `max_not_processed_retries` (5) | same |
+//! | ended by the server's HTTP/2 `GOAWAY` (a connection rotation; through hyper no proof either way: `Unknown`, `GoAway`) | retry at once, outside `max_retries`, under the same cap | **never** |
 //! | `SentNoResponse` / `Unknown` (reset, timeout, closed) | retry | **never** |
 //! | response 408, 500, 502, 503, 504 | retry | only with `Retry-After` |
 //! | response 429 | retry | retry |

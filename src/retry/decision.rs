@@ -125,14 +125,19 @@ pub trait RetryStrategy: Send + Sync + 'static {
 /// is the backoff, but never shorter than the evidence's `retry_after` (when the token
 /// manager will fetch again): a retry sooner would get the same error back at once.
 ///
-/// A request the server proved it did not process (HTTP/2 `REFUSED_STREAM`, or a `GOAWAY`
-/// whose last stream id is below the request's stream: RFC 9113 §8.7, §6.8) is as safe to
-/// send again as one never sent, whatever its method: [`RetryReason::NotProcessed`], taken by
-/// the middleware at once (no backoff), outside `max_retries`, up to
-/// [`AttemptContext::max_not_processed_retries`] per request and within the retry budget. Past
-/// that cap an idempotent request falls back to the row below (a counted
-/// [`RetryReason::Transient`] retry), a non-idempotent one stops
+/// A request the server proved it did not process (HTTP/2 `REFUSED_STREAM`: RFC 9113 §8.7)
+/// is as safe to send again as one never sent, whatever its method:
+/// [`RetryReason::NotProcessed`], taken by the middleware at once (no backoff), outside
+/// `max_retries`, up to [`AttemptContext::max_not_processed_retries`] per request and within
+/// the retry budget. Past that cap an idempotent request falls back to the row below (a
+/// counted [`RetryReason::Transient`] retry), a non-idempotent one stops
 /// ([`StopReason::NotProcessedRetryUsed`]).
+///
+/// An attempt ended by the server's `GOAWAY` ([`FailureKind::GoAway`], a connection
+/// rotation) proves nothing through hyper (see
+/// [`classify_error`](crate::evidence::classify_error)): an idempotent request is sent again
+/// at once ([`RetryReason::GoAway`], under the same cap, free of the retry budget), a
+/// non-idempotent one stops ([`StopReason::MayHaveBeenProcessed`]).
 ///
 /// A request over its origin's concurrency limit was not sent either, but is not
 /// retried: the limit says the origin already has as many of our attempts as it should
@@ -181,6 +186,13 @@ impl RetryStrategy for DefaultStrategy {
                 && ctx.not_processed_retries < ctx.max_not_processed_retries =>
             {
                 Verdict::Retry(RetryReason::NotProcessed)
+            }
+            // A connection rotation: harmless to repeat for an idempotent request, at once.
+            _ if ev.failure == Some(FailureKind::GoAway)
+                && ctx.idempotent
+                && ctx.not_processed_retries < ctx.max_not_processed_retries =>
+            {
+                Verdict::Retry(RetryReason::GoAway)
             }
             _ if ctx.idempotent => Verdict::Retry(RetryReason::Transient),
             _ if ev.not_processed.is_some() => Verdict::Stop(StopReason::NotProcessedRetryUsed),
@@ -384,6 +396,37 @@ mod tests {
             DefaultStrategy.decide(&ctx),
             Verdict::Retry(RetryReason::NotProcessed)
         );
+    }
+
+    #[test]
+    fn row_go_away_retries_idempotent_requests_at_once_and_never_a_post() {
+        let cap = DEFAULT_MAX_NOT_PROCESSED_RETRIES;
+        let ev = evidence(Transmission::Unknown, Some(FailureKind::GoAway));
+        for method in [Method::GET, Method::HEAD, Method::PUT, Method::DELETE] {
+            for used in 0..cap {
+                assert_eq!(
+                    decide_capped(&ev, method.clone(), used, cap),
+                    Verdict::Retry(RetryReason::GoAway),
+                    "{method} {used}"
+                );
+            }
+            // Past the cap: an ordinary (counted, backed-off) retry.
+            assert_eq!(
+                decide_capped(&ev, method.clone(), cap, cap),
+                Verdict::Retry(RetryReason::Transient)
+            );
+        }
+        // The stream may have been processed: a POST or a PATCH is not sent again, whatever
+        // the cap says.
+        for method in [Method::POST, Method::PATCH] {
+            for used in [0, cap] {
+                assert_eq!(
+                    decide_capped(&ev, method.clone(), used, cap),
+                    Verdict::Stop(StopReason::MayHaveBeenProcessed),
+                    "{method} {used}"
+                );
+            }
+        }
     }
 
     #[test]

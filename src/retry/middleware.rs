@@ -234,18 +234,19 @@ impl RetryMiddlewareBuilder {
     }
 
     /// The most retries one request takes on the server's proof that it did not process
-    /// an attempt ([`RetryReason::NotProcessed`]: HTTP/2 `REFUSED_STREAM`, or a `GOAWAY`
-    /// below the request's stream); default
+    /// an attempt ([`RetryReason::NotProcessed`]: HTTP/2 `REFUSED_STREAM`) and, for an
+    /// idempotent request, after the server's `GOAWAY` ([`RetryReason::GoAway`]: a
+    /// connection rotation, which through hyper proves nothing for a POST); default
     /// [`DEFAULT_MAX_NOT_PROCESSED_RETRIES`](super::DEFAULT_MAX_NOT_PROCESSED_RETRIES) (5),
     /// 0 turns them off.
     ///
-    /// Such a retry is as safe as one of a request never sent, for any method, and is
-    /// what a server rotating its connections (nginx's `keepalive_requests`) asks for: it
-    /// is taken at once (no backoff) and is not counted against
-    /// [`max_retries`](Self::max_retries) (whose 0 still disables every retry), but it is
-    /// counted against this cap and spends the [retry budget](Self::budget) like any
-    /// retry, so a server that refuses everything gets at most `1 + cap` attempts of a
-    /// request. reqwest retries a refused stream itself too, below this middleware (twice
+    /// A refused stream is as safe to send again as a request never sent, for any method;
+    /// both are what a server at its stream limit or rotating its connections (nginx's
+    /// `keepalive_requests`) asks for: they are taken at once (no backoff) and are not
+    /// counted against [`max_retries`](Self::max_retries) (whose 0 still disables every
+    /// retry), but against this cap; a refused stream spends the
+    /// [retry budget](Self::budget) like any retry (a rotation does not), so a server that
+    /// refuses everything gets at most `1 + cap` attempts of a request. reqwest retries a refused stream itself too, below this middleware (twice
     /// by default; `reqwest::ClientBuilder::retry(reqwest::retry::never())` turns that off).
     pub fn max_not_processed_retries(mut self, cap: u32) -> Self {
         self.config.max_not_processed_retries = cap;
@@ -472,12 +473,12 @@ impl Config {
             return Step::Stop(StopReason::DeadlineExceeded);
         }
         let withdrawal = match &self.budget {
-            // A `GOAWAY` below the stream is a connection rotation: the retry goes to a new
-            // connection and adds no work the request would not have cost anyway, so only
-            // the per-request cap bounds it (a burst meets one rotation per
+            // A `GOAWAY` is a connection rotation: the retry goes to a new connection and
+            // adds no work the request would not have cost anyway, so only the per-request
+            // cap bounds it (a burst meets one rotation per
             // `keepalive_requests` requests, more than any budget's 20 %). A
             // `REFUSED_STREAM` is the server's stream limit, a load signal: budgeted.
-            Some(_) if free_of_budget(reason, evidence) => None,
+            Some(_) if free_of_budget(reason) => None,
             Some(budget) => match budget.withdraw() {
                 Some(w) => Some(w),
                 None => return Step::Stop(StopReason::BudgetExhausted),
@@ -497,7 +498,7 @@ impl Config {
         if state.max_retries == 0 {
             return Err(StopReason::RetriesExhausted);
         }
-        if reason == RetryReason::NotProcessed {
+        if at_once(reason) {
             if state.not_processed_retries >= self.max_not_processed_retries {
                 return Err(StopReason::NotProcessedRetryUsed);
             }
@@ -522,11 +523,11 @@ impl Config {
                 .or(evidence.retry_after)
                 .ok_or(StopReason::BreakerRejected);
         }
-        if reason == RetryReason::NotProcessed {
-            // Proven unprocessed: the connection the server gave up on is not used again
-            // (h2 opens no stream on a connection that sent `GOAWAY`), so waiting would
-            // only delay a request the server never saw (a second per rotation, with the
-            // default backoff).
+        if at_once(reason) {
+            // A refused stream or a rotated connection: the connection the server gave up
+            // on is not used again (h2 opens no stream on a connection that sent `GOAWAY`),
+            // so waiting would only delay a request the server is ready for (a second per
+            // rotation, with the default backoff).
             return Ok(Duration::ZERO);
         }
         if let (RetryReason::Status(_), Some(after)) = (reason, evidence.retry_after) {
@@ -896,7 +897,7 @@ impl<'a> RequestRun<'a> {
         let mut unspent = Unspent(self.config.budget.as_ref().zip(retry.withdrawal));
         wait.await;
         unspent.0 = None;
-        if retry.reason == RetryReason::NotProcessed {
+        if at_once(retry.reason) {
             // Outside the retry count and the backoff's progression.
             self.state.not_processed_retries += 1;
         } else {
@@ -925,11 +926,17 @@ impl<'a> RequestRun<'a> {
     }
 }
 
-/// Whether a retry for `reason` after `evidence` is bounded by its own cap alone, not by
-/// the retry budget: a not-processed retry proven by a `GOAWAY`.
-fn free_of_budget(reason: RetryReason, evidence: &RequestEvidence) -> bool {
-    reason == RetryReason::NotProcessed
-        && evidence.not_processed == Some(crate::record::NotProcessedProof::GoAway)
+/// Whether a retry for `reason` is taken at once, outside `max_retries`, under the cap of
+/// `max_not_processed_retries`: a refused stream, or an idempotent request's connection
+/// rotated under it.
+fn at_once(reason: RetryReason) -> bool {
+    matches!(reason, RetryReason::NotProcessed | RetryReason::GoAway)
+}
+
+/// Whether a retry for `reason` is bounded by its own cap alone, not by the retry budget:
+/// a connection rotation is not a failure to ration.
+fn free_of_budget(reason: RetryReason) -> bool {
+    reason == RetryReason::GoAway
 }
 
 /// Hands the configured total deadline inward as a [`Deadline`] when the request has none:

@@ -55,8 +55,9 @@ pub use middleware::{RetryAfterPolicy, RetryMiddleware, RetryMiddlewareBuilder};
 
 /// Per-request override of the maximum number of retries (`MaxRetries(0)` disables
 /// retrying for that request, not-processed retries included). Retries on the server's
-/// proof that it did not process a request ([`RetryReason::NotProcessed`]) are not counted
-/// against it: they have a cap of their own
+/// proof that it did not process a request ([`RetryReason::NotProcessed`]) and after a
+/// connection rotation ([`RetryReason::GoAway`]) are not counted against it: they have a
+/// cap of their own
 /// ([`RetryMiddlewareBuilder::max_not_processed_retries`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MaxRetries(pub u32);

@@ -283,8 +283,8 @@ impl Resilience {
 
     /// The most retries one request takes, at once and outside
     /// [`max_retries`](Self::max_retries), on the server's proof that it did not process an
-    /// attempt (HTTP/2 `REFUSED_STREAM`, or a `GOAWAY` below the request's stream: a server
-    /// rotating its connections); default 5, 0 turns them off. See
+    /// attempt (HTTP/2 `REFUSED_STREAM`) or, for an idempotent request, after a `GOAWAY` (a
+    /// server rotating its connections); default 5, 0 turns them off. See
     /// [`RetryMiddlewareBuilder::max_not_processed_retries`](crate::retry::RetryMiddlewareBuilder::max_not_processed_retries).
     pub fn max_not_processed_retries(mut self, cap: u32) -> Self {
         self.retry_settings.max_not_processed_retries = Some(cap);

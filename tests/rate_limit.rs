@@ -573,3 +573,52 @@ async fn an_answer_from_another_origin_after_a_redirect_teaches_the_first_nothin
         Some(Duration::from_secs(63))
     );
 }
+
+#[cfg(feature = "metrics")]
+#[test]
+fn each_rejection_is_counted_in_the_rate_rejections_metric() {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+    let recorder = DebuggingRecorder::new();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .unwrap();
+    metrics::with_local_recorder(&recorder, || {
+        rt.block_on(async {
+            let registry = RateLimitRegistry::new(
+                RateLimitConfig::default()
+                    .learn(false)
+                    .rate(Rate::per_second(1).burst(1)),
+            )
+            .unwrap();
+            let o = Origin::parse("http://127.0.0.1:9").unwrap();
+            drop(registry.try_acquire(&o).unwrap());
+            for _ in 0..3 {
+                registry.try_acquire(&o).unwrap_err();
+            }
+        })
+    });
+    let counted: Vec<(Vec<(String, String)>, DebugValue)> = recorder
+        .snapshotter()
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .filter(|(key, ..)| key.key().name() == "reqwest_resilience.rate.rejections")
+        .map(|(key, _, _, value)| {
+            let labels = key
+                .key()
+                .labels()
+                .map(|l| (l.key().to_owned(), l.value().to_owned()))
+                .collect();
+            (labels, value)
+        })
+        .collect();
+    assert_eq!(
+        counted,
+        vec![(
+            vec![("origin".to_owned(), "http://127.0.0.1:9".to_owned())],
+            DebugValue::Counter(3)
+        )]
+    );
+}

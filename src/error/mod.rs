@@ -74,8 +74,9 @@ pub enum ResilienceError {
         /// When trying again may succeed.
         retry_in: Option<std::time::Duration>,
     },
-    /// The origin is paused by a server's `Retry-After` for every caller of the breaker
-    /// registry; the request was not sent (`Transmission::NotSent`).
+    /// The origin is paused by a server's `Retry-After` (or by rate-limit fields saying
+    /// nothing remains) for every caller of the breaker registry; the request was not
+    /// sent (`Transmission::NotSent`).
     Paused {
         /// The paused origin.
         origin: Origin,
@@ -130,7 +131,8 @@ impl fmt::Display for ResilienceError {
             },
             ResilienceError::Paused { origin, retry_in } => write!(
                 f,
-                "{origin} is paused by the server's Retry-After: not sent, retry in {retry_in:?}"
+                "{origin} is paused by the server (Retry-After or rate-limit fields): not sent, \
+                 retry in {retry_in:?}"
             ),
             ResilienceError::Retry(e) => e.fmt_summary(f),
             ResilienceError::Misconfigured(m) => write!(f, "misconfigured stack: {m}"),

@@ -340,6 +340,7 @@ impl RateLimitRegistry {
 
     fn reject(&self, entry: &Entry, origin: &Origin, retry_in: Duration) -> RateRejection {
         lock(&entry.state).rejections += 1;
+        crate::metrics::rate_rejection(origin);
         #[cfg(feature = "tracing")]
         tracing::debug!(
             target: "reqwest_resilience::rate",

@@ -622,3 +622,44 @@ fn each_rejection_is_counted_in_the_rate_rejections_metric() {
         )]
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn with_a_concurrency_limit_too_every_attempt_takes_a_slot_and_a_permit() {
+    use reqwest_resilience::limit::{LimiterConfig, LimiterRegistry};
+    // Two 503s, then 200: three attempts, each through both stages.
+    let server = FaultServer::sequence(
+        vec![Action::status(503), Action::status(503)],
+        Action::ok("ok"),
+    )
+    .await;
+    let rates = RateLimitRegistry::new(
+        RateLimitConfig::default()
+            .learn(false)
+            .rate(Rate::per_second(10).burst(1)),
+    )
+    .unwrap();
+    let limits = LimiterRegistry::new(LimiterConfig::fixed(1)).unwrap();
+    let client = Resilience::new()
+        .backoff(
+            reqwest_resilience::Backoff::builder()
+                .base(MS)
+                .jitter(reqwest_resilience::Jitter::None)
+                .build()
+                .unwrap(),
+        )
+        .rate_limiter(rates.clone())
+        .concurrency_limiter(limits.clone())
+        .build(loopback_client())
+        .unwrap();
+    let t0 = Instant::now();
+    let (result, ext) = get(&client, &server.url("/")).await;
+    assert_eq!(result.unwrap().status(), 200);
+    assert_eq!(ext.get::<AttemptHistory>().unwrap().len(), 3);
+    // Backoffs of 1 and 2 ms, but slots 100 ms apart: the third attempt left at 200 ms.
+    assert_eq!(Instant::now() - t0, 200 * MS);
+    assert_eq!(server.requests_seen(), 3);
+    let o = origin(&server);
+    // The retries waited for their slots (100 ms apart), none was turned away.
+    assert_eq!(rates.get(&o).unwrap().rejections, 0);
+    assert_eq!(limits.get(&o).unwrap().in_flight, 0);
+}

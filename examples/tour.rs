@@ -169,6 +169,7 @@ async fn main() -> Result<(), BoxError> {
     hedging(&mut tour).await?;
     attempt_timeout(&mut tour).await?;
     hedging_safe_methods(&mut tour).await?;
+    visible_retries_with_uvs_rules(&mut tour).await?;
     rate_limit_fields(&mut tour).await?;
 
     println!("\nSummary");
@@ -862,6 +863,54 @@ async fn hedging_safe_methods(tour: &mut Tour) -> Result<(), BoxError> {
     Ok(())
 }
 
+/// uv's transient rules as the strategy, each retry told before its wait, and the outcome
+/// beside the result.
+async fn visible_retries_with_uvs_rules(tour: &mut Tour) -> Result<(), BoxError> {
+    use reqwest_resilience::SendWithHistory;
+    use reqwest_resilience::retry::strategies::uv_transient;
+
+    println!(
+        "\n15. uv's rules, retries told as they happen: a 507 (which uv retries, the default \
+         table does not) and a hang-up, then 200"
+    );
+    let server = FlakyServer::start(|n, _| match n {
+        0 => Reply::status(507),
+        1 => Reply::HangUp,
+        _ => Reply::ok("index"),
+    })
+    .await?;
+    let notices = Arc::new(AtomicUsize::new(0));
+    let client = demo_stack()?
+        .retry_strategy(uv_transient())
+        .before_sleep({
+            let notices = notices.clone();
+            move |n| {
+                notices.fetch_add(1, Ordering::SeqCst);
+                let what = n
+                    .status
+                    .map_or_else(|| n.error_messages().join(": "), |s| s.to_string());
+                println!(
+                    "   attempt {} failed ({what}); retrying in {:?}",
+                    n.attempt, n.delay
+                );
+            }
+        })
+        .build(recorded_client()?)?;
+    let exchange = client.get(server.url("/simple/")).send_with_history().await;
+    print_history(&exchange.history);
+    let status = exchange.result?.status().as_u16();
+    let retries = exchange.outcome.map_or(0, |o| o.retries());
+    tour.check(
+        "uv rules: 507 and hang-up retried",
+        "200 after 2 retries, 2 told",
+        format!(
+            "{status} after {retries} retries, {} told",
+            notices.load(Ordering::SeqCst)
+        ),
+    );
+    Ok(())
+}
+
 /// A server's rate-limit fields: `RateLimit: "default";r=0;t=1` on an answer pauses the
 /// origin for every client of the breaker registry until the quota resets; and with the
 /// client-side rate limit on, a server publishing `RateLimit-Policy: 10;w=1` is paced at
@@ -869,7 +918,7 @@ async fn hedging_safe_methods(tour: &mut Tour) -> Result<(), BoxError> {
 async fn rate_limit_fields(tour: &mut Tour) -> Result<(), BoxError> {
     use reqwest_resilience::rate::RateLimitConfig;
     println!(
-        "\n15. Rate-limit fields: a quota spent pauses the origin for every client; a quota \
+        "\n16. Rate-limit fields: a quota spent pauses the origin for every client; a quota \
          published is learned, so 20 callers at once get no 429"
     );
     // Part 1: the first answer says nothing remains for 1 s.

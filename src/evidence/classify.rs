@@ -57,6 +57,7 @@ impl Classification {
 /// | 13 | reqwest `is_decode` | `Unknown` | `Decode` | only raised after a response, which the caller already has |
 /// | 14 | anything else | `Unknown` | `Other` | no proof either way |
 /// | 15 | hyper-util's error has no `connect_info` (and is not a connect error) | `SentNoResponse` of rules 4–12 becomes `Unknown` | unchanged | hyper-util attaches the connection's info to every error of an actual send; without it, the error came from setting the connection up (HTTP/1 readiness, HTTP/2 handshake), which hyper-util reports as a send error but which never carried the request |
+/// | 16 | a TLS alert about a certificate from the peer after the handshake (TLS 1.3 judges a client certificate after the client's `Finished`), under an `InvalidData` I/O error | as rules 4–15 decided | `Certificate` | no retry changes a certificate; see `tls_alert` in the crate's source for which alerts count |
 ///
 /// The kind of a connect failure (rule 3): reqwest's `is_dns` → `Dns`; a TLS peer
 /// certificate rejected → `Certificate`; an "invalid URL" from the connector (a scheme the
@@ -72,8 +73,12 @@ impl Classification {
 /// `Error::InvalidCertificate`, openssl's verify error behind native-tls), and this crate
 /// leaves the choice of backend to its users, so it cannot downcast to them. It matches the
 /// chain's `Display`/`Debug` text instead: `invalid peer certificate` / `InvalidCertificate`
-/// (rustls), `certificate verify failed` (OpenSSL, native-tls on Linux), and
-/// `peer sent no certificates`. The text only chooses the *kind*; the transmission of any
+/// (rustls), `certificate verify failed` (OpenSSL, native-tls on Linux),
+/// `peer sent no certificates`, and a peer's alert about a certificate (rustls's
+/// `received fatal alert: CertificateExpired`, OpenSSL's `sslv3 alert certificate expired`;
+/// `bad_certificate`, `unsupported_certificate`, `certificate_revoked`,
+/// `certificate_expired`, `certificate_unknown`, `unknown_ca`, `access_denied`,
+/// `certificate_required`, … but not `decrypt_error` or `handshake_failure`). The text only chooses the *kind*; the transmission of any
 /// connect failure is `NotSent` whatever the text says, so a changed message can only
 /// demote `Certificate` to `Tls`, never make a sent request look unsent.
 ///
@@ -116,7 +121,26 @@ impl Classification {
 /// # }
 /// ```
 pub fn classify_error(err: &reqwest::Error) -> Classification {
-    decide(&Facts::collect(err))
+    let c = decide(&Facts::collect(err));
+    certificate_alert_after_handshake(c, err)
+}
+
+/// Rule 16: a peer's alert about a certificate (`crate::tls_alert`) that came after the
+/// client's side of the handshake ended (TLS 1.3 judges a client certificate then, so the
+/// request may be out) makes the kind `Certificate`; the transmission stays as decided.
+/// Looked for only under an `InvalidData` I/O error, as rustls reports it, so other
+/// failures format no text.
+fn certificate_alert_after_handshake(c: Classification, err: &reqwest::Error) -> Classification {
+    if c.kind != FailureKind::Certificate
+        && crate::chain::has_io_kind(err, &[io::ErrorKind::InvalidData])
+        && crate::tls_alert::in_chain(err)
+    {
+        return Classification {
+            kind: FailureKind::Certificate,
+            ..c
+        };
+    }
+    c
 }
 
 /// How a connect failure looked, as far as the chain tells.
@@ -223,7 +247,9 @@ fn connect_facts(err: &reqwest::Error) -> ConnectFacts {
     while let Some(e) = source {
         let display = e.to_string();
         let text = format!("{display} {e:?}");
-        c.certificate |= is_certificate_text(&text);
+        // A peer's alert about a certificate: see `crate::tls_alert`.
+        c.certificate |=
+            is_certificate_text(&text) || crate::tls_alert::is_certificate_alert(&text);
         // hyper-util's HttpConnector: "invalid URL, scheme is not http" and friends.
         c.invalid_url |= text.contains("invalid URL");
         let kinds = e

@@ -89,8 +89,10 @@ pub enum StopReason {
     BudgetExhausted,
     /// The next delay would end past the deadline.
     DeadlineExceeded,
-    /// `Retry-After` (or, for a request that got no bearer token, the token manager's next
-    /// fetch) lies beyond the configured cap and the policy is to give up.
+    /// `Retry-After` (or a strategy's own delay) lies beyond the configured cap and the
+    /// policy is to give up; or, for a request that got no bearer token, the token
+    /// manager's next fetch lies beyond the cap, under either policy (a retry at the cap
+    /// would meet the same error: the request ends at once with the token error).
     RetryAfterTooLong,
     /// A circuit breaker rejected the request and did not say when to retry.
     BreakerRejected,

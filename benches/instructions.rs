@@ -87,6 +87,16 @@ const ROWS: &[Row] = &[
         }),
     },
     Row {
+        name: "`Resilience::new()` + a learned `rate_limit`",
+        stacking: Stacking::Layers(|client, _| {
+            Resilience::new()
+                .rate_limit(reqwest_resilience::rate::RateLimitConfig::default())
+                .client_builder(client)
+                .expect("stack")
+                .inside_transport_step()
+        }),
+    },
+    Row {
         name: "full stack with `BearerAuth`",
         stacking: Stacking::Layers(|client, url| {
             Resilience::new()

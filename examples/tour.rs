@@ -176,6 +176,7 @@ async fn main() -> Result<(), BoxError> {
     coalesced_gets(&mut tour).await?;
     slow_call_trip(&mut tour).await?;
     chaos_scene(&mut tour).await?;
+    rate_limit_fields(&mut tour).await?;
 
     println!("\nSummary");
     println!("{:<34} {:<26} {:<26} ok", "scene", "expected", "observed");
@@ -1058,5 +1059,92 @@ async fn chaos_scene(tour: &mut Tour) -> Result<(), BoxError> {
 #[cfg(not(feature = "chaos"))]
 async fn chaos_scene(_: &mut Tour) -> Result<(), BoxError> {
     println!("\n18. Chaos: run with `--features chaos` to see seeded faults healed by the retry");
+    Ok(())
+}
+
+/// A server's rate-limit fields: `RateLimit: "default";r=0;t=1` on an answer pauses the
+/// origin for every client of the breaker registry until the quota resets; and with the
+/// client-side rate limit on, a server publishing `RateLimit-Policy: 10;w=1` is paced at
+/// 10 a second from 20 callers at once, and answers no `429`.
+async fn rate_limit_fields(tour: &mut Tour) -> Result<(), BoxError> {
+    use reqwest_resilience::rate::RateLimitConfig;
+    println!(
+        "\n19. Rate-limit fields: a quota spent pauses the origin for every client; a quota \
+         published is learned, so 20 callers at once get no 429"
+    );
+    // Part 1: the first answer says nothing remains for 1 s.
+    let server = FlakyServer::start(|i, _| {
+        if i == 0 {
+            Reply::ok("last one").header("ratelimit", r#""default";r=0;t=1"#)
+        } else {
+            Reply::ok("ok")
+        }
+    })
+    .await?;
+    let registry = BreakerRegistry::new(BreakerConfig::default())?;
+    let a = demo_stack()?
+        .breaker(registry.clone())
+        .build(reqwest::Client::new())?;
+    let b = demo_stack()?
+        .breaker(registry.clone())
+        .build(reqwest::Client::new())?;
+    a.get(server.url("/quota")).send().await?;
+    let paused = registry.snapshot()[0].paused_for;
+    let t0 = Instant::now();
+    let status = b.get(server.url("/quota")).send().await?.status().as_u16();
+    let waited = t0.elapsed();
+    println!("   the other client waited {waited:.1?} for the reset, then got {status}");
+    tour.check(
+        "rate fields: pause, other client",
+        "1s, 200",
+        format!(
+            "{}s, {status}",
+            paused.map_or(0.0, |p| p.as_secs_f64().round())
+        ),
+    );
+    // Part 2: at most 10 in any second, or 429.
+    let arrivals = Arc::new(Mutex::new(Vec::<Instant>::new()));
+    let log = arrivals.clone();
+    let server = FlakyServer::start(move |_, _| {
+        let now = Instant::now();
+        let mut seen = log.lock().unwrap();
+        let recent = seen
+            .iter()
+            .filter(|&&t| now - t < Duration::from_secs(1))
+            .count();
+        seen.push(now);
+        let reply = if recent < 10 {
+            Reply::ok("ok")
+        } else {
+            Reply::status(429)
+        };
+        reply.header("ratelimit-policy", "10;w=1")
+    })
+    .await?;
+    let client = Resilience::new()
+        .no_retry()
+        .rate_limit(RateLimitConfig::default())
+        .build(reqwest::Client::new())?;
+    let t0 = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..20 {
+        let (client, url) = (client.clone(), server.url("/items"));
+        tasks.spawn(async move { client.get(url).send().await.map(|r| r.status().as_u16()) });
+    }
+    let mut codes = Vec::new();
+    while let Some(r) = tasks.join_next().await {
+        codes.push(r??);
+    }
+    let ok = codes.iter().filter(|&&c| c == 200).count();
+    println!(
+        "   20 callers: {ok} × 200, {} × 429, in {:.1?} (the first answer taught 10 a second)",
+        codes.len() - ok,
+        t0.elapsed()
+    );
+    tour.check(
+        "rate fields: learned 10/s, 20 callers",
+        "20 × 200",
+        format!("{ok} × 200"),
+    );
     Ok(())
 }

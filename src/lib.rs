@@ -28,8 +28,8 @@
 //! # The stack, outer to inner, and why
 //!
 //! ```text
-//! RetryMiddleware → CircuitBreakerMiddleware → [ConcurrencyLimit] → BearerAuth → TransportEvidence → reqwest::Client
-//! (+ attempt timeout, hedging)                  (off by default)
+//! RetryMiddleware → CircuitBreakerMiddleware → [RateLimit] → [ConcurrencyLimit] → BearerAuth → TransportEvidence → reqwest::Client
+//! (+ attempt timeout, hedging)                  (off by default, each)
 //! ```
 //!
 //! - [`RetryMiddleware`] is outermost: every attempt passes through the breaker, gets a
@@ -46,6 +46,9 @@
 //! An optional per-origin concurrency limit ([`limit`]) goes between the breaker and
 //! [`BearerAuth`] ([`Resilience::concurrency_limit`]); optional coalesced GETs
 //! ([`coalesce`]) go outermost, outside the retry ([`Resilience::coalesce_gets`]).
+//! [`BearerAuth`] ([`Resilience::concurrency_limit`]), and an optional per-origin rate
+//! limit ([`rate`], set by hand or learned from the servers' rate-limit fields) between
+//! the breaker and the concurrency limit ([`Resilience::rate_limit`]).
 //! Your own middleware goes around the stack ([`Resilience::install`]) or per attempt
 //! ([`Resilience::per_attempt`]); see [`stack`].
 //!
@@ -56,6 +59,7 @@
 //! | `NotSent` with a transient kind (connect refused, DNS, breaker/pause rejection) | retry | retry |
 //! | `NotSent` because no bearer token could be had (`TokenUnavailable`) | retry, not before the token manager's next fetch (at once with the token error when it lies beyond `retry_after_cap`) | same |
 //! | `NotSent` because the origin's concurrency limit was reached (`ConcurrencyLimited`) | no: the limiter's queue is the wait | no |
+//! | `NotSent` because the origin's rate was reached (`RateLimited`) | no: the rate limit's wait for a slot is the wait | no |
 //! | sent, and the server proved it did not process it (HTTP/2 `REFUSED_STREAM`) | retry at once, outside `max_retries`, up to `max_not_processed_retries` (5) | same |
 //! | ended by the server's HTTP/2 `GOAWAY` (a connection rotation; through hyper no proof either way: `Unknown`, `GoAway`) | retry at once, outside `max_retries`, under the same cap | **never** |
 //! | `SentNoResponse` / `Unknown` (reset, timeout, closed) | retry | **never** |
@@ -104,6 +108,8 @@
 //! | concurrency limit | off; when on: adaptive ([`limit::Gradient`]: initial 20, min 4, max 1 000), no wait queue | Netflix concurrency-limits |
 //! | coalesced GETs | off ([`coalesce`]); when on: bodies shared up to 1 MiB | the content negotiation fields of RFC 9110 §12.5 key them, with the credentials |
 //! | slow-call trips | off ([`breaker::SlowCalls`]); when on: rate 100 %, at least 100 calls, over 30 s | resilience4j's `slowCallRateThreshold` and `minimumNumberOfCalls`; Polly's 30 s `SamplingDuration` |
+//! | rate-limit pause | rate-limit fields saying nothing remains (`X-RateLimit-Remaining: 0` + `-Reset`, `RateLimit: "default";r=0;t=30`, …) pause the origin like `Retry-After`, at most `max_pause` (60 s) | GitHub's REST API docs; draft-ietf-httpapi-ratelimit-headers; `Retry-After`'s cap |
+//! | rate limit | off; when on: learned from the servers' fields ([`ratelimit_fields`]), 5 % below their quota, a probe first per origin, a wait of at most 30 s for a slot, at most 10 000 origins ([`rate::RateLimitConfig`]) | the servers' quotas; GCRA (ITU-T I.371, as `governor`) |
 //!
 //! # Observability
 //!
@@ -141,6 +147,8 @@
 //! | [`limit`] | [`ConcurrencyLimit`](limit::ConcurrencyLimit): per-origin concurrency limits, fixed or adaptive (off by default) |
 //! | [`coalesce`] | [`CoalesceGets`](coalesce::CoalesceGets): concurrent identical GETs share one request (off by default) |
 //! | `chaos` | `Chaos` (feature `chaos`): seeded fault injection for your own tests, with the real faults' evidence |
+//! | [`rate`] | [`RateLimit`](rate::RateLimit): per-origin rate limits, set by hand and learned from the servers (off by default) |
+//! | [`ratelimit_fields`] | parsing the servers' rate-limit fields (IETF `RateLimit` / `RateLimit-Policy` in every draft's form, GitHub-style `X-RateLimit-*`) |
 //! | [`auth`] | [`BearerAuth`], [`TokenManager`], [`TokenSource`], [`AccessToken`] |
 //! | [`evidence`] | [`TransportEvidence`], [`RequestEvidence`], [`Transmission`], [`AttemptHistory`] |
 //! | [`origin`] | [`Origin`]: the `scheme://host:port` key |
@@ -165,6 +173,11 @@
 //!                                per-origin breakers and pauses, the concurrency limit, bearer
 //!                                tokens (TokenFirst, BearerAuth), the transport step + classifier,
 //!                                coalesced GETs; the chaos layer (feature)
+//! 5  retry breaker limit rate auth evidence
+//!                                the stages: the retry loop (+ attempt timeout, hedging), the
+//!                                per-origin breakers and pauses, the concurrency limit, the rate
+//!                                limit, bearer tokens (TokenFirst, BearerAuth), the transport
+//!                                step + classifier
 //! 4  stage metrics backoff       the stage vocabulary (a stage, the rest of the stack it runs,
 //!                                what the stages outside hand inward, request ownership, the
 //!                                placement checks) · instruments · delays
@@ -173,7 +186,7 @@
 //! 2  record redirect tls_alert   the per-request state (evidence, history, decisions, what a
 //!                                stage hands inward) and its clearing · the redirect proof ·
 //!                                certificate alerts in an error's text
-//! 1  chain origin token retry_after misconfig sync
+//! 1  chain origin token retry_after ratelimit_fields misconfig sync
 //!                                origins, tokens and their source, parsers, reports
 //! ```
 //!
@@ -213,6 +226,8 @@ pub mod limit;
 pub mod metrics;
 pub mod misconfig;
 pub mod origin;
+pub mod rate;
+pub mod ratelimit_fields;
 pub(crate) mod record;
 pub mod redirect;
 pub mod retry;

@@ -21,20 +21,21 @@
 //! |---|---|---|---|
 //! | `http.client.request.duration` | histogram, seconds | `http.request.method` (`GET` … or `_OTHER`), `server.address`, `server.port`, `http.response.status_code` (a response), `error.type` (the [`FailureKind`] in snake case, or the status code for a 4xx/5xx response) | each attempt that reached the transport step, from handing the request on to the response head or the failure (the body is not timed; local rejections are not requests on the wire) |
 //! | `reqwest_resilience.retry.retries` | counter | `origin`, `reason`: `not_sent`, `breaker_rejected`, `not_processed`, `go_away`, `transient`, `status` | each retry decided (before its backoff) |
-//! | `reqwest_resilience.retry.stops` | counter | `origin`, `reason`: `final_response`, `status_not_safe`, `permanent`, `may_have_been_processed`, `not_processed_retry_used`, `retries_exhausted`, `budget_exhausted`, `deadline_exceeded`, `retry_after_too_long`, `breaker_rejected`, `body_not_clonable`, `redirect_followed`, `concurrency_limited` | each logical request the retry middleware ends (a success is `final_response`) |
+//! | `reqwest_resilience.retry.stops` | counter | `origin`, `reason`: `final_response`, `status_not_safe`, `permanent`, `may_have_been_processed`, `not_processed_retry_used`, `retries_exhausted`, `budget_exhausted`, `deadline_exceeded`, `retry_after_too_long`, `breaker_rejected`, `body_not_clonable`, `redirect_followed`, `concurrency_limited`, `rate_limited` | each logical request the retry middleware ends (a success is `final_response`) |
 //! | `reqwest_resilience.retry.budget_exhausted` | counter | `origin` | a retry the decision table allowed and the [`RetryBudget`](crate::RetryBudget) refused |
 //! | `reqwest_resilience.breaker.transitions` | counter | `origin`, `from`, `to`: `closed`, `open`, `half_open`, `isolated` | each breaker state change |
 //! | `reqwest_resilience.breaker.rejections` | counter | `origin`, `reason`: `open`, `probes_busy`, `isolated`, `paused` | each request a breaker or a pause turned away unsent |
-//! | `reqwest_resilience.breaker.pauses` | counter | `origin` | each server `Retry-After` that started or extended a pause of its origin |
+//! | `reqwest_resilience.breaker.pauses` | counter | `origin` | each server `Retry-After` (or rate-limit fields saying nothing remains) that started or extended a pause of its origin |
 //! | `reqwest_resilience.auth.token_fetches` | counter | — | each token fetch the [`TokenManager`](crate::TokenManager) made (successful or not) |
 //! | `reqwest_resilience.auth.token_failures` | counter | `kind`: `fetch`, `timeout`, `aborted`, `invalid_secret` | each fetch that gave no usable token |
 //! | `reqwest_resilience.hedge.sent` | counter | `origin` | each extra copy of a hedged request launched ([`Hedging`](crate::retry::Hedging)); those then refused on this side are also in `skipped` |
 //! | `reqwest_resilience.hedge.won` | counter | `origin` | each hedged request whose answer came from an extra copy |
-//! | `reqwest_resilience.hedge.skipped` | counter | `origin`, `reason`: `budget`, `breaker`, `limit`, `token`, `local` | each hedge due but not sent: the hedge budget was spent, or it was refused on this side (its budget given back) by a breaker or a pause, the concurrency limit, for want of a bearer token, or by a misconfigured stack |
+//! | `reqwest_resilience.hedge.skipped` | counter | `origin`, `reason`: `budget`, `breaker`, `limit`, `rate`, `token`, `local` | each hedge due but not sent: the hedge budget was spent, or it was refused on this side (its budget given back) by a breaker or a pause, the concurrency limit, for want of a bearer token, or by a misconfigured stack |
 //! | `reqwest_resilience.limiter.limit` | gauge | `origin` | the origin's current concurrency limit, set on each change ([`limit`](crate::limit)) |
 //! | `reqwest_resilience.limiter.in_flight` | gauge | `origin` | attempts holding a permit, set on each acquire and release |
 //! | `reqwest_resilience.limiter.rejections` | counter | `origin` | each attempt the limiter turned away unsent |
 //! | `reqwest_resilience.coalesce.shared` | counter | `origin`, `role`: `sent`, `joined` | each caller of a GET or HEAD shared with others ([`coalesce`](crate::coalesce)): once for the caller that sent it, once per caller that joined it (a request nobody joined is not counted) |
+//! | `reqwest_resilience.rate.rejections` | counter | `origin` | each attempt the rate limit turned away unsent ([`rate`](crate::rate)) |
 //!
 //! `describe()` registers each instrument's unit and description with the recorder
 //! installed at the time (call it once after installing one); the first report does it
@@ -85,6 +86,7 @@ mod enabled {
     const HEDGES_WON: &str = "reqwest_resilience.hedge.won";
     const HEDGES_SKIPPED: &str = "reqwest_resilience.hedge.skipped";
     const COALESCED: &str = "reqwest_resilience.coalesce.shared";
+    const RATE_REJECTIONS: &str = "reqwest_resilience.rate.rejections";
 
     /// Registers every instrument's unit and description with the current recorder.
     pub fn describe() {
@@ -106,6 +108,10 @@ mod enabled {
             "Requests turned away unsent by a breaker or a pause"
         );
         describe_counter!(PAUSES, "Server Retry-After pauses started or extended");
+        describe_counter!(
+            RATE_REJECTIONS,
+            "Requests the rate limit turned away unsent"
+        );
         describe_counter!(FETCHES, "Bearer token fetches");
         describe_counter!(FAILURES, "Bearer token fetches that gave no usable token");
         describe_counter!(HEDGES_SENT, "Extra copies of hedged requests sent");
@@ -296,6 +302,7 @@ mod enabled {
             StopReason::BodyNotClonable => "body_not_clonable",
             StopReason::RedirectFollowed => "redirect_followed",
             StopReason::ConcurrencyLimited => "concurrency_limited",
+            StopReason::RateLimited => "rate_limited",
         };
         counter!(STOPS, "origin" => origin(at), "reason" => label).increment(1);
         if reason == StopReason::BudgetExhausted {
@@ -332,6 +339,11 @@ mod enabled {
     pub(crate) fn pause(at: &Origin) {
         described();
         counter!(PAUSES, "origin" => origin(Some(at))).increment(1);
+    }
+
+    pub(crate) fn rate_rejection(at: &Origin) {
+        described();
+        counter!(RATE_REJECTIONS, "origin" => origin(Some(at))).increment(1);
     }
 
     pub(crate) fn hedge_sent(at: &Origin) {
@@ -405,6 +417,7 @@ mod enabled {
             FailureKind::Other => "_OTHER",
             FailureKind::Misconfigured => "misconfigured",
             FailureKind::ConcurrencyLimited => "concurrency_limited",
+            FailureKind::RateLimited => "rate_limited",
             FailureKind::Cancelled => "cancelled",
         }
     }
@@ -434,6 +447,8 @@ mod disabled {
     pub(crate) fn breaker_rejection(_: &Origin, _: RejectReason) {}
     #[inline(always)]
     pub(crate) fn pause(_: &Origin) {}
+
+    pub(crate) fn rate_rejection(_: &Origin) {}
 
     pub(crate) fn hedge_sent(_: &Origin) {}
 

@@ -153,8 +153,8 @@ impl Default for SlowCalls {
 /// The configuration shared by every breaker of a [`BreakerRegistry`](super::BreakerRegistry).
 ///
 /// Defaults (from the design): trip after 5 consecutive failures, stay open 30 s, then
-/// admit 1 probe; no growth, no jitter; server pauses capped at 60 s and waited out;
-/// at most 10 000 origins.
+/// admit 1 probe; no growth, no jitter; server pauses (`Retry-After`, and rate-limit
+/// fields saying nothing remains) capped at 60 s and waited out; at most 10 000 origins.
 ///
 /// ```
 /// use std::time::Duration;
@@ -195,6 +195,12 @@ pub struct BreakerConfig {
     pub max_pause: Duration,
     /// What a request does while its origin is paused (default [`PauseMode::Wait`]).
     pub pause_mode: PauseMode,
+    /// Whether a response whose rate-limit fields say nothing remains (`RateLimit:
+    /// "default";r=0;t=30`, `X-RateLimit-Remaining: 0` with `X-RateLimit-Reset`, every form
+    /// [`ratelimit_fields`](crate::ratelimit_fields) reads) pauses its origin until the
+    /// quota resets, for every caller of the registry, like `Retry-After` and capped by the
+    /// same [`max_pause`](Self::max_pause), whatever the response's status (default `true`).
+    pub rate_limit_pauses: bool,
     /// The most origins the registry tracks (default 10 000).
     pub max_origins: usize,
     /// Slow-call trips, beside the [`policy`](Self::policy) (default none: only
@@ -213,6 +219,7 @@ impl Default for BreakerConfig {
             half_open_retry_in: Duration::from_secs(1),
             max_pause: Duration::from_secs(60),
             pause_mode: PauseMode::Wait,
+            rate_limit_pauses: true,
             max_origins: 10_000,
             slow_calls: None,
         }
@@ -258,6 +265,11 @@ impl BreakerConfig {
     /// Sets [`pause_mode`](Self::pause_mode).
     pub fn pause_mode(mut self, mode: PauseMode) -> Self {
         self.pause_mode = mode;
+        self
+    }
+    /// Sets [`rate_limit_pauses`](Self::rate_limit_pauses).
+    pub fn rate_limit_pauses(mut self, on: bool) -> Self {
+        self.rate_limit_pauses = on;
         self
     }
     /// Sets [`max_origins`](Self::max_origins).

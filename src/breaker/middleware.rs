@@ -1,6 +1,6 @@
 //! [`CircuitBreakerMiddleware`]: asks the origin's breaker before each attempt, counts the
-//! attempt's outcome after it, and turns a `429`/`503` with `Retry-After` into a pause for
-//! every caller of the registry.
+//! attempt's outcome after it, and turns a `429`/`503` with `Retry-After`, or rate-limit
+//! fields saying nothing remains, into a pause for every caller of the registry.
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
@@ -40,6 +40,11 @@ use crate::stage::CutAt;
 ///    the [`AttemptClassifier`] turns it into an outcome for the breaker.
 /// 3. A `429` or `503` whose evidence carries `Retry-After` pauses the origin for every
 ///    caller of the registry (clamped to [`max_pause`](super::BreakerConfig::max_pause)).
+///    So does any response whose rate-limit fields say nothing remains until the quota
+///    resets (`X-RateLimit-Remaining: 0` with `X-RateLimit-Reset`, `RateLimit:
+///    "default";r=0;t=30`, every form of [`ratelimit_fields`](crate::ratelimit_fields)),
+///    unless [`rate_limit_pauses`](super::BreakerConfig::rate_limit_pauses) is off; the
+///    longer of the two wins.
 ///
 /// After a redirect to another origin ([`RequestEvidence::final_origin`]), each origin
 /// answers for its own hop: this request's origin records a success (it answered, with a
@@ -276,8 +281,38 @@ impl Drop for CutAtDeadline<'_> {
     }
 }
 
-/// The pause a server asked for: `Retry-After` on a 429 or 503.
+/// The pause a server asked for: `Retry-After` on a 429 or 503, or, when `rate_limits`,
+/// rate-limit fields saying nothing remains (on any response), the longer of the two.
 fn server_pause(
+    evidence: Option<&RequestEvidence>,
+    result: &reqwest_middleware::Result<Response>,
+    rate_limits: bool,
+) -> Option<Duration> {
+    let retry_after = retry_after_pause(evidence, result);
+    let Some(response) = result.as_ref().ok().filter(|_| rate_limits) else {
+        return retry_after;
+    };
+    retry_after.max(rate_limit_pause(response.headers()))
+}
+
+/// The wait rate-limit fields direct: until the quota resets, when they say nothing
+/// remains. A malformed field is ignored (reported at DEBUG with `tracing`).
+fn rate_limit_pause(headers: &http::HeaderMap) -> Option<Duration> {
+    if !crate::ratelimit_fields::may_be_present(headers) {
+        return None;
+    }
+    match crate::ratelimit_fields::parse(headers, SystemTime::now()) {
+        Ok(fields) => fields.exhausted_for(),
+        Err(_malformed) => {
+            #[cfg(feature = "tracing")]
+            tracing::debug!(error = %_malformed, "rate-limit field ignored");
+            None
+        }
+    }
+}
+
+/// `Retry-After` on a 429 or 503.
+fn retry_after_pause(
     evidence: Option<&RequestEvidence>,
     result: &reqwest_middleware::Result<Response>,
 ) -> Option<Duration> {
@@ -376,7 +411,7 @@ impl CircuitBreakerMiddleware {
     ) {
         let evidence = extensions.get::<RequestEvidence>();
         let outcome = self.classifier.classify(evidence, result);
-        let pause = server_pause(evidence, result);
+        let pause = server_pause(evidence, result, self.registry.config().rate_limit_pauses);
         let took = admitted.map(|at| evidence.map_or_else(|| at.elapsed(), |e| e.elapsed));
         match evidence.and_then(|e| e.final_origin.as_ref()) {
             // Each hop's outcome belongs to the origin that produced it: this origin

@@ -400,6 +400,7 @@ impl AttemptClassifier for DefaultClassifier {
                     | FailureKind::TokenUnavailable
                     | FailureKind::Misconfigured
                     | FailureKind::ConcurrencyLimited
+                    | FailureKind::RateLimited
                     | FailureKind::Builder
                     | FailureKind::Redirect
                     | FailureKind::Decode,

@@ -828,7 +828,7 @@ fn trace_pause(origin: &Origin, duration: Duration, grew: bool) {
     }
     #[cfg(feature = "tracing")]
     if grew {
-        tracing::info!(origin = %origin, pause = ?duration, "origin paused by Retry-After");
+        tracing::info!(origin = %origin, pause = ?duration, "origin paused by the server (Retry-After or rate-limit fields)");
     }
 }
 

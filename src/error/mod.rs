@@ -74,8 +74,9 @@ pub enum ResilienceError {
         /// When trying again may succeed.
         retry_in: Option<std::time::Duration>,
     },
-    /// The origin is paused by a server's `Retry-After` for every caller of the breaker
-    /// registry; the request was not sent (`Transmission::NotSent`).
+    /// The origin is paused by a server's `Retry-After` (or by rate-limit fields saying
+    /// nothing remains) for every caller of the breaker registry; the request was not
+    /// sent (`Transmission::NotSent`).
     Paused {
         /// The paused origin.
         origin: Origin,
@@ -109,6 +110,15 @@ pub enum ResilienceError {
         /// The sender's error, as text.
         error: String,
     },
+    /// The origin's rate limit turned the request away (its next free slot lay beyond
+    /// its wait, or its deadline); it was not sent (`Transmission::NotSent`). See
+    /// [`rate`](crate::rate).
+    RateLimited {
+        /// The origin whose rate was reached.
+        origin: Origin,
+        /// When the origin's next slot is free.
+        retry_in: std::time::Duration,
+    },
 }
 
 impl fmt::Display for ResilienceError {
@@ -130,7 +140,8 @@ impl fmt::Display for ResilienceError {
             },
             ResilienceError::Paused { origin, retry_in } => write!(
                 f,
-                "{origin} is paused by the server's Retry-After: not sent, retry in {retry_in:?}"
+                "{origin} is paused by the server (Retry-After or rate-limit fields): not sent, \
+                 retry in {retry_in:?}"
             ),
             ResilienceError::Retry(e) => e.fmt_summary(f),
             ResilienceError::Misconfigured(m) => write!(f, "misconfigured stack: {m}"),
@@ -148,6 +159,10 @@ impl fmt::Display for ResilienceError {
                 f,
                 "concurrency limit for {origin} reached ({in_flight} in flight, limit \
                  {limit}): not sent"
+            ),
+            ResilienceError::RateLimited { origin, retry_in } => write!(
+                f,
+                "rate limit for {origin} reached: not sent, next slot in {retry_in:?}"
             ),
         }
     }
@@ -167,11 +182,13 @@ impl std::error::Error for ResilienceError {
 }
 
 impl ResilienceError {
-    /// For a local rejection by a breaker or a pause, when trying again may succeed.
+    /// For a local rejection by a breaker, a pause or a rate limit, when trying again may
+    /// succeed.
     pub fn retry_in(&self) -> Option<std::time::Duration> {
         match self {
             ResilienceError::BreakerOpen { retry_in, .. } => *retry_in,
             ResilienceError::Paused { retry_in, .. } => Some(*retry_in),
+            ResilienceError::RateLimited { retry_in, .. } => Some(*retry_in),
             _ => None,
         }
     }

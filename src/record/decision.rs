@@ -105,6 +105,9 @@ pub enum StopReason {
     /// The origin's concurrency limit rejected the request (after its queue, if one is
     /// configured): retrying after a backoff would only return to a full origin.
     ConcurrencyLimited,
+    /// The origin's rate limit rejected the request (after its wait for a slot):
+    /// retrying after a backoff would only spend the quota again.
+    RateLimited,
 }
 
 impl fmt::Display for RetryReason {
@@ -152,6 +155,7 @@ impl fmt::Display for StopReason {
             StopReason::ConcurrencyLimited => {
                 f.write_str("the origin's concurrency limit was reached")
             }
+            StopReason::RateLimited => f.write_str("the origin's rate limit was reached"),
         }
     }
 }

@@ -86,6 +86,10 @@ pub enum FailureKind {
     /// rejected the request locally: always with [`Transmission::NotSent`]. Says nothing
     /// about the origin's health.
     ConcurrencyLimited,
+    /// The origin's rate limit ([`RateLimit`](crate::rate::RateLimit)) rejected the
+    /// request locally: always with [`Transmission::NotSent`], `retry_after` the time to
+    /// the origin's next free slot. Says nothing about the origin's health.
+    RateLimited,
     /// A failure this crate does not recognise.
     Other,
     /// The stack is assembled so that it cannot work (installed twice, a middleware of

@@ -275,6 +275,7 @@ impl<S: RetryStrategy + ?Sized> RetryStrategy for std::sync::Arc<S> {
 /// | `NotSent`, transient kind | retry | retry |
 /// | `NotSent`, no bearer token ([`FailureKind::TokenUnavailable`]) | retry | retry |
 /// | `NotSent`, over the concurrency limit ([`FailureKind::ConcurrencyLimited`]) | no | no |
+/// | `NotSent`, over the origin's rate ([`FailureKind::RateLimited`]) | no | no |
 /// | sent, server proved not processed ([`RequestEvidence::not_processed`]) | retry at once | retry at once |
 /// | `SentNoResponse` / `Unknown` | retry | never |
 /// | 408, 500, 502, 503, 504 | retry | only with `Retry-After` |
@@ -345,6 +346,9 @@ impl RetryStrategy for DefaultStrategy {
                 Some(FailureKind::ConcurrencyLimited) => {
                     Verdict::Stop(StopReason::ConcurrencyLimited)
                 }
+                // Turned away by the origin's rate: its wait for a slot already ran
+                // (within the deadline); a retry would only spend the quota again.
+                Some(FailureKind::RateLimited) => Verdict::Stop(StopReason::RateLimited),
                 _ => Verdict::Retry(RetryReason::NotSent),
             },
             _ if ev.not_processed.is_some()

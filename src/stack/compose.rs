@@ -34,6 +34,10 @@ pub(crate) struct Composed<T, L> {
     /// its token before it takes a half-open probe slot or a limiter permit.
     pub(crate) token_first: T,
     pub(crate) breaker: Option<crate::breaker::CircuitBreakerMiddleware>,
+    /// The per-origin rate limit: inside the breaker, outside the concurrency limit (a
+    /// request waiting for its slot holds no permit). Its own state is small and its wait
+    /// boxed, so the `Option` costs little (stage cost rule 4).
+    pub(crate) rate: Option<crate::rate::RateLimit>,
     pub(crate) limit: L,
     pub(crate) bearer: Option<crate::auth::BearerAuth>,
     /// `None` when a user's per-attempt middleware runs between `BearerAuth` and the
@@ -50,6 +54,7 @@ impl<L> Composed<Absent, L> {
             retry: self.retry,
             token_first,
             breaker: self.breaker,
+            rate: self.rate,
             limit: self.limit,
             bearer: self.bearer,
             transport: self.transport,
@@ -66,6 +71,7 @@ impl<T> Composed<T, Absent> {
             retry: self.retry,
             token_first: self.token_first,
             breaker: self.breaker,
+            rate: self.rate,
             limit,
             bearer: self.bearer,
             transport: self.transport,
@@ -113,6 +119,7 @@ impl<T: Stage + 'static, L: Stage + 'static> Middleware for Composed<T, L> {
         let inner = Nested::new(&self.transport, next);
         let inner = Nested::new(&self.bearer, inner);
         let inner = Nested::new(&self.limit, inner);
+        let inner = Nested::new(&self.rate, inner);
         let inner = Nested::new(&self.breaker, inner);
         let inner = Nested::new(&self.token_first, inner);
         let inner = Nested::new(&self.retry, inner);

@@ -2,7 +2,7 @@
 //! one builder (the analogue of Polly's `AddStandardResilienceHandler`).
 //!
 //! ```text
-//! [your outer middleware] → Retry → CircuitBreaker → [ConcurrencyLimit] → BearerAuth → [per_attempt] → TransportEvidence → reqwest::Client
+//! [your outer middleware] → Retry → CircuitBreaker → [RateLimit] → [ConcurrencyLimit] → BearerAuth → [per_attempt] → TransportEvidence → reqwest::Client
 //! ```
 //!
 //! - **Retry outermost**: every attempt passes through the breaker, gets a fresh token
@@ -173,13 +173,14 @@ impl RetrySettings {
 /// | part | default |
 /// |---|---|
 /// | retry | 3 retries; backoff 1 s × 2 capped at 30 s with ±10 % jitter; `Retry-After` honoured up to 60 s (clamped); [`RetryBudget::default`] (20 % of requests, at least 10 retries/s); no deadline |
-/// | breaker | a new [`BreakerRegistry`] per built stack: open after 5 consecutive failures, 30 s open, 1 half-open probe, server pauses up to 60 s waited out |
+/// | breaker | a new [`BreakerRegistry`] per built stack: open after 5 consecutive failures, 30 s open, 1 half-open probe, server pauses (`Retry-After`, rate-limit fields with nothing remaining) up to 60 s waited out |
 /// | bearer | none (it needs your [`TokenManager`](crate::TokenManager)) |
 /// | attempt timeout | none ([`attempt_timeout`](Self::attempt_timeout)) |
 /// | hedging | off ([`hedging`](Self::hedging)) |
 /// | transport | [`TransportEvidence`], always |
 /// | concurrency limit | off ([`concurrency_limit`](Self::concurrency_limit) turns it on) |
 /// | coalesced GETs | off ([`coalesce_gets`](Self::coalesce_gets) turns it on) |
+/// | rate limit | off ([`rate_limit`](Self::rate_limit) turns it on) |
 /// | hooks | none |
 ///
 /// Each part can be replaced by a prebuilt one ([`retry`](Self::retry),
@@ -230,6 +231,7 @@ pub struct Resilience {
     coalesce: Option<crate::coalesce::CoalesceGets>,
     #[cfg(feature = "chaos")]
     chaos: Option<crate::chaos::Chaos>,
+    rate_limit: Option<crate::rate::RateChoice>,
 }
 
 impl Default for Resilience {
@@ -266,6 +268,7 @@ impl fmt::Debug for Resilience {
             )
             .field("concurrency_limit", &self.concurrency_limit.is_some())
             .field("coalesce", &self.coalesce)
+            .field("rate_limit", &self.rate_limit.is_some())
             .finish()
     }
 }
@@ -287,6 +290,7 @@ impl Resilience {
             coalesce: None,
             #[cfg(feature = "chaos")]
             chaos: None,
+            rate_limit: None,
         }
     }
 
@@ -567,6 +571,35 @@ impl Resilience {
         self
     }
 
+    /// Turns on a per-origin rate limit (off by default), in a new
+    /// [`RateLimitRegistry`](crate::rate::RateLimitRegistry) with this configuration
+    /// (checked at build time), between the breaker and the concurrency limit: an open
+    /// breaker turns a request away before it spends a slot, a request waiting for its
+    /// slot holds no concurrency permit, and every retry takes a slot of its own. See
+    /// [`rate`](crate::rate).
+    ///
+    /// ```
+    /// use reqwest_resilience::Resilience;
+    /// use reqwest_resilience::rate::{Rate, RateLimitConfig};
+    ///
+    /// # fn main() -> Result<(), reqwest_resilience::ResilienceError> {
+    /// let client = Resilience::new()
+    ///     .rate_limit(RateLimitConfig::default().rate(Rate::per_second(20)))
+    ///     .build(reqwest::Client::new())?;
+    /// # drop(client); Ok(()) }
+    /// ```
+    pub fn rate_limit(mut self, config: crate::rate::RateLimitConfig) -> Self {
+        self.rate_limit = Some(crate::rate::RateChoice::Config(config));
+        self
+    }
+
+    /// Like [`rate_limit`](Self::rate_limit), with a shared registry: clients built with
+    /// clones of one registry spend the same quotas.
+    pub fn rate_limiter(mut self, registry: crate::rate::RateLimitRegistry) -> Self {
+        self.rate_limit = Some(crate::rate::RateChoice::Registry(registry));
+        self
+    }
+
     /// Builds the client: `reqwest::Client` wrapped in the stack.
     ///
     /// # Errors
@@ -607,6 +640,10 @@ impl Resilience {
         let retry = self.build_retry()?;
         let breaker = build_breaker(self.breaker, self.on_breaker_transition)?;
         let limit = self.concurrency_limit.map(LimitChoice::build).transpose()?;
+        let rate = self
+            .rate_limit
+            .map(crate::rate::RateChoice::build)
+            .transpose()?;
 
         // One middleware for the stages, one boxed future per request; a user's
         // per-attempt middleware runs between `BearerAuth` and the transport step, which
@@ -630,6 +667,7 @@ impl Resilience {
             retry: crate::stage::RetrySlot(retry),
             token_first: crate::stage::Absent,
             breaker,
+            rate,
             limit: crate::stage::Absent,
             bearer: self.bearer.clone(),
             transport: inner_transport,

@@ -109,6 +109,7 @@ pub(super) fn refused_locally(e: &RequestEvidence) -> Option<&'static str> {
     match e.failure? {
         FailureKind::BreakerOpen | FailureKind::Paused => Some("breaker"),
         FailureKind::ConcurrencyLimited => Some("limit"),
+        FailureKind::RateLimited => Some("rate"),
         FailureKind::TokenUnavailable => Some("token"),
         FailureKind::Misconfigured | FailureKind::Builder => Some("local"),
         _ => None,

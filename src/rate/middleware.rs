@@ -1,0 +1,158 @@
+//! [`RateLimit`]: takes a slot from the origin's rate before each attempt, and teaches the
+//! rate what the answer's rate-limit fields said.
+
+use crate::stage::{Handover, RestOfStack, Stage, standalone_middleware};
+use http::Extensions;
+use reqwest::{Request, Response};
+
+use super::registry::{Admission, RateLimitRegistry, RateRejection};
+use crate::error::ResilienceError;
+use crate::record::{Deadline, FailureKind, Inward, record_rejected_locally};
+
+/// A per-origin rate limit, from a shared [`RateLimitRegistry`].
+///
+/// Register it inside the circuit breaker (an open breaker turns a request away before
+/// it spends a slot) and outside the concurrency limit, `BearerAuth` and
+/// [`TransportEvidence`](crate::TransportEvidence) (a request waiting for its slot holds
+/// no concurrency permit); [`Resilience::rate_limit`](crate::Resilience::rate_limit) puts
+/// it there. Per attempt:
+///
+/// 1. It takes a slot from the origin's rate. When the next free slot is later, the
+///    request waits for it, up to [`max_wait`](super::RateLimitConfig::max_wait) and its
+///    [`Deadline`]; a slot beyond both turns it away at once, without touching the
+///    network, with [`ResilienceError::RateLimited`] (the origin, and when its next slot
+///    is free) and a `NotSent` [`RequestEvidence`](crate::RequestEvidence) with
+///    [`FailureKind::RateLimited`] in the extensions (also appended to the
+///    [`AttemptHistory`](crate::AttemptHistory)).
+/// 2. It sends the attempt and hands the answer's header fields to the origin's rate
+///    ([`learn`](super::RateLimitConfig::learn)): a quota paces the next requests, an
+///    allowance running out holds them until the reset, so the client slows down before
+///    the server has to answer `429`. An answer that reqwest got from another origin
+///    after a redirect teaches this origin nothing (its fields are the other's quota).
+///
+/// Each retry and each hedge takes a slot of its own: the server counts every request.
+/// The retry middleware does not retry a rejection (waiting for a slot is this
+/// middleware's job, within the same deadline); a circuit breaker outside counts it as
+/// neutral. A wait here stops the retry middleware's attempt-timeout clock, which starts
+/// again when the request leaves.
+///
+/// ```
+/// use reqwest_middleware::ClientBuilder;
+/// use reqwest_resilience::TransportEvidence;
+/// use reqwest_resilience::rate::{Rate, RateLimit, RateLimitConfig, RateLimitRegistry};
+///
+/// # fn main() -> Result<(), reqwest_resilience::ResilienceError> {
+/// let registry = RateLimitRegistry::new(RateLimitConfig::default().rate(Rate::per_second(10)))?;
+/// let client = ClientBuilder::new(reqwest::Client::new())
+///     .with(RateLimit::new(registry.clone()))
+///     .with(TransportEvidence::new())
+///     .build();
+/// # drop(client); Ok(()) }
+/// ```
+///
+/// # Cancel safety
+///
+/// Dropping the request future while it waits gives back the slot it took ahead (unless
+/// a later request took one since: then the slot stays spent, and the origin sees one
+/// request fewer, never more) and, for an origin's first request (the probe), its turn
+/// to the next request. Dropped after it left, the slot was used: the server may have
+/// counted it.
+#[derive(Clone, Debug)]
+pub struct RateLimit {
+    registry: RateLimitRegistry,
+}
+
+impl RateLimit {
+    /// A middleware using `registry`'s rates.
+    pub fn new(registry: RateLimitRegistry) -> Self {
+        RateLimit { registry }
+    }
+
+    /// The registry whose rates this middleware uses.
+    pub fn registry(&self) -> &RateLimitRegistry {
+        &self.registry
+    }
+}
+
+/// How [`Resilience`](crate::Resilience) was asked for a rate limit.
+pub(crate) enum RateChoice {
+    Config(super::RateLimitConfig),
+    Registry(RateLimitRegistry),
+}
+
+impl RateChoice {
+    pub(crate) fn build(self) -> Result<RateLimit, ResilienceError> {
+        Ok(RateLimit::new(match self {
+            RateChoice::Config(config) => RateLimitRegistry::new(config)?,
+            RateChoice::Registry(registry) => registry,
+        }))
+    }
+}
+
+/// Leaves the rejection's `NotSent` evidence and builds its error.
+fn rejected(rejection: RateRejection, extensions: &mut Extensions) -> reqwest_middleware::Error {
+    record_rejected_locally(
+        extensions,
+        FailureKind::RateLimited,
+        Some(rejection.origin.clone()),
+        Some(rejection.retry_in),
+    );
+    reqwest_middleware::Error::middleware(ResilienceError::from(rejection))
+}
+
+standalone_middleware!(RateLimit);
+
+impl Stage for RateLimit {
+    #[allow(clippy::manual_async_fn)]
+    fn serve<'a, N: RestOfStack + 'a>(
+        &'a self,
+        req: Request,
+        extensions: &'a mut Extensions,
+        handover: Handover<'a>,
+        next: N,
+    ) -> impl Future<Output = reqwest_middleware::Result<Response>> + Send + 'a {
+        async move {
+            let owner = handover.enter(extensions, "RateLimit", false, req.url())?;
+            let Some(origin) = handover.origin(req.url()) else {
+                // No origin, no rate: reqwest will reject the URL itself.
+                return owner
+                    .poll_as(next, |next| next.run(req, extensions, handover))
+                    .await;
+            };
+            let deadline = extensions.get::<Deadline>().map(|d| d.0);
+            let ticket = match self.registry.admit(&origin, deadline) {
+                Admission::Go(ticket) => ticket,
+                // Rare: the wait for a slot (boxed: stage cost rule 2). A wait is not
+                // part of the attempt: its timeout clock stops, and starts on leaving.
+                Admission::Wait(waiting) => {
+                    let clock = Inward::clock(extensions);
+                    if let Some(clock) = &clock {
+                        clock.stop();
+                    }
+                    let waited = Box::pin(self.registry.wait(&origin, waiting)).await;
+                    if let Some(clock) = &clock {
+                        clock.restart(tokio::time::Instant::now());
+                    }
+                    match waited {
+                        Ok(ticket) => ticket,
+                        Err(rejection) => return Err(rejected(rejection, extensions)),
+                    }
+                }
+                Admission::Rejected(rejection) => return Err(rejected(rejection, extensions)),
+            };
+            let result = owner
+                .poll_as(next, |next| next.run(req, extensions, handover))
+                .await;
+            if let Ok(response) = &result {
+                // After a redirect to another origin the fields are that origin's quota,
+                // not this one's: the answer teaches nothing (it still ends a probe).
+                if crate::origin::Origin::cached(response.url()).as_ref() == Some(&origin) {
+                    ticket.learn(response.headers());
+                } else {
+                    ticket.learn(&http::HeaderMap::new());
+                }
+            }
+            result
+        }
+    }
+}

@@ -209,7 +209,7 @@ pub use evidence::{
 };
 pub use origin::Origin;
 pub use retry::{RetryBudget, RetryMiddleware};
-pub use stack::{Resilience, StackBuilder, StackError};
+pub use stack::{Resilience, ResilienceMiddleware, StackBuilder, StackError};
 
 // README's quick start must compile.
 #[cfg(doctest)]

@@ -100,6 +100,11 @@ pub enum ResilienceError {
         /// The attempts in flight to the origin at the rejection.
         in_flight: u32,
     },
+    /// The `reqwest::ClientBuilder` handed to
+    /// [`Resilience::build_from`](crate::Resilience::build_from) could not build the
+    /// client (reqwest's own error, kept as `source()`: a TLS backend that cannot start,
+    /// a bad certificate or proxy).
+    ClientBuild(reqwest::Error),
 }
 
 impl fmt::Display for ResilienceError {
@@ -134,6 +139,7 @@ impl fmt::Display for ResilienceError {
                 "concurrency limit for {origin} reached ({in_flight} in flight, limit \
                  {limit}): not sent"
             ),
+            ResilienceError::ClientBuild(_) => f.write_str("the reqwest client could not be built"),
         }
     }
 }
@@ -145,6 +151,7 @@ impl std::error::Error for ResilienceError {
             // The `RetryError` itself, so chain walkers see it; its own source is the last
             // attempt's error.
             ResilienceError::Retry(e) => Some(e),
+            ResilienceError::ClientBuild(e) => Some(e),
             #[allow(unreachable_patterns)]
             _ => None,
         }
@@ -206,6 +213,32 @@ impl ResilienceError {
                 .filter_map(|link| link.downcast_ref::<ResilienceError>())
                 .last(),
             reqwest_middleware::Error::Reqwest(_) => None,
+        }
+    }
+
+    /// [`find`](Self::find) for the astral fork's error (feature `astral`): the same
+    /// answer for the same failure.
+    ///
+    /// ```
+    /// use reqwest_resilience::ResilienceError;
+    ///
+    /// let fork = astral_reqwest_middleware::Error::middleware(ResilienceError::InvalidConfig(
+    ///     "example".into(),
+    /// ));
+    /// assert!(matches!(
+    ///     ResilienceError::find_astral(&fork),
+    ///     Some(ResilienceError::InvalidConfig(_))
+    /// ));
+    /// ```
+    #[cfg(feature = "astral")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "astral")))]
+    pub fn find_astral(err: &astral_reqwest_middleware::Error) -> Option<&ResilienceError> {
+        match err {
+            astral_reqwest_middleware::Error::Middleware(e) => e
+                .chain()
+                .filter_map(|link| link.downcast_ref::<ResilienceError>())
+                .last(),
+            astral_reqwest_middleware::Error::Reqwest(_) => None,
         }
     }
 }

@@ -33,6 +33,7 @@
 
 mod attempt_timeout;
 mod budget;
+mod compat;
 mod decision;
 mod error;
 mod fallback;
@@ -44,6 +45,7 @@ mod policies;
 
 pub use attempt_timeout::AttemptTimeout;
 pub use budget::RetryBudget;
+pub use compat::AnyServerError;
 use budget::Withdrawal;
 pub use decision::{
     AttemptContext, DEFAULT_MAX_NOT_PROCESSED_RETRIES, DefaultStrategy, RetryReason, RetryStrategy,

@@ -47,6 +47,8 @@ use crate::origin::Origin;
 use crate::record::AttemptClock;
 use crate::token::AccessToken;
 
+#[cfg(feature = "astral")]
+pub(crate) mod astral;
 pub(crate) mod scope;
 
 /// What the stages outside an attempt already worked out about it.
@@ -390,9 +392,14 @@ pub(crate) type Handled<'a> =
 
 /// A [`Stage`] used alone: its `Middleware` impl runs it with `Next` inside. Written out
 /// rather than through `#[async_trait]`, which would wrap the stage's future in one more
-/// (one more state machine to move into the box).
+/// (one more state machine to move into the box). With feature `astral` the same stage
+/// also implements the fork's `Middleware`, its `Next` inside
+/// ([`astral`](self::astral)): one implementation of the logic serves both.
 macro_rules! standalone_middleware {
     ($stage:ty) => {
+        #[cfg(feature = "astral")]
+        $crate::stage::astral::standalone_astral_middleware!($stage);
+
         impl reqwest_middleware::Middleware for $stage {
             fn handle<'life0, 'life1, 'life2, 'async_trait>(
                 &'life0 self,

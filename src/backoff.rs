@@ -503,6 +503,7 @@ mod tests {
             (0.0..=10.0f64).prop_map(Jitter::Additive),
             Just(Jitter::Full),
             Just(Jitter::Decorrelated),
+            Just(Jitter::Bounded),
         ]
     }
 
@@ -542,6 +543,10 @@ mod tests {
                     prop_assert!(got <= d * (1.0 + r));
                 }
                 Jitter::Full => prop_assert!((0.0..=d).contains(&got)),
+                Jitter::Bounded => {
+                    let floor = b.base().as_nanos() as f64 / 2.0;
+                    prop_assert!(got >= floor.floor() && got <= d);
+                }
                 Jitter::Decorrelated => {
                     let base = b.base().as_nanos() as f64;
                     let cap = b.max_delay().as_nanos() as f64;

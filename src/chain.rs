@@ -179,7 +179,9 @@ mod tests {
             "pipe",
         ));
         assert!(has_io_kind(&err, &[io::ErrorKind::BrokenPipe]));
-        assert_eq!(links(&err).count(), 2);
+        // The fork's error, the io::Error it wraps, and that one's message.
+        assert_eq!(links(&err).count(), 3);
+        assert!(find::<io::Error>(&err).is_some());
     }
 
     #[test]

@@ -18,7 +18,6 @@ use common::{FlakyServer, Reply, refused_url};
 use http::Extensions;
 use reqwest_middleware::ClientWithMiddleware;
 use reqwest_resilience::breaker::{BreakerConfig, BreakerRegistry, BreakerState, TripPolicy};
-use reqwest_resilience::redirect::{self, ClientRedirects};
 use reqwest_resilience::retry::{Hedge, Hedging, MaxRetries};
 use reqwest_resilience::{
     AccessToken, AttemptDecision, AttemptHistory, AttemptRecord, Backoff, BearerAuth, Origin,
@@ -32,14 +31,6 @@ fn demo_backoff() -> Result<Backoff, BoxError> {
     Ok(Backoff::builder()
         .base(Duration::from_millis(50))
         .max_delay(Duration::from_millis(200))
-        .build()?)
-}
-
-/// A `reqwest::Client` whose redirects the transport step sees (every hop recorded), so
-/// that a refused connect is proven to be the first hop's.
-fn recorded_client() -> Result<reqwest::Client, BoxError> {
-    Ok(reqwest::Client::builder()
-        .redirect(redirect::recorded(reqwest::redirect::Policy::default()))
         .build()?)
 }
 
@@ -197,11 +188,9 @@ async fn main() -> Result<(), BoxError> {
 /// A refused connection is proven not sent, so even a POST may be retried.
 async fn refused_connection(tour: &mut Tour) -> Result<(), BoxError> {
     println!("1. A POST to a refused connection: proven not sent, so retried (nobody listens)");
-    // Told that the client records its redirects: a refused connect with no redirect
-    // before it is then proven to be the first hop's (see scene 9).
-    let client = demo_stack()?
-        .client_redirects(ClientRedirects::Recorded)
-        .build(recorded_client()?)?;
+    // `build_from` builds the client with a redirect policy the stack watches: a refused
+    // connect with no redirect before it is then proven to be the first hop's (scene 9).
+    let client = demo_stack()?.build_from(reqwest::Client::builder())?;
     let url = refused_url("/orders")?;
     let (result, history) = send(&client, client.post(&url).body("{}"), Extensions::new()).await?;
     print_history(&history);
@@ -560,9 +549,7 @@ async fn redirected_post(tour: &mut Tour) -> Result<(), BoxError> {
     let receipt = refused_url("/receipt")?;
     let server =
         FlakyServer::start(move |_, _| Reply::status(303).header("location", &receipt)).await?;
-    let client = demo_stack()?
-        .client_redirects(ClientRedirects::Recorded)
-        .build(recorded_client()?)?;
+    let client = demo_stack()?.build_from(reqwest::Client::builder())?;
     let (result, history) = send(
         &client,
         client.post(server.url("/pay")).body("{\"amount\": 10}"),

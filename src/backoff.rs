@@ -463,7 +463,8 @@ mod tests {
         assert_eq!(b.bounded(d, 0.5), Duration::from_millis(2250));
         assert_eq!(b.bounded(d, 1.0), d);
         // The same arithmetic as retry-policies' `Jitter::Bounded`.
-        let theirs = |u: f64| (d - Duration::from_millis(500)).mul_f64(u) + Duration::from_millis(500);
+        let theirs =
+            |u: f64| (d - Duration::from_millis(500)).mul_f64(u) + Duration::from_millis(500);
         for u in [0.0, 0.25, 0.5, 0.75, 1.0] {
             assert_eq!(b.bounded(d, u), theirs(u), "sample {u}");
         }

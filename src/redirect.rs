@@ -98,9 +98,9 @@ impl Declared {
 
     /// Records that the declaration was proven false; `true` the first time.
     pub(crate) fn disprove(&self) -> bool {
-        self.disproved.as_ref().is_some_and(|flag| {
-            !flag.swap(true, std::sync::atomic::Ordering::Relaxed)
-        })
+        self.disproved
+            .as_ref()
+            .is_some_and(|flag| !flag.swap(true, std::sync::atomic::Ordering::Relaxed))
     }
 
     /// The declaration as made.
@@ -207,7 +207,11 @@ mod tests {
         let clone = declared.clone();
         assert!(!Declared::disproved_by(ClientRedirects::Recorded, true, 1));
         assert!(!Declared::disproved_by(ClientRedirects::Recorded, false, 0));
-        assert!(!Declared::disproved_by(ClientRedirects::Unobserved, true, 0));
+        assert!(!Declared::disproved_by(
+            ClientRedirects::Unobserved,
+            true,
+            0
+        ));
         assert!(Declared::disproved_by(ClientRedirects::Recorded, true, 0));
         assert!(Declared::disproved_by(ClientRedirects::Off, true, 0));
         assert_eq!(clone.current(), ClientRedirects::Recorded);

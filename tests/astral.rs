@@ -56,14 +56,14 @@ fn standalone(registry: &BreakerRegistry) -> fork::ClientWithMiddleware {
     fork::ClientBuilder::new(no_redirects())
         .with(exact_retry().build().unwrap())
         .with(CircuitBreakerMiddleware::new(registry.clone()))
-        .with(TransportEvidence::with_client_redirects(ClientRedirects::Off))
+        .with(TransportEvidence::with_client_redirects(
+            ClientRedirects::Off,
+        ))
         .build()
 }
 
 /// Sends with fresh caller-side extensions: the outcome and the extensions.
-async fn execute(
-    request: fork::RequestBuilder,
-) -> (fork::Result<reqwest::Response>, Extensions) {
+async fn execute(request: fork::RequestBuilder) -> (fork::Result<reqwest::Response>, Extensions) {
     let (client, request) = request.build_split();
     let mut ext = Extensions::new();
     let result = client
@@ -129,7 +129,10 @@ async fn assert_breaker_opens(client: &fork::ClientWithMiddleware, registry: &Br
         assert!(
             matches!(
                 ResilienceError::find_astral(&err),
-                Some(ResilienceError::BreakerOpen { state: BreakerState::Open, .. })
+                Some(ResilienceError::BreakerOpen {
+                    state: BreakerState::Open,
+                    ..
+                })
             ),
             "{err:?}"
         );
@@ -156,7 +159,9 @@ async fn a_standalone_breaker_in_the_fork_client_opens_and_rejects_unsent() {
     let registry = registry();
     let client = fork::ClientBuilder::new(no_redirects())
         .with(CircuitBreakerMiddleware::new(registry.clone()))
-        .with(TransportEvidence::with_client_redirects(ClientRedirects::Off))
+        .with(TransportEvidence::with_client_redirects(
+            ClientRedirects::Off,
+        ))
         .build();
     assert_breaker_opens(&client, &registry).await;
 }
@@ -205,7 +210,10 @@ async fn both_kinds_of_client_share_one_registry_in_one_build() {
         .build_from_astral(loopback_builder())
         .unwrap();
     for _ in 0..5 {
-        assert_eq!(ours.get(server.url("/")).send().await.unwrap().status(), 500);
+        assert_eq!(
+            ours.get(server.url("/")).send().await.unwrap().status(),
+            500
+        );
     }
     let err = theirs.get(server.url("/")).send().await.unwrap_err();
     assert!(matches!(

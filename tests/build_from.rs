@@ -87,7 +87,14 @@ async fn the_quick_start_client_retries_a_refused_post_four_times_unsent() {
     assert!(err.is_connect(), "reqwest's own error: {err:?}");
     assert_eq!(
         attempts(&ext),
-        vec![(Transmission::NotSent, Some(FailureKind::Connect), Redirects::None); 4]
+        vec![
+            (
+                Transmission::NotSent,
+                Some(FailureKind::Connect),
+                Redirects::None
+            );
+            4
+        ]
     );
     let outcome = ext.get::<RetryOutcome>().unwrap();
     assert_eq!(
@@ -234,7 +241,14 @@ async fn assert_downgraded(client: &ClientWithMiddleware, server: &FaultServer) 
     let (_, ext) = execute(client.get(url)).await;
     assert_eq!(
         attempts(&ext),
-        vec![(Transmission::Unknown, Some(FailureKind::Connect), Redirects::Unknown); 4]
+        vec![
+            (
+                Transmission::Unknown,
+                Some(FailureKind::Connect),
+                Redirects::Unknown
+            );
+            4
+        ]
     );
 }
 
@@ -284,7 +298,14 @@ async fn a_true_recorded_declaration_is_never_downgraded() {
     let (_, ext) = execute(client.post(url).body("x")).await;
     assert_eq!(
         attempts(&ext),
-        vec![(Transmission::NotSent, Some(FailureKind::Connect), Redirects::None); 4]
+        vec![
+            (
+                Transmission::NotSent,
+                Some(FailureKind::Connect),
+                Redirects::None
+            );
+            4
+        ]
     );
 }
 
@@ -308,7 +329,8 @@ impl reqwest_middleware::Middleware for Counting {
 #[tokio::test(start_paused = true)]
 async fn a_shared_per_attempt_middleware_sees_every_attempt() {
     let seen = Arc::new(AtomicUsize::new(0));
-    let extra: Vec<Arc<dyn reqwest_middleware::Middleware>> = vec![Arc::new(Counting(seen.clone()))];
+    let extra: Vec<Arc<dyn reqwest_middleware::Middleware>> =
+        vec![Arc::new(Counting(seen.clone()))];
     let client = extra
         .iter()
         .fold(exact_stack(), |stack, m| stack.per_attempt_arc(m.clone()))
@@ -319,7 +341,14 @@ async fn a_shared_per_attempt_middleware_sees_every_attempt() {
     assert_eq!(seen.load(Ordering::SeqCst), 4);
     assert_eq!(
         attempts(&ext),
-        vec![(Transmission::NotSent, Some(FailureKind::Connect), Redirects::None); 4]
+        vec![
+            (
+                Transmission::NotSent,
+                Some(FailureKind::Connect),
+                Redirects::None
+            );
+            4
+        ]
     );
 }
 
@@ -348,7 +377,14 @@ async fn the_stack_as_one_middleware_serves_a_client_built_later() {
     let (_, ext) = execute(client.post(url).body("x")).await;
     assert_eq!(
         attempts(&ext),
-        vec![(Transmission::NotSent, Some(FailureKind::Connect), Redirects::None); 4]
+        vec![
+            (
+                Transmission::NotSent,
+                Some(FailureKind::Connect),
+                Redirects::None
+            );
+            4
+        ]
     );
     // A 503 then a 200: the server saw two, the evidence step is part of the middleware.
     let server = FaultServer::sequence(vec![Action::status(503)], Action::ok("done")).await;

@@ -33,7 +33,9 @@ async fn status_then_ok(status: u16) -> FaultServer {
 async fn assert_retry_succeeds_on_every_5xx_408_and_429() {
     // reqwest-retry: `assert_retry_succeeds!(500..=511, 408, 429)`, `.expect(2)`, a 200.
     let client = preset();
-    for status in [500, 501, 502, 503, 504, 505, 506, 507, 508, 510, 511, 408, 429] {
+    for status in [
+        500, 501, 502, 503, 504, 505, 506, 507, 508, 510, 511, 408, 429,
+    ] {
         let server = status_then_ok(status).await;
         let response = client.get(server.url("/foo")).send().await.unwrap();
         assert_eq!(response.status(), 200, "{status}");
@@ -46,9 +48,9 @@ async fn assert_no_retry_on_success_redirect_and_client_error_statuses() {
     // reqwest-retry: `assert_no_retry!(..)`, `.expect(1)`, the status itself.
     let client = preset();
     let statuses = [
-        200, 201, 202, 203, 204, 205, 206, 207, 226, 300, 301, 302, 303, 304, 307, 308, 400,
-        401, 402, 403, 404, 405, 406, 407, 409, 410, 411, 412, 413, 414, 415, 416, 417, 418,
-        421, 422, 423, 424, 426, 428, 431, 451,
+        200, 201, 202, 203, 204, 205, 206, 207, 226, 300, 301, 302, 303, 304, 307, 308, 400, 401,
+        402, 403, 404, 405, 406, 407, 409, 410, 411, 412, 413, 414, 415, 416, 417, 418, 421, 422,
+        423, 424, 426, 428, 431, 451,
     ];
     for status in statuses {
         let server = FaultServer::always(Action::status(status)).await;
@@ -135,7 +137,10 @@ async fn no_breaker_and_no_budget_a_failing_origin_gets_every_retry() {
     let server = FaultServer::always(Action::status(500)).await;
     let client = preset();
     for _ in 0..10 {
-        assert_eq!(client.get(server.url("/")).send().await.unwrap().status(), 500);
+        assert_eq!(
+            client.get(server.url("/")).send().await.unwrap().status(),
+            500
+        );
     }
     assert_eq!(server.requests_seen(), 40);
 }
@@ -144,7 +149,12 @@ async fn no_breaker_and_no_budget_a_failing_origin_gets_every_retry() {
 async fn the_difference_kept_a_post_that_may_have_been_processed_is_not_sent_again() {
     // reqwest-retry retries this POST (the server would see 2); the preset does not.
     let server = status_then_ok(500).await;
-    let response = preset().post(server.url("/pay")).body("1 EUR").send().await.unwrap();
+    let response = preset()
+        .post(server.url("/pay"))
+        .body("1 EUR")
+        .send()
+        .await
+        .unwrap();
     assert_eq!(response.status(), 500);
     assert_eq!(server.requests_seen(), 1);
     // A POST proven unsent is retried, like every request reqwest-retry retries on a

@@ -88,9 +88,18 @@ mod tests {
                 "{status} after a redirect"
             );
         }
-        for (status, retried) in [(408, true), (429, true), (400, false), (404, false), (200, false)] {
+        for (status, retried) in [
+            (408, true),
+            (429, true),
+            (400, false),
+            (404, false),
+            (200, false),
+        ] {
             assert_eq!(
-                matches!(verdict(status, &Method::GET, false, false), Verdict::Retry(_)),
+                matches!(
+                    verdict(status, &Method::GET, false, false),
+                    Verdict::Retry(_)
+                ),
                 retried,
                 "{status}"
             );

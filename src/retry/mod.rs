@@ -45,8 +45,8 @@ mod policies;
 
 pub use attempt_timeout::AttemptTimeout;
 pub use budget::RetryBudget;
-pub use compat::AnyServerError;
 use budget::Withdrawal;
+pub use compat::AnyServerError;
 pub use decision::{
     AttemptContext, DEFAULT_MAX_NOT_PROCESSED_RETRIES, DefaultStrategy, RetryReason, RetryStrategy,
     StopReason, Verdict, is_idempotent,

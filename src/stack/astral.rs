@@ -35,7 +35,8 @@ impl Resilience {
     /// ([`install_astral`](Self::install_astral)).
     #[cfg_attr(docsrs, doc(cfg(feature = "astral")))]
     pub fn per_attempt_astral(mut self, middleware: impl Middleware) -> Self {
-        self.per_attempt.push(PerAttempt::Astral(Arc::new(middleware)));
+        self.per_attempt
+            .push(PerAttempt::Astral(Arc::new(middleware)));
         self
     }
 

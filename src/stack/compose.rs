@@ -170,6 +170,9 @@ impl<M: Middleware> StackMiddleware for M {}
 /// reqwest-middleware and, with feature `astral`, of the fork too (an `Arc` of it upcasts
 /// to either trait object, so one value serves both kinds of client).
 #[cfg(feature = "astral")]
-pub(crate) trait StackMiddleware: Middleware + astral_reqwest_middleware::Middleware {}
+pub(crate) trait StackMiddleware:
+    Middleware + astral_reqwest_middleware::Middleware
+{
+}
 #[cfg(feature = "astral")]
 impl<M: Middleware + astral_reqwest_middleware::Middleware> StackMiddleware for M {}

@@ -63,10 +63,10 @@ use reqwest_middleware::{ClientBuilder, ClientWithMiddleware, Middleware};
 #[cfg(feature = "astral")]
 mod astral;
 pub(crate) mod compose;
+use crate::stage::{Handover, RestOfStack, Stage, standalone_middleware};
 #[cfg(feature = "astral")]
 #[cfg_attr(docsrs, doc(cfg(feature = "astral")))]
 pub use astral::AstralStackBuilder;
-use crate::stage::{Handover, RestOfStack, Stage, standalone_middleware};
 
 use crate::auth::BearerAuth;
 use crate::backoff::Backoff;
@@ -466,7 +466,8 @@ impl Resilience {
     /// and `BearerAuth` (so it sees the `Authorization` header and every `401` replay),
     /// just outside the transport step. Several run in the order added.
     pub fn per_attempt(mut self, middleware: impl Middleware) -> Self {
-        self.per_attempt.push(PerAttempt::Reqwest(Arc::new(middleware)));
+        self.per_attempt
+            .push(PerAttempt::Reqwest(Arc::new(middleware)));
         self
     }
 
@@ -976,7 +977,8 @@ pub struct ResilienceMiddleware {
 
 impl fmt::Debug for ResilienceMiddleware {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ResilienceMiddleware").finish_non_exhaustive()
+        f.debug_struct("ResilienceMiddleware")
+            .finish_non_exhaustive()
     }
 }
 

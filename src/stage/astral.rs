@@ -28,9 +28,7 @@ use super::{Handover, RestOfStack};
 pub(crate) fn from_astral(err: astral_reqwest_middleware::Error) -> reqwest_middleware::Error {
     match err {
         astral_reqwest_middleware::Error::Reqwest(e) => reqwest_middleware::Error::Reqwest(e),
-        astral_reqwest_middleware::Error::Middleware(e) => {
-            reqwest_middleware::Error::Middleware(e)
-        }
+        astral_reqwest_middleware::Error::Middleware(e) => reqwest_middleware::Error::Middleware(e),
     }
 }
 
@@ -38,9 +36,7 @@ pub(crate) fn from_astral(err: astral_reqwest_middleware::Error) -> reqwest_midd
 pub(crate) fn into_astral(err: reqwest_middleware::Error) -> astral_reqwest_middleware::Error {
     match err {
         reqwest_middleware::Error::Reqwest(e) => astral_reqwest_middleware::Error::Reqwest(e),
-        reqwest_middleware::Error::Middleware(e) => {
-            astral_reqwest_middleware::Error::Middleware(e)
-        }
+        reqwest_middleware::Error::Middleware(e) => astral_reqwest_middleware::Error::Middleware(e),
     }
 }
 
@@ -74,9 +70,8 @@ where
 }
 
 /// The fork's boxed future of a middleware's `handle`.
-pub(crate) type AstralHandled<'a> = Pin<
-    Box<dyn Future<Output = astral_reqwest_middleware::Result<Response>> + Send + 'a>,
->;
+pub(crate) type AstralHandled<'a> =
+    Pin<Box<dyn Future<Output = astral_reqwest_middleware::Result<Response>> + Send + 'a>>;
 
 /// A stage's future as the fork's `Middleware::handle` returns it.
 pub(crate) fn boxed_for_astral<'a>(
@@ -148,7 +143,9 @@ mod tests {
             unreachable!("a middleware error stays one: {fork:?}");
         };
         assert_eq!(
-            inner.downcast_ref::<std::io::Error>().map(|e| e.to_string()),
+            inner
+                .downcast_ref::<std::io::Error>()
+                .map(|e| e.to_string()),
             Some("inner".to_owned())
         );
         assert!(matches!(

@@ -101,36 +101,6 @@ impl RestOfStack for astral_reqwest_middleware::Next<'_> {
     }
 }
 
-/// A [`Stage`](super::Stage) used alone in the fork's client: its fork `Middleware` impl,
-/// beside reqwest-middleware's (see [`standalone_middleware!`](super::standalone_middleware)).
-macro_rules! standalone_astral_middleware {
-    ($stage:ty) => {
-        impl astral_reqwest_middleware::Middleware for $stage {
-            fn handle<'life0, 'life1, 'life2, 'async_trait>(
-                &'life0 self,
-                req: reqwest::Request,
-                extensions: &'life1 mut http::Extensions,
-                next: astral_reqwest_middleware::Next<'life2>,
-            ) -> $crate::stage::astral::AstralHandled<'async_trait>
-            where
-                'life0: 'async_trait,
-                'life1: 'async_trait,
-                'life2: 'async_trait,
-                Self: 'async_trait,
-            {
-                $crate::stage::astral::boxed_for_astral($crate::stage::Stage::serve(
-                    self,
-                    req,
-                    extensions,
-                    $crate::stage::Handover::default(),
-                    next,
-                ))
-            }
-        }
-    };
-}
-pub(crate) use standalone_astral_middleware;
-
 #[cfg(test)]
 mod tests {
     use super::*;

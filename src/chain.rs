@@ -22,7 +22,8 @@
 //! let inner = io::Error::new(io::ErrorKind::ConnectionReset, "peer reset");
 //! let outer = io::Error::other(inner);
 //! assert!(chain::has_io_kind(&outer, &[io::ErrorKind::ConnectionReset]));
-//! assert_eq!(chain::links(&outer).count(), 2);
+//! // `outer`, `inner`, and the message `inner` carries (its `get_ref`).
+//! assert_eq!(chain::links(&outer).count(), 3);
 //! ```
 
 use std::error::Error as StdError;

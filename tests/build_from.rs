@@ -405,3 +405,35 @@ fn one_middleware_cannot_hold_per_attempt_middlewares() {
         ResilienceError::InvalidStack(StackError::PerAttemptInOneMiddleware)
     ));
 }
+
+#[tokio::test(start_paused = true)]
+async fn the_stack_as_a_middleware_list_serves_a_lazily_built_client_with_per_attempt_ones() {
+    // pixi's way: `[outer…, stack…]` kept as `Vec<Arc<dyn Middleware>>`, handed to
+    // `ClientWithMiddleware::new` when the client is first needed.
+    let (outer, per_attempt) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let mut middlewares: Vec<Arc<dyn reqwest_middleware::Middleware>> =
+        vec![Arc::new(Counting(outer.clone()))];
+    middlewares.extend(
+        exact_stack()
+            .client_redirects(ClientRedirects::Recorded)
+            .per_attempt(Counting(per_attempt.clone()))
+            .into_middlewares()
+            .unwrap(),
+    );
+    assert_eq!(middlewares.len(), 4, "outer, the stages, the per-attempt one, transport");
+    let client = loopback_builder()
+        .redirect(reqwest_resilience::redirect::recorded(
+            reqwest::redirect::Policy::default(),
+        ))
+        .build()
+        .unwrap();
+    let client = ClientWithMiddleware::new(client, middlewares);
+    let url = format!("http://127.0.0.1:{}/pay", refused_port());
+    let (_, ext) = execute(client.post(url).body("x")).await;
+    assert_eq!(
+        attempts(&ext),
+        vec![(Transmission::NotSent, Some(FailureKind::Connect), Redirects::None); 4]
+    );
+    assert_eq!(outer.load(Ordering::SeqCst), 1, "once per logical request");
+    assert_eq!(per_attempt.load(Ordering::SeqCst), 4, "once per attempt");
+}

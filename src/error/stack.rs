@@ -58,8 +58,9 @@ pub enum StackError {
     },
     /// [`Resilience::into_middleware`](crate::Resilience::into_middleware) with
     /// per-attempt middlewares: they run between `BearerAuth` and the transport step, in
-    /// the client's chain, which one middleware cannot hold. Install the stack into a
-    /// builder ([`install`](crate::Resilience::install)) instead.
+    /// the client's chain, which one middleware cannot hold. Take
+    /// [`into_middlewares`](crate::Resilience::into_middlewares) or install the stack
+    /// into a builder ([`install`](crate::Resilience::install)) instead.
     PerAttemptInOneMiddleware,
 }
 

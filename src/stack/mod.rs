@@ -671,8 +671,9 @@ impl Resilience {
     /// # Errors
     ///
     /// [`StackError::PerAttemptInOneMiddleware`] with per-attempt middlewares (they run
-    /// between `BearerAuth` and the transport step, in the client's own chain), and those
-    /// of [Errors at build time](Self#errors-at-build-time).
+    /// between `BearerAuth` and the transport step, in the client's own chain: take
+    /// [`into_middlewares`](Self::into_middlewares) then), and those of
+    /// [Errors at build time](Self#errors-at-build-time).
     pub fn into_middleware(self) -> Result<ResilienceMiddleware, ResilienceError> {
         if !self.per_attempt.is_empty() {
             return Err(ResilienceError::InvalidStack(
@@ -682,6 +683,52 @@ impl Resilience {
         let parts = self.prebuilt_client()?.assemble()?;
         debug_assert!(parts.transport.is_none(), "inside the composed stack");
         Ok(ResilienceMiddleware { stack: parts.stack })
+    }
+
+    /// The stack as the middlewares a client builder made later is to hold, in order,
+    /// after any of its own: the composed stages, the
+    /// [`per_attempt`](Self::per_attempt) middlewares, and the transport step (without
+    /// per-attempt middlewares, the one middleware of
+    /// [`into_middleware`](Self::into_middleware)). For a codebase that hands a
+    /// `Vec<Arc<dyn Middleware>>` to `ClientWithMiddleware::new(client, middlewares)` when
+    /// its client is first needed (pixi's `LazyClient`).
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use reqwest_middleware::{ClientWithMiddleware, Middleware};
+    /// use reqwest_resilience::{Resilience, TransportEvidence};
+    ///
+    /// # struct Mirror; // rewrites each attempt's URL to a mirror
+    /// # #[reqwest_resilience::async_trait]
+    /// # impl Middleware for Mirror {
+    /// #     async fn handle(&self, req: reqwest::Request, ext: &mut http::Extensions,
+    /// #         next: reqwest_middleware::Next<'_>) -> reqwest_middleware::Result<reqwest::Response> {
+    /// #         next.run(req, ext).await
+    /// #     }
+    /// # }
+    /// # fn main() -> Result<(), reqwest_resilience::ResilienceError> {
+    /// let middlewares: Vec<Arc<dyn Middleware>> = Resilience::like_reqwest_retry()
+    ///     .per_attempt(Mirror)
+    ///     .into_middlewares()?;
+    /// assert_eq!(middlewares.len(), 3); // the stages, Mirror, the transport step
+    /// // Later:
+    /// let client = ClientWithMiddleware::new(reqwest::Client::new(), middlewares);
+    /// # drop(client); Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`install`](Self::install).
+    pub fn into_middlewares(self) -> Result<Vec<Arc<dyn Middleware>>, ResilienceError> {
+        let per_attempt = reqwest_per_attempt(&self.per_attempt)?;
+        let parts = self.prebuilt_client()?.assemble()?;
+        let mut chain: Vec<Arc<dyn Middleware>> = Vec::with_capacity(per_attempt.len() + 2);
+        chain.push(parts.stack);
+        chain.extend(per_attempt);
+        if let Some(transport) = parts.transport {
+            chain.push(Arc::new(transport));
+        }
+        Ok(chain)
     }
 
     /// Refuses the settings only `build_from` can apply, for a client built elsewhere.

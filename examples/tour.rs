@@ -160,6 +160,7 @@ async fn main() -> Result<(), BoxError> {
     hedging(&mut tour).await?;
     attempt_timeout(&mut tour).await?;
     hedging_safe_methods(&mut tour).await?;
+    like_reqwest_retry(&mut tour).await?;
 
     println!("\nSummary");
     println!("{:<34} {:<26} {:<26} ok", "scene", "expected", "observed");
@@ -844,6 +845,52 @@ async fn hedging_safe_methods(tour: &mut Tour) -> Result<(), BoxError> {
         "hedge: PUT hedged when asked",
         "200, 2 at server",
         format!("{put}, {} at server", server.requests() - after_post),
+    );
+    Ok(())
+}
+
+/// `Resilience::like_reqwest_retry()`: reqwest-retry's statuses (every 5xx) and no breaker
+/// or budget, but still no second POST that may have been processed.
+async fn like_reqwest_retry(tour: &mut Tour) -> Result<(), BoxError> {
+    println!(
+        "\n15. Coming from reqwest-retry: its preset retries a GET answered 501 (every 5xx), \
+         and still sends a POST answered 500 once (delays shortened for the demo)"
+    );
+    let server = FlakyServer::start(|i, req| match (req.method.as_str(), i) {
+        ("GET", 0) => Reply::status(501),
+        ("GET", _) => Reply::ok("report"),
+        _ => Reply::status(500),
+    })
+    .await?;
+    let client = Resilience::like_reqwest_retry()
+        .backoff(demo_backoff()?)
+        .build_from(reqwest::Client::builder())?;
+    let (get, history) = send(
+        &client,
+        client.get(server.url("/report")),
+        Extensions::new(),
+    )
+    .await?;
+    print_history(&history);
+    let get = get?.status().as_u16();
+    let after_get = server.requests();
+    let (post, history) = send(
+        &client,
+        client.post(server.url("/pay")).body("{}"),
+        Extensions::new(),
+    )
+    .await?;
+    print_history(&history);
+    let post = post?.status().as_u16();
+    tour.check(
+        "reqwest-retry preset: GET 501",
+        "200, 2 at server",
+        format!("{get}, {after_get} at server"),
+    );
+    tour.check(
+        "reqwest-retry preset: POST 500",
+        "500, 1 at server",
+        format!("{post}, {} at server", server.requests() - after_get),
     );
     Ok(())
 }

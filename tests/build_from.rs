@@ -420,7 +420,11 @@ async fn the_stack_as_a_middleware_list_serves_a_lazily_built_client_with_per_at
             .into_middlewares()
             .unwrap(),
     );
-    assert_eq!(middlewares.len(), 4, "outer, the stages, the per-attempt one, transport");
+    assert_eq!(
+        middlewares.len(),
+        4,
+        "outer, the stages, the per-attempt one, transport"
+    );
     let client = loopback_builder()
         .redirect(reqwest_resilience::redirect::recorded(
             reqwest::redirect::Policy::default(),
@@ -432,7 +436,14 @@ async fn the_stack_as_a_middleware_list_serves_a_lazily_built_client_with_per_at
     let (_, ext) = execute(client.post(url).body("x")).await;
     assert_eq!(
         attempts(&ext),
-        vec![(Transmission::NotSent, Some(FailureKind::Connect), Redirects::None); 4]
+        vec![
+            (
+                Transmission::NotSent,
+                Some(FailureKind::Connect),
+                Redirects::None
+            );
+            4
+        ]
     );
     assert_eq!(outer.load(Ordering::SeqCst), 1, "once per logical request");
     assert_eq!(per_attempt.load(Ordering::SeqCst), 4, "once per attempt");

@@ -47,7 +47,9 @@
 //! use reqwest_resilience::Resilience;
 //!
 //! # fn main() -> Result<(), reqwest_resilience::ResilienceError> {
-//! let client = Resilience::new().build(reqwest::Client::new())?;
+//! // The client built with the redirect policy the stack watches (`build(client)` takes
+//! // one you built; see `client_redirects`).
+//! let client = Resilience::new().build_from(reqwest::Client::builder())?;
 //! // use `client` exactly like a reqwest::Client: client.get(url).send().await
 //! # drop(client); Ok(()) }
 //! ```
@@ -188,8 +190,11 @@ impl RetrySettings {
 ///
 /// # Errors at build time
 ///
-/// [`build`](Self::build), [`client_builder`](Self::client_builder) and
-/// [`install`](Self::install) check the whole configuration and return
+/// [`build`](Self::build), [`build_from`](Self::build_from),
+/// [`client_builder`](Self::client_builder), [`install`](Self::install),
+/// [`into_middleware`](Self::into_middleware) and
+/// [`into_middlewares`](Self::into_middlewares) (and with feature `astral` their fork
+/// counterparts) check the whole configuration and return
 /// [`ResilienceError::InvalidStack`] ([`StackError`]) for a combination that cannot work,
 /// or a part's own [`ResilienceError::InvalidConfig`].
 #[must_use = "a Resilience does nothing until it is built onto a client"]

@@ -25,6 +25,14 @@
 //! - [`ClientRedirects::Off`]: the client does not follow redirects
 //!   (`reqwest::redirect::Policy::none()`): every outcome is the first hop's.
 //!
+//! [`Resilience::build_from`](crate::Resilience::build_from) builds the client with
+//! [`recorded`] around the policy given to it and declares `Recorded`. A declaration that
+//! a response proves false (`Recorded` and a response from another URL with no hop
+//! recorded; `Off` and any redirect) turns that transport step `Unobserved` for the rest
+//! of its life and is reported once as a
+//! [`Misconfiguration`](crate::misconfig::Misconfiguration). An error alone cannot prove it
+//! (it carries the first URL), so until such a response, a false declaration is believed.
+//!
 //! ```
 //! use reqwest_resilience::Resilience;
 //! use reqwest_resilience::redirect::{self, ClientRedirects};

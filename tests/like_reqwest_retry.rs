@@ -169,3 +169,20 @@ async fn the_difference_kept_a_post_that_may_have_been_processed_is_not_sent_aga
     assert!(err.is_connect());
     assert_eq!(ext.get::<RetryOutcome>().unwrap().attempts, 4);
 }
+
+#[test]
+fn the_preset_configures_the_default_retry_so_a_prebuilt_one_conflicts() {
+    let err = Resilience::like_reqwest_retry()
+        .retry(reqwest_resilience::RetryMiddleware::new())
+        .build_from(loopback_builder())
+        .unwrap_err();
+    assert!(matches!(
+        err,
+        reqwest_resilience::ResilienceError::InvalidStack(
+            reqwest_resilience::StackError::Conflict {
+                part: reqwest_resilience::stack::StackPart::Retry,
+                setting: "like_reqwest_retry"
+            }
+        )
+    ));
+}

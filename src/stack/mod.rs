@@ -121,6 +121,8 @@ impl RetrySettings {
     /// The first setting made, for a conflict report.
     fn first_set(&self) -> Option<&'static str> {
         [
+            // The preset sets several; it is the setting the user made.
+            (self.any_server_error, "like_reqwest_retry"),
             (self.max_retries.is_some(), "max_retries"),
             (self.backoff.is_some(), "backoff"),
             (self.total_deadline.is_some(), "total_deadline"),
@@ -133,7 +135,6 @@ impl RetrySettings {
                 self.max_not_processed_retries.is_some(),
                 "max_not_processed_retries",
             ),
-            (self.any_server_error, "like_reqwest_retry"),
         ]
         .into_iter()
         .find_map(|(set, name)| set.then_some(name))

@@ -296,3 +296,48 @@ fn a_per_attempt_middleware_of_the_other_trait_is_refused_at_build_time() {
         })
     ));
 }
+
+#[tokio::test(start_paused = true)]
+async fn every_middleware_alone_serves_the_fork_client_a_401_healed_by_one_refresh() {
+    // All five in the fork's builder, in the stack's order: the first token is refused
+    // with a 401, BearerAuth refreshes once and replays, the limiter admits each attempt.
+    use reqwest_resilience::limit::{ConcurrencyLimit, LimiterConfig, LimiterRegistry};
+    use reqwest_resilience::{AccessToken, BearerAuth, TokenManager};
+
+    let fetches = Arc::new(AtomicUsize::new(0));
+    let tokens = TokenManager::new({
+        let fetches = fetches.clone();
+        move || {
+            let n = fetches.fetch_add(1, Ordering::SeqCst);
+            async move { Ok::<_, std::io::Error>(AccessToken::new(format!("token-{n}"))) }
+        }
+    });
+    let server = FaultServer::start(|_, req| match req.header("authorization") {
+        Some("Bearer token-1") => Action::ok("welcome"),
+        _ => Action::status(401),
+    })
+    .await;
+    let origin = Origin::from_url(&server.url("/").parse().unwrap()).unwrap();
+    let client = fork::ClientBuilder::new(no_redirects())
+        .with(exact_retry().build().unwrap())
+        .with(CircuitBreakerMiddleware::new(registry()))
+        .with(ConcurrencyLimit::new(
+            LimiterRegistry::new(LimiterConfig::fixed(4)).unwrap(),
+        ))
+        .with(
+            BearerAuth::builder(tokens)
+                .origin(origin)
+                .allow_http_on_loopback()
+                .build()
+                .unwrap(),
+        )
+        .with(TransportEvidence::with_client_redirects(
+            ClientRedirects::Off,
+        ))
+        .build();
+    let response = client.get(server.url("/me")).send().await.unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(response.text().await.unwrap(), "welcome");
+    assert_eq!(fetches.load(Ordering::SeqCst), 2, "one fetch, one refresh");
+    assert_eq!(server.requests_seen(), 2, "the 401, then the replay");
+}

@@ -27,9 +27,9 @@
 //!
 //! [`Resilience::build_from`](crate::Resilience::build_from) builds the client with
 //! [`recorded`] around the policy given to it and declares `Recorded`. A declaration that
-//! a response proves false (`Recorded` and a response from another URL with no hop
-//! recorded; `Off` and any redirect) turns that transport step `Unobserved` for the rest
-//! of its life and is reported once as a
+//! a response proves false (one from another URL than the request's, with no hop recorded
+//! under `Recorded`, at all under `Off`) turns that transport step `Unobserved` for the
+//! rest of its life and is reported once as a
 //! [`Misconfiguration`](crate::misconfig::Misconfiguration). An error alone cannot prove it
 //! (it carries the first URL), so until such a response, a false declaration is believed.
 //!
@@ -99,7 +99,7 @@ impl Declared {
 
     /// Whether a response from another URL than the request's (`moved`) after `recorded`
     /// recorded hops proves the declaration `assumed` false: a redirect that `Recorded`
-    /// would have recorded, or any redirect under `Off`.
+    /// would have recorded, or any under `Off`.
     pub(crate) fn disproved_by(assumed: ClientRedirects, moved: bool, recorded: u32) -> bool {
         assumed != ClientRedirects::Unobserved && moved && recorded == 0
     }

@@ -73,8 +73,9 @@ impl TransportEvidence {
 
     /// A transport step told what the client below does with redirects.
     ///
-    /// A declaration a response proves false (`Recorded`, and a response from another URL
-    /// with no hop recorded; `Off`, and any redirect) turns this step and its clones to
+    /// A declaration a response proves false (a response from another URL than the
+    /// request's, with no hop recorded under `Recorded`, at all under `Off`) turns this
+    /// step and its clones to
     /// [`ClientRedirects::Unobserved`] for the rest of their life, and is reported once as
     /// a [`Misconfiguration`](crate::misconfig::Misconfiguration).
     pub fn with_client_redirects(redirects: ClientRedirects) -> Self {
@@ -267,6 +268,8 @@ fn apply_redirects(
     hops: Option<HopCount>,
 ) -> bool {
     let consulted = hops.as_ref().map_or(0, |h| h.consulted);
+    // Only a response can show a followed redirect: an error carries the first URL, and
+    // one about a `Location` (unparsable, refused) comes whether or not a policy follows.
     let mut disproved = false;
     let (redirects, final_url_origin) = match result {
         Ok(response) => {
@@ -299,8 +302,6 @@ fn apply_redirects(
             } else {
                 Redirects::None
             };
-            // A client that follows no redirects answers a redirect with the response.
-            disproved = client == ClientRedirects::Off && redirects != Redirects::None;
             let last = hops.and_then(|h| h.last_location);
             (redirects, last.filter(|_| !err.is_redirect()))
         }

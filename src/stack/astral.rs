@@ -4,21 +4,21 @@
 //! `reqwest_middleware` in their code).
 //!
 //! ```
-//! use reqwest_resilience::Resilience;
-//! use reqwest_resilience::redirect::ClientRedirects;
+//! use reqwest_resilience::redirect::{self, ClientRedirects};
+//! use reqwest_resilience::{Resilience, ResilienceError};
 //!
-//! # fn main() -> Result<(), reqwest_resilience::ResilienceError> {
-//! // uv's way: its own reqwest::Client (redirects off, followed by its own code), then the
-//! // fork's builder, with its middlewares per attempt.
+//! # fn main() -> Result<(), ResilienceError> {
+//! // uv's way: its own reqwest::Client (its redirect policy watched), then the fork's
+//! // builder, its own middlewares per attempt.
 //! let client = reqwest::Client::builder()
-//!     .redirect(reqwest::redirect::Policy::none())
+//!     .redirect(redirect::recorded(reqwest::redirect::Policy::default()))
 //!     .build()
 //!     .map_err(ResilienceError::ClientBuild)?;
 //! let client = Resilience::new()
-//!     .client_redirects(ClientRedirects::Off)
+//!     .client_redirects(ClientRedirects::Recorded)
 //!     .install_astral(astral_reqwest_middleware::ClientBuilder::new(client))?
 //!     .build();
-//! # use reqwest_resilience::ResilienceError; drop(client); Ok(()) }
+//! # drop(client); Ok(()) }
 //! ```
 
 use std::fmt;

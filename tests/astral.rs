@@ -23,7 +23,8 @@ use reqwest_resilience::{
     AttemptHistory, Backoff, BreakerState, CircuitBreakerMiddleware, FailureKind, Jitter, Origin,
     Resilience, ResilienceError, StackError, Transmission, TransportEvidence,
 };
-use support::{Action, FaultServer, exact_retry, refused_port};
+use support::held_port::HeldRefusedPort;
+use support::{Action, FaultServer, exact_retry};
 
 /// A loopback client that follows no redirects (uv's default: it follows them itself).
 fn no_redirects() -> reqwest::Client {
@@ -84,7 +85,8 @@ fn transmissions(ext: &Extensions) -> Vec<(Transmission, Option<FailureKind>)> {
 /// A refused `POST` through `client`: four attempts, each `NotSent`, and reqwest's own
 /// error at the end (`is_connect()` on the fork's error, as without the stack).
 async fn assert_refused_post_retried(client: &fork::ClientWithMiddleware) {
-    let url = format!("http://127.0.0.1:{}/pay", refused_port());
+    let dead = HeldRefusedPort::new();
+    let url = dead.url("/pay");
     let (result, ext) = execute(client.post(&url).body("1 EUR")).await;
     let err = result.unwrap_err();
     assert!(matches!(err, fork::Error::Reqwest(_)), "{err:?}");
@@ -340,4 +342,24 @@ async fn every_middleware_alone_serves_the_fork_client_a_401_healed_by_one_refre
     assert_eq!(response.text().await.unwrap(), "welcome");
     assert_eq!(fetches.load(Ordering::SeqCst), 2, "one fetch, one refresh");
     assert_eq!(server.requests_seen(), 2, "the 401, then the replay");
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_stack_as_a_fork_middleware_list_serves_a_client_built_later() {
+    // rattler's way: `Vec<Arc<dyn Middleware>>` of the fork, handed to
+    // `ClientWithMiddleware::new` when the client is first needed.
+    let seen = Arc::new(AtomicUsize::new(0));
+    let middlewares = exact_stack()
+        .client_redirects(ClientRedirects::Off)
+        .per_attempt_astral(Counting(seen.clone()))
+        .into_middlewares_astral()
+        .unwrap();
+    assert_eq!(
+        middlewares.len(),
+        3,
+        "the stages, the per-attempt one, transport"
+    );
+    let client = fork::ClientWithMiddleware::new(no_redirects(), middlewares);
+    assert_refused_post_retried(&client).await;
+    assert_eq!(seen.load(Ordering::SeqCst), 4);
 }

@@ -15,13 +15,14 @@ use reqwest_middleware::ClientWithMiddleware;
 use reqwest_resilience::breaker::{BreakerConfig, BreakerRegistry};
 use reqwest_resilience::misconfig::Misconfiguration;
 use reqwest_resilience::redirect::ClientRedirects;
-use reqwest_resilience::retry::{RetryOutcome, StopReason};
+use reqwest_resilience::retry::{MaxRetries, RetryOutcome, StopReason};
 use reqwest_resilience::stack::StackPart;
 use reqwest_resilience::{
     AttemptHistory, Backoff, BreakerState, FailureKind, Jitter, Origin, Redirects, Resilience,
     ResilienceError, StackError, Transmission,
 };
-use support::{Action, FaultServer, refused_port};
+use support::held_port::HeldRefusedPort;
+use support::{Action, FaultServer};
 
 /// The loopback options (no proxy, no idle pool for the paused clock): all a user's
 /// builder would hold, the redirect policy left to `build_from`.
@@ -81,7 +82,8 @@ fn saw(server: &FaultServer, method: &str, path: &str) -> usize {
 #[tokio::test(start_paused = true)]
 async fn the_quick_start_client_retries_a_refused_post_four_times_unsent() {
     let client = exact_stack().build_from(loopback_builder()).unwrap();
-    let url = format!("http://127.0.0.1:{}/pay", refused_port());
+    let dead = HeldRefusedPort::new();
+    let url = dead.url("/pay");
     let (result, ext) = execute(client.post(&url).body("1 EUR")).await;
     let err = result.unwrap_err();
     assert!(err.is_connect(), "reqwest's own error: {err:?}");
@@ -105,7 +107,8 @@ async fn the_quick_start_client_retries_a_refused_post_four_times_unsent() {
 
 #[tokio::test(start_paused = true)]
 async fn the_quick_start_client_charges_a_redirect_targets_failure_to_the_target() {
-    let dead = format!("http://127.0.0.1:{}/gone", refused_port());
+    let held = HeldRefusedPort::new();
+    let dead = held.url("/gone");
     let a = FaultServer::always(Action::status(302).header("location", &dead)).await;
     let registry = BreakerRegistry::new(BreakerConfig::default()).unwrap();
     let client = Resilience::new()
@@ -192,16 +195,19 @@ fn build_from_errors_are_typed() {
 }
 
 /// `GET /moved` is redirected to `/here` on the same server; `POST /pay` is answered
-/// `303` to a refused port.
-async fn mover(dead: String) -> FaultServer {
-    FaultServer::start(
+/// `303` to the refused port returned beside it.
+async fn mover() -> (FaultServer, HeldRefusedPort) {
+    let dead = HeldRefusedPort::new();
+    let location = dead.url("/receipt");
+    let server = FaultServer::start(
         move |_, req| match (req.method.as_str(), req.path.as_str()) {
             ("GET", "/moved") => Action::status(302).header("location", "/here"),
-            ("POST", "/pay") => Action::status(303).header("location", &dead),
+            ("POST", "/pay") => Action::status(303).header("location", &location),
             _ => Action::ok("here"),
         },
     )
-    .await
+    .await;
+    (server, dead)
 }
 
 /// The proof, then the POST of the issue: sent once, and a refused GET afterwards is
@@ -235,10 +241,16 @@ async fn assert_downgraded(client: &ClientWithMiddleware, server: &FaultServer) 
         ext.get::<RetryOutcome>().unwrap().stop,
         StopReason::MayHaveBeenProcessed
     );
-    // Later requests too: a refused GET is retried as `Unknown` (idempotent), not as
-    // `NotSent`.
-    let url = format!("http://127.0.0.1:{}/items", refused_port());
-    let (_, ext) = execute(client.get(url)).await;
+    // Later requests too: a refused GET (one retry allowed) is retried as `Unknown`
+    // (idempotent), not as `NotSent`.
+    let dead = HeldRefusedPort::new();
+    let url = dead.url("/items");
+    let (client, request) = client.get(url).build_split();
+    let mut ext = Extensions::new();
+    ext.insert(MaxRetries(1));
+    let _ = client
+        .execute_with_extensions(request.unwrap(), &mut ext)
+        .await;
     assert_eq!(
         attempts(&ext),
         vec![
@@ -247,7 +259,7 @@ async fn assert_downgraded(client: &ClientWithMiddleware, server: &FaultServer) 
                 Some(FailureKind::Connect),
                 Redirects::Unknown
             );
-            4
+            2
         ]
     );
 }
@@ -261,8 +273,7 @@ fn reported(m: Misconfiguration) -> usize {
 
 #[tokio::test(start_paused = true)]
 async fn a_false_recorded_declaration_is_downgraded_after_its_first_proof() {
-    let dead = format!("http://127.0.0.1:{}/receipt", refused_port());
-    let server = mover(dead).await;
+    let (server, _dead) = mover().await;
     let client = exact_stack()
         .client_redirects(ClientRedirects::Recorded)
         .build(unrecorded_client())
@@ -275,8 +286,7 @@ async fn a_false_recorded_declaration_is_downgraded_after_its_first_proof() {
 
 #[tokio::test(start_paused = true)]
 async fn a_false_off_declaration_is_downgraded_after_its_first_proof() {
-    let dead = format!("http://127.0.0.1:{}/receipt", refused_port());
-    let server = mover(dead).await;
+    let (server, _dead) = mover().await;
     let client = exact_stack()
         .client_redirects(ClientRedirects::Off)
         .build(unrecorded_client())
@@ -289,12 +299,13 @@ async fn a_false_off_declaration_is_downgraded_after_its_first_proof() {
 async fn a_true_recorded_declaration_is_never_downgraded() {
     // build_from's client: the same redirect, recorded; the POST's refused first hop
     // afterwards is still proven unsent and retried.
-    let server = mover(String::new()).await;
+    let (server, _dead) = mover().await;
     let client = exact_stack().build_from(loopback_builder()).unwrap();
     let (result, ext) = execute(client.get(server.url("/moved"))).await;
     assert_eq!(result.unwrap().status(), 200);
     assert_eq!(attempts(&ext)[0].2, Redirects::Followed { hops: Some(1) });
-    let url = format!("http://127.0.0.1:{}/pay", refused_port());
+    let dead = HeldRefusedPort::new();
+    let url = dead.url("/pay");
     let (_, ext) = execute(client.post(url).body("x")).await;
     assert_eq!(
         attempts(&ext),
@@ -336,7 +347,8 @@ async fn a_shared_per_attempt_middleware_sees_every_attempt() {
         .fold(exact_stack(), |stack, m| stack.per_attempt_arc(m.clone()))
         .build_from(loopback_builder())
         .unwrap();
-    let url = format!("http://127.0.0.1:{}/pay", refused_port());
+    let dead = HeldRefusedPort::new();
+    let url = dead.url("/pay");
     let (_, ext) = execute(client.post(url).body("x")).await;
     assert_eq!(seen.load(Ordering::SeqCst), 4);
     assert_eq!(
@@ -373,7 +385,8 @@ async fn the_stack_as_one_middleware_serves_a_client_built_later() {
             b.with_arc(m.clone())
         })
         .build();
-    let url = format!("http://127.0.0.1:{}/pay", refused_port());
+    let dead = HeldRefusedPort::new();
+    let url = dead.url("/pay");
     let (_, ext) = execute(client.post(url).body("x")).await;
     assert_eq!(
         attempts(&ext),
@@ -432,7 +445,8 @@ async fn the_stack_as_a_middleware_list_serves_a_lazily_built_client_with_per_at
         .build()
         .unwrap();
     let client = ClientWithMiddleware::new(client, middlewares);
-    let url = format!("http://127.0.0.1:{}/pay", refused_port());
+    let dead = HeldRefusedPort::new();
+    let url = dead.url("/pay");
     let (_, ext) = execute(client.post(url).body("x")).await;
     assert_eq!(
         attempts(&ext),

@@ -10,7 +10,8 @@ use std::time::Duration;
 use http::Extensions;
 use reqwest_resilience::retry::{RetryOutcome, StopReason};
 use reqwest_resilience::{AttemptDecision, AttemptHistory, Resilience};
-use support::{Action, FaultServer, refused_port};
+use support::held_port::HeldRefusedPort;
+use support::{Action, FaultServer};
 
 fn loopback_builder() -> reqwest::ClientBuilder {
     reqwest::Client::builder()
@@ -159,7 +160,8 @@ async fn the_difference_kept_a_post_that_may_have_been_processed_is_not_sent_aga
     assert_eq!(server.requests_seen(), 1);
     // A POST proven unsent is retried, like every request reqwest-retry retries on a
     // connect error: four attempts.
-    let url = format!("http://127.0.0.1:{}/pay", refused_port());
+    let dead = HeldRefusedPort::new();
+    let url = dead.url("/pay");
     let (client, request) = preset().post(url).body("1 EUR").build_split();
     let mut ext = Extensions::new();
     let err = client

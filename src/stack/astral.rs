@@ -60,16 +60,24 @@ impl Resilience {
         self,
         builder: ClientBuilder,
     ) -> Result<AstralStackBuilder, ResilienceError> {
+        let chain = self.into_middlewares_astral()?;
+        Ok(AstralStackBuilder {
+            builder: chain.into_iter().fold(builder, ClientBuilder::with_arc),
+        })
+    }
+
+    /// [`into_middlewares`](Self::into_middlewares) for the astral fork: the stages, the
+    /// per-attempt middlewares and the transport step, for the fork's
+    /// `ClientWithMiddleware::new(client, middlewares)` later (rattler's `LazyClient`).
+    ///
+    /// # Errors
+    ///
+    /// As [`install_astral`](Self::install_astral).
+    #[cfg_attr(docsrs, doc(cfg(feature = "astral")))]
+    pub fn into_middlewares_astral(self) -> Result<Vec<Arc<dyn Middleware>>, ResilienceError> {
         let per_attempt = astral_per_attempt(&self.per_attempt)?;
         let parts = self.prebuilt_client()?.assemble()?;
-        let mut builder = builder.with_arc(parts.stack);
-        for middleware in per_attempt {
-            builder = builder.with_arc(middleware);
-        }
-        if let Some(transport) = parts.transport {
-            builder = builder.with(transport);
-        }
-        Ok(AstralStackBuilder { builder })
+        Ok(parts.into_chain(per_attempt, |stack| stack, |transport| Arc::new(transport)))
     }
 
     /// [`build`](Self::build) for the astral fork: `client` wrapped in the stack.

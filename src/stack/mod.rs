@@ -633,16 +633,10 @@ impl Resilience {
     ///
     /// See [Errors at build time](Self#errors-at-build-time).
     pub fn install(self, builder: ClientBuilder) -> Result<StackBuilder, ResilienceError> {
-        let per_attempt = reqwest_per_attempt(&self.per_attempt)?;
-        let parts = self.prebuilt_client()?.assemble()?;
-        let mut builder = builder.with_arc(parts.stack);
-        for middleware in per_attempt {
-            builder = builder.with_arc(middleware);
-        }
-        if let Some(transport) = parts.transport {
-            builder = builder.with(transport);
-        }
-        Ok(StackBuilder { builder })
+        let chain = self.into_middlewares()?;
+        Ok(StackBuilder {
+            builder: chain.into_iter().fold(builder, ClientBuilder::with_arc),
+        })
     }
 
     /// The composed stack as one middleware, for a client builder made later (a client
@@ -728,13 +722,7 @@ impl Resilience {
     pub fn into_middlewares(self) -> Result<Vec<Arc<dyn Middleware>>, ResilienceError> {
         let per_attempt = reqwest_per_attempt(&self.per_attempt)?;
         let parts = self.prebuilt_client()?.assemble()?;
-        let mut chain: Vec<Arc<dyn Middleware>> = Vec::with_capacity(per_attempt.len() + 2);
-        chain.push(parts.stack);
-        chain.extend(per_attempt);
-        if let Some(transport) = parts.transport {
-            chain.push(Arc::new(transport));
-        }
-        Ok(chain)
+        Ok(parts.into_chain(per_attempt, |stack| stack, |transport| Arc::new(transport)))
     }
 
     /// Refuses the settings only `build_from` can apply, for a client built elsewhere.
@@ -1017,6 +1005,24 @@ struct Assembled {
     stack: Arc<dyn compose::StackMiddleware>,
     /// The transport step as a middleware of its own, after the per-attempt ones.
     transport: Option<TransportEvidence>,
+}
+
+impl Assembled {
+    /// The middlewares in the order a client builder holds them (the stages, the
+    /// per-attempt ones, the transport step when it is not among the stages), as trait
+    /// objects of either crate's `Middleware` (`stack` and `transport` make them so).
+    fn into_chain<M: ?Sized>(
+        self,
+        per_attempt: Vec<Arc<M>>,
+        stack: impl FnOnce(Arc<dyn compose::StackMiddleware>) -> Arc<M>,
+        transport: impl FnOnce(TransportEvidence) -> Arc<M>,
+    ) -> Vec<Arc<M>> {
+        let mut chain = Vec::with_capacity(per_attempt.len() + 2);
+        chain.push(stack(self.stack));
+        chain.extend(per_attempt);
+        chain.extend(self.transport.map(transport));
+        chain
+    }
 }
 
 /// The whole stack as one middleware ([`Resilience::into_middleware`]), for a client

@@ -169,7 +169,7 @@
 //! | `tracing` | spans and events (optional dependency `tracing`) |
 //! | `retry-policies` | `RetryMiddleware::new_with_policy` takes a `retry_policies::RetryPolicy`, for a one-line migration from reqwest-retry |
 //! | `oauth2` | `auth::OAuth2Source`: OAuth 2.0 client-credentials and refresh-token grants |
-//! | `astral` | every middleware and the composed stack also implement `astral-reqwest-middleware`'s `Middleware` (the fork uv, rattler and pixi use): [`Resilience::install_astral`], `build_astral`, `build_from_astral`, `per_attempt_astral`, [`ResilienceError::find_astral`]; additive (both traits in one build) |
+//! | `astral` | every middleware and the composed stack also implement `astral-reqwest-middleware`'s `Middleware` (the fork uv, rattler and pixi use): [`Resilience::install_astral`], `build_astral`, `build_from_astral`, `into_middlewares_astral`, `per_attempt_astral`, [`ResilienceError::find_astral`]; additive (both traits in one build) |
 //! | `metrics` | per-attempt `http.client.request.duration` and counters for retries, stops, breakers, pauses, budget and tokens through the `metrics` facade (see [`metrics`]) |
 //!
 //! No feature is on by default. reqwest is used without default features: choose your TLS

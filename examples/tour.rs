@@ -160,6 +160,7 @@ async fn main() -> Result<(), BoxError> {
     hedging(&mut tour).await?;
     attempt_timeout(&mut tour).await?;
     hedging_safe_methods(&mut tour).await?;
+    visible_retries_with_uvs_rules(&mut tour).await?;
     like_reqwest_retry(&mut tour).await?;
 
     println!("\nSummary");
@@ -849,11 +850,56 @@ async fn hedging_safe_methods(tour: &mut Tour) -> Result<(), BoxError> {
     Ok(())
 }
 
+/// uv's transient rules as the strategy, each retry told before its wait, and the outcome
+/// beside the result.
+async fn visible_retries_with_uvs_rules(tour: &mut Tour) -> Result<(), BoxError> {
+    use reqwest_resilience::SendWithHistory;
+    use reqwest_resilience::retry::strategies::uv_transient;
+
+    println!(
+        "\n15. uv's rules, retries told as they happen: a 507 (which uv retries, the default \
+         table does not) and a hang-up, then 200"
+    );
+    let server = FlakyServer::start(|n, _| match n {
+        0 => Reply::status(507),
+        1 => Reply::HangUp,
+        _ => Reply::ok("index"),
+    })
+    .await?;
+    let notices = Arc::new(AtomicUsize::new(0));
+    let client = demo_stack()?
+        .retry_strategy(uv_transient())
+        .before_sleep({
+            let notices = notices.clone();
+            move |n| {
+                notices.fetch_add(1, Ordering::SeqCst);
+                let what = n
+                    .status
+                    .map_or_else(|| n.error_messages().join(": "), |s| s.to_string());
+                println!(
+                    "   attempt {} failed ({what}); retrying in {:?}",
+                    n.attempt, n.delay
+                );
+            }
+        })
+        .build(recorded_client()?)?;
+    let exchange = client.get(server.url("/simple/")).send_with_history().await;
+    print_history(&exchange.history);
+    let status = exchange.result?.status().as_u16();
+    let retries = exchange.outcome.map_or(0, |o| o.retries());
+    tour.check(
+        "uv rules: 507 and hang-up retried",
+        "200 after 2 retries, 2 told",
+        format!(
+            "{status} after {retries} retries, {} told",
+            notices.load(Ordering::SeqCst)
+        ),
+
 /// `Resilience::like_reqwest_retry()`: reqwest-retry's statuses (every 5xx) and no breaker
 /// or budget, but still no second POST that may have been processed.
 async fn like_reqwest_retry(tour: &mut Tour) -> Result<(), BoxError> {
     println!(
-        "\n15. Coming from reqwest-retry: its preset retries a GET answered 501 (every 5xx), \
+        "\n16. Coming from reqwest-retry: its preset retries a GET answered 501 (every 5xx), \
          and still sends a POST answered 500 once (delays shortened for the demo)"
     );
     let server = FlakyServer::start(|i, req| match (req.method.as_str(), i) {

@@ -49,6 +49,7 @@ pub mod h2;
 pub mod held_port;
 pub mod nginx;
 pub mod tls;
+pub mod tls_faults;
 
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -88,6 +89,9 @@ pub enum Action {
     ReadThenReset,
     /// Write half a response head (`HTTP/1.1 200 OK\r\nContent-Le`), then close.
     HalfHead,
+    /// Write half a response head, then reset the connection (`SO_LINGER` 0): a reset in
+    /// the middle of the response head.
+    HalfHeadThenReset,
     /// Never answer; hold the socket open until the server is dropped.
     Stall,
     /// Write these bytes, then close. From the accept hook, the server first reads the
@@ -496,6 +500,11 @@ async fn apply_terminal(stream: &mut TcpStream, action: Action) {
         Action::HalfHead => {
             let _ = stream.write_all(b"HTTP/1.1 200 OK\r\nContent-Le").await;
             let _ = stream.flush().await;
+        }
+        Action::HalfHeadThenReset => {
+            let _ = stream.write_all(b"HTTP/1.1 200 OK\r\nContent-Le").await;
+            let _ = stream.flush().await;
+            let _ = stream.set_zero_linger();
         }
         Action::Stall => std::future::pending::<()>().await,
         Action::Garbage(bytes) => {

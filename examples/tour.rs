@@ -882,7 +882,7 @@ async fn visible_retries_with_uvs_rules(tour: &mut Tour) -> Result<(), BoxError>
                 );
             }
         })
-        .build(recorded_client()?)?;
+        .build_from(reqwest::Client::builder())?;
     let exchange = client.get(server.url("/simple/")).send_with_history().await;
     print_history(&exchange.history);
     let status = exchange.result?.status().as_u16();
@@ -894,6 +894,9 @@ async fn visible_retries_with_uvs_rules(tour: &mut Tour) -> Result<(), BoxError>
             "{status} after {retries} retries, {} told",
             notices.load(Ordering::SeqCst)
         ),
+    );
+    Ok(())
+}
 
 /// `Resilience::like_reqwest_retry()`: reqwest-retry's statuses (every 5xx) and no breaker
 /// or budget, but still no second POST that may have been processed.

@@ -21,7 +21,6 @@ use reqwest_resilience::breaker::{
     BreakerConfig, BreakerRegistry, BreakerState, SlowCalls, TripPolicy,
 };
 use reqwest_resilience::coalesce::CoalesceGets;
-use reqwest_resilience::redirect::{self, ClientRedirects};
 use reqwest_resilience::retry::{Hedge, Hedging, MaxRetries};
 use reqwest_resilience::{
     AccessToken, AttemptDecision, AttemptHistory, AttemptRecord, Backoff, BearerAuth, Origin,
@@ -35,14 +34,6 @@ fn demo_backoff() -> Result<Backoff, BoxError> {
     Ok(Backoff::builder()
         .base(Duration::from_millis(50))
         .max_delay(Duration::from_millis(200))
-        .build()?)
-}
-
-/// A `reqwest::Client` whose redirects the transport step sees (every hop recorded), so
-/// that a refused connect is proven to be the first hop's.
-fn recorded_client() -> Result<reqwest::Client, BoxError> {
-    Ok(reqwest::Client::builder()
-        .redirect(redirect::recorded(reqwest::redirect::Policy::default()))
         .build()?)
 }
 
@@ -177,6 +168,7 @@ async fn main() -> Result<(), BoxError> {
     slow_call_trip(&mut tour).await?;
     chaos_scene(&mut tour).await?;
     rate_limit_fields(&mut tour).await?;
+    like_reqwest_retry(&mut tour).await?;
 
     println!("\nSummary");
     println!("{:<34} {:<26} {:<26} ok", "scene", "expected", "observed");
@@ -205,11 +197,9 @@ async fn main() -> Result<(), BoxError> {
 /// A refused connection is proven not sent, so even a POST may be retried.
 async fn refused_connection(tour: &mut Tour) -> Result<(), BoxError> {
     println!("1. A POST to a refused connection: proven not sent, so retried (nobody listens)");
-    // Told that the client records its redirects: a refused connect with no redirect
-    // before it is then proven to be the first hop's (see scene 9).
-    let client = demo_stack()?
-        .client_redirects(ClientRedirects::Recorded)
-        .build(recorded_client()?)?;
+    // `build_from` builds the client with a redirect policy the stack watches: a refused
+    // connect with no redirect before it is then proven to be the first hop's (scene 9).
+    let client = demo_stack()?.build_from(reqwest::Client::builder())?;
     let url = refused_url("/orders")?;
     let (result, history) = send(&client, client.post(&url).body("{}"), Extensions::new()).await?;
     print_history(&history);
@@ -568,9 +558,7 @@ async fn redirected_post(tour: &mut Tour) -> Result<(), BoxError> {
     let receipt = refused_url("/receipt")?;
     let server =
         FlakyServer::start(move |_, _| Reply::status(303).header("location", &receipt)).await?;
-    let client = demo_stack()?
-        .client_redirects(ClientRedirects::Recorded)
-        .build(recorded_client()?)?;
+    let client = demo_stack()?.build_from(reqwest::Client::builder())?;
     let (result, history) = send(
         &client,
         client.post(server.url("/pay")).body("{\"amount\": 10}"),
@@ -901,7 +889,7 @@ async fn visible_retries_with_uvs_rules(tour: &mut Tour) -> Result<(), BoxError>
                 );
             }
         })
-        .build(recorded_client()?)?;
+        .build_from(reqwest::Client::builder())?;
     let exchange = client.get(server.url("/simple/")).send_with_history().await;
     print_history(&exchange.history);
     let status = exchange.result?.status().as_u16();
@@ -1145,6 +1133,49 @@ async fn rate_limit_fields(tour: &mut Tour) -> Result<(), BoxError> {
         "rate fields: learned 10/s, 20 callers",
         "20 × 200",
         format!("{ok} × 200"),
+
+/// `Resilience::like_reqwest_retry()`: reqwest-retry's statuses (every 5xx) and no breaker
+/// or budget, but still no second POST that may have been processed.
+async fn like_reqwest_retry(tour: &mut Tour) -> Result<(), BoxError> {
+    println!(
+        "\n20. Coming from reqwest-retry: its preset retries a GET answered 501 (every 5xx), \
+         and still sends a POST answered 500 once (delays shortened for the demo)"
+    );
+    let server = FlakyServer::start(|i, req| match (req.method.as_str(), i) {
+        ("GET", 0) => Reply::status(501),
+        ("GET", _) => Reply::ok("report"),
+        _ => Reply::status(500),
+    })
+    .await?;
+    let client = Resilience::like_reqwest_retry()
+        .backoff(demo_backoff()?)
+        .build_from(reqwest::Client::builder())?;
+    let (get, history) = send(
+        &client,
+        client.get(server.url("/report")),
+        Extensions::new(),
+    )
+    .await?;
+    print_history(&history);
+    let get = get?.status().as_u16();
+    let after_get = server.requests();
+    let (post, history) = send(
+        &client,
+        client.post(server.url("/pay")).body("{}"),
+        Extensions::new(),
+    )
+    .await?;
+    print_history(&history);
+    let post = post?.status().as_u16();
+    tour.check(
+        "reqwest-retry preset: GET 501",
+        "200, 2 at server",
+        format!("{get}, {after_get} at server"),
+    );
+    tour.check(
+        "reqwest-retry preset: POST 500",
+        "500, 1 at server",
+        format!("{post}, {} at server", server.requests() - after_get),
     );
     Ok(())
 }

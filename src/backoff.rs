@@ -52,6 +52,11 @@ pub enum Jitter {
     /// uniform in `[base, 3 × previous]`, capped at `max_delay`. The growth comes from the
     /// previous delay, not from `factor`.
     Decorrelated,
+    /// retry-policies' `Jitter::Bounded` (what reqwest-retry users such as uv pick):
+    /// uniform in `[base / 2, d]`, a floor at half the backoff's *base* delay whatever the
+    /// retry, so no retry comes almost at once, and the spread of full jitter above it.
+    /// [`Jitter::apply`] alone knows no base and takes `delay` as it (the first retry).
+    Bounded,
 }
 
 impl Default for Jitter {
@@ -91,6 +96,7 @@ impl Jitter {
             }
             Jitter::Additive(r) => (d, d * (1.0 + r.clamp(0.0, 10.0))),
             Jitter::Full | Jitter::Decorrelated => (0.0, d),
+            Jitter::Bounded => (d / 2.0, d),
         };
         let mut v = lo + u * (hi - lo);
         if matches!(self, Jitter::Proportional(_)) && hi > lo && v >= hi {
@@ -197,8 +203,16 @@ impl Backoff {
             Jitter::Decorrelated => {
                 self.decorrelated(previous.unwrap_or(self.base), random.next_unit())
             }
+            Jitter::Bounded => self.bounded(self.base_delay(retry), random.next_unit()),
             jitter => jitter.apply(self.base_delay(retry), random.next_unit()),
         }
+    }
+
+    /// retry-policies' bounded jitter: `base / 2 + sample × (delay − base / 2)`.
+    fn bounded(&self, delay: Duration, sample: f64) -> Duration {
+        let floor = nanos_f64(self.base) / 2.0;
+        let d = nanos_f64(delay);
+        from_nanos_floor(floor + clamp_unit(sample) * (d - floor)).min(self.max_delay)
     }
 
     /// AWS: `sleep = min(cap, random_between(base, sleep × 3))`.
@@ -435,6 +449,33 @@ mod tests {
     }
 
     #[test]
+    fn bounded_jitter_has_its_floor_at_half_the_base_for_every_retry() {
+        let b = Backoff::builder()
+            .base(Duration::from_secs(1))
+            .max_delay(Duration::from_secs(30 * 60))
+            .jitter(Jitter::Bounded)
+            .build()
+            .unwrap();
+        // The third retry's delay is 4 s: spread over [0.5 s, 4 s].
+        let d = b.base_delay(2);
+        assert_eq!(d, Duration::from_secs(4));
+        assert_eq!(b.bounded(d, 0.0), Duration::from_millis(500));
+        assert_eq!(b.bounded(d, 0.5), Duration::from_millis(2250));
+        assert_eq!(b.bounded(d, 1.0), d);
+        // The same arithmetic as retry-policies' `Jitter::Bounded`.
+        let theirs =
+            |u: f64| (d - Duration::from_millis(500)).mul_f64(u) + Duration::from_millis(500);
+        for u in [0.0, 0.25, 0.5, 0.75, 1.0] {
+            assert_eq!(b.bounded(d, u), theirs(u), "sample {u}");
+        }
+        // Alone, `apply` takes the delay as the base (the first retry).
+        assert_eq!(
+            Jitter::Bounded.apply(Duration::from_secs(1), 0.0),
+            Duration::from_millis(500)
+        );
+    }
+
+    #[test]
     fn decorrelated_grows_from_the_previous_delay_and_is_capped() {
         let b = Backoff::builder()
             .base(Duration::from_secs(1))
@@ -463,6 +504,7 @@ mod tests {
             (0.0..=10.0f64).prop_map(Jitter::Additive),
             Just(Jitter::Full),
             Just(Jitter::Decorrelated),
+            Just(Jitter::Bounded),
         ]
     }
 
@@ -502,6 +544,10 @@ mod tests {
                     prop_assert!(got <= d * (1.0 + r));
                 }
                 Jitter::Full => prop_assert!((0.0..=d).contains(&got)),
+                Jitter::Bounded => {
+                    let floor = b.base().as_nanos() as f64 / 2.0;
+                    prop_assert!(got >= floor.floor() && got <= d);
+                }
                 Jitter::Decorrelated => {
                     let base = b.base().as_nanos() as f64;
                     let cap = b.max_delay().as_nanos() as f64;

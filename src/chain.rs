@@ -7,7 +7,8 @@
 //!   `io::Error` that `bytes_stream()` readers see, a `hyper::Error` inside an `io::Error`)
 //!   is reached only through `io::Error::get_ref`;
 //! - `reqwest_middleware::Error` is `#[error(transparent)]`: its `source()` is its inner
-//!   error's source, so the `reqwest::Error` it wraps is skipped.
+//!   error's source, so the `reqwest::Error` it wraps is skipped (so is the astral fork's
+//!   copy of it, walked the same way with feature `astral`).
 //!
 //! [`links`] visits every error of the chain once, these included, and the helpers below
 //! find a type, an `io::ErrorKind` or an HTTP/2 reason anywhere in it. They take
@@ -57,6 +58,14 @@ fn below<'a>(e: &'a (dyn StdError + 'static)) -> Option<&'a (dyn StdError + 'sta
         return Some(match mw {
             reqwest_middleware::Error::Reqwest(inner) => inner as &(dyn StdError + 'static),
             reqwest_middleware::Error::Middleware(inner) => inner.as_ref(),
+        });
+    }
+    // The astral fork's copy of it, likewise transparent.
+    #[cfg(feature = "astral")]
+    if let Some(mw) = e.downcast_ref::<astral_reqwest_middleware::Error>() {
+        return Some(match mw {
+            astral_reqwest_middleware::Error::Reqwest(inner) => inner as &(dyn StdError + 'static),
+            astral_reqwest_middleware::Error::Middleware(inner) => inner.as_ref(),
         });
     }
     e.source()
@@ -161,6 +170,19 @@ mod tests {
         assert!(find::<io::Error>(&err).is_some());
         assert!(reqwest_error(&err).is_none());
         assert_eq!(h2_reason(&err), None);
+    }
+
+    #[cfg(feature = "astral")]
+    #[test]
+    fn the_astral_forks_error_exposes_what_it_wraps() {
+        let err = astral_reqwest_middleware::Error::middleware(io::Error::new(
+            io::ErrorKind::BrokenPipe,
+            "pipe",
+        ));
+        assert!(has_io_kind(&err, &[io::ErrorKind::BrokenPipe]));
+        // The fork's error, the io::Error it wraps, and that one's message.
+        assert_eq!(links(&err).count(), 3);
+        assert!(find::<io::Error>(&err).is_some());
     }
 
     #[test]

@@ -17,8 +17,9 @@
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! // Retry → CircuitBreaker → TransportEvidence, with the defaults below.
-//! let client = Resilience::new().build(reqwest::Client::new())?;
+//! // Retry → CircuitBreaker → TransportEvidence, with the defaults below, over a client
+//! // built with the redirect policy the stack watches (the whole decision table).
+//! let client = Resilience::new().build_from(reqwest::Client::builder())?;
 //! let body = client.get("https://api.example.com/v1/items").send().await?.text().await?;
 //! # let _ = body; Ok(()) }
 //! ```
@@ -50,7 +51,9 @@
 //! limit ([`rate`], set by hand or learned from the servers' rate-limit fields) between
 //! the breaker and the concurrency limit ([`Resilience::rate_limit`]).
 //! Your own middleware goes around the stack ([`Resilience::install`]) or per attempt
-//! ([`Resilience::per_attempt`]); see [`stack`].
+//! ([`Resilience::per_attempt`], [`Resilience::per_attempt_arc`]); see [`stack`]. For a
+//! client builder made later, [`Resilience::into_middleware`] is the whole stack as one
+//! middleware. Coming from reqwest-retry: [`Resilience::like_reqwest_retry`].
 //!
 //! # When is a request retried?
 //!
@@ -74,9 +77,11 @@
 //! non-idempotent request is never sent again (by the retry or by `BearerAuth` after a
 //! `401`), and each origin's breaker answers for its own hop. By default an *error* proves
 //! nothing about earlier hops (reqwest 0.13 reports a later hop's error with the first
-//! URL), so it is never `NotSent` either; build the client with
-//! [`redirect::recorded`] and tell the stack
-//! ([`Resilience::client_redirects`]) to have every hop seen. See [`redirect`].
+//! URL), so it is never `NotSent` either. [`Resilience::build_from`] builds the client
+//! with [`redirect::recorded`] and declares it, so every hop is seen; for a client built
+//! elsewhere, wrap its policy and declare it ([`Resilience::client_redirects`]). A
+//! declaration a response proves false turns that client `Unobserved` and is reported
+//! ([`misconfig`]). See [`redirect`].
 //!
 //! Idempotent: GET, HEAD, OPTIONS, TRACE, PUT, DELETE (RFC 9110 §9.2.2), a request with an
 //! `Idempotency-Key` header, or one marked with [`retry::Idempotent`]. The table is
@@ -197,6 +202,7 @@
 //! | `tracing` | spans and events (optional dependency `tracing`) |
 //! | `retry-policies` | `RetryMiddleware::new_with_policy` takes a `retry_policies::RetryPolicy`, for a one-line migration from reqwest-retry |
 //! | `oauth2` | `auth::OAuth2Source`: OAuth 2.0 client-credentials and refresh-token grants |
+//! | `astral` | every middleware and the composed stack also implement `astral-reqwest-middleware`'s `Middleware` (the fork uv, rattler and pixi use): [`Resilience::install_astral`], `build_astral`, `build_from_astral`, `into_middlewares_astral`, `per_attempt_astral`, [`ResilienceError::find_astral`]; additive (both traits in one build) |
 //! | `metrics` | per-attempt `http.client.request.duration` and counters for retries, stops, breakers, pauses, budget and tokens through the `metrics` facade (see [`metrics`]) |
 //! | `chaos` | `chaos::Chaos`: seeded fault injection on loopback sockets of its own (turns on reqwest's `http2`, tokio's `net` and `io-util`) |
 //!
@@ -252,7 +258,7 @@ pub use evidence::{
 pub use exchange::{Exchange, SendWithHistory};
 pub use origin::Origin;
 pub use retry::{RetryBudget, RetryMiddleware};
-pub use stack::{Resilience, StackBuilder, StackError};
+pub use stack::{Resilience, ResilienceMiddleware, StackBuilder, StackError};
 
 // README's quick start must compile.
 #[cfg(doctest)]

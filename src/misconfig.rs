@@ -7,6 +7,7 @@
 //! | the stack installed twice, or one of this crate's middlewares added with `.with()` after [`TransportEvidence`](crate::TransportEvidence) | [`ResilienceError::Misconfigured`](crate::ResilienceError::Misconfigured) for every request, before anything is sent ([`Misconfiguration::InsideTransportStep`]) |
 //! | a [`RetryMiddleware`](crate::RetryMiddleware) inside another (for the same request) | [`ResilienceError::Misconfigured`](crate::ResilienceError::Misconfigured) for every request, before anything is sent ([`Misconfiguration::NestedRetry`]) |
 //! | a retry middleware with no [`TransportEvidence`](crate::TransportEvidence) under it | it still works (failures are `Unknown`, so only idempotent requests are retried); reported **once per process** on standard error, as a `tracing` warning with feature `tracing`, and in [`Misconfiguration::reported`] |
+//! | a `ClientRedirects` declaration a response proves false (`Recorded` and a response from another URL with no recorded hop; `Off` and a response from another URL) | that transport step (the client it serves) treats the client as `Unobserved` for the rest of its life, so no error is taken for a first hop's; reported once per process like the row above ([`Misconfiguration::RedirectsNotRecorded`], [`Misconfiguration::RedirectsNotOff`]) |
 //!
 //! The first two are errors because they multiply attempts (a stack inside a stack made a
 //! refused connection take 16 attempts and minutes of backoff while the history said 4) or
@@ -60,6 +61,16 @@ pub enum Misconfiguration {
     /// [`per_attempt`](crate::Resilience::per_attempt) middleware answered itself (a cache)
     /// leaves no evidence there.
     NoTransportEvidence,
+    /// The transport step was told the client records its redirects
+    /// (`ClientRedirects::Recorded`), and a response came from another URL with no hop
+    /// recorded: the client's redirect policy is not wrapped in `redirect::recorded`.
+    /// That transport step treats the client as `Unobserved` from then on (errors prove
+    /// nothing about earlier hops, so a `POST` is not retried after one).
+    RedirectsNotRecorded,
+    /// The transport step was told the client follows no redirects
+    /// (`ClientRedirects::Off`), and a response came from another URL. That transport
+    /// step treats the client as `Unobserved` from then on.
+    RedirectsNotOff,
 }
 
 impl fmt::Display for Misconfiguration {
@@ -79,6 +90,15 @@ impl fmt::Display for Misconfiguration {
                  innermost middleware; failures are treated as Unknown (only idempotent \
                  requests are retried)",
             ),
+            Misconfiguration::RedirectsNotRecorded => f.write_str(
+                "ClientRedirects::Recorded was declared, but a response came from another URL \
+                 with no redirect recorded: wrap the client's policy in redirect::recorded (or \
+                 use Resilience::build_from); that client is treated as Unobserved from now on",
+            ),
+            Misconfiguration::RedirectsNotOff => f.write_str(
+                "ClientRedirects::Off was declared, but a response came from another URL: the \
+                 client follows redirects; that client is treated as Unobserved from now on",
+            ),
         }
     }
 }
@@ -95,6 +115,8 @@ impl Misconfiguration {
             Misconfiguration::InsideTransportStep { .. } => 1,
             Misconfiguration::NestedRetry => 2,
             Misconfiguration::NoTransportEvidence => 4,
+            Misconfiguration::RedirectsNotRecorded => 8,
+            Misconfiguration::RedirectsNotOff => 16,
         }
     }
 }

@@ -25,6 +25,14 @@
 //! - [`ClientRedirects::Off`]: the client does not follow redirects
 //!   (`reqwest::redirect::Policy::none()`): every outcome is the first hop's.
 //!
+//! [`Resilience::build_from`](crate::Resilience::build_from) builds the client with
+//! [`recorded`] around the policy given to it and declares `Recorded`. A declaration that
+//! a response proves false (one from another URL than the request's, with no hop recorded
+//! under `Recorded`, at all under `Off`) turns that transport step `Unobserved` for the
+//! rest of its life and is reported once as a
+//! [`Misconfiguration`](crate::misconfig::Misconfiguration). An error alone cannot prove it
+//! (it carries the first URL), so until such a response, a false declaration is believed.
+//!
 //! ```
 //! use reqwest_resilience::Resilience;
 //! use reqwest_resilience::redirect::{self, ClientRedirects};
@@ -58,6 +66,55 @@ pub enum ClientRedirects {
     Recorded,
     /// The client follows no redirects (`reqwest::redirect::Policy::none()`).
     Off,
+}
+
+/// A transport step's [`ClientRedirects`] declaration, and whether a response proved it
+/// false: then the step treats its client as [`ClientRedirects::Unobserved`] for the rest
+/// of its life. Clones share the proof (one flag per declaration, allocated only for a
+/// declaration that can be proven false); reading it is one relaxed atomic load.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Declared {
+    declared: ClientRedirects,
+    disproved: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
+}
+
+impl Declared {
+    pub(crate) fn new(declared: ClientRedirects) -> Self {
+        let disproved = (declared != ClientRedirects::Unobserved).then(Default::default);
+        Declared {
+            declared,
+            disproved,
+        }
+    }
+
+    /// What may be assumed now: the declaration, or `Unobserved` once it was proven false.
+    pub(crate) fn current(&self) -> ClientRedirects {
+        match &self.disproved {
+            Some(flag) if flag.load(std::sync::atomic::Ordering::Relaxed) => {
+                ClientRedirects::Unobserved
+            }
+            _ => self.declared,
+        }
+    }
+
+    /// Whether a response from another URL than the request's (`moved`) after `recorded`
+    /// recorded hops proves the declaration `assumed` false: a redirect that `Recorded`
+    /// would have recorded, or any under `Off`.
+    pub(crate) fn disproved_by(assumed: ClientRedirects, moved: bool, recorded: u32) -> bool {
+        assumed != ClientRedirects::Unobserved && moved && recorded == 0
+    }
+
+    /// Records that the declaration was proven false; `true` the first time.
+    pub(crate) fn disprove(&self) -> bool {
+        self.disproved
+            .as_ref()
+            .is_some_and(|flag| !flag.swap(true, std::sync::atomic::Ordering::Relaxed))
+    }
+
+    /// The declaration as made.
+    pub(crate) fn declared(&self) -> ClientRedirects {
+        self.declared
+    }
 }
 
 /// Wraps a client's redirect `policy` so that every redirect reqwest meets is reported
@@ -151,6 +208,30 @@ impl<F: Future> Future for Recording<F> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_declaration_proven_false_is_unobserved_from_then_on_for_every_clone() {
+        let declared = Declared::new(ClientRedirects::Recorded);
+        let clone = declared.clone();
+        assert!(!Declared::disproved_by(ClientRedirects::Recorded, true, 1));
+        assert!(!Declared::disproved_by(ClientRedirects::Recorded, false, 0));
+        assert!(!Declared::disproved_by(
+            ClientRedirects::Unobserved,
+            true,
+            0
+        ));
+        assert!(Declared::disproved_by(ClientRedirects::Recorded, true, 0));
+        assert!(Declared::disproved_by(ClientRedirects::Off, true, 0));
+        assert_eq!(clone.current(), ClientRedirects::Recorded);
+        assert!(declared.disprove(), "the first proof");
+        assert!(!clone.disprove(), "shared: proven once");
+        assert_eq!(clone.current(), ClientRedirects::Unobserved);
+        assert_eq!(clone.declared(), ClientRedirects::Recorded);
+        // Unobserved cannot be proven false, and holds no flag.
+        let unobserved = Declared::new(ClientRedirects::Unobserved);
+        assert!(!unobserved.disprove());
+        assert!(unobserved.disproved.is_none());
+    }
 
     fn consult() {
         HOPS.with(|hops| {

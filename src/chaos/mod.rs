@@ -3,7 +3,7 @@
 //! you can test your retry, breaker and timeout settings against them (Polly's chaos
 //! strategies are the model: fault, outcome and latency injection at a rate).
 //!
-//! Layer 5 (beside the stages; it imports no stage).
+//! Layer 5 (beside the stages): a stage of its own, used alone or innermost in the stack.
 //!
 //! # How each fault is produced
 //!
@@ -77,9 +77,9 @@ use std::time::Duration;
 
 use http::Extensions;
 use reqwest::{Request, Response};
-use reqwest_middleware::Next;
 
 use crate::error::ResilienceError;
+use crate::stage::{Handover, RestOfStack, Stage, standalone_middleware};
 use plan::Rates;
 pub use plan::{Fault, Injection};
 use sockets::Sockets;
@@ -243,31 +243,36 @@ impl ChaosBuilder {
     }
 }
 
-#[async_trait::async_trait]
-impl reqwest_middleware::Middleware for Chaos {
-    async fn handle(
-        &self,
+impl Stage for Chaos {
+    #[allow(clippy::manual_async_fn)]
+    fn serve<'a, N: RestOfStack + 'a>(
+        &'a self,
         req: Request,
-        extensions: &mut Extensions,
-        next: Next<'_>,
-    ) -> reqwest_middleware::Result<Response> {
-        let inner = &self.inner;
-        let injection = self.injection(inner.requests.fetch_add(1, Ordering::Relaxed));
-        if let (Some(hook), true) = (
-            &inner.on_injection,
-            injection.fault.is_some() || injection.latency.is_some(),
-        ) {
-            hook(&injection);
-        }
-        if let Some(latency) = injection.latency {
-            tokio::time::sleep(latency).await;
-        }
-        match injection.fault {
-            None => next.run(req, extensions).await,
-            Some(fault) => self.inject(fault, req, extensions, next).await,
+        extensions: &'a mut Extensions,
+        handover: Handover<'a>,
+        next: N,
+    ) -> impl std::future::Future<Output = reqwest_middleware::Result<Response>> + Send + 'a {
+        async move {
+            let inner = &self.inner;
+            let injection = self.injection(inner.requests.fetch_add(1, Ordering::Relaxed));
+            if let (Some(hook), true) = (
+                &inner.on_injection,
+                injection.fault.is_some() || injection.latency.is_some(),
+            ) {
+                hook(&injection);
+            }
+            if let Some(latency) = injection.latency {
+                tokio::time::sleep(latency).await;
+            }
+            match injection.fault {
+                None => next.run(req, extensions, handover).await,
+                Some(fault) => self.inject(fault, req, extensions, handover, next).await,
+            }
         }
     }
 }
+
+standalone_middleware!(Chaos);
 
 impl Chaos {
     /// The chaos sockets, bound now if they are not serving.
@@ -287,12 +292,13 @@ impl Chaos {
 
     /// Sends `req` to the socket that produces `fault`, and gives the result the
     /// request's own URL back.
-    async fn inject(
-        &self,
+    async fn inject<'a, N: RestOfStack + 'a>(
+        &'a self,
         fault: Fault,
         mut req: Request,
-        extensions: &mut Extensions,
-        next: Next<'_>,
+        extensions: &'a mut Extensions,
+        handover: Handover<'a>,
+        next: N,
     ) -> reqwest_middleware::Result<Response> {
         let inner = &self.inner;
         let sockets = self
@@ -320,7 +326,7 @@ impl Chaos {
                 .await
                 .map_err(reqwest_middleware::Error::from)
         } else {
-            next.run(req, extensions).await
+            next.run(req, extensions, handover).await
         };
         match result {
             Ok(response) => Ok(crate::stage::with_url(response, url)),

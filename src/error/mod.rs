@@ -119,6 +119,11 @@ pub enum ResilienceError {
         /// When the origin's next slot is free.
         retry_in: std::time::Duration,
     },
+    /// The `reqwest::ClientBuilder` handed to
+    /// [`Resilience::build_from`](crate::Resilience::build_from) could not build the
+    /// client (reqwest's own error, kept as `source()`: a TLS backend that cannot start,
+    /// a bad certificate or proxy).
+    ClientBuild(reqwest::Error),
 }
 
 impl fmt::Display for ResilienceError {
@@ -164,6 +169,7 @@ impl fmt::Display for ResilienceError {
                 f,
                 "rate limit for {origin} reached: not sent, next slot in {retry_in:?}"
             ),
+            ResilienceError::ClientBuild(_) => f.write_str("the reqwest client could not be built"),
         }
     }
 }
@@ -175,6 +181,7 @@ impl std::error::Error for ResilienceError {
             // The `RetryError` itself, so chain walkers see it; its own source is the last
             // attempt's error.
             ResilienceError::Retry(e) => Some(e),
+            ResilienceError::ClientBuild(e) => Some(e),
             #[allow(unreachable_patterns)]
             _ => None,
         }
@@ -238,6 +245,32 @@ impl ResilienceError {
                 .filter_map(|link| link.downcast_ref::<ResilienceError>())
                 .last(),
             reqwest_middleware::Error::Reqwest(_) => None,
+        }
+    }
+
+    /// [`find`](Self::find) for the astral fork's error (feature `astral`): the same
+    /// answer for the same failure.
+    ///
+    /// ```
+    /// use reqwest_resilience::ResilienceError;
+    ///
+    /// let fork = astral_reqwest_middleware::Error::middleware(ResilienceError::InvalidConfig(
+    ///     "example".into(),
+    /// ));
+    /// assert!(matches!(
+    ///     ResilienceError::find_astral(&fork),
+    ///     Some(ResilienceError::InvalidConfig(_))
+    /// ));
+    /// ```
+    #[cfg(feature = "astral")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "astral")))]
+    pub fn find_astral(err: &astral_reqwest_middleware::Error) -> Option<&ResilienceError> {
+        match err {
+            astral_reqwest_middleware::Error::Middleware(e) => e
+                .chain()
+                .filter_map(|link| link.downcast_ref::<ResilienceError>())
+                .last(),
+            astral_reqwest_middleware::Error::Reqwest(_) => None,
         }
     }
 }

@@ -12,6 +12,13 @@ pub enum StackPart {
     Retry,
     /// The circuit breaker.
     Breaker,
+    /// The `reqwest::Client` below the stack: prebuilt by the caller (a
+    /// [`redirect_policy`](crate::Resilience::redirect_policy) cannot apply to it), or
+    /// built by [`build_from`](crate::Resilience::build_from), which declares its
+    /// redirects itself.
+    Client,
+    /// The [`per_attempt`](crate::Resilience::per_attempt) middlewares.
+    PerAttempt,
 }
 
 /// A [`Resilience`](crate::Resilience) configuration that cannot work, found when the stack
@@ -42,6 +49,24 @@ pub enum StackError {
         /// The setting that cannot apply (the builder method's name).
         setting: &'static str,
     },
+    /// A per-attempt middleware of the other `Middleware` trait than the builder's: one
+    /// for the astral fork's `ClientBuilder` given to a reqwest-middleware one, or the
+    /// reverse (feature `astral`).
+    PerAttemptOtherTrait {
+        /// The crate whose `ClientBuilder` the stack is installed into.
+        builder: &'static str,
+    },
+    /// [`Resilience::into_middleware`](crate::Resilience::into_middleware) with
+    /// per-attempt middlewares: they run between `BearerAuth` and the transport step, in
+    /// the client's chain, which one middleware cannot hold. Take
+    /// [`into_middlewares`](crate::Resilience::into_middlewares) or install the stack
+    /// into a builder ([`install`](crate::Resilience::install)) instead.
+    PerAttemptInOneMiddleware,
+    /// [`Resilience::into_middleware`](crate::Resilience::into_middleware) with a chaos
+    /// layer (feature `chaos`): it runs after the transport step, in the client's chain,
+    /// which one middleware cannot hold. Take
+    /// [`into_middlewares`](crate::Resilience::into_middlewares) instead.
+    ChaosInOneMiddleware,
 }
 
 impl fmt::Display for StackError {
@@ -58,10 +83,32 @@ impl fmt::Display for StackError {
             StackError::NoHalfOpenProbes => f.write_str(
                 "half_open_probes is 0: a half-open breaker could never close; use at least 1",
             ),
+            StackError::Conflict {
+                part: StackPart::Client,
+                setting,
+            } => write!(
+                f,
+                "`{setting}` cannot apply: build_from builds the client with the recorded \
+                 redirect policy and declares it, and a prebuilt client has its redirect \
+                 policy from its own builder"
+            ),
             StackError::Conflict { part, setting } => write!(
                 f,
                 "`{setting}` cannot apply: the {part:?} part is prebuilt or removed; \
                  configure the prebuilt part itself"
+            ),
+            StackError::PerAttemptOtherTrait { builder } => write!(
+                f,
+                "a per-attempt middleware implements the other crate's Middleware trait than \
+                 the {builder} ClientBuilder the stack is installed into"
+            ),
+            StackError::PerAttemptInOneMiddleware => f.write_str(
+                "per-attempt middlewares cannot be part of one middleware (into_middleware): \
+                 install the stack into a ClientBuilder instead",
+            ),
+            StackError::ChaosInOneMiddleware => f.write_str(
+                "a chaos layer cannot be part of one middleware (into_middleware): it runs \
+                 after the transport step; install the stack into a ClientBuilder instead",
             ),
         }
     }

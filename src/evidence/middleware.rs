@@ -9,7 +9,7 @@ use crate::origin::Origin;
 use crate::record::{
     AttemptHistory, FailureKind, Redirects, RequestEvidence, Transmission, next_attempt,
 };
-use crate::redirect::{ClientRedirects, HopCount, Recording};
+use crate::redirect::{ClientRedirects, Declared, HopCount, Recording};
 use crate::stage::{Handover, RestOfStack, Stage, standalone_middleware};
 
 /// The transport step: register it last (innermost), right before the `reqwest::Client`.
@@ -61,7 +61,7 @@ use crate::stage::{Handover, RestOfStack, Stage, standalone_middleware};
 /// ```
 #[derive(Debug, Clone, Default)]
 pub struct TransportEvidence {
-    redirects: ClientRedirects,
+    redirects: Declared,
 }
 
 impl TransportEvidence {
@@ -72,13 +72,22 @@ impl TransportEvidence {
     }
 
     /// A transport step told what the client below does with redirects.
+    ///
+    /// A declaration a response proves false (a response from another URL than the
+    /// request's, with no hop recorded under `Recorded`, at all under `Off`) turns this
+    /// step and its clones to
+    /// [`ClientRedirects::Unobserved`] for the rest of their life, and is reported once as
+    /// a [`Misconfiguration`](crate::misconfig::Misconfiguration).
     pub fn with_client_redirects(redirects: ClientRedirects) -> Self {
-        TransportEvidence { redirects }
+        TransportEvidence {
+            redirects: Declared::new(redirects),
+        }
     }
 
-    /// What this step assumes about the client's redirects.
+    /// What this step assumes about the client's redirects now: the declaration, or
+    /// [`ClientRedirects::Unobserved`] once a response proved it false.
     pub fn client_redirects(&self) -> ClientRedirects {
-        self.redirects
+        self.redirects.current()
     }
 }
 
@@ -99,7 +108,8 @@ impl Stage for TransportEvidence {
             let _ = handover.enter(extensions, "TransportEvidence", false, req.url())?;
             let (origin, attempt, started, method, url_key, sent) =
                 hand_on(req, &mut *extensions, handover, next);
-            let (result, hops) = match self.redirects {
+            let client = self.redirects.current();
+            let (result, hops) = match client {
                 ClientRedirects::Recorded => {
                     let (result, hops) = Recording::new(sent).await;
                     (result, Some(hops))
@@ -131,23 +141,13 @@ impl Stage for TransportEvidence {
                     e
                 }
             };
-            apply_redirects(&mut evidence, &result, url_key, self.redirects, hops);
+            if apply_redirects(&mut evidence, &result, url_key, client, hops) {
+                self.disproved();
+            }
             evidence.elapsed = started.elapsed();
             crate::metrics::attempt(method, &evidence);
             #[cfg(feature = "tracing")]
-            // OpenTelemetry HTTP client names where one exists (`resend_count`: the retries
-            // before this attempt, 0 for the first; `error.type`: the failure kind).
-            tracing::debug!(
-                server.address = evidence.origin.as_ref().map(Origin::host),
-                server.port = evidence.origin.as_ref().map(Origin::port),
-                http.request.resend_count = evidence.attempt.saturating_sub(1),
-                http.response.status_code = evidence.status().map(|s| s.as_u16()),
-                error.type = evidence.failure.map(tracing::field::debug),
-                transmission = ?evidence.transmission,
-                not_processed = ?evidence.not_processed,
-                elapsed = ?evidence.elapsed,
-                "attempt observed"
-            );
+            trace_attempt(&evidence);
             let history = extensions.get_or_insert_default::<AttemptHistory>();
             history.push(evidence.clone());
             // After a retry or a `401` replay the response carries a copy of the history (the
@@ -165,6 +165,37 @@ impl Stage for TransportEvidence {
             result
         }
     }
+}
+
+impl TransportEvidence {
+    /// A response proved the declaration false: from now on the client is `Unobserved`.
+    #[cold]
+    fn disproved(&self) {
+        if self.redirects.disprove() {
+            crate::misconfig::report_once(match self.redirects.declared() {
+                ClientRedirects::Off => crate::misconfig::Misconfiguration::RedirectsNotOff,
+                _ => crate::misconfig::Misconfiguration::RedirectsNotRecorded,
+            });
+        }
+    }
+}
+
+/// The per-attempt event (OpenTelemetry HTTP client names where one exists:
+/// `resend_count`, the retries before this attempt, 0 for the first; `error.type`, the
+/// failure kind).
+#[cfg(feature = "tracing")]
+fn trace_attempt(evidence: &RequestEvidence) {
+    tracing::debug!(
+        server.address = evidence.origin.as_ref().map(Origin::host),
+        server.port = evidence.origin.as_ref().map(Origin::port),
+        http.request.resend_count = evidence.attempt.saturating_sub(1),
+        http.response.status_code = evidence.status().map(|s| s.as_u16()),
+        error.type = evidence.failure.map(tracing::field::debug),
+        transmission = ?evidence.transmission,
+        not_processed = ?evidence.not_processed,
+        elapsed = ?evidence.elapsed,
+        "attempt observed"
+    );
 }
 
 /// Takes what the evidence needs from the request and hands it on, synchronously
@@ -228,29 +259,22 @@ impl UrlKey {
 /// Fills in what the attempt proves about redirects, and keeps the evidence honest about
 /// the request this step was handed: after a redirect (or where one cannot be ruled out)
 /// it is not `NotSent`, and a later hop's not-processed proof does not speak for it.
+/// `true` when the attempt proves the `client` declaration false ([`Declared`]).
 fn apply_redirects(
     evidence: &mut RequestEvidence,
     result: &reqwest_middleware::Result<Response>,
     request: UrlKey,
     client: ClientRedirects,
     hops: Option<HopCount>,
-) {
+) -> bool {
     let consulted = hops.as_ref().map_or(0, |h| h.consulted);
+    // Only a response can show a followed redirect: an error carries the first URL, and
+    // one about a `Location` (unparsable, refused) comes whether or not a policy follows.
+    let mut disproved = false;
     let (redirects, final_url_origin) = match result {
         Ok(response) => {
-            // A policy that stopped on a 3xx was consulted for the response returned.
-            let stopped_here = response.status().is_redirection()
-                && response.headers().contains_key(http::header::LOCATION);
-            let followed = consulted.saturating_sub(u32::from(stopped_here));
-            // A response built from an `http::Response` (by a middleware inside, a
-            // cache) carries reqwest's placeholder URL, which says nothing about hops.
-            let moved = response.url().host_str() != Some("no.url.provided.local")
-                && UrlKey::of(response.url()) != request;
-            let redirects = match (followed, moved) {
-                (0, false) => Redirects::None,
-                (0, true) => Redirects::Followed { hops: None },
-                (n, _) => Redirects::Followed { hops: Some(n) },
-            };
+            let (redirects, moved) = response_redirects(response, request, consulted);
+            disproved = Declared::disproved_by(client, moved, consulted);
             (
                 redirects,
                 moved.then(|| Origin::cached(response.url())).flatten(),
@@ -291,7 +315,7 @@ fn apply_redirects(
     };
     evidence.redirects = redirects;
     if !redirects.may_have_redirected() {
-        return;
+        return disproved;
     }
     if evidence.transmission == Transmission::NotSent {
         evidence.transmission = Transmission::Unknown;
@@ -304,6 +328,26 @@ fn apply_redirects(
         // The builder error was about the Location, after the first hop was answered.
         evidence.failure = Some(FailureKind::Redirect);
     }
+    disproved
+}
+
+/// What a response proves about redirects, and whether it came from another URL than the
+/// request's (`consulted`: the hops the recorded policy saw).
+fn response_redirects(response: &Response, request: UrlKey, consulted: u32) -> (Redirects, bool) {
+    // A policy that stopped on a 3xx was consulted for the response returned.
+    let stopped_here = response.status().is_redirection()
+        && response.headers().contains_key(http::header::LOCATION);
+    let followed = consulted.saturating_sub(u32::from(stopped_here));
+    // A response built from an `http::Response` (by a middleware inside, a cache) carries
+    // reqwest's placeholder URL, which says nothing about hops.
+    let moved = response.url().host_str() != Some("no.url.provided.local")
+        && UrlKey::of(response.url()) != request;
+    let redirects = match (followed, moved) {
+        (0, false) => Redirects::None,
+        (0, true) => Redirects::Followed { hops: None },
+        (n, _) => Redirects::Followed { hops: Some(n) },
+    };
+    (redirects, moved)
 }
 
 fn has_url_parse_error(err: &reqwest::Error) -> bool {

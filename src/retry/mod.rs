@@ -33,6 +33,7 @@
 
 mod attempt_timeout;
 mod budget;
+mod compat;
 mod decision;
 mod error;
 mod fallback;
@@ -47,6 +48,7 @@ pub mod strategies;
 pub use attempt_timeout::AttemptTimeout;
 pub use budget::RetryBudget;
 use budget::Withdrawal;
+pub use compat::AnyServerError;
 pub use decision::{
     AttemptContext, DEFAULT_MAX_NOT_PROCESSED_RETRIES, DefaultStrategy, ResponseHead, RetryReason,
     RetryStrategy, StopReason, Verdict, is_idempotent, unsafe_retry,

@@ -7,7 +7,7 @@ use reqwest::Request;
 use reqwest_middleware::{Middleware, Next};
 
 use crate::stage::{
-    Absent, BoxedWhenPresent, Handled, Handover, Nested, RestOfStack, RetrySlot, Stage,
+    Absent, BoxedWhenPresent, Either, Handled, Handover, Nested, RestOfStack, RetrySlot, Stage,
 };
 
 /// The whole stack as one middleware: the stages [`Resilience`](super::Resilience) chose,
@@ -95,6 +95,45 @@ impl<T, L> Composed<T, L> {
     }
 }
 
+impl<T: Stage + 'static, L: Stage + 'static> Composed<T, L> {
+    /// The request through every stage with `next` inside: one implementation for
+    /// reqwest-middleware's `Next` and (feature `astral`) the fork's.
+    fn run_request<'a, N: RestOfStack + 'a>(
+        &'a self,
+        req: Request,
+        extensions: &'a mut Extensions,
+        next: N,
+    ) -> impl std::future::Future<Output = reqwest_middleware::Result<reqwest::Response>> + Send + 'a
+    {
+        // The checks and the clean-up of an earlier request's state, once for every
+        // stage. Here, as the future is made: the middleware outside made it as it will
+        // poll it (`scope::Ownership::poll_as`).
+        let (middleware, is_retry) = self.checked_as();
+        let owner = match crate::stage::scope::enter(extensions, middleware, is_retry, req.url()) {
+            Ok(owner) => owner,
+            Err(refused) => {
+                return Either::Skip {
+                    future: std::future::ready(Err(refused)),
+                };
+            }
+        };
+        let inner = Nested::new(&self.transport, next);
+        let inner = Nested::new(&self.bearer, inner);
+        let inner = Nested::new(&self.limit, inner);
+        let inner = Nested::new(&self.rate, inner);
+        let inner = Nested::new(&self.breaker, inner);
+        let inner = Nested::new(&self.token_first, inner);
+        let inner = Nested::new(&self.retry, inner);
+        let inner = Nested::new(&self.coalesce, inner);
+        let inner = Nested::new(&self.observer, inner);
+        // Installed always: here, or after the user's per-attempt middlewares.
+        let handover = Handover::default().within_composed();
+        Either::Stage {
+            future: owner.poll_made_as(inner.run(req, extensions, handover)),
+        }
+    }
+}
+
 impl<T: Stage + 'static, L: Stage + 'static> Middleware for Composed<T, L> {
     fn handle<'life0, 'life1, 'life2, 'async_trait>(
         &'life0 self,
@@ -108,25 +147,45 @@ impl<T: Stage + 'static, L: Stage + 'static> Middleware for Composed<T, L> {
         'life2: 'async_trait,
         Self: 'async_trait,
     {
-        // The checks and the clean-up of an earlier request's state, once for every
-        // stage. Here, as the future is made: the middleware outside made it as it will
-        // poll it (`scope::Ownership::poll_as`).
-        let (middleware, is_retry) = self.checked_as();
-        let owner = match crate::stage::scope::enter(extensions, middleware, is_retry, req.url()) {
-            Ok(owner) => owner,
-            Err(refused) => return Box::pin(std::future::ready(Err(refused))),
-        };
-        let inner = Nested::new(&self.transport, next);
-        let inner = Nested::new(&self.bearer, inner);
-        let inner = Nested::new(&self.limit, inner);
-        let inner = Nested::new(&self.rate, inner);
-        let inner = Nested::new(&self.breaker, inner);
-        let inner = Nested::new(&self.token_first, inner);
-        let inner = Nested::new(&self.retry, inner);
-        let inner = Nested::new(&self.coalesce, inner);
-        let inner = Nested::new(&self.observer, inner);
-        // Installed always: here, or after the user's per-attempt middlewares.
-        let handover = Handover::default().within_composed();
-        Box::pin(owner.poll_made_as(inner.run(req, extensions, handover)))
+        Box::pin(self.run_request(req, extensions, next))
     }
 }
+
+#[cfg(feature = "astral")]
+impl<T: Stage + 'static, L: Stage + 'static> astral_reqwest_middleware::Middleware
+    for Composed<T, L>
+{
+    fn handle<'life0, 'life1, 'life2, 'async_trait>(
+        &'life0 self,
+        req: Request,
+        extensions: &'life1 mut Extensions,
+        next: astral_reqwest_middleware::Next<'life2>,
+    ) -> crate::stage::astral::AstralHandled<'async_trait>
+    where
+        'life0: 'async_trait,
+        'life1: 'async_trait,
+        'life2: 'async_trait,
+        Self: 'async_trait,
+    {
+        crate::stage::astral::boxed_for_astral(self.run_request(req, extensions, next))
+    }
+}
+
+/// The composed stack behind one pointer, whichever stages it has: a middleware of
+/// reqwest-middleware and, with feature `astral`, of the fork too (an `Arc` of it upcasts
+/// to either trait object, so one value serves both kinds of client).
+#[cfg(not(feature = "astral"))]
+pub(crate) trait StackMiddleware: Middleware {}
+#[cfg(not(feature = "astral"))]
+impl<M: Middleware> StackMiddleware for M {}
+
+/// The composed stack behind one pointer, whichever stages it has: a middleware of
+/// reqwest-middleware and, with feature `astral`, of the fork too (an `Arc` of it upcasts
+/// to either trait object, so one value serves both kinds of client).
+#[cfg(feature = "astral")]
+pub(crate) trait StackMiddleware:
+    Middleware + astral_reqwest_middleware::Middleware
+{
+}
+#[cfg(feature = "astral")]
+impl<M: Middleware + astral_reqwest_middleware::Middleware> StackMiddleware for M {}

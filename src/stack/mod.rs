@@ -47,7 +47,9 @@
 //! use reqwest_resilience::Resilience;
 //!
 //! # fn main() -> Result<(), reqwest_resilience::ResilienceError> {
-//! let client = Resilience::new().build(reqwest::Client::new())?;
+//! // The client built with the redirect policy the stack watches (`build(client)` takes
+//! // one you built; see `client_redirects`).
+//! let client = Resilience::new().build_from(reqwest::Client::builder())?;
 //! // use `client` exactly like a reqwest::Client: client.get(url).send().await
 //! # drop(client); Ok(()) }
 //! ```
@@ -60,8 +62,13 @@ use http::Extensions;
 use reqwest::{Request, Response};
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware, Middleware};
 
+#[cfg(feature = "astral")]
+mod astral;
 pub(crate) mod compose;
 use crate::stage::{Handover, RestOfStack, Stage, standalone_middleware};
+#[cfg(feature = "astral")]
+#[cfg_attr(docsrs, doc(cfg(feature = "astral")))]
+pub use astral::AstralStackBuilder;
 
 use crate::auth::BearerAuth;
 use crate::backoff::Backoff;
@@ -113,6 +120,9 @@ struct RetrySettings {
     before_sleep: Option<Arc<BeforeSleep>>,
     #[cfg(feature = "tracing")]
     retry_event_level: Option<tracing::Level>,
+    /// Set by [`Resilience::like_reqwest_retry`] (the settings above it made), to name it
+    /// in a conflict.
+    like_reqwest_retry: bool,
 }
 
 impl RetrySettings {
@@ -138,6 +148,8 @@ impl RetrySettings {
     /// The first setting made, for a conflict report.
     fn first_set(&self) -> Option<&'static str> {
         [
+            // The preset sets several; it is the setting the user made.
+            (self.like_reqwest_retry, "like_reqwest_retry"),
             (self.max_retries.is_some(), "max_retries"),
             (self.backoff.is_some(), "backoff"),
             (self.total_deadline.is_some(), "total_deadline"),
@@ -212,8 +224,11 @@ impl RetrySettings {
 ///
 /// # Errors at build time
 ///
-/// [`build`](Self::build), [`client_builder`](Self::client_builder) and
-/// [`install`](Self::install) check the whole configuration and return
+/// [`build`](Self::build), [`build_from`](Self::build_from),
+/// [`client_builder`](Self::client_builder), [`install`](Self::install),
+/// [`into_middleware`](Self::into_middleware) and
+/// [`into_middlewares`](Self::into_middlewares) (and with feature `astral` their fork
+/// counterparts) check the whole configuration and return
 /// [`ResilienceError::InvalidStack`] ([`StackError`]) for a combination that cannot work,
 /// or a part's own [`ResilienceError::InvalidConfig`].
 #[must_use = "a Resilience does nothing until it is built onto a client"]
@@ -222,10 +237,13 @@ pub struct Resilience {
     retry_settings: RetrySettings,
     breaker: BreakerChoice,
     bearer: Option<BearerAuth>,
-    per_attempt: Vec<Arc<dyn Middleware>>,
+    per_attempt: Vec<PerAttempt>,
     on_attempt: Option<AttemptHook>,
     on_breaker_transition: Option<TransitionHook>,
-    client_redirects: ClientRedirects,
+    /// `None`: not declared (`Unobserved`, unless `build_from` builds the client).
+    client_redirects: Option<ClientRedirects>,
+    /// The policy `build_from` wraps in `redirect::recorded` (`None`: reqwest's default).
+    redirect_policy: Option<reqwest::redirect::Policy>,
     span_url_query: bool,
     concurrency_limit: Option<LimitChoice>,
     coalesce: Option<crate::coalesce::CoalesceGets>,
@@ -284,7 +302,8 @@ impl Resilience {
             per_attempt: Vec::new(),
             on_attempt: None,
             on_breaker_transition: None,
-            client_redirects: ClientRedirects::Unobserved,
+            client_redirects: None,
+            redirect_policy: None,
             span_url_query: false,
             concurrency_limit: None,
             coalesce: None,
@@ -294,6 +313,43 @@ impl Resilience {
         }
     }
 
+    /// The stack that behaves like reqwest-retry's `RetryTransientMiddleware` with
+    /// retry-policies' `ExponentialBackoff::builder().jitter(Jitter::Bounded)
+    /// .build_with_max_retries(3)`, for a migration that changes nothing silently: 3
+    /// retries, 1 s × 2 per retry capped at 30 minutes (retry-policies' default bounds),
+    /// [`Jitter::Bounded`](crate::Jitter::Bounded), every `5xx`, 408 and 429 retried for
+    /// an idempotent request ([`AnyServerError`](crate::retry::AnyServerError)), no
+    /// circuit breaker, no retry budget. What still differs from reqwest-retry, and why,
+    /// is README's "Coming from reqwest-retry" table: above all, a request that may have
+    /// been processed (a `POST` after a reset, a timeout or a `500`) is not sent again,
+    /// while one proven unsent (a refused connect) is, whatever its method.
+    ///
+    /// Every setting of this builder still applies on top (`.max_retries(5)`,
+    /// `.breaker_config(..)`, …).
+    ///
+    /// ```
+    /// use reqwest_resilience::Resilience;
+    ///
+    /// # fn main() -> Result<(), reqwest_resilience::ResilienceError> {
+    /// let client = Resilience::like_reqwest_retry().build_from(reqwest::Client::builder())?;
+    /// # drop(client); Ok(()) }
+    /// ```
+    pub fn like_reqwest_retry() -> Self {
+        let backoff = Backoff::builder()
+            .base(Duration::from_secs(1))
+            .factor(2.0)
+            .max_delay(Duration::from_secs(30 * 60))
+            .jitter(crate::backoff::Jitter::Bounded)
+            .build()
+            .expect("reqwest-retry's bounds are valid");
+        let mut stack = Resilience::new().no_breaker().no_retry_budget();
+        stack.retry_settings.max_retries = Some(3);
+        stack.retry_settings.backoff = Some(backoff);
+        stack.retry_settings.strategy = Some(Arc::new(crate::retry::AnyServerError));
+        stack.retry_settings.like_reqwest_retry = true;
+        stack
+    }
+
     /// Tells the transport step what the `reqwest::Client` does with redirects (default
     /// [`ClientRedirects::Unobserved`]): [`Recorded`](ClientRedirects::Recorded) when its
     /// policy is wrapped in [`redirect::recorded`](crate::redirect::recorded),
@@ -301,8 +357,23 @@ impl Resilience {
     /// an error can come from a later hop, so a non-idempotent request is not retried
     /// after a failure the transport step would otherwise prove unsent (a refused
     /// connect): see [`crate::redirect`].
+    ///
+    /// A declaration a response proves false turns that client to `Unobserved` for the
+    /// rest of its life and is reported once as a
+    /// [`Misconfiguration`](crate::misconfig::Misconfiguration). [`build_from`](Self::build_from)
+    /// builds the client and declares `Recorded` itself (combining them is a
+    /// [`StackError::Conflict`]).
     pub fn client_redirects(mut self, redirects: ClientRedirects) -> Self {
-        self.client_redirects = redirects;
+        self.client_redirects = Some(redirects);
+        self
+    }
+
+    /// The redirect policy [`build_from`](Self::build_from) gives the client, wrapped in
+    /// [`redirect::recorded`](crate::redirect::recorded) (default reqwest's own,
+    /// `Policy::default()`: up to 10 hops). Only for `build_from`: a prebuilt client has
+    /// its policy from its own builder (combining them is a [`StackError::Conflict`]).
+    pub fn redirect_policy(mut self, policy: reqwest::redirect::Policy) -> Self {
+        self.redirect_policy = Some(policy);
         self
     }
 
@@ -471,7 +542,29 @@ impl Resilience {
     /// and `BearerAuth` (so it sees the `Authorization` header and every `401` replay),
     /// just outside the transport step. Several run in the order added.
     pub fn per_attempt(mut self, middleware: impl Middleware) -> Self {
-        self.per_attempt.push(Arc::new(middleware));
+        self.per_attempt
+            .push(PerAttempt::Reqwest(Arc::new(middleware)));
+        self
+    }
+
+    /// [`per_attempt`](Self::per_attempt) for a middleware already shared, e.g. one of a
+    /// `Vec<Arc<dyn Middleware>>` a codebase keeps its middlewares in.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use reqwest_middleware::Middleware;
+    /// use reqwest_resilience::{Resilience, TransportEvidence};
+    ///
+    /// # fn main() -> Result<(), reqwest_resilience::ResilienceError> {
+    /// let extra: Vec<Arc<dyn Middleware>> = Vec::new(); // e.g. a codebase's own middlewares
+    /// let stack = extra
+    ///     .iter()
+    ///     .fold(Resilience::new(), |stack, m| stack.per_attempt_arc(m.clone()));
+    /// let client = stack.build(reqwest::Client::new())?;
+    /// # drop(client); let _ = TransportEvidence::new(); Ok(()) }
+    /// ```
+    pub fn per_attempt_arc(mut self, middleware: Arc<dyn Middleware>) -> Self {
+        self.per_attempt.push(PerAttempt::Reqwest(middleware));
         self
     }
 
@@ -600,13 +693,44 @@ impl Resilience {
         self
     }
 
-    /// Builds the client: `reqwest::Client` wrapped in the stack.
+    /// Builds the client: `reqwest::Client` wrapped in the stack. The stack sees the
+    /// client's redirects as [`client_redirects`](Self::client_redirects) declares
+    /// (default `Unobserved`); [`build_from`](Self::build_from) builds a client whose every
+    /// hop is seen.
     ///
     /// # Errors
     ///
     /// See [Errors at build time](Self#errors-at-build-time).
     pub fn build(self, client: reqwest::Client) -> Result<ClientWithMiddleware, ResilienceError> {
         Ok(self.client_builder(client)?.build())
+    }
+
+    /// Builds the client from `builder` with the recorded redirect policy
+    /// ([`redirect::recorded`](crate::redirect::recorded) around
+    /// [`redirect_policy`](Self::redirect_policy), default reqwest's) and declares it
+    /// ([`ClientRedirects::Recorded`]), then wraps it in the stack: the whole decision
+    /// table, a refused connect of a `POST` retried, each hop charged to its own origin.
+    ///
+    /// ```
+    /// use reqwest_resilience::Resilience;
+    ///
+    /// # fn main() -> Result<(), reqwest_resilience::ResilienceError> {
+    /// let client = Resilience::new().build_from(reqwest::Client::builder())?;
+    /// # drop(client); Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`ResilienceError::ClientBuild`] when reqwest cannot build the client, and those of
+    /// [Errors at build time](Self#errors-at-build-time) (a
+    /// [`client_redirects`](Self::client_redirects) declaration is a
+    /// [`StackError::Conflict`]: this builds and declares the client itself).
+    pub fn build_from(
+        self,
+        builder: reqwest::ClientBuilder,
+    ) -> Result<ClientWithMiddleware, ResilienceError> {
+        let (stack, client) = self.precise_client(builder)?;
+        stack.build(client)
     }
 
     /// The stack on a new client builder, for adding initialisers. It has no `.with()`:
@@ -637,6 +761,138 @@ impl Resilience {
     ///
     /// See [Errors at build time](Self#errors-at-build-time).
     pub fn install(self, builder: ClientBuilder) -> Result<StackBuilder, ResilienceError> {
+        let chain = self.into_middlewares()?;
+        Ok(StackBuilder {
+            builder: chain.into_iter().fold(builder, ClientBuilder::with_arc),
+        })
+    }
+
+    /// The composed stack as one middleware, for a client builder made later (a client
+    /// built lazily, a `Vec<Arc<dyn Middleware>>` handed to a builder elsewhere): every
+    /// stage of [`install`](Self::install), the transport step included, so it must be
+    /// the *last* middleware of that builder (nearest the `reqwest::Client`). With feature
+    /// `astral` it is a middleware of the fork as well.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use reqwest_middleware::Middleware;
+    /// use reqwest_resilience::Resilience;
+    ///
+    /// # fn main() -> Result<(), reqwest_resilience::ResilienceError> {
+    /// let mut middlewares: Vec<Arc<dyn Middleware>> = Vec::new();
+    /// middlewares.push(Arc::new(Resilience::new().into_middleware()?));
+    /// // Later, when the client is first needed:
+    /// let client = middlewares
+    ///     .iter()
+    ///     .fold(reqwest_middleware::ClientBuilder::new(reqwest::Client::new()), |b, m| {
+    ///         b.with_arc(m.clone())
+    ///     })
+    ///     .build();
+    /// # drop(client); Ok(()) }
+    /// ```
+    ///
+    /// The stack sees the client's redirects as
+    /// [`client_redirects`](Self::client_redirects) declares: build that client with
+    /// [`redirect::recorded`](crate::redirect::recorded) and declare
+    /// [`ClientRedirects::Recorded`] for the whole decision table.
+    ///
+    /// # Errors
+    ///
+    /// [`StackError::PerAttemptInOneMiddleware`] with per-attempt middlewares (they run
+    /// between `BearerAuth` and the transport step, in the client's own chain: take
+    /// [`into_middlewares`](Self::into_middlewares) then), [`StackError::ChaosInOneMiddleware`]
+    /// with a chaos layer (the same), and those of
+    /// [Errors at build time](Self#errors-at-build-time).
+    pub fn into_middleware(self) -> Result<ResilienceMiddleware, ResilienceError> {
+        if !self.per_attempt.is_empty() {
+            return Err(ResilienceError::InvalidStack(
+                StackError::PerAttemptInOneMiddleware,
+            ));
+        }
+        let parts = self.prebuilt_client()?.assemble()?;
+        if !parts.is_one_middleware() {
+            // Only a chaos layer moves the transport step out without per-attempt ones.
+            return Err(ResilienceError::InvalidStack(
+                StackError::ChaosInOneMiddleware,
+            ));
+        }
+        Ok(ResilienceMiddleware { stack: parts.stack })
+    }
+
+    /// The stack as the middlewares a client builder made later is to hold, in order,
+    /// after any of its own: the composed stages, the
+    /// [`per_attempt`](Self::per_attempt) middlewares, and the transport step (without
+    /// per-attempt middlewares, the one middleware of
+    /// [`into_middleware`](Self::into_middleware)). For a codebase that hands a
+    /// `Vec<Arc<dyn Middleware>>` to `ClientWithMiddleware::new(client, middlewares)` when
+    /// its client is first needed (pixi's `LazyClient`).
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use reqwest_middleware::{ClientWithMiddleware, Middleware};
+    /// use reqwest_resilience::{Resilience, TransportEvidence};
+    ///
+    /// # struct Mirror; // rewrites each attempt's URL to a mirror
+    /// # #[reqwest_resilience::async_trait]
+    /// # impl Middleware for Mirror {
+    /// #     async fn handle(&self, req: reqwest::Request, ext: &mut http::Extensions,
+    /// #         next: reqwest_middleware::Next<'_>) -> reqwest_middleware::Result<reqwest::Response> {
+    /// #         next.run(req, ext).await
+    /// #     }
+    /// # }
+    /// # fn main() -> Result<(), reqwest_resilience::ResilienceError> {
+    /// let middlewares: Vec<Arc<dyn Middleware>> = Resilience::like_reqwest_retry()
+    ///     .per_attempt(Mirror)
+    ///     .into_middlewares()?;
+    /// assert_eq!(middlewares.len(), 3); // the stages, Mirror, the transport step
+    /// // Later:
+    /// let client = ClientWithMiddleware::new(reqwest::Client::new(), middlewares);
+    /// # drop(client); Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`install`](Self::install).
+    pub fn into_middlewares(self) -> Result<Vec<Arc<dyn Middleware>>, ResilienceError> {
+        let per_attempt = reqwest_per_attempt(&self.per_attempt)?;
+        let parts = self.prebuilt_client()?.assemble()?;
+        Ok(parts.into_chain(per_attempt))
+    }
+
+    /// Refuses the settings only `build_from` can apply, for a client built elsewhere.
+    fn prebuilt_client(self) -> Result<Self, ResilienceError> {
+        if self.redirect_policy.is_some() {
+            return Err(ResilienceError::InvalidStack(StackError::Conflict {
+                part: StackPart::Client,
+                setting: "redirect_policy",
+            }));
+        }
+        Ok(self)
+    }
+
+    /// The client `build_from` builds: the recorded redirect policy, declared.
+    fn precise_client(
+        mut self,
+        builder: reqwest::ClientBuilder,
+    ) -> Result<(Self, reqwest::Client), ResilienceError> {
+        if self.client_redirects.is_some() {
+            return Err(ResilienceError::InvalidStack(StackError::Conflict {
+                part: StackPart::Client,
+                setting: "client_redirects",
+            }));
+        }
+        let policy = self.redirect_policy.take().unwrap_or_default();
+        let client = builder
+            .redirect(crate::redirect::recorded(policy))
+            .build()
+            .map_err(ResilienceError::ClientBuild)?;
+        self.client_redirects = Some(ClientRedirects::Recorded);
+        Ok((self, client))
+    }
+
+    /// The stages as one middleware, and the transport step as a middleware of its own
+    /// when per-attempt middlewares run between `BearerAuth` and it.
+    fn assemble(self) -> Result<Assembled, ResilienceError> {
         let retry = self.build_retry()?;
         let breaker = build_breaker(self.breaker, self.on_breaker_transition)?;
         let limit = self.concurrency_limit.map(LimitChoice::build).transpose()?;
@@ -648,7 +904,9 @@ impl Resilience {
         // One middleware for the stages, one boxed future per request; a user's
         // per-attempt middleware runs between `BearerAuth` and the transport step, which
         // then follows it as a middleware of its own.
-        let transport = TransportEvidence::with_client_redirects(self.client_redirects);
+        let transport = TransportEvidence::with_client_redirects(
+            self.client_redirects.unwrap_or(ClientRedirects::Unobserved),
+        );
         #[cfg(feature = "chaos")]
         let chaos = self.chaos;
         #[cfg(not(feature = "chaos"))]
@@ -674,30 +932,24 @@ impl Resilience {
         };
         // Each optional stage whose future is large is there by type only when the stack
         // has it (see `Composed`).
-        let mut builder = match (self.bearer, limit) {
-            (Some(bearer), Some(limit)) => builder.with(
+        let stack: Arc<dyn compose::StackMiddleware> = match (self.bearer, limit) {
+            (Some(bearer), Some(limit)) => Arc::new(
                 composed
                     .with_token_first(crate::auth::TokenFirst(bearer))
                     .with_limit(limit),
             ),
             (Some(bearer), None) => {
-                builder.with(composed.with_token_first(crate::auth::TokenFirst(bearer)))
+                Arc::new(composed.with_token_first(crate::auth::TokenFirst(bearer)))
             }
-            (None, Some(limit)) => builder.with(composed.with_limit(limit)),
-            (None, None) => builder.with(composed),
+            (None, Some(limit)) => Arc::new(composed.with_limit(limit)),
+            (None, None) => Arc::new(composed),
         };
-        for middleware in self.per_attempt {
-            builder = builder.with_arc(middleware);
-        }
-        if let Some(transport) = outer_transport {
-            builder = builder.with(transport);
-        }
-        // Where the network is: inside the transport step.
-        #[cfg(feature = "chaos")]
-        if let Some(chaos) = chaos {
-            builder = builder.with(chaos);
-        }
-        Ok(StackBuilder { builder })
+        Ok(Assembled {
+            stack,
+            transport: outer_transport,
+            #[cfg(feature = "chaos")]
+            chaos,
+        })
     }
 
     fn build_retry(&self) -> Result<Option<RetryMiddleware>, ResilienceError> {
@@ -863,6 +1115,147 @@ impl StackBuilder {
     /// ```
     pub fn inside_transport_step(self) -> ClientBuilder {
         self.builder
+    }
+}
+
+/// A per-attempt middleware, of reqwest-middleware's trait or (feature `astral`) the
+/// fork's: it can only be installed into a builder of its own crate.
+pub(crate) enum PerAttempt {
+    Reqwest(Arc<dyn Middleware>),
+    #[cfg(feature = "astral")]
+    Astral(Arc<dyn astral_reqwest_middleware::Middleware>),
+}
+
+/// The per-attempt middlewares for a reqwest-middleware builder: all of them, or the
+/// error for one of the fork's.
+fn reqwest_per_attempt(list: &[PerAttempt]) -> Result<Vec<Arc<dyn Middleware>>, ResilienceError> {
+    list.iter()
+        .map(|m| match m {
+            PerAttempt::Reqwest(m) => Ok(m.clone()),
+            #[cfg(feature = "astral")]
+            PerAttempt::Astral(_) => Err(ResilienceError::InvalidStack(
+                StackError::PerAttemptOtherTrait {
+                    builder: "reqwest-middleware",
+                },
+            )),
+        })
+        .collect()
+}
+
+/// The stack as [`Resilience::assemble`] builds it for a builder.
+struct Assembled {
+    /// The stages, one middleware.
+    stack: Arc<dyn compose::StackMiddleware>,
+    /// The transport step as a middleware of its own, after the per-attempt ones.
+    transport: Option<TransportEvidence>,
+    /// Seeded faults, innermost: after the transport step, where the network is.
+    #[cfg(feature = "chaos")]
+    chaos: Option<crate::chaos::Chaos>,
+}
+
+impl Assembled {
+    /// The middlewares in the order a client builder holds them (the stages, the
+    /// per-attempt ones, the transport step when it is not among the stages, the chaos
+    /// layer), as trait objects of either crate's `Middleware`.
+    fn into_chain<M: ?Sized + ChainMember>(self, per_attempt: Vec<Arc<M>>) -> Vec<Arc<M>> {
+        let mut chain = Vec::with_capacity(per_attempt.len() + 3);
+        chain.push(M::stack(self.stack));
+        chain.extend(per_attempt);
+        chain.extend(self.transport.map(M::transport));
+        #[cfg(feature = "chaos")]
+        chain.extend(self.chaos.map(M::chaos));
+        chain
+    }
+
+    /// Whether the whole stack is the one middleware `stack`.
+    fn is_one_middleware(&self) -> bool {
+        self.transport.is_none()
+    }
+}
+
+/// A trait object of either crate's `Middleware`, as a client's chain holds them.
+trait ChainMember {
+    fn stack(stack: Arc<dyn compose::StackMiddleware>) -> Arc<Self>;
+    fn transport(transport: TransportEvidence) -> Arc<Self>;
+    #[cfg(feature = "chaos")]
+    fn chaos(chaos: crate::chaos::Chaos) -> Arc<Self>;
+}
+
+impl ChainMember for dyn Middleware {
+    fn stack(stack: Arc<dyn compose::StackMiddleware>) -> Arc<Self> {
+        stack
+    }
+    fn transport(transport: TransportEvidence) -> Arc<Self> {
+        Arc::new(transport)
+    }
+    #[cfg(feature = "chaos")]
+    fn chaos(chaos: crate::chaos::Chaos) -> Arc<Self> {
+        Arc::new(chaos)
+    }
+}
+
+#[cfg(feature = "astral")]
+impl ChainMember for dyn astral_reqwest_middleware::Middleware {
+    fn stack(stack: Arc<dyn compose::StackMiddleware>) -> Arc<Self> {
+        stack
+    }
+    fn transport(transport: TransportEvidence) -> Arc<Self> {
+        Arc::new(transport)
+    }
+    #[cfg(feature = "chaos")]
+    fn chaos(chaos: crate::chaos::Chaos) -> Arc<Self> {
+        Arc::new(chaos)
+    }
+}
+
+/// The whole stack as one middleware ([`Resilience::into_middleware`]), for a client
+/// builder made later: install it last. It implements `reqwest_middleware::Middleware`
+/// and, with feature `astral`, the fork's `Middleware` too. Clones share the stack (its
+/// breakers, budget and redirect proof).
+#[derive(Clone)]
+pub struct ResilienceMiddleware {
+    stack: Arc<dyn compose::StackMiddleware>,
+}
+
+impl fmt::Debug for ResilienceMiddleware {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ResilienceMiddleware")
+            .finish_non_exhaustive()
+    }
+}
+
+impl Middleware for ResilienceMiddleware {
+    fn handle<'life0, 'life1, 'life2, 'async_trait>(
+        &'life0 self,
+        req: Request,
+        extensions: &'life1 mut Extensions,
+        next: reqwest_middleware::Next<'life2>,
+    ) -> crate::stage::Handled<'async_trait>
+    where
+        'life0: 'async_trait,
+        'life1: 'async_trait,
+        'life2: 'async_trait,
+        Self: 'async_trait,
+    {
+        Middleware::handle(&*self.stack, req, extensions, next)
+    }
+}
+
+#[cfg(feature = "astral")]
+impl astral_reqwest_middleware::Middleware for ResilienceMiddleware {
+    fn handle<'life0, 'life1, 'life2, 'async_trait>(
+        &'life0 self,
+        req: Request,
+        extensions: &'life1 mut Extensions,
+        next: astral_reqwest_middleware::Next<'life2>,
+    ) -> crate::stage::astral::AstralHandled<'async_trait>
+    where
+        'life0: 'async_trait,
+        'life1: 'async_trait,
+        'life2: 'async_trait,
+        Self: 'async_trait,
+    {
+        astral_reqwest_middleware::Middleware::handle(&*self.stack, req, extensions, next)
     }
 }
 

@@ -47,7 +47,11 @@ use crate::origin::Origin;
 use crate::record::AttemptClock;
 use crate::token::AccessToken;
 
+#[cfg(feature = "astral")]
+pub(crate) mod astral;
 pub(crate) mod scope;
+pub(crate) mod standalone;
+pub(crate) use standalone::standalone_middleware;
 
 /// What the stages outside an attempt already worked out about it.
 #[derive(Clone, Copy, Default)]
@@ -403,37 +407,6 @@ pub(crate) fn with_url(response: Response, url: reqwest::Url) -> Response {
 /// The boxed future `Middleware::handle` returns (the `async_trait` form of the trait).
 pub(crate) type Handled<'a> =
     std::pin::Pin<Box<dyn Future<Output = reqwest_middleware::Result<Response>> + Send + 'a>>;
-
-/// A [`Stage`] used alone: its `Middleware` impl runs it with `Next` inside. Written out
-/// rather than through `#[async_trait]`, which would wrap the stage's future in one more
-/// (one more state machine to move into the box).
-macro_rules! standalone_middleware {
-    ($stage:ty) => {
-        impl reqwest_middleware::Middleware for $stage {
-            fn handle<'life0, 'life1, 'life2, 'async_trait>(
-                &'life0 self,
-                req: reqwest::Request,
-                extensions: &'life1 mut http::Extensions,
-                next: reqwest_middleware::Next<'life2>,
-            ) -> $crate::stage::Handled<'async_trait>
-            where
-                'life0: 'async_trait,
-                'life1: 'async_trait,
-                'life2: 'async_trait,
-                Self: 'async_trait,
-            {
-                Box::pin($crate::stage::Stage::serve(
-                    self,
-                    req,
-                    extensions,
-                    $crate::stage::Handover::default(),
-                    next,
-                ))
-            }
-        }
-    };
-}
-pub(crate) use standalone_middleware;
 
 pin_project_lite::pin_project! {
     /// The rest of the stack's future, cut at an instant when there is one. Unlike

@@ -36,6 +36,8 @@
 //!
 //! # Other helpers
 //! - [`refused_port`]: a loopback port with no listener (connect is refused).
+//! - [`held_port::HeldRefusedPort`]: the same, held by a bound socket that never listens,
+//!   so no other test's server can be handed the port during a long retry sequence.
 //! - [`FullBacklog`]: a loopback listener whose connects time out (SYN dropped).
 //! - [`h2`]: an HTTP/2 (h2c prior-knowledge) server that answers `RST_STREAM(REFUSED_STREAM)`
 //!   and `GOAWAY` with a chosen last-stream-id; use the client with `.http2_prior_knowledge()`.
@@ -45,6 +47,7 @@
 
 pub mod gate;
 pub mod h2;
+pub mod held_port;
 pub mod nginx;
 pub mod tls;
 pub mod tls_faults;

@@ -188,6 +188,7 @@ mod enabled {
             RetryReason::NotProcessed => "not_processed",
             RetryReason::Transient => "transient",
             RetryReason::Status(_) => "status",
+            RetryReason::BodyInterrupted => "body_interrupted",
         };
         counter!(RETRIES, "origin" => origin(at), "reason" => reason).increment(1);
     }
@@ -301,6 +302,7 @@ mod enabled {
             FailureKind::Closed => "closed",
             FailureKind::Protocol => "protocol",
             FailureKind::Body => "body",
+            FailureKind::BodyInterrupted => "body_interrupted",
             FailureKind::Redirect => "redirect",
             FailureKind::Builder => "builder",
             FailureKind::Decode => "decode",

@@ -14,7 +14,7 @@
 mod classify;
 mod middleware;
 
-pub use classify::{Classification, classify_error};
+pub use classify::{Classification, classify, classify_body, classify_error};
 pub use middleware::TransportEvidence;
 
 pub use crate::record::{

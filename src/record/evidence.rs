@@ -58,8 +58,14 @@ pub enum FailureKind {
     /// The peer broke the protocol: a malformed response head, an HTTP/2 stream or
     /// connection error (including `REFUSED_STREAM` and `GOAWAY`).
     Protocol,
-    /// Reading or writing a body failed.
+    /// Writing the request's body failed (or a body failed where nothing tells whose).
     Body,
+    /// The response head arrived and its body broke before its end (a reset, a timeout,
+    /// a connection closed short of the `Content-Length`): the server received and
+    /// answered the request. With [`Transmission::ResponseReceived`] when the status is
+    /// known (see [`classify_body`](crate::evidence::classify_body)). Distinct from
+    /// [`Decode`](Self::Decode), a complete body that could not be decoded.
+    BodyInterrupted,
     /// The redirect policy stopped the request (e.g. a redirect loop).
     Redirect,
     /// The request could not be built (bad URL, bad header).

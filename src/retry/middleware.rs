@@ -11,8 +11,10 @@ use reqwest::{Request, Response};
 use tokio::time::Instant;
 
 use super::attempt_timeout::{self, attempt_cut};
+use super::continuation::Continuation;
 use super::fallback::fallback_evidence;
 use super::hedge::{Hedging, RoundSpec};
+use super::operation::OperationAttempt;
 use super::{
     AttemptContext, DefaultStrategy, ErrorWrapping, Idempotent, MaxRetries, RetryBudget,
     RetryStrategy, Verdict, Withdrawal, is_idempotent,
@@ -409,18 +411,18 @@ enum Step {
 }
 
 /// The per-logical-request state of the loop.
-struct LoopState {
-    started_system: Option<SystemTime>,
-    deadline: Option<Instant>,
-    max_retries: u32,
-    retries: u32,
-    previous_delay: Option<Duration>,
+pub(super) struct LoopState {
+    pub(super) started_system: Option<SystemTime>,
+    pub(super) deadline: Option<Instant>,
+    pub(super) max_retries: u32,
+    pub(super) retries: u32,
+    pub(super) previous_delay: Option<Duration>,
     /// The per-attempt timeout for this request ([`AttemptTimeout`] or the configured one).
-    attempt_timeout: Option<Duration>,
+    pub(super) attempt_timeout: Option<Duration>,
     /// Hedges sent so far.
-    hedges: u32,
+    pub(super) hedges: u32,
     /// Retries taken on [`RetryReason::NotProcessed`] (not counted in `retries`).
-    not_processed_retries: u32,
+    pub(super) not_processed_retries: u32,
 }
 
 impl LoopState {
@@ -665,6 +667,8 @@ struct RequestRun<'a> {
     handed_on: bool,
     /// Whether the stack installed the transport step inside (see [`Decision`]).
     transport_installed: bool,
+    /// The earlier passes of this request, when it has some (`super::continuation`).
+    continued: Option<Continuation>,
 }
 
 /// An attempt about to run.
@@ -702,13 +706,19 @@ impl<'a> RequestRun<'a> {
         handover: Handover<'_>,
         attempt_timeout: Option<Duration>,
     ) -> Self {
-        let handed_on = hand_on_deadline(config, extensions);
+        // A later pass of a request (an operation run again, a body resumed) goes on
+        // from the earlier ones: `super::continuation`.
+        let continued = OperationAttempt::continuation_in(extensions);
+        let handed_on = continued
+            .as_ref()
+            .is_some_and(|c| c.hand_on_deadline(extensions))
+            | hand_on_deadline(config, extensions);
         // Kept for every attempt (and copy) to start its clock from.
         Inward::set_attempt_timeout(extensions, attempt_timeout);
-        let idempotent = extensions
+        let mut idempotent = extensions
             .get::<Idempotent>()
             .map_or_else(|| is_idempotent(req.method(), req.headers()), |i| i.0);
-        let state = LoopState {
+        let mut state = LoopState {
             // Only an external policy reads the wall clock; the success path skips it.
             started_system: matches!(config.delays, Delays::External(_)).then(SystemTime::now),
             deadline: extensions.get::<Deadline>().map(|d| d.0),
@@ -721,7 +731,10 @@ impl<'a> RequestRun<'a> {
             hedges: 0,
             not_processed_retries: 0,
         };
-        if let Some(budget) = &config.budget {
+        let deposit = continued
+            .as_ref()
+            .is_none_or(|c| c.begin_pass(&mut state, &mut idempotent, req.method(), extensions));
+        if let Some(budget) = config.budget.as_ref().filter(|_| deposit) {
             budget.deposit();
         }
         let hedging = config
@@ -741,6 +754,7 @@ impl<'a> RequestRun<'a> {
             // What this request handed inward ends with it.
             handed_on: handed_on || attempt_timeout.is_some(),
             transport_installed: handover.composed(),
+            continued,
         }
     }
 
@@ -914,6 +928,10 @@ impl<'a> RequestRun<'a> {
         extensions: &mut Extensions,
     ) -> reqwest_middleware::Result<Response> {
         let Stopped { attempts, stop } = stopped;
+        if let Some(c) = &self.continued {
+            let status = result.as_ref().ok().map(Response::status);
+            c.end_pass(&self.state, stop, status, extensions);
+        }
         finish(
             self.config,
             result,
@@ -1170,6 +1188,9 @@ async fn drain(mut response: Response) {
         }
     }
 }
+
+mod continued;
+pub(crate) use continued::ContinuedRetry;
 
 #[cfg(test)]
 mod tests {

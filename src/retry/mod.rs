@@ -33,18 +33,21 @@
 
 mod attempt_timeout;
 mod budget;
+mod continuation;
 mod decision;
 mod error;
 mod fallback;
 mod hedge;
 mod latency;
 mod middleware;
+mod operation;
 #[cfg(feature = "retry-policies")]
 mod policies;
 
 pub use attempt_timeout::AttemptTimeout;
 pub use budget::RetryBudget;
 use budget::Withdrawal;
+pub(crate) use continuation::Continuation;
 pub use decision::{
     AttemptContext, DEFAULT_MAX_NOT_PROCESSED_RETRIES, DefaultStrategy, RetryReason, RetryStrategy,
     StopReason, Verdict, is_idempotent,
@@ -52,6 +55,7 @@ pub use decision::{
 pub use error::{ErrorWrapping, RetryError, find_reqwest_error};
 pub use hedge::{HedgeDelay, Hedging};
 pub use middleware::{RetryAfterPolicy, RetryMiddleware, RetryMiddlewareBuilder};
+pub use operation::{Operation, OperationAttempt, OperationOutcome};
 
 /// Per-request override of the maximum number of retries (`MaxRetries(0)` disables
 /// retrying for that request, not-processed retries included). Retries on the server's

@@ -794,7 +794,10 @@ impl Stage for RequestObserver {
             // Extensions reused across calls keep older attempts: report only this call's.
             let before = extensions
                 .get::<AttemptHistory>()
-                .map_or(0, AttemptHistory::len);
+                .map_or(0, AttemptHistory::len)
+                // A later pass of an operation or a resumed body: the earlier passes'
+                // records were reported with them.
+                .max(crate::retry::Continuation::recorded(extensions));
 
             #[cfg(feature = "tracing")]
             let span = observe::request_span(&req, self.span_url_query);

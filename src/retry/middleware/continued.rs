@@ -1,0 +1,244 @@
+//! The retry loop's decision for a failure it did not see: a response body that broke
+//! after the loop returned its head, or an operation's own step
+//! ([`Operation`](crate::retry::Operation)). The same table, delays, retry limit, budget
+//! and deadline as an attempt inside the loop, counted in the request's
+//! [`Continuation`].
+
+use std::time::Duration;
+
+use http::{Extensions, Method};
+use tokio::time::Instant;
+
+use super::{Config, LoopState, RetryMiddleware, Step, Unspent, record};
+use crate::record::{AttemptHistory, RequestEvidence, RetryReason, StopReason};
+use crate::retry::continuation::{Continuation, Spent};
+use crate::retry::{AttemptContext, Verdict, Withdrawal};
+
+/// A retry decided after a failure outside the loop: wait `delay`, then count it with
+/// [`RetryMiddleware::wait_continued`].
+#[derive(Debug)]
+pub(crate) struct ContinuedRetry {
+    pub(crate) delay: Duration,
+    reason: RetryReason,
+    withdrawal: Option<Withdrawal>,
+}
+
+impl RetryMiddleware {
+    /// Decides after `evidence`, the failure of attempt `evidence.attempt` of the request
+    /// `continued` spans (the attempt whose head came back and whose body broke: its record
+    /// in the history is amended; a later number is a new record), and writes the decision
+    /// into the history and the metrics. `method` is the request's, when known (an
+    /// operation may send several).
+    pub(crate) fn decide_continued(
+        &self,
+        continued: &Continuation,
+        evidence: RequestEvidence,
+        method: &Method,
+    ) -> Result<ContinuedRetry, StopReason> {
+        let c = &self.config;
+        let mut spent = continued.lock();
+        let state = loop_state(c, &spent);
+        // The operation's mark, else what every request it sent said; nothing sent and
+        // nothing marked: not idempotent.
+        let idempotent = spent.idempotent.or(spent.all_idempotent).unwrap_or(false);
+        let mut ctx = AttemptContext::new(&evidence, method);
+        ctx.idempotent = idempotent;
+        ctx.attempt = evidence.attempt;
+        ctx.not_processed_retries = state.not_processed_retries;
+        ctx.max_not_processed_retries = c.max_not_processed_retries;
+        let step = match c.strategy.decide(&ctx) {
+            Verdict::Stop(reason) => Step::Stop(reason),
+            Verdict::Retry(reason) => c.plan(reason, &evidence, None, true, &state, Instant::now()),
+        };
+        let (attempt, origin) = (evidence.attempt, evidence.origin.clone());
+        amend(&mut spent.history, evidence);
+        // `record` writes into the history it finds in the extensions.
+        let mut extensions = Extensions::new();
+        extensions.insert(std::mem::take(&mut spent.history));
+        record(&mut extensions, &step, attempt, method, origin.as_ref());
+        spent.history = extensions.remove().unwrap_or_default();
+        match step {
+            Step::Retry {
+                delay,
+                reason,
+                withdrawal,
+            } => Ok(ContinuedRetry {
+                delay,
+                reason,
+                withdrawal,
+            }),
+            Step::Stop(reason) => Err(reason),
+        }
+    }
+
+    /// Waits out `retry`'s delay, then counts it in `continued`.
+    ///
+    /// # Cancel safety
+    ///
+    /// Dropped during the wait, the retry is not counted and its budget goes back.
+    pub(crate) async fn wait_continued(&self, continued: &Continuation, retry: ContinuedRetry) {
+        let mut unspent = Unspent(self.config.budget.as_ref().zip(retry.withdrawal));
+        tokio::time::sleep(retry.delay).await;
+        unspent.0 = None;
+        let mut spent = continued.lock();
+        if retry.reason == RetryReason::NotProcessed {
+            spent.not_processed_retries += 1;
+        } else {
+            spent.previous_delay = Some(retry.delay);
+            spent.retries += 1;
+        }
+    }
+
+    /// Fixes what the passes of `continued` share before the first one: the retry limit
+    /// (`max_retries`, else the configured one), the deadline (the configured total from
+    /// now, unless `deadline`), the idempotency mark, and the request's deposit in the
+    /// budget.
+    pub(crate) fn begin_continued(
+        &self,
+        continued: &Continuation,
+        max_retries: Option<u32>,
+        deadline: Option<Instant>,
+        idempotent: Option<bool>,
+    ) {
+        let c = &self.config;
+        let mut spent = continued.lock();
+        spent.max_retries = Some(max_retries.unwrap_or_else(|| c.max_retries()));
+        spent.deadline =
+            deadline.or_else(|| c.deadline.and_then(|d| Instant::now().checked_add(d)));
+        spent.idempotent = idempotent;
+        if let Some(budget) = &c.budget
+            && !std::mem::replace(&mut spent.deposited, true)
+        {
+            budget.deposit();
+        }
+    }
+}
+
+/// The loop's state as the passes of a request left it.
+fn loop_state(c: &Config, spent: &Spent) -> LoopState {
+    LoopState {
+        started_system: None,
+        deadline: spent.deadline,
+        max_retries: spent.max_retries.unwrap_or_else(|| c.max_retries()),
+        retries: spent.retries,
+        previous_delay: spent.previous_delay,
+        attempt_timeout: None,
+        hedges: spent.hedges,
+        not_processed_retries: spent.not_processed_retries,
+    }
+}
+
+/// Puts `evidence` on the record of its attempt (the last one, when the numbers match:
+/// its head came back, then its body broke), else appends it.
+fn amend(history: &mut AttemptHistory, evidence: RequestEvidence) {
+    if history
+        .last()
+        .is_some_and(|l| l.evidence.attempt == evidence.attempt)
+    {
+        history.replace_last(evidence);
+    } else {
+        history.push(evidence);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Backoff;
+    use crate::record::{AttemptDecision, FailureKind, Transmission};
+    use http::StatusCode;
+
+    fn retry(max_retries: u32) -> RetryMiddleware {
+        RetryMiddleware::builder()
+            .max_retries(max_retries)
+            .backoff(
+                Backoff::builder()
+                    .jitter(crate::Jitter::None)
+                    .build()
+                    .unwrap(),
+            )
+            .no_budget()
+            .build()
+            .unwrap()
+    }
+
+    fn cut_body(attempt: u32) -> RequestEvidence {
+        let mut e = RequestEvidence::new(
+            Transmission::ResponseReceived(StatusCode::OK),
+            None,
+            attempt,
+        );
+        e.failure = Some(FailureKind::BodyInterrupted);
+        e
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_cut_body_of_an_idempotent_request_is_retried_up_to_the_shared_limit() {
+        let r = retry(2);
+        let c = Continuation::default();
+        r.begin_continued(&c, None, None, Some(true));
+        let mut delays = Vec::new();
+        for attempt in 1..=3 {
+            match r.decide_continued(&c, cut_body(attempt), &Method::GET) {
+                Ok(planned) => {
+                    delays.push(planned.delay);
+                    r.wait_continued(&c, planned).await;
+                }
+                Err(stop) => {
+                    assert_eq!(attempt, 3);
+                    assert_eq!(stop, StopReason::RetriesExhausted);
+                }
+            }
+        }
+        assert_eq!(delays, [Duration::from_secs(1), Duration::from_secs(2)]);
+        let spent = c.lock();
+        assert_eq!(spent.retries, 2);
+        let decisions: Vec<_> = spent
+            .history
+            .attempts()
+            .iter()
+            .map(|r| r.decision.clone())
+            .collect();
+        assert_eq!(
+            decisions,
+            [
+                Some(AttemptDecision::Retry {
+                    delay: Duration::from_secs(1),
+                    reason: RetryReason::BodyInterrupted
+                }),
+                Some(AttemptDecision::Retry {
+                    delay: Duration::from_secs(2),
+                    reason: RetryReason::BodyInterrupted
+                }),
+                Some(AttemptDecision::Stop {
+                    reason: StopReason::RetriesExhausted
+                }),
+            ]
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_cut_body_of_a_request_not_known_idempotent_is_not_retried() {
+        let r = retry(3);
+        let c = Continuation::default();
+        r.begin_continued(&c, None, None, None);
+        let got = r
+            .decide_continued(&c, cut_body(1), &Method::GET)
+            .map(|p| p.delay);
+        assert_eq!(
+            got,
+            Err(StopReason::MayHaveBeenProcessed),
+            "nothing said it was idempotent"
+        );
+        c.lock().idempotent = Some(true);
+        let got = r
+            .decide_continued(&c, cut_body(1), &Method::POST)
+            .map(|p| p.delay);
+        assert_eq!(got, Ok(Duration::from_secs(1)), "marked idempotent");
+        assert_eq!(
+            c.lock().history.len(),
+            1,
+            "the same attempt's record, amended"
+        );
+    }
+}

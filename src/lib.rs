@@ -189,6 +189,7 @@ pub mod misconfig;
 pub mod origin;
 pub(crate) mod record;
 pub mod redirect;
+pub mod resume;
 pub mod retry;
 pub mod retry_after;
 pub mod stack;

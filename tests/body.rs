@@ -255,3 +255,343 @@ async fn the_operation_and_the_middleware_inside_share_one_attempt_count() {
         ]
     );
 }
+
+// ---------------------------------------------------------------------------------------
+// How a cut body is classified, from the chain reqwest hands the caller.
+
+const LEN: usize = 100_000;
+
+fn payload(len: usize) -> Vec<u8> {
+    (0..len).map(|i| (i * 7 + i / 251) as u8).collect()
+}
+
+async fn cut_body_error(fault: Fault, client: reqwest::Client) -> reqwest::Error {
+    let server = RangedServer::start(Representation::resumable(payload(LEN)), move |_, _| {
+        fault.clone()
+    })
+    .await;
+    let response = client.get(server.url("/f")).send().await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    response.bytes().await.unwrap_err()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_cut_a_reset_and_a_read_timeout_mid_body_are_body_interrupted_not_decode() {
+    use reqwest_resilience::evidence::{classify, classify_body, classify_error};
+    let timeout_client = reqwest::Client::builder()
+        .no_proxy()
+        .pool_max_idle_per_host(0)
+        .read_timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let cases = [
+        (Fault::Close(50_000), support::loopback_client()),
+        (Fault::Reset(50_000), support::loopback_client()),
+        (Fault::Stall(50_000), timeout_client),
+    ];
+    for (fault, client) in cases {
+        let err = cut_body_error(fault.clone(), client).await;
+        assert!(
+            err.is_decode(),
+            "reqwest calls every body failure a decode error"
+        );
+        let c = classify(&err);
+        assert_eq!(
+            (c.transmission, c.kind),
+            (Transmission::Unknown, FailureKind::BodyInterrupted),
+            "{fault:?}"
+        );
+        assert_eq!(classify_error(&err), c);
+        // Behind the io::Error a reader of `bytes_stream()` sees.
+        let wrapped = std::io::Error::other(err);
+        assert_eq!(classify(&wrapped), c, "{fault:?} wrapped");
+        let c = classify_body(&wrapped, StatusCode::OK);
+        assert_eq!(
+            c.transmission,
+            Transmission::ResponseReceived(StatusCode::OK)
+        );
+        assert_eq!(c.kind, FailureKind::BodyInterrupted);
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Bodies that resume.
+
+fn resuming(retry: &RetryMiddleware, client: reqwest::Client) -> ClientWithMiddleware {
+    Resilience::new()
+        .retry(retry.clone())
+        .no_breaker()
+        .resume_bodies(true)
+        .build(client)
+        .unwrap()
+}
+
+/// The body through a resuming stack, with the server that served it.
+async fn download(
+    repr: Representation,
+    script: impl Fn(usize, &support::RecordedRequest) -> Fault + Send + Sync + 'static,
+    client: reqwest::Client,
+) -> (Result<Vec<u8>, reqwest::Error>, RangedServer) {
+    let server = RangedServer::start(repr, script).await;
+    let client = resuming(&retry(3), client);
+    let response = client
+        .get(server.url("/dist/model.bin"))
+        .send()
+        .await
+        .unwrap();
+    let body = response.bytes().await.map(|b| b.to_vec());
+    (body, server)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_body_cut_at_its_first_middle_or_last_byte_resumes_to_the_exact_bytes() {
+    let body = payload(LEN);
+    for cut in [0, 1, LEN / 2, LEN - 1] {
+        let (got, server) = download(
+            Representation::resumable(body.clone()),
+            move |i, _| {
+                if i == 0 {
+                    Fault::Close(cut)
+                } else {
+                    Fault::None
+                }
+            },
+            support::loopback_client(),
+        )
+        .await;
+        assert!(
+            got.as_ref().unwrap() == &body,
+            "cut at {cut}: the exact bytes"
+        );
+        assert_eq!(
+            server.ranges(),
+            [None, Some(format!("bytes={cut}-"))],
+            "cut at {cut}"
+        );
+        assert_eq!(server.requests()[1].header("if-range"), Some("\"v1\""));
+        assert_eq!(
+            server.body_bytes_sent(),
+            LEN as u64,
+            "cut at {cut}: no byte sent twice"
+        );
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_reset_and_a_stall_cut_by_the_read_timeout_resume_too() {
+    let body = payload(LEN);
+    let (got, server) = download(
+        Representation::resumable(body.clone()),
+        |i, _| {
+            if i == 0 {
+                Fault::Reset(40_000)
+            } else {
+                Fault::None
+            }
+        },
+        support::loopback_client(),
+    )
+    .await;
+    assert!(got.unwrap() == body);
+    assert_eq!(server.ranges(), [None, Some("bytes=40000-".to_owned())]);
+    let timeout_client = reqwest::Client::builder()
+        .no_proxy()
+        .pool_max_idle_per_host(0)
+        .read_timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let (got, server) = download(
+        Representation::resumable(body.clone()),
+        |i, _| {
+            if i == 0 {
+                Fault::Stall(30_000)
+            } else {
+                Fault::None
+            }
+        },
+        timeout_client,
+    )
+    .await;
+    assert!(got.unwrap() == body);
+    assert_eq!(server.ranges(), [None, Some("bytes=30000-".to_owned())]);
+    assert_eq!(server.body_bytes_sent(), LEN as u64);
+}
+
+/// The body is not resumed: the caller gets the cut's error, inside a `BodyIncomplete`
+/// when a resume was refused.
+fn assert_cut_at(got: Result<Vec<u8>, reqwest::Error>, at: u64, resumed_answer: bool) {
+    let err = got.unwrap_err();
+    let incomplete =
+        reqwest_resilience::chain::find::<reqwest_resilience::error::BodyIncomplete>(&err);
+    match incomplete {
+        Some(b) => {
+            assert!(resumed_answer, "a resume was tried");
+            assert_eq!(
+                (b.received(), b.expected(), b.resumes()),
+                (at, LEN as u64, 0)
+            );
+            assert_eq!(b.status(), StatusCode::OK);
+            let c = reqwest_resilience::evidence::classify(&err);
+            assert_eq!(
+                c.transmission,
+                Transmission::ResponseReceived(StatusCode::OK)
+            );
+            assert_eq!(c.kind, FailureKind::BodyInterrupted);
+        }
+        None => assert!(!resumed_answer, "not wrapped: no resume was possible"),
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_server_that_ignores_range_or_changed_its_etag_is_never_spliced() {
+    let body = payload(LEN);
+    let (got, server) = download(
+        Representation::resumable(body.clone()),
+        |i, _| {
+            if i == 0 {
+                Fault::Close(20_000)
+            } else {
+                Fault::IgnoreRange(None)
+            }
+        },
+        support::loopback_client(),
+    )
+    .await;
+    assert_cut_at(got, 20_000, true);
+    assert_eq!(server.ranges(), [None, Some("bytes=20000-".to_owned())]);
+    let (got, server) = download(
+        Representation::resumable(body.clone()),
+        |i, _| {
+            if i == 0 {
+                Fault::Close(20_000)
+            } else {
+                Fault::ChangeEtag("\"v2\"".into())
+            }
+        },
+        support::loopback_client(),
+    )
+    .await;
+    assert_cut_at(got, 20_000, true);
+    assert_eq!(
+        server.requests().len(),
+        2,
+        "If-Range failed: a 200, not spliced"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_weak_etag_a_compressed_body_or_no_content_length_is_not_resumed() {
+    let body = payload(LEN);
+    let cut_first = |i: usize, _: &support::RecordedRequest| {
+        if i == 0 {
+            Fault::Reset(20_000)
+        } else {
+            Fault::None
+        }
+    };
+    let variants = [
+        Representation::resumable(body.clone()).header("etag", "W/\"v1\""),
+        Representation::resumable(body.clone()).header("content-encoding", "gzip"),
+        Representation {
+            content_length: false,
+            ..Representation::resumable(body.clone())
+        },
+        Representation::resumable(body.clone()).without("accept-ranges"),
+    ];
+    for repr in variants {
+        let headers = repr.headers.clone();
+        let (got, server) = download(repr, cut_first, support::loopback_client()).await;
+        assert_cut_at(got, 20_000, false);
+        assert_eq!(server.requests().len(), 1, "{headers:?}: no range request");
+    }
+    // A Last-Modified a second older than Date is a strong validator.
+    let dated = Representation::resumable(body.clone())
+        .without("etag")
+        .header("last-modified", "Tue, 01 Dec 2026 10:00:00 GMT")
+        .header("date", "Tue, 01 Dec 2026 10:00:05 GMT");
+    let (got, server) = download(dated, cut_first, support::loopback_client()).await;
+    assert!(got.unwrap() == body);
+    assert_eq!(
+        server.requests()[1].header("if-range"),
+        Some("Tue, 01 Dec 2026 10:00:00 GMT")
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn resumes_count_against_the_retry_limit_and_the_range_request_is_retried_in_the_same_count()
+{
+    let body = payload(LEN);
+    // A cut, a 503 to the range request (retried by the loop), then the rest.
+    let (got, server) = download(
+        Representation::resumable(body.clone()),
+        |i, _| match i {
+            0 => Fault::Close(10_000),
+            1 => Fault::Status(503),
+            _ => Fault::None,
+        },
+        support::loopback_client(),
+    )
+    .await;
+    assert!(got.unwrap() == body);
+    assert_eq!(
+        server.ranges(),
+        [
+            None,
+            Some("bytes=10000-".to_owned()),
+            Some("bytes=10000-".to_owned())
+        ]
+    );
+    // One retry allowed: the first resume takes it, the second cut is the end.
+    let server = RangedServer::start(Representation::resumable(body.clone()), |i, _| match i {
+        0 => Fault::Close(10_000),
+        _ => Fault::Close(30_000),
+    })
+    .await;
+    let client = resuming(&retry(1), support::loopback_client());
+    let response = client.get(server.url("/f")).send().await.unwrap();
+    let err = response.bytes().await.unwrap_err();
+    let b =
+        reqwest_resilience::chain::find::<reqwest_resilience::error::BodyIncomplete>(&err).unwrap();
+    assert_eq!((b.received(), b.resumes()), (40_000, 1));
+    assert_eq!(server.requests().len(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_request_can_turn_resuming_on_or_off_and_chunk_sees_one_body() {
+    use reqwest_resilience::resume::ResumeBody;
+    let body = payload(LEN);
+    let server = RangedServer::start(Representation::resumable(body.clone()), |i, _| {
+        if i % 2 == 0 {
+            Fault::Close(25_000)
+        } else {
+            Fault::None
+        }
+    })
+    .await;
+    let off = Resilience::new()
+        .retry(retry(3))
+        .no_breaker()
+        .build(support::loopback_client())
+        .unwrap();
+    let mut response = off
+        .get(server.url("/f"))
+        .with_extension(ResumeBody(true))
+        .send()
+        .await
+        .unwrap();
+    let mut got = Vec::new();
+    while let Some(chunk) = response.chunk().await.unwrap() {
+        got.extend_from_slice(&chunk);
+    }
+    assert!(got == body);
+    assert_eq!(server.requests().len(), 2);
+    let on = resuming(&retry(3), support::loopback_client());
+    let response = on
+        .get(server.url("/f"))
+        .with_extension(ResumeBody(false))
+        .send()
+        .await
+        .unwrap();
+    assert!(response.bytes().await.is_err());
+    assert_eq!(server.requests().len(), 3, "not resumed");
+}

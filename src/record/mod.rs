@@ -13,11 +13,13 @@
 //! [`clear_earlier_request`] when it enters it. A key added here and not cleared there
 //! would leak into the next request: add both in this module.
 
+mod continuation;
 mod decision;
 mod evidence;
 mod history;
 mod keys;
 
+pub(crate) use continuation::{Continuation, PassEnd, Spent};
 pub use decision::{AttemptDecision, RetryReason, StopReason};
 pub use evidence::{FailureKind, NotProcessedProof, Redirects, RequestEvidence, Transmission};
 pub use history::{AttemptHistory, AttemptRecord};

@@ -12,66 +12,14 @@
 //! once for the whole request, continues the [`AttemptHistory`] (so attempt numbers go on
 //! from the last one), and leaves its counts and how it ended for the next pass.
 
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::Duration;
-
 use http::{Extensions, Method, StatusCode};
-use tokio::time::Instant;
 
 use super::middleware::LoopState;
-use crate::record::{AttemptDecision, AttemptHistory, Deadline, Inward, StopReason};
-
-/// What the passes of one logical request share (cheap to clone: one `Arc`).
-#[derive(Clone, Default)]
-pub(crate) struct Continuation(Arc<Mutex<Spent>>);
-
-/// What the passes so far spent, and how the last one ended.
-#[derive(Default)]
-pub(crate) struct Spent {
-    pub(crate) retries: u32,
-    pub(crate) not_processed_retries: u32,
-    pub(crate) hedges: u32,
-    pub(crate) previous_delay: Option<Duration>,
-    /// Fixed by the first pass (or the operation): every pass retries under it.
-    pub(crate) max_retries: Option<u32>,
-    /// Fixed by the first pass (or the operation).
-    pub(crate) deadline: Option<Instant>,
-    /// The operation's own mark (`Operation::idempotent`), for every request in it.
-    pub(crate) idempotent: Option<bool>,
-    /// Whether every request a pass sent so far was idempotent (`None`: none was sent).
-    pub(crate) all_idempotent: Option<bool>,
-    /// Whether the request's deposit in the retry budget was made.
-    pub(crate) deposited: bool,
-    pub(crate) history: AttemptHistory,
-    /// How the last pass through the retry loop ended.
-    pub(crate) last: Option<PassEnd>,
-    /// The method of the last pass's request.
-    pub(crate) method: Option<Method>,
-}
-
-/// How a pass through the retry loop ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct PassEnd {
-    /// Why the loop stopped.
-    pub(crate) stop: StopReason,
-    /// The status of the response it returned (`None`: it returned an error).
-    pub(crate) status: Option<StatusCode>,
-}
-
-impl Spent {
-    /// Attempts made so far, over every pass.
-    pub(crate) fn attempts(&self) -> u32 {
-        self.retries + self.not_processed_retries + self.hedges
-    }
-}
+use crate::record::{
+    AttemptDecision, AttemptHistory, Continuation, Deadline, Inward, PassEnd, StopReason,
+};
 
 impl Continuation {
-    /// The shared state, locked. Never held across an `.await`; a panic while it was held
-    /// leaves counts that are still counts, so a poisoned lock is used as it is.
-    pub(crate) fn lock(&self) -> MutexGuard<'_, Spent> {
-        self.0.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
     /// Hands inward the deadline the earlier passes fixed, when the request has none of
     /// its own (then `true`: it ends with the pass). Before the loop works out its own.
     pub(super) fn hand_on_deadline(&self, extensions: &mut Extensions) -> bool {
@@ -144,8 +92,6 @@ impl Continuation {
     /// How many records the earlier passes left in the history (the observer outside the
     /// retry loop reports only the ones after them).
     pub(crate) fn recorded(extensions: &Extensions) -> usize {
-        extensions
-            .get::<super::OperationAttempt>()
-            .map_or(0, |a| a.continuation().lock().history.len())
+        super::OperationAttempt::continuation_in(extensions).map_or(0, |c| c.lock().history.len())
     }
 }

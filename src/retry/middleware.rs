@@ -11,7 +11,6 @@ use reqwest::{Request, Response};
 use tokio::time::Instant;
 
 use super::attempt_timeout::{self, attempt_cut};
-use super::continuation::Continuation;
 use super::fallback::fallback_evidence;
 use super::hedge::{Hedging, RoundSpec};
 use super::operation::OperationAttempt;
@@ -23,6 +22,7 @@ use crate::backoff::{Backoff, RandomSource, ThreadRandom};
 use crate::error::{ResilienceError, RetryError};
 use crate::misconfig::{self, Misconfiguration};
 use crate::origin::Origin;
+use crate::record::Continuation;
 use crate::record::{
     AttemptDecision, AttemptHistory, AttemptScope, Deadline, FailureKind, Inward, RequestEvidence,
     RetryOutcome, RetryReason, StopReason,

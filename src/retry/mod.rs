@@ -47,7 +47,7 @@ mod policies;
 pub use attempt_timeout::AttemptTimeout;
 pub use budget::RetryBudget;
 use budget::Withdrawal;
-pub(crate) use continuation::Continuation;
+
 pub use decision::{
     AttemptContext, DEFAULT_MAX_NOT_PROCESSED_RETRIES, DefaultStrategy, RetryReason, RetryStrategy,
     StopReason, Verdict, is_idempotent,
@@ -56,6 +56,12 @@ pub use error::{ErrorWrapping, RetryError, find_reqwest_error};
 pub use hedge::{HedgeDelay, Hedging};
 pub use middleware::{RetryAfterPolicy, RetryMiddleware, RetryMiddlewareBuilder};
 pub use operation::{Operation, OperationAttempt, OperationOutcome};
+
+/// How many attempt records the earlier passes of a continued request left (see
+/// `continuation`).
+pub(crate) fn continuation_recorded(extensions: &http::Extensions) -> usize {
+    crate::record::Continuation::recorded(extensions)
+}
 
 /// Per-request override of the maximum number of retries (`MaxRetries(0)` disables
 /// retrying for that request, not-processed retries included). Retries on the server's

@@ -61,9 +61,9 @@ use std::future::Future;
 use http::{Extensions, Method};
 
 use super::RetryMiddleware;
-use super::continuation::{Continuation, PassEnd};
 use crate::evidence::{classify, classify_body};
 use crate::record::{AttemptHistory, RequestEvidence, RetryOutcome, StopReason};
+use crate::record::{Continuation, PassEnd};
 
 /// An operation retried under a [`RetryMiddleware`]'s policy (see the [module
 /// docs](self)); made by [`RetryMiddleware::operation`], reusable for any number of runs.
@@ -262,11 +262,14 @@ impl OperationAttempt {
         &self.continuation
     }
 
-    /// The continuation a request's extensions carry, if any.
+    /// The continuation a request's extensions carry (the caller's operation's, else the
+    /// one handed inward for a resumable body), if any.
     pub(super) fn continuation_in(extensions: &Extensions) -> Option<Continuation> {
-        extensions
-            .get::<OperationAttempt>()
-            .map(|a| a.continuation.clone())
+        match extensions.get::<OperationAttempt>() {
+            Some(a) => Some(a.continuation.clone()),
+            // A request whose body may be resumed (`crate::resume`).
+            None => crate::record::Inward::continuation(extensions).cloned(),
+        }
     }
 }
 

@@ -196,6 +196,7 @@ pub struct Resilience {
     client_redirects: ClientRedirects,
     span_url_query: bool,
     concurrency_limit: Option<LimitChoice>,
+    resume_bodies: bool,
 }
 
 impl Default for Resilience {
@@ -249,7 +250,31 @@ impl Resilience {
             client_redirects: ClientRedirects::Unobserved,
             span_url_query: false,
             concurrency_limit: None,
+            resume_bodies: false,
         }
+    }
+
+    /// Resumes response bodies that break mid-stream (default off: it wraps the body of
+    /// every `GET` that can be resumed): the rest is asked for with `Range: bytes=N-` and
+    /// `If-Range`, as an attempt of the same request under the retry policy, and spliced
+    /// only when the answer provably continues the same representation. A request can
+    /// say otherwise with [`ResumeBody`](crate::resume::ResumeBody), either way. See
+    /// [`crate::resume`] for the conditions.
+    ///
+    /// Needs the retry stage (the resumes count against its limit): with
+    /// [`no_retry`](Self::no_retry), building fails with [`StackError::Conflict`].
+    ///
+    /// ```
+    /// use reqwest_resilience::Resilience;
+    ///
+    /// # fn main() -> Result<(), reqwest_resilience::ResilienceError> {
+    /// let client = Resilience::new().resume_bodies(true).build(reqwest::Client::new())?;
+    /// // client.get(url).send().await?.bytes().await: one body, however often it broke.
+    /// # drop(client); Ok(()) }
+    /// ```
+    pub fn resume_bodies(mut self, resume: bool) -> Self {
+        self.resume_bodies = resume;
+        self
     }
 
     /// Tells the transport step what the `reqwest::Client` does with redirects (default
@@ -512,6 +537,12 @@ impl Resilience {
     /// See [Errors at build time](Self#errors-at-build-time).
     pub fn install(self, builder: ClientBuilder) -> Result<StackBuilder, ResilienceError> {
         let retry = self.build_retry()?;
+        if self.resume_bodies && retry.is_none() {
+            return Err(ResilienceError::InvalidStack(StackError::Conflict {
+                part: StackPart::Retry,
+                setting: "resume_bodies",
+            }));
+        }
         let breaker = build_breaker(self.breaker, self.on_breaker_transition)?;
         let limit = self.concurrency_limit.map(LimitChoice::build).transpose()?;
 
@@ -519,6 +550,14 @@ impl Resilience {
         // per-attempt middleware runs between `BearerAuth` and the transport step, which
         // then follows it as a middleware of its own.
         let transport = TransportEvidence::with_client_redirects(self.client_redirects);
+        // A resumed body's range requests go through the stages over the client itself.
+        let built = builder.build();
+        let resume = ResumeSetup {
+            by_default: self.resume_bodies,
+            client: built.as_ref().clone(),
+            transport: transport.clone(),
+        };
+        let builder = ClientBuilder::from_client(built);
         let (inner_transport, outer_transport) = if self.per_attempt.is_empty() {
             (Some(transport), None)
         } else {
@@ -535,20 +574,22 @@ impl Resilience {
             limit: crate::stage::Absent,
             bearer: self.bearer.clone(),
             transport: inner_transport,
+            resume: None,
         };
         // Each optional stage whose future is large is there by type only when the stack
         // has it (see `Composed`).
         let mut builder = match (self.bearer, limit) {
             (Some(bearer), Some(limit)) => builder.with(
-                composed
-                    .with_token_first(crate::auth::TokenFirst(bearer))
-                    .with_limit(limit),
+                resume.onto(
+                    composed
+                        .with_token_first(crate::auth::TokenFirst(bearer))
+                        .with_limit(limit),
+                ),
             ),
-            (Some(bearer), None) => {
-                builder.with(composed.with_token_first(crate::auth::TokenFirst(bearer)))
-            }
-            (None, Some(limit)) => builder.with(composed.with_limit(limit)),
-            (None, None) => builder.with(composed),
+            (Some(bearer), None) => builder
+                .with(resume.onto(composed.with_token_first(crate::auth::TokenFirst(bearer)))),
+            (None, Some(limit)) => builder.with(resume.onto(composed.with_limit(limit))),
+            (None, None) => builder.with(resume.onto(composed)),
         };
         for middleware in self.per_attempt {
             builder = builder.with_arc(middleware);
@@ -615,6 +656,42 @@ impl Resilience {
                 b.build().map(Some)
             }
         }
+    }
+}
+
+/// What a composed stack needs to resume bodies (`crate::resume`).
+struct ResumeSetup {
+    by_default: bool,
+    client: reqwest::Client,
+    transport: TransportEvidence,
+}
+
+impl ResumeSetup {
+    /// `composed`, able to resume bodies (when it has a retry stage, whose limit the
+    /// resumes count against), by default or per request.
+    fn onto<T, L>(self, mut composed: compose::Composed<T, L>) -> compose::Composed<T, L>
+    where
+        T: crate::stage::Stage + Clone + 'static,
+        L: crate::stage::Stage + Clone + 'static,
+    {
+        let Some(retry) = composed.retry.0.clone() else {
+            return composed;
+        };
+        let stages = compose::ResumeStages {
+            retry: retry.clone(),
+            token_first: composed.token_first.clone(),
+            breaker: composed.breaker.clone(),
+            limit: composed.limit.clone(),
+            bearer: composed.bearer.clone(),
+            transport: self.transport,
+            client: self.client,
+        };
+        composed.resume = Some(crate::resume::Resumer {
+            by_default: self.by_default,
+            retry,
+            stack: Arc::new(stages),
+        });
+        composed
     }
 }
 
@@ -797,7 +874,7 @@ impl Stage for RequestObserver {
                 .map_or(0, AttemptHistory::len)
                 // A later pass of an operation or a resumed body: the earlier passes'
                 // records were reported with them.
-                .max(crate::retry::Continuation::recorded(extensions));
+                .max(crate::retry::continuation_recorded(extensions));
 
             #[cfg(feature = "tracing")]
             let span = observe::request_span(&req, self.span_url_query);

@@ -11,7 +11,7 @@ use tokio::time::Instant;
 
 use super::{Config, LoopState, RetryMiddleware, Step, Unspent, record};
 use crate::record::{AttemptHistory, RequestEvidence, RetryReason, StopReason};
-use crate::retry::continuation::{Continuation, Spent};
+use crate::record::{Continuation, Spent};
 use crate::retry::{AttemptContext, Verdict, Withdrawal};
 
 /// A retry decided after a failure outside the loop: wait `delay`, then count it with

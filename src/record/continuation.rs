@@ -1,0 +1,64 @@
+//! The state the passes of one logical request share (an operation run again, a body
+//! resumed): [`Continuation`]. How the retry loop reads and writes it is in
+//! `crate::retry::continuation`.
+
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use http::{Method, StatusCode};
+use tokio::time::Instant;
+
+use super::decision::StopReason;
+use super::history::AttemptHistory;
+
+/// What the passes of one logical request share (cheap to clone: one `Arc`).
+#[derive(Clone, Default)]
+pub(crate) struct Continuation(Arc<Mutex<Spent>>);
+
+/// What the passes so far spent, and how the last one ended.
+#[derive(Default)]
+pub(crate) struct Spent {
+    pub(crate) retries: u32,
+    pub(crate) not_processed_retries: u32,
+    pub(crate) hedges: u32,
+    pub(crate) previous_delay: Option<Duration>,
+    /// Fixed by the first pass (or the operation): every pass retries under it.
+    pub(crate) max_retries: Option<u32>,
+    /// Fixed by the first pass (or the operation).
+    pub(crate) deadline: Option<Instant>,
+    /// The operation's own mark (`Operation::idempotent`), for every request in it.
+    pub(crate) idempotent: Option<bool>,
+    /// Whether every request a pass sent so far was idempotent (`None`: none was sent).
+    pub(crate) all_idempotent: Option<bool>,
+    /// Whether the request's deposit in the retry budget was made.
+    pub(crate) deposited: bool,
+    pub(crate) history: AttemptHistory,
+    /// How the last pass through the retry loop ended.
+    pub(crate) last: Option<PassEnd>,
+    /// The method of the last pass's request.
+    pub(crate) method: Option<Method>,
+}
+
+/// How a pass through the retry loop ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct PassEnd {
+    /// Why the loop stopped.
+    pub(crate) stop: StopReason,
+    /// The status of the response it returned (`None`: it returned an error).
+    pub(crate) status: Option<StatusCode>,
+}
+
+impl Spent {
+    /// Attempts made so far, over every pass.
+    pub(crate) fn attempts(&self) -> u32 {
+        self.retries + self.not_processed_retries + self.hedges
+    }
+}
+
+impl Continuation {
+    /// The shared state, locked. Never held across an `.await`; a panic while it was held
+    /// leaves counts that are still counts, so a poisoned lock is used as it is.
+    pub(crate) fn lock(&self) -> MutexGuard<'_, Spent> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}

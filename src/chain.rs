@@ -47,10 +47,10 @@ pub fn links<'a>(
 
 /// The error below `e` in the chain.
 fn below<'a>(e: &'a (dyn StdError + 'static)) -> Option<&'a (dyn StdError + 'static)> {
-    if let Some(io) = e.downcast_ref::<io::Error>() {
-        if let Some(inner) = io.get_ref() {
-            return Some(inner as &(dyn StdError + 'static));
-        }
+    if let Some(io) = e.downcast_ref::<io::Error>()
+        && let Some(inner) = io.get_ref()
+    {
+        return Some(inner as &(dyn StdError + 'static));
     }
     if let Some(mw) = e.downcast_ref::<reqwest_middleware::Error>() {
         return Some(match mw {

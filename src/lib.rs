@@ -181,6 +181,7 @@ pub mod auth;
 pub mod backoff;
 pub mod breaker;
 pub mod chain;
+mod classify;
 pub mod error;
 pub mod evidence;
 pub mod limit;

@@ -5,7 +5,7 @@
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use http::{Method, StatusCode};
+use http::{Extensions, Method, StatusCode};
 use tokio::time::Instant;
 
 use super::decision::StopReason;
@@ -60,5 +60,55 @@ impl Continuation {
     /// leaves counts that are still counts, so a poisoned lock is used as it is.
     pub(crate) fn lock(&self) -> MutexGuard<'_, Spent> {
         self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// One attempt of an [`Operation`](crate::retry::Operation): put it in the extensions of
+/// every request the attempt sends (`.with_extension(attempt)`), so the retry middleware
+/// counts its attempts as the operation's (one attempt count, one budget deposit, one
+/// deadline, one history).
+#[derive(Clone)]
+pub struct OperationAttempt {
+    continuation: Continuation,
+    number: u32,
+}
+
+impl OperationAttempt {
+    /// The next attempt of the request `continuation` spans.
+    pub(crate) fn continuing(continuation: Continuation) -> Self {
+        let number = continuation.lock().attempts() + 1;
+        OperationAttempt {
+            continuation,
+            number,
+        }
+    }
+
+    /// This attempt's number in the operation, counting the middleware's attempts inside
+    /// the earlier ones (1 for the first).
+    pub fn number(&self) -> u32 {
+        self.number
+    }
+
+    pub(crate) fn continuation(&self) -> &Continuation {
+        &self.continuation
+    }
+}
+
+impl std::fmt::Debug for OperationAttempt {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OperationAttempt")
+            .field("number", &self.number)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Continuation {
+    /// The continuation a request's extensions carry: its operation's, else one the stack
+    /// put there for a body it may resume (`crate::resume`), if any.
+    pub(crate) fn of_request(extensions: &Extensions) -> Option<Continuation> {
+        match extensions.get::<OperationAttempt>() {
+            Some(attempt) => Some(attempt.continuation.clone()),
+            None => extensions.get::<Continuation>().cloned(),
+        }
     }
 }

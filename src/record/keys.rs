@@ -10,7 +10,6 @@ use std::time::Duration;
 use http::Extensions;
 use tokio::time::Instant;
 
-use super::continuation::Continuation;
 use super::decision::StopReason;
 
 /// What the retry middleware did, left in the caller's extensions and the response's.
@@ -108,9 +107,6 @@ pub(crate) struct Inward {
     /// The current attempt's timeout clock, which the gates inside restart when they let
     /// the request go (and stop while it waits locally).
     clock: Option<AttemptClock>,
-    /// The passes of a request whose body may be resumed: the retry loop leaves its
-    /// counts there for the resumes ([`Continuation`]).
-    continuation: Option<Continuation>,
 }
 
 impl Inward {
@@ -188,29 +184,6 @@ impl Inward {
             && self.attempt.is_none()
             && self.attempt_timeout.is_none()
             && self.clock.is_none()
-            && self.continuation.is_none()
-    }
-
-    /// Hands the retry loop the continuation of a request whose body may be resumed.
-    pub(crate) fn set_continuation(extensions: &mut Extensions, continuation: Continuation) {
-        extensions.get_or_insert_default::<Inward>().continuation = Some(continuation);
-    }
-
-    /// The continuation handed inward, if any.
-    pub(crate) fn continuation(extensions: &Extensions) -> Option<&Continuation> {
-        extensions.get::<Inward>()?.continuation.as_ref()
-    }
-
-    /// Ends the continuation handed inward (the request is over), and the record with it
-    /// when it holds nothing else.
-    pub(crate) fn end_continuation(extensions: &mut Extensions) {
-        let Some(inward) = extensions.get_mut::<Inward>() else {
-            return;
-        };
-        inward.continuation = None;
-        if inward.is_empty() {
-            extensions.remove::<Inward>();
-        }
     }
 
     /// Removes what the stack handed inward for the request of an earlier `Extensions`'

@@ -19,6 +19,7 @@ mod evidence;
 mod history;
 mod keys;
 
+pub use continuation::OperationAttempt;
 pub(crate) use continuation::{Continuation, PassEnd, Spent};
 pub use decision::{AttemptDecision, RetryReason, StopReason};
 pub use evidence::{FailureKind, NotProcessedProof, Redirects, RequestEvidence, Transmission};
@@ -43,6 +44,8 @@ pub(crate) fn clear_earlier_request(extensions: &mut Extensions) {
     extensions.remove::<RequestEvidence>();
     extensions.remove::<RetryOutcome>();
     extensions.remove::<RetryIn>();
+    // Put there by the stack for a body it may resume, for the request's retry loop.
+    extensions.remove::<Continuation>();
 }
 
 #[cfg(test)]

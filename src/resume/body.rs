@@ -16,8 +16,8 @@ use super::Resend;
 use super::representation::{self, Representation};
 use crate::error::BodyIncomplete;
 use crate::origin::Origin;
-use crate::record::{Continuation, FailureKind, RequestEvidence, Transmission};
-use crate::retry::{OperationAttempt, RetryMiddleware};
+use crate::record::{Continuation, FailureKind, OperationAttempt, RequestEvidence, Transmission};
+use crate::retry::RetryMiddleware;
 
 type BoxError = Box<dyn StdError + Send + Sync>;
 type Bytes = <Body as http_body::Body>::Data;

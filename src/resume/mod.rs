@@ -45,8 +45,8 @@ use http::header::{IF_RANGE, RANGE};
 use reqwest::{Request, Response};
 
 use crate::origin::Origin;
-use crate::record::{Continuation, Inward};
-use crate::retry::{OperationAttempt, RetryMiddleware};
+use crate::record::{Continuation, OperationAttempt};
+use crate::retry::RetryMiddleware;
 
 /// Per-request override of [`Resilience::resume_bodies`](crate::Resilience::resume_bodies):
 /// `ResumeBody(true)` resumes this request's body when it breaks (if the response allows
@@ -115,7 +115,7 @@ impl Resumer {
             Some(attempt) => (attempt.continuation().clone(), false),
             None => {
                 let continuation = Continuation::default();
-                Inward::set_continuation(extensions, continuation.clone());
+                extensions.insert(continuation.clone());
                 (continuation, true)
             }
         };
@@ -139,7 +139,7 @@ impl Resumer {
         extensions: &mut Extensions,
     ) -> reqwest_middleware::Result<Response> {
         if candidate.handed_inward {
-            Inward::end_continuation(extensions);
+            extensions.remove::<Continuation>();
         }
         let response = result?;
         let Some(repr) = representation::resumable(

@@ -13,7 +13,6 @@ use tokio::time::Instant;
 use super::attempt_timeout::{self, attempt_cut};
 use super::fallback::fallback_evidence;
 use super::hedge::{Hedging, RoundSpec};
-use super::operation::OperationAttempt;
 use super::{
     AttemptContext, DefaultStrategy, ErrorWrapping, Idempotent, MaxRetries, RetryBudget,
     RetryStrategy, Verdict, Withdrawal, is_idempotent,
@@ -708,7 +707,7 @@ impl<'a> RequestRun<'a> {
     ) -> Self {
         // A later pass of a request (an operation run again, a body resumed) goes on
         // from the earlier ones: `super::continuation`.
-        let continued = OperationAttempt::continuation_in(extensions);
+        let continued = Continuation::of_request(extensions);
         let handed_on = continued
             .as_ref()
             .is_some_and(|c| c.hand_on_deadline(extensions))

@@ -33,7 +33,6 @@
 
 mod attempt_timeout;
 mod budget;
-mod continuation;
 mod decision;
 mod error;
 mod fallback;
@@ -48,6 +47,7 @@ pub use attempt_timeout::AttemptTimeout;
 pub use budget::RetryBudget;
 use budget::Withdrawal;
 
+pub use crate::record::OperationAttempt;
 pub use decision::{
     AttemptContext, DEFAULT_MAX_NOT_PROCESSED_RETRIES, DefaultStrategy, RetryReason, RetryStrategy,
     StopReason, Verdict, is_idempotent,
@@ -55,7 +55,7 @@ pub use decision::{
 pub use error::{ErrorWrapping, RetryError, find_reqwest_error};
 pub use hedge::{HedgeDelay, Hedging};
 pub use middleware::{RetryAfterPolicy, RetryMiddleware, RetryMiddlewareBuilder};
-pub use operation::{Operation, OperationAttempt, OperationOutcome};
+pub use operation::{Operation, OperationOutcome};
 
 /// How many attempt records the earlier passes of a continued request left (see
 /// `continuation`).

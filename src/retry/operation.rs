@@ -55,15 +55,14 @@
 //! amended decision of an attempt whose body broke is in the history
 //! ([`Operation::run_recorded`]) and the metrics.
 
-use std::fmt;
 use std::future::Future;
 
-use http::{Extensions, Method};
+use http::Method;
 
 use super::RetryMiddleware;
-use crate::evidence::{classify, classify_body};
+use crate::classify::{classify, classify_body};
 use crate::record::{AttemptHistory, RequestEvidence, RetryOutcome, StopReason};
-use crate::record::{Continuation, PassEnd};
+use crate::record::{Continuation, OperationAttempt, PassEnd};
 
 /// An operation retried under a [`RetryMiddleware`]'s policy (see the [module
 /// docs](self)); made by [`RetryMiddleware::operation`], reusable for any number of runs.
@@ -73,15 +72,6 @@ pub struct Operation {
     idempotent: Option<bool>,
     max_retries: Option<u32>,
     deadline: Option<crate::record::Deadline>,
-}
-
-/// One attempt of an [`Operation`]: put it in the extensions of every request the attempt
-/// sends (`.with_extension(attempt)`), so the retry middleware counts its attempts as the
-/// operation's.
-#[derive(Clone)]
-pub struct OperationAttempt {
-    continuation: Continuation,
-    number: u32,
 }
 
 /// What [`Operation::run_recorded`] returns: the closure's last result, how many
@@ -161,11 +151,7 @@ impl Operation {
         self.retry
             .begin_continued(&continuation, self.max_retries, deadline, self.idempotent);
         loop {
-            let number = continuation.lock().attempts() + 1;
-            let attempt = OperationAttempt {
-                continuation: continuation.clone(),
-                number,
-            };
+            let attempt = OperationAttempt::continuing(continuation.clone());
             let result = op(attempt).await;
             let decided = match &result {
                 Ok(_) => Err(success_stop(&continuation)),
@@ -239,44 +225,5 @@ fn finish<T, E>(
             stop,
         },
         history: spent.history.clone(),
-    }
-}
-
-impl OperationAttempt {
-    /// This attempt's number in the operation, counting the middleware's attempts inside
-    /// the earlier ones (1 for the first).
-    pub fn number(&self) -> u32 {
-        self.number
-    }
-
-    /// A later pass of the request `continuation` spans (a body resumed).
-    pub(crate) fn continuing(continuation: Continuation) -> Self {
-        let number = continuation.lock().attempts() + 1;
-        OperationAttempt {
-            continuation,
-            number,
-        }
-    }
-
-    pub(crate) fn continuation(&self) -> &Continuation {
-        &self.continuation
-    }
-
-    /// The continuation a request's extensions carry (the caller's operation's, else the
-    /// one handed inward for a resumable body), if any.
-    pub(super) fn continuation_in(extensions: &Extensions) -> Option<Continuation> {
-        match extensions.get::<OperationAttempt>() {
-            Some(a) => Some(a.continuation.clone()),
-            // A request whose body may be resumed (`crate::resume`).
-            None => crate::record::Inward::continuation(extensions).cloned(),
-        }
-    }
-}
-
-impl fmt::Debug for OperationAttempt {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("OperationAttempt")
-            .field("number", &self.number)
-            .finish_non_exhaustive()
     }
 }

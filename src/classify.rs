@@ -1,5 +1,10 @@
 //! From an error chain to evidence: the rules are documented on [`classify_error`] (a
 //! send's error) and [`classify`] (any chain, a response body's failures included).
+//! Re-exported in [`crate::evidence`].
+//!
+//! Layer 4 (beside `backoff`, `metrics`, `stage`): pure logic over `chain`, `record` and
+//! `error`, read by the transport step and by the retry loop's operations, neither of
+//! which may import the other.
 
 use std::error::Error as StdError;
 use std::io;

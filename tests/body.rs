@@ -393,7 +393,18 @@ async fn a_reset_and_a_stall_cut_by_the_read_timeout_resume_too() {
     )
     .await;
     assert!(got.unwrap() == body);
-    assert_eq!(server.ranges(), [None, Some("bytes=40000-".to_owned())]);
+    // An RST drops what the client had not read yet: it asks for those bytes again.
+    let ranges = server.ranges();
+    let from: u64 = ranges[1]
+        .as_deref()
+        .unwrap()
+        .trim_start_matches("bytes=")
+        .trim_end_matches('-')
+        .parse()
+        .unwrap();
+    assert!(from <= 40_000, "{ranges:?}");
+    assert_eq!(ranges.len(), 2);
+    assert_eq!(server.body_bytes_sent(), 40_000 + (LEN as u64 - from));
     let timeout_client = reqwest::Client::builder()
         .no_proxy()
         .pool_max_idle_per_host(0)
@@ -594,4 +605,122 @@ async fn a_request_can_turn_resuming_on_or_off_and_chunk_sees_one_body() {
         .unwrap();
     assert!(response.bytes().await.is_err());
     assert_eq!(server.requests().len(), 3, "not resumed");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_resume_is_an_attempt_in_the_history_of_the_operation_around_it() {
+    let body = payload(LEN);
+    let server = RangedServer::start(Representation::resumable(body.clone()), |i, _| match i {
+        0 => Fault::Close(10_000),
+        1 => Fault::Close(60_000),
+        _ => Fault::None,
+    })
+    .await;
+    let retry = retry(3);
+    let client = resuming(&retry, support::loopback_client());
+    let url = server.url("/f");
+    let (client, url) = (&client, url.as_str());
+    let done = retry
+        .operation()
+        .run_recorded(|attempt| async move {
+            let response = client.get(url).with_extension(attempt).send().await?;
+            Ok::<_, reqwest_middleware::Error>(response.bytes().await?)
+        })
+        .await;
+    assert!(done.result.unwrap() == body);
+    assert_eq!(
+        server.ranges(),
+        [
+            None,
+            Some("bytes=10000-".to_owned()),
+            Some("bytes=70000-".to_owned())
+        ]
+    );
+    assert_eq!(server.body_bytes_sent(), LEN as u64);
+    assert_eq!(done.outcome.attempts, 3);
+    let records = done.history.attempts();
+    let seen: Vec<_> = records
+        .iter()
+        .map(|r| {
+            (
+                r.evidence.attempt,
+                r.evidence.transmission,
+                r.evidence.failure,
+            )
+        })
+        .collect();
+    let ok = Transmission::ResponseReceived(StatusCode::OK);
+    let partial = Transmission::ResponseReceived(StatusCode::PARTIAL_CONTENT);
+    let cut = Some(FailureKind::BodyInterrupted);
+    assert_eq!(seen, [(1, ok, cut), (2, partial, cut), (3, partial, None)]);
+    let s = Duration::from_secs;
+    assert_eq!(
+        decisions(&done.history),
+        [
+            Some(AttemptDecision::Retry {
+                delay: s(1),
+                reason: RetryReason::BodyInterrupted
+            }),
+            Some(AttemptDecision::Retry {
+                delay: s(2),
+                reason: RetryReason::BodyInterrupted
+            }),
+            Some(AttemptDecision::Stop {
+                reason: StopReason::FinalResponse(StatusCode::PARTIAL_CONTENT)
+            }),
+        ]
+    );
+}
+
+mod resumed_equals_original {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 32, ..ProptestConfig::default() })]
+
+        /// Wherever the body breaks (once or twice, by a FIN or an RST) and however the
+        /// server writes it, the caller reads exactly the original bytes and the server
+        /// sends each byte once.
+        #[test]
+        fn for_any_cut_offsets_and_write_sizes(
+            len in 1usize..40_000,
+            first in 0.0f64..1.0,
+            second in proptest::option::of(0.0f64..1.0),
+            reset in any::<bool>(),
+            write_chunk in 1usize..9_000,
+        ) {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .start_paused(true)
+                .build()
+                .unwrap();
+            let first = ((len as f64) * first) as usize;
+            let second = second.map(|f| (((len - first) as f64) * f) as usize);
+            let body = payload(len);
+            let repr = Representation { write_chunk, ..Representation::resumable(body.clone()) };
+            let fault = move |n: usize| if reset { Fault::Reset(n) } else { Fault::Close(n) };
+            let (got, sent, requests) = runtime.block_on(async move {
+                let server = RangedServer::start(repr, move |i, _| match (i, second) {
+                    (0, _) => fault(first),
+                    (1, Some(n)) => fault(n),
+                    _ => Fault::None,
+                })
+                .await;
+                let client = resuming(&retry(3), support::loopback_client());
+                let response = client.get(server.url("/f")).send().await.unwrap();
+                let got = response.bytes().await.map(|b| b.to_vec());
+                (got, server.body_bytes_sent(), server.requests().len())
+            });
+            prop_assert!(got.as_ref().ok() == Some(&body), "{:?}", got.err());
+            if reset {
+                // An RST drops what the client had not read yet: those bytes are asked
+                // for again, never lost.
+                prop_assert!(sent >= len as u64);
+            } else {
+                prop_assert_eq!(sent, len as u64);
+            }
+            prop_assert_eq!(requests, if second.is_some() { 3 } else { 2 });
+        }
+    }
 }

@@ -51,6 +51,8 @@ pub(super) struct ResumableBody {
     state: State,
     /// Bytes handed to the caller.
     received: u64,
+    /// The status of the response whose body is being read (`200`, then `206`).
+    reading: StatusCode,
     resumes: u32,
     plan: Arc<Plan>,
 }
@@ -60,6 +62,7 @@ impl ResumableBody {
         ResumableBody {
             state: State::Reading(body),
             received: 0,
+            reading: plan.status,
             resumes: 0,
             plan: Arc::new(plan),
         }
@@ -155,7 +158,8 @@ impl ResumableBody {
         let cause = self.incomplete(Some(cut));
         self.resumes += 1;
         let plan = self.plan.clone();
-        let resumed = resume(plan, self.received, cause);
+        let resumed = resume(plan, self.received, self.reading, cause);
+        self.reading = StatusCode::PARTIAL_CONTENT;
         self.state = State::Resuming(Mutex::new(Box::pin(resumed)));
     }
 }
@@ -163,7 +167,12 @@ impl ResumableBody {
 /// One resume: the retry policy's decision on the cut, its wait, the range request
 /// through the stack, and the check of its answer. On any refusal, the original error
 /// (`cause`, a [`BodyIncomplete`] around it).
-async fn resume(plan: Arc<Plan>, from: u64, cause: BoxError) -> Result<Body, BoxError> {
+async fn resume(
+    plan: Arc<Plan>,
+    from: u64,
+    reading: StatusCode,
+    cause: BoxError,
+) -> Result<Body, BoxError> {
     let attempt = plan
         .continuation
         .lock()
@@ -171,7 +180,7 @@ async fn resume(plan: Arc<Plan>, from: u64, cause: BoxError) -> Result<Body, Box
         .last()
         .map_or(1, |r| r.evidence.attempt);
     let mut evidence = RequestEvidence::new(
-        Transmission::ResponseReceived(plan.status),
+        Transmission::ResponseReceived(reading),
         plan.origin.clone(),
         attempt,
     );

@@ -220,16 +220,21 @@ fn loop_state(c: &Config, spent: &Spent) -> LoopState {
     }
 }
 
-/// Puts `evidence` on the record of its attempt (the last one, when the numbers match:
-/// its head came back, then its body broke), else appends it.
+/// Puts `evidence`'s transmission and failure on the record of its attempt (the last one,
+/// when the numbers match: its head came back, then its body broke), else appends it.
 fn amend(history: &mut AttemptHistory, evidence: RequestEvidence) {
-    if history
+    match history
         .last()
-        .is_some_and(|l| l.evidence.attempt == evidence.attempt)
+        .filter(|l| l.evidence.attempt == evidence.attempt)
     {
-        history.replace_last(evidence);
-    } else {
-        history.push(evidence);
+        Some(last) => {
+            // What the transport step saw of the attempt stands; only its end changed.
+            let mut amended = last.evidence.clone();
+            amended.transmission = evidence.transmission;
+            amended.failure = evidence.failure;
+            history.replace_last(amended);
+        }
+        None => history.push(evidence),
     }
 }
 

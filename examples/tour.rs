@@ -169,6 +169,7 @@ async fn main() -> Result<(), BoxError> {
     hedging(&mut tour).await?;
     attempt_timeout(&mut tour).await?;
     hedging_safe_methods(&mut tour).await?;
+    resumed_download(&mut tour).await?;
 
     println!("\nSummary");
     println!("{:<34} {:<26} {:<26} ok", "scene", "expected", "observed");
@@ -857,6 +858,73 @@ async fn hedging_safe_methods(tour: &mut Tour) -> Result<(), BoxError> {
         "hedge: PUT hedged when asked",
         "200, 2 at server",
         format!("{put}, {} at server", server.requests() - after_post),
+    );
+    Ok(())
+}
+
+/// A download whose connection breaks twice resumes where it broke: the caller reads one
+/// body, and the server sends each byte once.
+async fn resumed_download(tour: &mut Tour) -> Result<(), BoxError> {
+    println!(
+        "\n15. A 1 MiB download cut twice: resumed with Range + If-Range, one body for the \
+         caller, each byte sent once"
+    );
+    let file: Arc<Vec<u8>> = Arc::new((0..1 << 20).map(|i: usize| (i % 251) as u8).collect());
+    let sent = Arc::new(AtomicUsize::new(0));
+    let server = FlakyServer::start({
+        let (file, sent) = (file.clone(), sent.clone());
+        move |i, req| {
+            let from = req
+                .range
+                .as_deref()
+                .and_then(|r| r.strip_prefix("bytes=")?.strip_suffix('-')?.parse().ok())
+                .unwrap_or(0);
+            // The first two answers break after 300 KiB.
+            let cut_after = (i < 2).then_some(300 * 1024);
+            let bytes = cut_after.map_or(file.len() - from, |n: usize| n.min(file.len() - from));
+            sent.fetch_add(bytes, Ordering::SeqCst);
+            println!(
+                "   request {}: Range {:?}",
+                i + 1,
+                req.range.as_deref().unwrap_or("none")
+            );
+            Reply::Download {
+                file: file.clone(),
+                from,
+                cut_after,
+            }
+        }
+    })
+    .await?;
+    let client = demo_stack()?
+        .resume_bodies(true)
+        .build(reqwest::Client::new())?;
+    let body = client
+        .get(server.url("/dist/wheel.whl"))
+        .send()
+        .await?
+        .bytes()
+        .await?;
+    let same = body[..] == file[..];
+    let sent = sent.load(Ordering::SeqCst);
+    println!(
+        "   caller read {} bytes (identical: {same}); the server sent {sent} body bytes in {} answers",
+        body.len(),
+        server.requests()
+    );
+    tour.check(
+        "resume: cut twice, one body",
+        format!("{} bytes, identical", file.len()),
+        format!(
+            "{} bytes, {}",
+            body.len(),
+            if same { "identical" } else { "different" }
+        ),
+    );
+    tour.check(
+        "resume: bytes at the server",
+        format!("{} in 3 answers", file.len()),
+        format!("{sent} in {} answers", server.requests()),
     );
     Ok(())
 }

@@ -39,7 +39,8 @@ pub enum Fault {
 /// The representation: its bytes and the headers that describe it.
 #[derive(Debug, Clone)]
 pub struct Representation {
-    pub body: Vec<u8>,
+    /// Shared, so an answer costs no copy of a large body.
+    pub body: Arc<Vec<u8>>,
     /// Sent with every answer (`etag`, `last-modified`, `date`, `accept-ranges`,
     /// `content-encoding`, …), in order.
     pub headers: Vec<(String, String)>,
@@ -53,7 +54,7 @@ impl Representation {
     /// `body` with `Accept-Ranges: bytes`, a strong ETag and `Content-Length`: resumable.
     pub fn resumable(body: Vec<u8>) -> Self {
         Representation {
-            body,
+            body: Arc::new(body),
             headers: vec![
                 ("accept-ranges".into(), "bytes".into()),
                 ("etag".into(), "\"v1\"".into()),

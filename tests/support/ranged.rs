@@ -114,6 +114,8 @@ impl RangedServer {
             let mut conns = JoinSet::new();
             let mut index = 0;
             while let Ok((stream, _)) = listener.accept().await {
+                // The head and the first body bytes go out as written, as a server's do.
+                let _ = stream.set_nodelay(true);
                 let (s, script) = (s.clone(), script.clone());
                 conns.spawn(serve(stream, index, s, script));
                 index += 1;

@@ -4,8 +4,15 @@
 //!
 //! Names follow OpenTelemetry's semantic conventions where one exists
 //! (`http.client.request.duration`), else `reqwest_resilience.<area>.<what>`. Labels
-//! are of bounded cardinality: `origin` is the [`Origin`] text (`scheme://host:port`,
-//! never a path or a query), reasons and states come from fixed sets.
+//! are of bounded cardinality: reasons and states come from fixed sets, and `origin` is
+//! the [`Origin`] text (`scheme://host:port`, never a path or a query) of at most
+//! [`DEFAULT_MAX_ORIGIN_LABELS`] (1 000) origins per process, the first ones reported;
+//! every later origin is reported as `origin="other"` (and `server.address="other"`
+//! without `server.port` on the duration histogram), so a crawler, a webhook sender or a
+//! package manager with many mirrors does not grow an exporter's series without end.
+//! [`set_max_origin_labels`] changes the bound (process-wide, as the recorder is; origins
+//! already labelled keep their label). The bound is the metrics' own: the breaker and
+//! limiter registries bound the origins they hold separately (10 000 each).
 //!
 //! Counters are plain counts (no unit is registered for them); the histogram is in
 //! seconds (`Unit::Seconds`), as OpenTelemetry's `http.client.request.duration` is.
@@ -36,10 +43,10 @@
 //! [`FailureKind`]: crate::FailureKind
 
 #[cfg(feature = "metrics")]
-#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
-pub use enabled::describe;
-#[cfg(feature = "metrics")]
 pub(crate) use enabled::*;
+#[cfg(feature = "metrics")]
+#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+pub use enabled::{DEFAULT_MAX_ORIGIN_LABELS, OTHER_ORIGIN, describe, set_max_origin_labels};
 
 #[cfg(not(feature = "metrics"))]
 pub(crate) use disabled::*;
@@ -51,7 +58,10 @@ pub(crate) struct MethodLabel(#[cfg(feature = "metrics")] &'static str);
 
 #[cfg(feature = "metrics")]
 mod enabled {
-    use std::sync::Once;
+    use std::cell::RefCell;
+    use std::collections::HashSet;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::{Arc, LazyLock, Once, RwLock};
 
     use ::metrics::{SharedString, Unit, counter, histogram};
 
@@ -59,6 +69,7 @@ mod enabled {
     use crate::error::{BreakerState, RejectReason, TokenErrorKind};
     use crate::origin::Origin;
     use crate::record::{FailureKind, RequestEvidence, RetryReason, StopReason};
+    use crate::sync;
 
     const DURATION: &str = "http.client.request.duration";
     const RETRIES: &str = "reqwest_resilience.retry.retries";
@@ -109,12 +120,8 @@ mod enabled {
     }
 
     fn origin(origin: Option<&Origin>) -> SharedString {
-        // The text is shared, not copied.
-        origin.map_or(SharedString::const_str(""), |o| {
-            SharedString::from(o.shared_text())
-        })
+        origin.map_or(SharedString::const_str(""), |o| labels_of(o).origin)
     }
-
     pub(crate) fn method_label(method: &http::Method) -> MethodLabel {
         use http::Method;
         MethodLabel(match *method {
@@ -132,30 +139,102 @@ mod enabled {
         })
     }
 
-    /// `server.address` and `server.port` of the origin last reported on this thread, as
-    /// shared strings: a steady stream of requests to one origin copies no text.
-    fn server_labels(origin: &Origin) -> (SharedString, SharedString) {
-        type Last = Option<(Origin, SharedString, SharedString)>;
+    /// How many origins get a label of their own (see the module docs).
+    pub const DEFAULT_MAX_ORIGIN_LABELS: usize = 1_000;
+
+    /// The `origin` (and `server.address`) label of every origin past the bound.
+    pub const OTHER_ORIGIN: &str = "other";
+
+    /// Sets how many distinct origins get a label of their own, process-wide (the default
+    /// is [`DEFAULT_MAX_ORIGIN_LABELS`]). Origins already labelled keep their label; past
+    /// the bound, new origins are reported as [`OTHER_ORIGIN`]. `0` labels none.
+    pub fn set_max_origin_labels(max: usize) {
+        ORIGIN_LABELS.max.store(max, Ordering::Relaxed);
+    }
+
+    static ORIGIN_LABELS: OriginLabels = OriginLabels::new(DEFAULT_MAX_ORIGIN_LABELS);
+
+    /// The origins that have a label of their own: the first `max` reported.
+    pub(super) struct OriginLabels {
+        max: AtomicUsize,
+        known: LazyLock<RwLock<HashSet<Arc<str>>>>,
+    }
+
+    impl OriginLabels {
+        pub(super) const fn new(max: usize) -> Self {
+            OriginLabels {
+                max: AtomicUsize::new(max),
+                known: LazyLock::new(|| RwLock::new(HashSet::new())),
+            }
+        }
+
+        /// Whether `text` has a label of its own, admitting it while there is room.
+        pub(super) fn admits(&self, text: &Arc<str>) -> bool {
+            if sync::read(&self.known).contains(text) {
+                return true;
+            }
+            let mut known = sync::write(&self.known);
+            if known.contains(text) {
+                return true;
+            }
+            let room = known.len() < self.max.load(Ordering::Relaxed);
+            if room {
+                known.insert(text.clone());
+            }
+            room
+        }
+    }
+
+    /// An origin's labels: `origin`, `server.address` and `server.port` (none past the
+    /// bound).
+    #[derive(Clone)]
+    struct Labelled {
+        origin: SharedString,
+        host: SharedString,
+        port: Option<SharedString>,
+    }
+
+    /// The labels of `origin`, cached for the origin last reported on this thread: a steady
+    /// stream of requests to one origin takes no lock and copies no text.
+    fn labels_of(origin: &Origin) -> Labelled {
         thread_local! {
-            static LAST: std::cell::RefCell<Last> = const { std::cell::RefCell::new(None) };
+            static LAST: RefCell<Option<(Origin, Labelled)>> = const { RefCell::new(None) };
         }
         let make = || {
-            let host: std::sync::Arc<str> = origin.host().into();
-            let port: std::sync::Arc<str> = origin.port().to_string().into();
-            (SharedString::from(host), SharedString::from(port))
+            let text = origin.shared_text();
+            if !ORIGIN_LABELS.admits(&text) {
+                let other = SharedString::const_str(OTHER_ORIGIN);
+                return Labelled {
+                    origin: other.clone(),
+                    host: other,
+                    port: None,
+                };
+            }
+            let host: Arc<str> = origin.host().into();
+            let port: Arc<str> = origin.port().to_string().into();
+            Labelled {
+                origin: SharedString::from(text),
+                host: SharedString::from(host),
+                port: Some(SharedString::from(port)),
+            }
         };
         LAST.try_with(|last| {
             let mut last = last.borrow_mut();
             match &*last {
-                Some((o, host, port)) if o == origin => (host.clone(), port.clone()),
+                Some((o, labels)) if o == origin => labels.clone(),
                 _ => {
-                    let (host, port) = make();
-                    *last = Some((origin.clone(), host.clone(), port.clone()));
-                    (host, port)
+                    let labels = make();
+                    *last = Some((origin.clone(), labels.clone()));
+                    labels
                 }
             }
         })
         .unwrap_or_else(|_| make())
+    }
+
+    /// The `origin` label for an instrument created once per origin (the limiter's).
+    pub(crate) fn origin_label(at: &Origin) -> SharedString {
+        labels_of(at).origin
     }
 
     pub(crate) fn attempt(method: MethodLabel, evidence: &RequestEvidence) {
@@ -164,9 +243,11 @@ mod enabled {
         let mut labels = Vec::with_capacity(5);
         labels.push(Label::from_static_parts("http.request.method", method.0));
         if let Some(origin) = &evidence.origin {
-            let (host, port) = server_labels(origin);
+            let Labelled { host, port, .. } = labels_of(origin);
             labels.push(Label::new("server.address", host));
-            labels.push(Label::new("server.port", port));
+            if let Some(port) = port {
+                labels.push(Label::new("server.port", port));
+            }
         }
         if let Some(status) = evidence.status() {
             let code = status_label(status);

@@ -138,9 +138,10 @@ impl Entry {
         };
         #[cfg(feature = "metrics")]
         let instruments = {
-            let label = origin
-                .as_ref()
-                .map_or_else(|| OVERFLOW_LABEL.to_owned(), Origin::to_string);
+            let label = origin.as_ref().map_or(
+                metrics::SharedString::const_str(OVERFLOW_LABEL),
+                crate::metrics::origin_label,
+            );
             let i = Instruments {
                 limit: metrics::gauge!("reqwest_resilience.limiter.limit", "origin" => label.clone()),
                 in_flight: metrics::gauge!("reqwest_resilience.limiter.in_flight", "origin" => label.clone()),

@@ -8,7 +8,10 @@
 //! a child of the test, and [`Nginx`]'s `Drop` kills it and removes the directory.
 //!
 //! The access log has one line per request nginx processed: the `x-request-id` header the
-//! test sent, the method and the status ([`Nginx::access_log_ids`]). A stream nginx refuses
+//! test sent, the method, the status, the connection's serial number, the request's number
+//! on that connection and the request's length ([`Nginx::access_log`]). nginx writes a line
+//! when it finalises the request, which can be after the client read the answer:
+//! [`Nginx::settled_access_log`] waits until the log stops growing. A stream nginx refuses
 //! (`REFUSED_STREAM` over `http2_max_concurrent_streams`, or above a `GOAWAY`'s
 //! last-stream-id after `keepalive_requests`) is never logged: it never reached a handler.
 
@@ -66,7 +69,7 @@ pid {d}/nginx.pid;
 error_log {d}/error.log warn;
 events {{ worker_connections 1024; }}
 http {{
-    log_format rid '$http_x_request_id $request_method $status';
+    log_format rid '$http_x_request_id $request_method $status $connection $connection_requests $request_length';
     access_log {d}/access.log rid;
     client_body_temp_path {d}/body;
     proxy_temp_path {d}/proxy;
@@ -148,13 +151,32 @@ impl Nginx {
         format!("http://{}{}", self.addr, path)
     }
 
-    /// The `x-request-id` of every request in the access log, in log order ("-" for a
-    /// request without one).
-    pub fn access_log_ids(&self) -> Vec<String> {
+    /// The access log's lines as they are now.
+    pub fn access_log(&self) -> Vec<String> {
         std::fs::read_to_string(self.dir.join("access.log"))
             .unwrap_or_default()
             .lines()
-            .filter_map(|l| l.split(' ').next().map(str::to_owned))
+            .map(str::to_owned)
             .collect()
+    }
+
+    /// The access log once it has not grown for 300 ms (bounded: 10 s, then as it is).
+    pub async fn settled_access_log(&self) -> Vec<String> {
+        let mut lines = self.access_log();
+        let mut unchanged = 0;
+        for _ in 0..1000 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            let now = self.access_log();
+            if now.len() == lines.len() {
+                unchanged += 1;
+                if unchanged == 30 {
+                    break;
+                }
+            } else {
+                unchanged = 0;
+            }
+            lines = now;
+        }
+        lines
     }
 }

@@ -21,7 +21,8 @@
 //! let inner = io::Error::new(io::ErrorKind::ConnectionReset, "peer reset");
 //! let outer = io::Error::other(inner);
 //! assert!(chain::has_io_kind(&outer, &[io::ErrorKind::ConnectionReset]));
-//! assert_eq!(chain::links(&outer).count(), 2);
+//! // The outer error, the inner one, and the inner one's message (its payload).
+//! assert_eq!(chain::links(&outer).count(), 3);
 //! ```
 
 use std::error::Error as StdError;

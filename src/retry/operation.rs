@@ -1,59 +1,5 @@
 //! [`Operation`]: a whole operation (send, read the body, parse, or anything done with the
-//! response) retried under a [`RetryMiddleware`]'s policy.
-//!
-//! The middleware returns at the response head, so a body that breaks while it is read (a
-//! reset, a timeout, a truncated download) reaches the caller after every retry is over.
-//! An `Operation` runs the caller's closure again in that case, with the middleware's
-//! decision table, backoff, `Retry-After` cap, budget, deadline and retry limit, and the
-//! attempts it makes and those the middleware makes inside it are one count: each request
-//! the closure sends carries the [`OperationAttempt`] (`.with_extension(attempt)`), so the
-//! middleware goes on from the attempts already made instead of starting over (no 4 × 4 =
-//! 16 attempts), deposits in the budget once, and continues the history.
-//!
-//! ```no_run
-//! use reqwest_resilience::{Resilience, RetryMiddleware};
-//!
-//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
-//! let retry = RetryMiddleware::new();
-//! let client = Resilience::new().retry(retry.clone()).build(reqwest::Client::new())?;
-//! let url = "http://127.0.0.1:8080/simple/flask/flask-3.1.0.whl";
-//! let client = &client;
-//! let wheel = retry
-//!     .operation()
-//!     .run(|attempt| async move {
-//!         let response = client.get(url).with_extension(attempt).send().await?;
-//!         Ok::<_, reqwest_middleware::Error>(response.error_for_status()?.bytes().await?)
-//!     })
-//!     .await?;
-//! # drop(wheel); Ok(()) }
-//! ```
-//!
-//! # What runs again
-//!
-//! After the closure fails, the decision looks at how the last request it sent through
-//! the retry middleware ended:
-//!
-//! - the middleware returned an error, or stopped on a response it would have retried
-//!   (retries exhausted, budget, deadline): its decision stands, the error is returned;
-//! - it returned a final response with status `s`: the error is classified with
-//!   [`classify_body`](crate::evidence::classify_body) (a cut body is
-//!   `ResponseReceived(s)` / `BodyInterrupted`, a decode error of a complete body `Decode`,
-//!   anything else `Other`) and the decision table decides on that attempt's record,
-//!   amended: a cut body is run again when the request is idempotent, a decode error or
-//!   the caller's own error after a `200` are not;
-//! - no request went through a retry middleware (a plain client, an error before the
-//!   send): the error is classified with [`classify`](crate::evidence::classify).
-//!
-//! A request is idempotent as the middleware says (method, `Idempotency-Key`,
-//! [`Idempotent`](super::Idempotent)); an operation is idempotent when every request it
-//! sent was, or when marked so ([`Operation::idempotent`]), which also marks every
-//! request in it. An operation that sent nothing through the middleware and is not marked
-//! is not idempotent: a failure that may have reached a server is not run again.
-//!
-//! The per-origin breakers, pauses and the concurrency limit apply to each request the
-//! closure sends, as to any. The stack's `on_attempt` hook sees every attempt sent; the
-//! amended decision of an attempt whose body broke is in the history
-//! ([`Operation::run_recorded`]) and the metrics.
+//! response) retried under a [`RetryMiddleware`]'s policy; see its docs.
 
 use std::future::Future;
 
@@ -64,8 +10,63 @@ use crate::classify::{classify, classify_body};
 use crate::record::{AttemptHistory, RequestEvidence, RetryOutcome, StopReason};
 use crate::record::{Continuation, OperationAttempt, PassEnd};
 
-/// An operation retried under a [`RetryMiddleware`]'s policy (see the [module
-/// docs](self)); made by [`RetryMiddleware::operation`], reusable for any number of runs.
+/// A whole operation (send, read the body, parse, or anything done with the response)
+/// retried under a [`RetryMiddleware`]'s policy; made by [`RetryMiddleware::operation`],
+/// reusable for any number of runs.
+///
+/// The middleware returns at the response head, so a body that breaks while it is read (a
+/// reset, a timeout, a truncated download) reaches the caller after every retry is over.
+/// An `Operation` runs the caller's closure again in that case, with the middleware's
+/// decision table, backoff, `Retry-After` cap, budget, deadline and retry limit, and the
+/// attempts it makes and those the middleware makes inside it are one count: each request
+/// the closure sends carries the [`OperationAttempt`] (`.with_extension(attempt)`), so the
+/// middleware goes on from the attempts already made instead of starting over (no 4 × 4 =
+/// 16 attempts), deposits in the budget once, and continues the history.
+///
+/// ```no_run
+/// use reqwest_resilience::{Resilience, RetryMiddleware};
+///
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// let retry = RetryMiddleware::new();
+/// let client = Resilience::new().retry(retry.clone()).build(reqwest::Client::new())?;
+/// let url = "http://127.0.0.1:8080/simple/flask/flask-3.1.0.whl";
+/// let client = &client;
+/// let wheel = retry
+///     .operation()
+///     .run(|attempt| async move {
+///         let response = client.get(url).with_extension(attempt).send().await?;
+///         Ok::<_, reqwest_middleware::Error>(response.error_for_status()?.bytes().await?)
+///     })
+///     .await?;
+/// # drop(wheel); Ok(()) }
+/// ```
+///
+/// # What runs again
+///
+/// After the closure fails, the decision looks at how the last request it sent through
+/// the retry middleware ended:
+///
+/// - the middleware returned an error, or stopped on a response it would have retried
+///   (retries exhausted, budget, deadline): its decision stands, the error is returned;
+/// - it returned a final response with status `s`: the error is classified with
+///   [`classify_body`](crate::evidence::classify_body) (a cut body is
+///   `ResponseReceived(s)` / `BodyInterrupted`, a decode error of a complete body `Decode`,
+///   anything else `Other`) and the decision table decides on that attempt's record,
+///   amended: a cut body is run again when the request is idempotent, a decode error or
+///   the caller's own error after a `200` are not;
+/// - no request went through a retry middleware (a plain client, an error before the
+///   send): the error is classified with [`classify`](crate::evidence::classify).
+///
+/// A request is idempotent as the middleware says (method, `Idempotency-Key`,
+/// [`Idempotent`](super::Idempotent)); an operation is idempotent when every request it
+/// sent was, or when marked so ([`Operation::idempotent`]), which also marks every
+/// request in it. An operation that sent nothing through the middleware and is not marked
+/// is not idempotent: a failure that may have reached a server is not run again.
+///
+/// The per-origin breakers, pauses and the concurrency limit apply to each request the
+/// closure sends, as to any. The stack's `on_attempt` hook sees every attempt sent; the
+/// amended decision of an attempt whose body broke is in the history
+/// ([`Operation::run_recorded`]) and the metrics.
 #[derive(Clone, Debug)]
 pub struct Operation {
     retry: RetryMiddleware,

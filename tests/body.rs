@@ -724,3 +724,55 @@ mod resumed_equals_original {
         }
     }
 }
+
+#[tokio::test(start_paused = true)]
+async fn under_a_limit_of_one_the_cut_body_gives_its_permit_back_and_each_resume_holds_its_own() {
+    use reqwest_resilience::limit::{LimiterConfig, LimiterRegistry};
+    let body = payload(LEN);
+    let server = RangedServer::start(Representation::resumable(body.clone()), |i, _| match i {
+        0 | 2 => Fault::Close(30_000),
+        _ => Fault::None,
+    })
+    .await;
+    let registry = LimiterRegistry::new(LimiterConfig::fixed(1)).unwrap();
+    let client = Resilience::new()
+        .retry(retry(3))
+        .no_breaker()
+        .concurrency_limiter(registry.clone())
+        .resume_bodies(true)
+        .build(support::loopback_client())
+        .unwrap();
+    let origin = reqwest_resilience::Origin::parse(&server.url("/")).unwrap();
+    let in_flight = || registry.get(&origin).map(|s| s.in_flight);
+    // Read to the end: the range request was admitted under the limit of one, so the cut
+    // body's permit had been given back.
+    let mut response = client.get(server.url("/f")).send().await.unwrap();
+    let mut got = Vec::new();
+    let mut seen_in_flight = Vec::new();
+    while let Some(chunk) = response.chunk().await.unwrap() {
+        got.extend_from_slice(&chunk);
+        seen_in_flight.push(in_flight());
+    }
+    assert!(got == body);
+    // One permit while reading; the last frame of a known length gives it back.
+    let (last, before) = seen_in_flight.split_last().unwrap();
+    assert!(before.iter().all(|n| *n == Some(1)), "{seen_in_flight:?}");
+    assert_eq!(*last, Some(0));
+    assert_eq!(in_flight(), Some(0));
+    assert_eq!(server.requests().len(), 2);
+    // Dropped while it waits to resume: nothing held, nothing more sent.
+    let mut response = client.get(server.url("/f")).send().await.unwrap();
+    let mut read = 0;
+    while read < 30_000 {
+        read += response.chunk().await.unwrap().unwrap().len();
+    }
+    let next = tokio::time::timeout(Duration::from_millis(500), response.chunk()).await;
+    assert!(
+        next.is_err(),
+        "waiting out the 1 s backoff before the resume"
+    );
+    drop(response);
+    assert_eq!(in_flight(), Some(0));
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(server.requests().len(), 3, "the resume was never sent");
+}

@@ -71,6 +71,9 @@ impl Continuation {
 pub struct OperationAttempt {
     continuation: Continuation,
     number: u32,
+    /// Put there by the stack for a body it may resume (`crate::resume`), not by the
+    /// caller: it ends with the request, and a later owner clears one left behind.
+    by_stack: bool,
 }
 
 impl OperationAttempt {
@@ -80,7 +83,21 @@ impl OperationAttempt {
         OperationAttempt {
             continuation,
             number,
+            by_stack: false,
         }
+    }
+
+    /// The first pass of a request whose body the stack may resume.
+    pub(crate) fn by_stack(continuation: Continuation) -> Self {
+        OperationAttempt {
+            by_stack: true,
+            ..OperationAttempt::continuing(continuation)
+        }
+    }
+
+    /// Whether the stack, not the caller, put it in the extensions.
+    pub(crate) fn is_by_stack(&self) -> bool {
+        self.by_stack
     }
 
     /// This attempt's number in the operation, counting the middleware's attempts inside
@@ -103,12 +120,11 @@ impl std::fmt::Debug for OperationAttempt {
 }
 
 impl Continuation {
-    /// The continuation a request's extensions carry: its operation's, else one the stack
-    /// put there for a body it may resume (`crate::resume`), if any.
+    /// The continuation a request's extensions carry (its operation's, or the one the
+    /// stack put there for a body it may resume), if any: one lookup.
     pub(crate) fn of_request(extensions: &Extensions) -> Option<Continuation> {
-        match extensions.get::<OperationAttempt>() {
-            Some(attempt) => Some(attempt.continuation.clone()),
-            None => extensions.get::<Continuation>().cloned(),
-        }
+        extensions
+            .get::<OperationAttempt>()
+            .map(|attempt| attempt.continuation.clone())
     }
 }

@@ -44,8 +44,13 @@ pub(crate) fn clear_earlier_request(extensions: &mut Extensions) {
     extensions.remove::<RequestEvidence>();
     extensions.remove::<RetryOutcome>();
     extensions.remove::<RetryIn>();
-    // Put there by the stack for a body it may resume, for the request's retry loop.
-    extensions.remove::<Continuation>();
+    // Put there by the stack for a body it may resume (a caller's own stays).
+    if extensions
+        .get::<OperationAttempt>()
+        .is_some_and(OperationAttempt::is_by_stack)
+    {
+        extensions.remove::<OperationAttempt>();
+    }
 }
 
 #[cfg(test)]

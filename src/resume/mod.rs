@@ -105,17 +105,20 @@ impl Resumer {
         req: &Request,
         extensions: &mut Extensions,
     ) -> Option<Candidate> {
+        if *req.method() != http::Method::GET {
+            return None;
+        }
         let wanted = extensions
             .get::<ResumeBody>()
             .map_or(self.by_default, |r| r.0);
-        if !wanted || *req.method() != http::Method::GET || req.headers().contains_key(RANGE) {
+        if !wanted || req.headers().contains_key(RANGE) {
             return None;
         }
         let (continuation, handed_inward) = match extensions.get::<OperationAttempt>() {
             Some(attempt) => (attempt.continuation().clone(), false),
             None => {
                 let continuation = Continuation::default();
-                extensions.insert(continuation.clone());
+                extensions.insert(OperationAttempt::by_stack(continuation.clone()));
                 (continuation, true)
             }
         };
@@ -139,7 +142,7 @@ impl Resumer {
         extensions: &mut Extensions,
     ) -> reqwest_middleware::Result<Response> {
         if candidate.handed_inward {
-            extensions.remove::<Continuation>();
+            extensions.remove::<OperationAttempt>();
         }
         let response = result?;
         let Some(repr) = representation::resumable(

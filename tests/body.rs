@@ -776,3 +776,63 @@ async fn under_a_limit_of_one_the_cut_body_gives_its_permit_back_and_each_resume
     tokio::time::sleep(Duration::from_secs(5)).await;
     assert_eq!(server.requests().len(), 3, "the resume was never sent");
 }
+
+/// nginx answers the range itself: a 1 MiB file whose first answer a proxy cuts twice.
+/// Real time (nginx writes its log on its own clock), with 10 ms backoffs.
+#[tokio::test]
+async fn a_download_from_nginx_cut_twice_resumes_with_ranges_nginx_answers_206() {
+    use support::nginx_files::{CuttingProxy, serve_file};
+    let file = payload(1 << 20);
+    let Some(nginx) = serve_file(&file) else {
+        return;
+    };
+    // The first answer is cut after 200 000 bytes, the second (a 206) after 300 000.
+    let proxy = CuttingProxy::start(nginx.addr(), vec![200_000, 300_000]).await;
+    let backoff = reqwest_resilience::Backoff::builder()
+        .base(Duration::from_millis(10))
+        .jitter(reqwest_resilience::Jitter::None)
+        .build()
+        .unwrap();
+    let retry = RetryMiddleware::builder()
+        .backoff(backoff)
+        .no_budget()
+        .build()
+        .unwrap();
+    let client = resuming(&retry, support::loopback_client());
+    let response = client.get(proxy.url("/file.bin")).send().await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let got = response.bytes().await.unwrap();
+    assert!(got[..] == file[..], "the exact bytes");
+    let log = nginx.settled_access_log().await;
+    assert_eq!(log.len(), 3, "{log:?}");
+    assert!(log[0].starts_with("GET 200 \"-\" \"-\" "), "{log:?}");
+    // Each range starts where the caller's body stood, with nginx's own ETag as If-Range.
+    let range = |line: &str| -> u64 {
+        let quoted = line.split('"').nth(1).unwrap();
+        quoted
+            .trim_start_matches("bytes=")
+            .trim_end_matches('-')
+            .parse()
+            .unwrap()
+    };
+    let (first, second) = (range(&log[1]), range(&log[2]));
+    assert!(log[1].starts_with("GET 206 \"bytes="), "{log:?}");
+    assert!(log[2].starts_with("GET 206 \"bytes="), "{log:?}");
+    // nginx logs the quotes of its strong ETag as \x22.
+    assert!(
+        log[1].contains(" \"\\x22") && log[2].contains(" \"\\x22"),
+        "{log:?}"
+    );
+    // The cuts were counted in answer bytes, heads included: the body before each cut.
+    assert!(first < 200_000 && first > 199_000, "{log:?}");
+    assert!(
+        second > first + 299_000 && second < first + 300_000,
+        "{log:?}"
+    );
+    let last_sent: u64 = log[2].rsplit(' ').next().unwrap().parse().unwrap();
+    assert_eq!(
+        last_sent,
+        (1 << 20) - second,
+        "the last answer is the rest, exactly"
+    );
+}

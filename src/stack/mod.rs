@@ -232,6 +232,7 @@ impl fmt::Debug for Resilience {
                 &self.on_breaker_transition.is_some(),
             )
             .field("concurrency_limit", &self.concurrency_limit.is_some())
+            .field("resume_bodies", &self.resume_bodies)
             .finish()
     }
 }

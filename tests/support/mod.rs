@@ -45,6 +45,7 @@
 
 pub mod h2;
 pub mod nginx;
+pub mod nginx_files;
 pub mod ranged;
 pub mod tls;
 

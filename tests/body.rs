@@ -836,3 +836,50 @@ async fn a_download_from_nginx_cut_twice_resumes_with_ranges_nginx_answers_206()
         "the last answer is the rest, exactly"
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn the_on_attempt_hook_sees_the_range_request_as_an_attempt_of_its_own() {
+    use std::sync::{Arc, Mutex};
+    let body = payload(LEN);
+    let server = RangedServer::start(Representation::resumable(body.clone()), |i, _| {
+        if i == 0 {
+            Fault::Close(12_345)
+        } else {
+            Fault::None
+        }
+    })
+    .await;
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let client = Resilience::new()
+        .retry(retry(3))
+        .no_breaker()
+        .resume_bodies(true)
+        .on_attempt({
+            let seen = seen.clone();
+            move |evidence, decision| {
+                seen.lock()
+                    .unwrap()
+                    .push((evidence.attempt, evidence.status(), decision.cloned()))
+            }
+        })
+        .build(support::loopback_client())
+        .unwrap();
+    let response = client.get(server.url("/f")).send().await.unwrap();
+    assert!(response.bytes().await.unwrap()[..] == body[..]);
+    let final_ = |s: StatusCode| {
+        Some(AttemptDecision::Stop {
+            reason: StopReason::FinalResponse(s),
+        })
+    };
+    assert_eq!(
+        *seen.lock().unwrap(),
+        [
+            (1, Some(StatusCode::OK), final_(StatusCode::OK)),
+            (
+                2,
+                Some(StatusCode::PARTIAL_CONTENT),
+                final_(StatusCode::PARTIAL_CONTENT)
+            ),
+        ]
+    );
+}

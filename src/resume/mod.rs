@@ -22,8 +22,11 @@
 //!   resumes count against the same retry limit as the retries before the head
 //!   (`crate::retry::continuation`). The range request goes through the stack's stages
 //!   (breaker, concurrency limit, bearer token, transport step), so it is recorded in
-//!   the history and the metrics like any attempt, and the retry loop may retry *it* (a
-//!   `503` to the range request) within the same count.
+//!   the history, the metrics and the `on_attempt` hook like any attempt, and the retry
+//!   loop may retry *it* (a `503` to the range request) within the same count. The hook
+//!   saw the cut attempt when its head came (with its decision then, a final `200`); the
+//!   amended record (`BodyInterrupted`, then the retry) is in the history of an
+//!   [`Operation`](crate::retry::Operation) around it, and the retry is in the metrics.
 //! - **The concurrency limit.** The permit of the first attempt ends when its body breaks
 //!   (`crate::limit`'s body); each resume holds its own permit, until its body ends.
 //!

@@ -140,6 +140,9 @@ impl<T: Stage + 'static, L: Stage + 'static> Middleware for Composed<T, L> {
 /// transport step always innermost (a stack with per-attempt middlewares has it outside
 /// `Composed`; those middlewares do not see the range requests).
 pub(crate) struct ResumeStages<T, L> {
+    /// The `on_attempt` hook and the span (feature `tracing`): a range request is an
+    /// attempt the hook reports like any other.
+    pub(crate) observer: Option<super::RequestObserver>,
     pub(crate) retry: crate::retry::RetryMiddleware,
     pub(crate) token_first: T,
     pub(crate) breaker: Option<crate::breaker::CircuitBreakerMiddleware>,
@@ -164,6 +167,7 @@ impl<T: Stage + 'static, L: Stage + 'static> crate::resume::Resend for ResumeSta
             let inner = Nested::new(&self.breaker, inner);
             let inner = Nested::new(&self.token_first, inner);
             let inner = Nested::new(&self.retry, inner);
+            let inner = Nested::new(&self.observer, inner);
             let handover = Handover::default().within_composed();
             owner
                 .poll_made_as(inner.run(req, &mut extensions, handover))

@@ -679,6 +679,7 @@ impl ResumeSetup {
             return composed;
         };
         let stages = compose::ResumeStages {
+            observer: composed.observer.0.clone(),
             retry: retry.clone(),
             token_first: composed.token_first.clone(),
             breaker: composed.breaker.clone(),
@@ -837,6 +838,7 @@ fn build_breaker(
 
 /// The outermost layer: the span per logical request (feature `tracing`) and the
 /// `on_attempt` hook. Installed only when one of them is wanted.
+#[derive(Clone)]
 pub(crate) struct RequestObserver {
     on_attempt: Option<AttemptHook>,
     #[cfg_attr(not(feature = "tracing"), allow(dead_code))]

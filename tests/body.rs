@@ -883,3 +883,58 @@ async fn the_on_attempt_hook_sees_the_range_request_as_an_attempt_of_its_own() {
         ]
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn over_a_client_without_the_retry_middleware_an_operation_decides_from_the_error_alone() {
+    let retry = retry(3);
+    let plain = ClientWithMiddleware::from(support::loopback_client());
+    // Refused: proven not sent, run again whatever the method, 1 + 3 attempts.
+    let refused = format!("http://127.0.0.1:{}/x", support::refused_port());
+    let (client, url) = (&plain, refused.as_str());
+    let done = retry
+        .operation()
+        .run_recorded(|attempt| fetch_json(client, reqwest::Method::POST, url, attempt))
+        .await;
+    assert!(matches!(&done.result, Err(Fetch::Http(e)) if e.is_connect()));
+    assert_eq!(done.outcome.attempts, 4);
+    assert_eq!(done.outcome.stop, StopReason::RetriesExhausted);
+    let seen: Vec<_> = done
+        .history
+        .attempts()
+        .iter()
+        .map(|r| {
+            (
+                r.evidence.attempt,
+                r.evidence.transmission,
+                r.evidence.failure,
+            )
+        })
+        .collect();
+    let refused = (Transmission::NotSent, Some(FailureKind::Connect));
+    assert_eq!(seen, [1, 2, 3, 4].map(|n| (n, refused.0, refused.1)));
+    // A cut body: nothing says the operation is idempotent, so it is not run again…
+    let server = RangedServer::start(Representation::resumable(JSON.to_vec()), |i, _| {
+        if i < 2 { Fault::Close(3) } else { Fault::None }
+    })
+    .await;
+    let url = server.url("/j");
+    let url = url.as_str();
+    let done = retry
+        .operation()
+        .run_recorded(|attempt| fetch_json(client, reqwest::Method::GET, url, attempt))
+        .await;
+    assert!(done.result.is_err());
+    assert_eq!(
+        (done.outcome.attempts, done.outcome.stop),
+        (1, StopReason::MayHaveBeenProcessed)
+    );
+    // … unless marked.
+    let done = retry
+        .operation()
+        .idempotent(true)
+        .run_recorded(|attempt| fetch_json(client, reqwest::Method::GET, url, attempt))
+        .await;
+    assert_eq!(done.result.unwrap()["version"], "3.1.0");
+    assert_eq!(done.outcome.attempts, 2);
+    assert_eq!(server.requests().len(), 3);
+}

@@ -30,6 +30,13 @@
 //! - **The concurrency limit.** The permit of the first attempt ends when its body breaks
 //!   (`crate::limit`'s body); each resume holds its own permit, until its body ends.
 //!
+//! # Cancel safety
+//!
+//! Dropping the body (or the future reading it) at any point ends everything it started:
+//! during a resume's backoff the retry is not counted and its budget goes back, during a
+//! range request that request is dropped (its limiter permit and breaker probe slot with
+//! it, as for any attempt), and no further request is sent.
+//!
 //! What the resumes do not see: a per-attempt middleware of yours
 //! ([`Resilience::per_attempt`](crate::Resilience::per_attempt)) and the middleware around
 //! the stack (the range request starts at the retry stage), and the request's own

@@ -938,3 +938,29 @@ async fn over_a_client_without_the_retry_middleware_an_operation_decides_from_th
     assert_eq!(done.outcome.attempts, 2);
     assert_eq!(server.requests().len(), 3);
 }
+
+#[tokio::test(start_paused = true)]
+async fn an_empty_retry_budget_or_a_deadline_before_the_backoff_ends_refuses_the_resume() {
+    use reqwest_resilience::RetryBudget;
+    let body = payload(LEN);
+    let cut_first = |i: usize, _: &support::RecordedRequest| {
+        if i == 0 {
+            Fault::Close(50_000)
+        } else {
+            Fault::None
+        }
+    };
+    let empty = RetryBudget::new(Duration::from_secs(10), 0, 0.0).unwrap();
+    let no_budget = support::exact_retry().budget(empty).build().unwrap();
+    let deadline = support::exact_retry()
+        .total_deadline(Duration::from_millis(900))
+        .build()
+        .unwrap();
+    for retry in [no_budget, deadline] {
+        let server = RangedServer::start(Representation::resumable(body.clone()), cut_first).await;
+        let client = resuming(&retry, support::loopback_client());
+        let response = client.get(server.url("/f")).send().await.unwrap();
+        assert_cut_at(response.bytes().await.map(|b| b.to_vec()), 50_000, true);
+        assert_eq!(server.requests().len(), 1, "{retry:?}: no range request");
+    }
+}

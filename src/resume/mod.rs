@@ -115,7 +115,8 @@ impl Resumer {
         req: &Request,
         extensions: &mut Extensions,
     ) -> Option<Candidate> {
-        if *req.method() != http::Method::GET {
+        // A range request repeats the headers, not a body.
+        if *req.method() != http::Method::GET || req.body().is_some() {
             return None;
         }
         let wanted = extensions

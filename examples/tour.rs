@@ -169,6 +169,7 @@ async fn main() -> Result<(), BoxError> {
     hedging(&mut tour).await?;
     attempt_timeout(&mut tour).await?;
     hedging_safe_methods(&mut tour).await?;
+    visible_retries_with_uvs_rules(&mut tour).await?;
     resumed_download(&mut tour).await?;
 
     println!("\nSummary");
@@ -862,11 +863,59 @@ async fn hedging_safe_methods(tour: &mut Tour) -> Result<(), BoxError> {
     Ok(())
 }
 
+/// uv's transient rules as the strategy, each retry told before its wait, and the outcome
+/// beside the result.
+async fn visible_retries_with_uvs_rules(tour: &mut Tour) -> Result<(), BoxError> {
+    use reqwest_resilience::SendWithHistory;
+    use reqwest_resilience::retry::strategies::uv_transient;
+
+    println!(
+        "\n15. uv's rules, retries told as they happen: a 507 (which uv retries, the default \
+         table does not) and a hang-up, then 200"
+    );
+    let server = FlakyServer::start(|n, _| match n {
+        0 => Reply::status(507),
+        1 => Reply::HangUp,
+        _ => Reply::ok("index"),
+    })
+    .await?;
+    let notices = Arc::new(AtomicUsize::new(0));
+    let client = demo_stack()?
+        .retry_strategy(uv_transient())
+        .before_sleep({
+            let notices = notices.clone();
+            move |n| {
+                notices.fetch_add(1, Ordering::SeqCst);
+                let what = n
+                    .status
+                    .map_or_else(|| n.error_messages().join(": "), |s| s.to_string());
+                println!(
+                    "   attempt {} failed ({what}); retrying in {:?}",
+                    n.attempt, n.delay
+                );
+            }
+        })
+        .build(recorded_client()?)?;
+    let exchange = client.get(server.url("/simple/")).send_with_history().await;
+    print_history(&exchange.history);
+    let status = exchange.result?.status().as_u16();
+    let retries = exchange.outcome.map_or(0, |o| o.retries());
+    tour.check(
+        "uv rules: 507 and hang-up retried",
+        "200 after 2 retries, 2 told",
+        format!(
+            "{status} after {retries} retries, {} told",
+            notices.load(Ordering::SeqCst)
+        ),
+    );
+    Ok(())
+}
+
 /// A download whose connection breaks twice resumes where it broke: the caller reads one
 /// body, and the server sends each byte once.
 async fn resumed_download(tour: &mut Tour) -> Result<(), BoxError> {
     println!(
-        "\n15. A 1 MiB download cut twice: resumed with Range + If-Range, one body for the \
+        "\n16. A 1 MiB download cut twice: resumed with Range + If-Range, one body for the \
          caller, each byte sent once"
     );
     let file: Arc<Vec<u8>> = Arc::new((0..1 << 20).map(|i: usize| (i % 251) as u8).collect());

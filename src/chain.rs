@@ -21,7 +21,7 @@
 //! let inner = io::Error::new(io::ErrorKind::ConnectionReset, "peer reset");
 //! let outer = io::Error::other(inner);
 //! assert!(chain::has_io_kind(&outer, &[io::ErrorKind::ConnectionReset]));
-//! // The outer error, the inner one, and the inner one's message (its payload).
+//! // The outer error, the inner one, and the message the inner one wraps.
 //! assert_eq!(chain::links(&outer).count(), 3);
 //! ```
 

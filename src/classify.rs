@@ -55,7 +55,7 @@ impl Classification {
 /// | 2 | reqwest `is_redirect` | `Unknown` | `Redirect` | a server answered (with a redirect), but this error carries no status |
 /// | 3 | hyper-util `is_connect` | `NotSent` | see below | the connector failed, so no connection existed to write the request on |
 /// | 4 | h2 `RST_STREAM(REFUSED_STREAM)` from the peer | `SentNoResponse` + [`NotProcessedProof::RefusedStream`] | `Protocol` | RFC 9113 §8.7: the stream was refused before any processing |
-/// | 5 | h2 `GOAWAY` received from the peer, surfaced on our stream | `SentNoResponse` + [`NotProcessedProof::GoAway`] | `Protocol` | see "GOAWAY" below |
+/// | 5 | h2 `GOAWAY` received from the peer | `Unknown` | `GoAway` | see "GOAWAY" below: through hyper it is no proof either way |
 /// | 6 | hyper `is_canceled` | `NotSent` | from the inner error, else `Closed` | hyper hands a request back as canceled only when it never started writing it |
 /// | 7 | a timeout (hyper `is_timeout`, io `TimedOut`, reqwest's own timer) | `Unknown` | `Timeout` | a timer says nothing about how far the request got |
 /// | 8 | io `ConnectionReset` / `ConnectionAborted` / `BrokenPipe` | `SentNoResponse` | `Reset` | the connection existed and broke while the request was in flight |
@@ -66,6 +66,7 @@ impl Classification {
 /// | 13 | reqwest `is_decode` | `Unknown` | `Decode` | only raised after a response, which the caller already has |
 /// | 14 | anything else | `Unknown` | `Other` | no proof either way |
 /// | 15 | hyper-util's error has no `connect_info` (and is not a connect error) | `SentNoResponse` of rules 4–12 becomes `Unknown` | unchanged | hyper-util attaches the connection's info to every error of an actual send; without it, the error came from setting the connection up (HTTP/1 readiness, HTTP/2 handshake), which hyper-util reports as a send error but which never carried the request |
+/// | 16 | a TLS alert about a certificate from the peer after the handshake (TLS 1.3 judges a client certificate after the client's `Finished`), under an `InvalidData` I/O error | as rules 4–15 decided | `Certificate` | no retry changes a certificate; see `tls_alert` in the crate's source for which alerts count |
 ///
 /// The kind of a connect failure (rule 3): reqwest's `is_dns` → `Dns`; a TLS peer
 /// certificate rejected → `Certificate`; an "invalid URL" from the connector (a scheme the
@@ -81,21 +82,29 @@ impl Classification {
 /// `Error::InvalidCertificate`, openssl's verify error behind native-tls), and this crate
 /// leaves the choice of backend to its users, so it cannot downcast to them. It matches the
 /// chain's `Display`/`Debug` text instead: `invalid peer certificate` / `InvalidCertificate`
-/// (rustls), `certificate verify failed` (OpenSSL, native-tls on Linux), and
-/// `peer sent no certificates`. The text only chooses the *kind*; the transmission of any
+/// (rustls), `certificate verify failed` (OpenSSL, native-tls on Linux),
+/// `peer sent no certificates`, and a peer's alert about a certificate (rustls's
+/// `received fatal alert: CertificateExpired`, OpenSSL's `sslv3 alert certificate expired`;
+/// `bad_certificate`, `unsupported_certificate`, `certificate_revoked`,
+/// `certificate_expired`, `certificate_unknown`, `unknown_ca`, `access_denied`,
+/// `certificate_required`, … but not `decrypt_error` or `handshake_failure`). The text only chooses the *kind*; the transmission of any
 /// connect failure is `NotSent` whatever the text says, so a changed message can only
 /// demote `Certificate` to `Tls`, never make a sent request look unsent.
 ///
 /// # GOAWAY (rule 5)
 ///
-/// `h2` (0.4) fails a stream with a *remote* `GOAWAY` error in exactly two places: when the
-/// peer's `GOAWAY` names a last-stream-id below that stream (`Streams::recv_go_away` fails
-/// every locally initiated stream with `id > last_stream_id`), and when a stream is opened
-/// after the `GOAWAY` arrived (`ensure_no_conn_error`). Either way the server did not process
-/// it (RFC 9113 §6.8). A stream at or below the last-stream-id that the server then abandons
-/// is failed differently, with `BrokenPipe` when the connection ends, and gets no proof.
-/// The `GOAWAY`'s error code does not matter for the proof; reqwest's own retry treats only
-/// `NO_ERROR` as retryable, which is its policy, not evidence.
+/// RFC 9113 §6.8 makes a `GOAWAY` a proof for the streams above its last stream id, and
+/// `h2` (0.4) fails exactly those with the remote `GOAWAY` error (`Streams::recv_go_away`),
+/// and any stream opened after it arrived (`ensure_no_conn_error`). But hyper 1.x's HTTP/2
+/// client task (`proto::h2::client::ClientTask::poll`), having opened a stream with
+/// `send_request`, checks the connection again with `poll_ready` and, if the `GOAWAY` arrived
+/// in between (the connection runs on another worker thread), fails the request with the
+/// same connection error, although its `HEADERS` were queued and may have gone out below
+/// the last stream id. Against nginx rotating connections (`keepalive_requests 3`) a POST so
+/// failed was in nginx's access log as processed, once in about 800 rotations. The error
+/// does not say which case it is, so a `GOAWAY` is `Unknown` (kind
+/// [`FailureKind::GoAway`]): the retry sends an idempotent request again at once, a
+/// non-idempotent one is not sent again, and the breaker counts none of them.
 ///
 /// # Multi-address connects
 ///
@@ -159,7 +168,30 @@ pub fn classify_error(err: &reqwest::Error) -> Classification {
 /// assert_eq!((c.transmission, c.kind), (Transmission::SentNoResponse, FailureKind::Reset));
 /// ```
 pub fn classify(err: &(dyn StdError + 'static)) -> Classification {
-    decide(&Facts::collect(err))
+    let c = decide(&Facts::collect(err));
+    certificate_alert_after_handshake(c, err)
+}
+
+/// Rule 16: a peer's alert about a certificate (`crate::tls_alert`) that came after the
+/// client's side of the handshake ended (TLS 1.3 judges a client certificate then, so the
+/// request may be out) makes the kind `Certificate`; the transmission stays as decided.
+/// Looked for only under an `InvalidData` I/O error, as rustls reports it, so other
+/// failures format no text.
+fn certificate_alert_after_handshake(
+    c: Classification,
+    err: &(dyn StdError + 'static),
+) -> Classification {
+    if c.kind != FailureKind::Certificate
+        && c.kind != FailureKind::BodyInterrupted
+        && crate::chain::has_io_kind(err, &[io::ErrorKind::InvalidData])
+        && crate::tls_alert::in_chain(err)
+    {
+        return Classification {
+            kind: FailureKind::Certificate,
+            ..c
+        };
+    }
+    c
 }
 
 /// Classifies the failure of an operation on a response whose head had `status`: reading
@@ -335,7 +367,9 @@ fn connect_facts(from: &(dyn StdError + 'static), top: Option<&reqwest::Error>) 
     while let Some(e) = source {
         let display = e.to_string();
         let text = format!("{display} {e:?}");
-        c.certificate |= is_certificate_text(&text);
+        // A peer's alert about a certificate: see `crate::tls_alert`.
+        c.certificate |=
+            is_certificate_text(&text) || crate::tls_alert::is_certificate_alert(&text);
         // hyper-util's HttpConnector: "invalid URL, scheme is not http" and friends.
         c.invalid_url |= text.contains("invalid URL");
         let kinds: Vec<io::ErrorKind> = e
@@ -434,10 +468,7 @@ fn decide_by_layer(f: &Facts) -> Classification {
         };
     }
     if f.h2_remote_go_away {
-        return Classification {
-            not_processed: Some(NotProcessedProof::GoAway),
-            ..Classification::new(T::SentNoResponse, K::Protocol)
-        };
+        return Classification::new(T::Unknown, K::GoAway);
     }
     if f.canceled {
         let kind = if f.reset {
@@ -559,11 +590,15 @@ mod tests {
         let got = decide(&f);
         assert_eq!(got.transmission, T::SentNoResponse);
         assert_eq!(got.not_processed, Some(NotProcessedProof::RefusedStream));
-        let f = Facts {
-            h2_remote_go_away: true,
-            ..Facts::default()
-        };
-        assert_eq!(decide(&f).not_processed, Some(NotProcessedProof::GoAway));
+        // A `GOAWAY` is no proof through hyper (see "GOAWAY"), beside a reset or alone.
+        for reset in [false, true] {
+            let f = Facts {
+                h2_remote_go_away: true,
+                reset,
+                ..Facts::default()
+            };
+            assert_eq!(decide(&f), c(T::Unknown, K::GoAway));
+        }
     }
 
     #[test]

@@ -53,16 +53,17 @@
 //! | evidence | idempotent request | non-idempotent request |
 //! |---|---|---|
 //! | `NotSent` with a transient kind (connect refused, DNS, breaker/pause rejection) | retry | retry |
-//! | `NotSent` because no bearer token could be had (`TokenUnavailable`) | retry, not before the token manager's next fetch | same |
+//! | `NotSent` because no bearer token could be had (`TokenUnavailable`) | retry, not before the token manager's next fetch (at once with the token error when it lies beyond `retry_after_cap`) | same |
 //! | `NotSent` because the origin's concurrency limit was reached (`ConcurrencyLimited`) | no: the limiter's queue is the wait | no |
-//! | sent, and the server proved it did not process it (HTTP/2 `REFUSED_STREAM`, `GOAWAY` below our stream) | retry at once, outside `max_retries`, up to `max_not_processed_retries` (5) | same |
+//! | sent, and the server proved it did not process it (HTTP/2 `REFUSED_STREAM`) | retry at once, outside `max_retries`, up to `max_not_processed_retries` (5) | same |
+//! | ended by the server's HTTP/2 `GOAWAY` (a connection rotation; through hyper no proof either way: `Unknown`, `GoAway`) | retry at once, outside `max_retries`, under the same cap | **never** |
 //! | `SentNoResponse` / `Unknown` (reset, timeout, closed) | retry | **never** |
 //! | response 408, 500, 502, 503, 504 | retry | only with `Retry-After` |
 //! | response 429 | retry | retry |
 //! | any other status | no | no |
 //! | anything after reqwest followed a redirect | as the last hop's row says | **never** |
 //! | the response body broke after its head (`BodyInterrupted`) | run the operation again ([`retry::Operation`]) or resume the body ([`Resilience::resume_bodies`]) | **never** (it was answered) |
-//! | certificate, builder, redirect, decode errors (a complete body that does not decode) | no | no |
+//! | certificate errors and TLS alerts about a certificate (`unknown_ca`, `certificate_expired`, …), builder, redirect, decode errors (a complete body that does not decode) | no | no |
 //!
 //! **Bodies.** The middlewares return at the response head; a failure while the body is
 //! read comes later. [`evidence::classify`] classifies it from any error chain
@@ -82,7 +83,14 @@
 //!
 //! Idempotent: GET, HEAD, OPTIONS, TRACE, PUT, DELETE (RFC 9110 §9.2.2), a request with an
 //! `Idempotency-Key` header, or one marked with [`retry::Idempotent`]. The table is
-//! [`retry::DefaultStrategy`]; replace it through [`retry::RetryStrategy`].
+//! [`retry::DefaultStrategy`]; replace it through [`retry::RetryStrategy`], whose
+//! [`retry::AttemptContext`] has the error chain, the URL and the response head, and whose
+//! verdict may carry a delay ([`retry::Verdict::RetryAfter`]); uv's rules are
+//! [`retry::strategies::uv_transient`]. No strategy can send again a request that may have
+//! been processed unless that is harmless ([`retry::unsafe_retry`]). Retries are told
+//! before each wait ([`retry::RetryMiddlewareBuilder::before_sleep`], and a `WARN` event
+//! with feature `tracing`); [`SendWithHistory::send_with_history`] returns the attempt
+//! count and stop reason beside reqwest's own error.
 //!
 //! # Defaults and where they come from
 //!
@@ -118,6 +126,9 @@
 //!   `internal`, the logical call: the `client` spans per wire request come from
 //!   reqwest-tracing installed per attempt (see [`stack`]).
 //! - Feature `metrics`: the instruments listed in [`metrics`].
+//! - Before each retry's wait: [`Resilience::before_sleep`] (attempt, evidence, error or
+//!   status, reason, delay); with `tracing`, a `WARN` event with the error's text and its
+//!   `Caused by:` chain ([`Resilience::retry_event_level`] changes the level).
 //! - Without `tracing`: [`Resilience::on_attempt`] and
 //!   [`Resilience::on_breaker_transition`] hooks, e.g. to feed metrics.
 //!
@@ -126,8 +137,9 @@
 //! | module | what it holds |
 //! |---|---|
 //! | [`stack`] | [`Resilience`]: the whole stack in one builder |
-//! | [`retry`] | [`RetryMiddleware`], the decision table, [`RetryBudget`], per-request overrides, attempt timeout, [hedging](retry::Hedging), [operations](retry::Operation) retried whole |
+//! | [`retry`] | [`RetryMiddleware`], the decision table, ready strategies ([`retry::strategies`]), [`RetryBudget`], per-request overrides, attempt timeout, [hedging](retry::Hedging), [operations](retry::Operation) retried whole |
 //! | [`resume`] | bodies that resume where they broke ([`Resilience::resume_bodies`], [`resume::ResumeBody`]) |
+//! | [`exchange`] | [`SendWithHistory`]: `send()` that keeps the builder's extensions and returns the history and the outcome with the result |
 //! | [`backoff`] | [`Backoff`] and [`Jitter`]: the delays between attempts |
 //! | [`retry_after`] | `Retry-After` parsing |
 //! | [`redirect`] | what can be proven about the redirects reqwest follows: [`redirect::ClientRedirects`], [`redirect::recorded`] |
@@ -162,10 +174,12 @@
 //!                                the stage vocabulary (a stage, the rest of the stack it runs,
 //!                                what the stages outside hand inward, request ownership, the
 //!                                placement checks) · instruments · delays · the error classifier
-//! 3  error                       ResilienceError and every typed error it carries
-//! 2  record redirect             the per-request state (evidence, history, decisions, what a
-//!                                stage hands inward) and its clearing · the redirect proof
-//! 1  origin token retry_after misconfig sync
+//! 3  error exchange              ResilienceError and every typed error it carries ·
+//!                                send_with_history
+//! 2  record redirect tls_alert   the per-request state (evidence, history, decisions, what a
+//!                                stage hands inward) and its clearing · the redirect proof ·
+//!                                certificate alerts in an error's text
+//! 1  chain origin token retry_after misconfig sync
 //!                                origins, tokens and their source, parsers, reports
 //! ```
 //!
@@ -196,6 +210,7 @@ pub mod chain;
 mod classify;
 pub mod error;
 pub mod evidence;
+pub mod exchange;
 pub mod limit;
 pub mod metrics;
 pub mod misconfig;
@@ -208,6 +223,7 @@ pub mod retry_after;
 pub mod stack;
 pub(crate) mod stage;
 mod sync;
+pub(crate) mod tls_alert;
 pub(crate) mod token;
 
 /// The `async_trait` attribute, for implementing [`TokenSource`] (or a
@@ -221,6 +237,7 @@ pub use evidence::{
     AttemptDecision, AttemptHistory, AttemptRecord, FailureKind, NotProcessedProof, Redirects,
     RequestEvidence, Transmission, TransportEvidence,
 };
+pub use exchange::{Exchange, SendWithHistory};
 pub use origin::Origin;
 pub use retry::{RetryBudget, RetryMiddleware};
 pub use stack::{Resilience, StackBuilder, StackError};

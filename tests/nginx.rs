@@ -2,8 +2,11 @@
 //! (prior knowledge), which ends each connection with `GOAWAY` after `keepalive_requests`
 //! requests and refuses streams over `http2_max_concurrent_streams` with `REFUSED_STREAM`.
 //! Under a burst, the streams above a `GOAWAY`'s last stream id and the refused ones were
-//! not processed (RFC 9113 §6.8, §8.7): the stack must deliver every request exactly once,
-//! with the origin's breaker still Closed.
+//! not processed (RFC 9113 §6.8, §8.7). hyper, though, also fails a stream it had already
+//! written with the connection's `GOAWAY` (see `classify_error`, "GOAWAY"; this test found
+//! it: a POST so failed was in nginx's log), so only `REFUSED_STREAM` is a proof. The stack
+//! must deliver every GET, execute no POST twice, and keep the origin's breaker Closed;
+//! the POSTs a rotation leaves unproven stop `MayHaveBeenProcessed` (counted and printed).
 //!
 //! reqwest's own HTTP/2 retries are off (`reqwest::retry::never()`), so every replay seen
 //! here is this crate's decision. The clock is tokio's real one: nginx is a real process.
@@ -16,14 +19,17 @@
 mod support;
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use http::{Extensions, Method};
-use reqwest_middleware::ClientWithMiddleware;
+use reqwest_middleware::{ClientWithMiddleware, Middleware, Next};
 use reqwest_resilience::breaker::{BreakerConfig, BreakerRegistry, BreakerState};
 use reqwest_resilience::redirect::{self, ClientRedirects};
 use reqwest_resilience::retry::RetryOutcome;
-use reqwest_resilience::{AttemptHistory, Backoff, NotProcessedProof, Origin, Resilience};
+use reqwest_resilience::{
+    AttemptHistory, Backoff, FailureKind, NotProcessedProof, Origin, Resilience, Transmission,
+};
 use support::nginx::{Nginx, NginxConfig};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
@@ -47,16 +53,51 @@ struct Figures {
     p99: Duration,
     /// Attempts over all requests (the first ones included).
     attempts: u32,
-    /// Attempts that ended with a proof: `REFUSED_STREAM`, `GOAWAY` below the stream.
+    /// Attempts ended by a `REFUSED_STREAM` (a proof) and by a `GOAWAY` (none).
     refused_streams: usize,
     goaways: usize,
+    /// Request ids nginx logged twice whose history shows an attempt that failed without
+    /// proof and was retried: harmless for an idempotent request, a defect for a POST.
+    twice_after_unproven: usize,
     /// The evidence of the last attempt of requests that failed without a proof.
     unproven: Vec<String>,
 }
 
+/// Each attempt's error text, by `x-request-id` (a `per_attempt` middleware: it sees
+/// every attempt on the wire, inside the retry loop).
+#[derive(Clone, Default)]
+struct AttemptErrors(Arc<Mutex<HashMap<String, Vec<String>>>>);
+
+#[reqwest_resilience::async_trait]
+impl Middleware for AttemptErrors {
+    async fn handle(
+        &self,
+        req: reqwest::Request,
+        ext: &mut Extensions,
+        next: Next<'_>,
+    ) -> reqwest_middleware::Result<reqwest::Response> {
+        let id = req
+            .headers()
+            .get("x-request-id")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("-")
+            .to_owned();
+        let result = next.run(req, ext).await;
+        let text = match &result {
+            Ok(r) => r.status().to_string(),
+            Err(e) => format!("{e:?}"),
+        };
+        self.0.lock().unwrap().entry(id).or_default().push(text);
+        result
+    }
+}
+
 /// The stack of the issue: defaults, recorded redirects, a 5–20 ms backoff, a 20 s
 /// deadline, the breaker's registry kept to read its state.
-fn stack(max_not_processed_retries: u32) -> (ClientWithMiddleware, BreakerRegistry) {
+fn stack(
+    max_not_processed_retries: u32,
+    errors: AttemptErrors,
+) -> (ClientWithMiddleware, BreakerRegistry) {
     let client = reqwest::Client::builder()
         .no_proxy()
         .http2_prior_knowledge()
@@ -71,6 +112,7 @@ fn stack(max_not_processed_retries: u32) -> (ClientWithMiddleware, BreakerRegist
         .build()
         .unwrap();
     let stack = Resilience::new()
+        .per_attempt(errors)
         .client_redirects(ClientRedirects::Recorded)
         .backoff(backoff)
         .total_deadline(Duration::from_secs(20))
@@ -83,7 +125,8 @@ fn stack(max_not_processed_retries: u32) -> (ClientWithMiddleware, BreakerRegist
 
 /// `n` concurrent requests of `method`, each with its own `x-request-id`.
 async fn burst(nginx: &Nginx, method: Method, n: usize, cap: u32) -> Figures {
-    let (client, registry) = stack(cap);
+    let errors = AttemptErrors::default();
+    let (client, registry) = stack(cap, errors.clone());
     let url = nginx.url("/burst");
     let mut tasks = JoinSet::new();
     for id in 0..n {
@@ -116,10 +159,11 @@ async fn burst(nginx: &Nginx, method: Method, n: usize, cap: u32) -> Figures {
         let (ok, took, outcome, history, error, id) = joined.unwrap();
         histories.insert(id.to_string(), history.clone());
         for record in history.attempts() {
-            match record.evidence.not_processed {
-                Some(NotProcessedProof::RefusedStream) => refused_streams += 1,
-                Some(NotProcessedProof::GoAway) => goaways += 1,
-                _ => {}
+            if record.evidence.not_processed == Some(NotProcessedProof::RefusedStream) {
+                refused_streams += 1;
+            }
+            if record.evidence.failure == Some(FailureKind::GoAway) {
+                goaways += 1;
             }
         }
         if let Some(last) = history
@@ -152,9 +196,16 @@ async fn burst(nginx: &Nginx, method: Method, n: usize, cap: u32) -> Figures {
         *seen.entry(id_of(line)).or_insert(0) += 1;
     }
     let executed_twice = seen.values().filter(|&&c| c > 1).count();
+    let twice_after_unproven = seen
+        .iter()
+        .filter(|(id, c)| **c > 1 && histories.get(*id).is_some_and(retried_unproven))
+        .count();
     for (id, _) in seen.iter().filter(|(_, c)| **c > 1) {
         for line in log.iter().filter(|l| id_of(l) == *id) {
             eprintln!("twice {id}, logged: {line}");
+        }
+        for text in errors.0.lock().unwrap().get(id).into_iter().flatten() {
+            eprintln!("twice {id}, attempt: {text}");
         }
         for r in histories
             .get(id)
@@ -184,54 +235,69 @@ async fn burst(nginx: &Nginx, method: Method, n: usize, cap: u32) -> Figures {
         attempts,
         refused_streams,
         goaways,
+        twice_after_unproven,
         unproven,
     }
 }
 
-/// Runs a burst against a fresh nginx, prints its figures and asserts the promise: each
-/// request executed at most once, the breaker Closed, and every request delivered except
-/// the ones hyper lost without proof (see [`lost_by_hyper`]), which stop unretried when
-/// not idempotent.
-async fn scenario(config: NginxConfig, method: Method, n: usize, cap: u32) {
-    let Some(nginx) = Nginx::start(config) else {
-        return;
-    };
+/// Whether a request was sent again after an attempt that may have been processed.
+fn retried_unproven(history: &AttemptHistory) -> bool {
+    let attempts = history.attempts();
+    attempts
+        .iter()
+        .take(attempts.len().saturating_sub(1))
+        .any(|r| {
+            !matches!(r.evidence.transmission, Transmission::NotSent)
+                && r.evidence.not_processed.is_none()
+        })
+}
+
+/// Runs a burst against a fresh nginx, prints its figures and asserts the promise: no POST
+/// executed twice (a GET only after an unproven attempt, which is harmless), the breaker
+/// Closed, every GET delivered, and every POST delivered except the ones a rotation left
+/// unproven (see [`lost_at_rotation`]), which stop unretried.
+async fn scenario(config: NginxConfig, method: Method, n: usize, cap: u32) -> Option<Figures> {
+    let nginx = Nginx::start(config)?;
     let f = burst(&nginx, method.clone(), n, cap).await;
     println!("{method} ×{n} {config:?} cap {cap}: {f:?}");
-    assert_eq!(f.executed_twice, 0, "{f:?}");
     assert!(
         matches!(f.breaker, Some(BreakerState::Closed) | None),
         "{f:?}"
     );
-    let lost = f.unproven.iter().filter(|e| lost_by_hyper(e)).count();
-    assert_eq!(
-        lost,
-        f.unproven.len(),
-        "only hyper's loss is unproven: {f:?}"
-    );
+    assert_eq!(f.executed_twice, f.twice_after_unproven, "{f:?}");
+    let lost = f.unproven.iter().filter(|e| lost_at_rotation(e)).count();
+    assert_eq!(lost, f.unproven.len(), "only rotations are unproven: {f:?}");
     if method == Method::GET {
-        // Idempotent: even hyper's loss is retried.
+        // Idempotent: every rotation is retried.
         assert_eq!(lost, 0, "{f:?}");
+    } else {
+        assert_eq!(f.executed_twice, 0, "{f:?}");
     }
-    assert_eq!(f.delivered + lost, f.sent, "every request delivered: {f:?}");
+    assert_eq!(f.delivered + lost, f.sent, "{f:?}");
     assert_eq!(
         f.failures.get("MayHaveBeenProcessed").copied().unwrap_or(0),
         lost,
         "{f:?}"
     );
-    assert_eq!(f.never_executed, lost, "{f:?}");
-    // Each delivered id exactly once in nginx's log, and nothing else in it.
-    assert_eq!(f.logged, f.delivered, "{f:?}");
+    // Each delivered id in nginx's log (twice only as above); a lost POST at most once.
+    assert_eq!(
+        f.sent - f.never_executed + f.executed_twice,
+        f.logged,
+        "{f:?}"
+    );
+    assert!(f.never_executed <= lost, "{f:?}");
+    Some(f)
 }
 
-/// hyper 1.x's HTTP/2 client, on a graceful `GOAWAY`, ends its connection task and drops a
-/// request it had handed to h2 while the stream waited for a slot under the server's
-/// `SETTINGS_MAX_CONCURRENT_STREAMS` (never written, then), without answering it: the
-/// caller gets `User(DispatchGone)`, "runtime dropped the dispatch task". That is the
-/// error of a runtime dropping the task of a stream that *was* written, too, so it proves
-/// nothing: `Unknown`, and a POST is not sent again.
-fn lost_by_hyper(unproven: &str) -> bool {
-    unproven.starts_with("Unknown/Some(Other)") && unproven.contains("DispatchGone")
+/// The two ways a rotation leaves a request unproven: the server's `GOAWAY` (hyper may have
+/// written the stream: `Unknown`, `GoAway`), and hyper 1.x dropping a request that waited
+/// for a stream slot under the server's `SETTINGS_MAX_CONCURRENT_STREAMS` when the
+/// `GOAWAY` ended its connection task (`User(DispatchGone)`, "runtime dropped the dispatch
+/// task", which is also the error of a runtime dropping the task of a stream it wrote, so
+/// it proves nothing either; hyper issue #2500).
+fn lost_at_rotation(unproven: &str) -> bool {
+    unproven.starts_with("Unknown/Some(GoAway)")
+        || (unproven.starts_with("Unknown/Some(Other)") && unproven.contains("DispatchGone"))
 }
 
 const ROTATING: NginxConfig = NginxConfig {

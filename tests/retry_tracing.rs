@@ -49,7 +49,11 @@ mod tracing_capture {
         fn record_follows_from(&self, _: &span::Id, _: &span::Id) {}
         fn event(&self, event: &Event<'_>) {
             let target = event.metadata().target().to_owned();
-            let mut fields = Fields(vec![("target".to_owned(), target)]);
+            let level = event.metadata().level().to_string();
+            let mut fields = Fields(vec![
+                ("target".to_owned(), target),
+                ("level".to_owned(), level),
+            ]);
             event.record(&mut fields);
             self.0.lock().unwrap().push(fields.0);
         }
@@ -167,6 +171,91 @@ async fn one_tracing_event_per_decision_with_otel_resend_count_method_delay_and_
             attempt("0", "503"),
             attempt("1", "503"),
             attempt("2", "200")
+        ]
+    );
+}
+
+/// The fields of the retry middleware's events of one request to a server that resets
+/// every connection, through a retry configured by `retry`.
+async fn retry_events_of_a_reset(
+    retry: reqwest_resilience::retry::RetryMiddlewareBuilder,
+) -> (Vec<Vec<(String, String)>>, String) {
+    let capture = tracing_capture::Capture::default();
+    let _guard = tracing::subscriber::set_default(capture.clone());
+    let server = FaultServer::always(Action::ReadThenReset).await;
+    let c = ClientBuilder::new(support::loopback_client())
+        .with(retry.max_retries(1).build().unwrap())
+        .with(TransportEvidence::new())
+        .build();
+    assert!(c.get(server.url("/")).send().await.is_err());
+    let events = capture.0.lock().unwrap().clone();
+    let retry_events = events
+        .into_iter()
+        .filter(|e| {
+            e.iter()
+                .any(|(n, v)| n == "target" && v == tracing_capture::RETRY)
+        })
+        .collect();
+    (retry_events, server.url("/"))
+}
+
+fn field(e: &[(String, String)], name: &str) -> String {
+    e.iter()
+        .find(|(n, _)| n == name)
+        .map(|(_, v)| v.clone())
+        .unwrap_or_default()
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_event_before_a_retry_is_a_warning_with_the_error_and_its_caused_by_chain() {
+    let (events, url) = retry_events_of_a_reset(support::exact_retry()).await;
+    let retrying = &events[0];
+    assert_eq!(
+        [
+            "level",
+            "message",
+            "delay_ms",
+            "reason",
+            "http.response.status_code"
+        ]
+        .map(|n| field(retrying, n)),
+        [
+            "WARN".to_owned(),
+            "retrying".to_owned(),
+            "1000".to_owned(),
+            "an idempotent request got no response".to_owned(),
+            String::new(),
+        ]
+    );
+    // `Option<String>` fields record as their `Debug` text.
+    let error = format!("error sending request for url ({url})");
+    assert_eq!(field(retrying, "error"), format!("{error:?}"));
+    // Each source on a line of its own (Linux's text for ECONNRESET).
+    let caused_by = "Caused by: client error (SendRequest)\n\
+                     Caused by: connection error\n\
+                     Caused by: Connection reset by peer (os error 104)";
+    assert_eq!(field(retrying, "caused_by"), format!("{caused_by:?}"));
+    // The stop after the second attempt stays a DEBUG event.
+    assert_eq!(
+        (field(&events[1], "level"), field(&events[1], "message")),
+        ("DEBUG".to_owned(), "not retrying".to_owned())
+    );
+    assert_eq!(events.len(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_level_of_the_event_before_a_retry_is_configurable() {
+    let (events, _) =
+        retry_events_of_a_reset(support::exact_retry().retry_event_level(tracing::Level::INFO))
+            .await;
+    assert_eq!(
+        events
+            .iter()
+            .map(|e| (field(e, "level"), field(e, "message")))
+            .collect::<Vec<_>>(),
+        [
+            ("INFO".to_owned(), "retrying".to_owned()),
+            ("DEBUG".to_owned(), "not retrying".to_owned())
         ]
     );
 }

@@ -1065,25 +1065,47 @@ async fn post_after_a_token_failure(
 }
 
 #[tokio::test(start_paused = true)]
-async fn the_wait_for_a_token_managers_next_fetch_is_capped_like_retry_after() {
-    // The manager backs off for an hour after a failure: uncapped, every request would
-    // block for that hour (with `Duration::MAX`, for decades).
+async fn a_token_manager_held_off_beyond_the_cap_fails_the_request_at_once() {
+    // The manager backs off for an hour after a failure (with `Duration::MAX`, for
+    // decades): a retry at the 60 s cap would meet the same error, so, under either
+    // policy, the token error comes back at once after one attempt, and nothing was sent.
     for backoff in [S(3600), Duration::MAX] {
-        let (result, ext, took, fetches, seen) =
-            post_after_a_token_failure(Resilience::new().max_retries(1), backoff).await;
-        // Clamped at the 60 s cap; the manager, still holding off, answers the retry with
-        // its error at once, and nothing was sent.
-        assert_eq!((took, fetches, seen), (S(60), 1, 0), "{backoff:?}");
-        assert!(is_token_error(&result.unwrap_err()));
-        assert_eq!(history(&ext)[0].2, retry(S(60), RetryReason::NotSent));
-
-        // With the give-up policy, the token error comes back at once.
-        let give_up = Resilience::new().retry_after_cap(S(60), RetryAfterPolicy::GiveUp);
-        let (result, ext, took, fetches, seen) = post_after_a_token_failure(give_up, backoff).await;
-        assert_eq!((took, fetches, seen), (Duration::ZERO, 1, 0), "{backoff:?}");
-        assert!(is_token_error(&result.unwrap_err()));
-        assert_eq!(history(&ext)[0].2, stop(StopReason::RetryAfterTooLong));
+        for policy in [RetryAfterPolicy::Clamp, RetryAfterPolicy::GiveUp] {
+            let stack = Resilience::new().retry_after_cap(S(60), policy);
+            let (result, ext, took, fetches, seen) =
+                post_after_a_token_failure(stack, backoff).await;
+            assert_eq!(
+                (took, fetches, seen),
+                (Duration::ZERO, 1, 0),
+                "{backoff:?} {policy:?}"
+            );
+            assert!(is_token_error(&result.unwrap_err()));
+            assert_eq!(
+                history(&ext),
+                [(
+                    Transmission::NotSent,
+                    Some(FailureKind::TokenUnavailable),
+                    stop(StopReason::RetryAfterTooLong)
+                )],
+                "{backoff:?} {policy:?}"
+            );
+            let outcome = ext.get::<RetryOutcome>().copied().expect("an outcome");
+            assert_eq!(
+                (outcome.attempts, outcome.stop),
+                (1, StopReason::RetryAfterTooLong)
+            );
+        }
     }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_token_managers_next_fetch_within_the_cap_is_waited_for() {
+    // 30 s of backoff, under the 60 s cap: one retry, when the manager fetches again.
+    let (result, ext, took, fetches, seen) =
+        post_after_a_token_failure(Resilience::new().max_retries(1), S(30)).await;
+    assert_eq!(result.unwrap().status(), 200);
+    assert_eq!((took, fetches, seen), (S(30), 2, 1));
+    assert_eq!(history(&ext)[0].2, retry(S(30), RetryReason::NotSent));
 }
 
 #[tokio::test(start_paused = true)]

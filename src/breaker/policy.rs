@@ -273,11 +273,11 @@ pub trait AttemptClassifier: Send + Sync + 'static {
 
 /// The design's classification: 5xx, 401, 429 and transport failures are failures; 2xx
 /// and 3xx successes; other 4xx neutral. A stream the server refused with proof that it did
-/// not process it ([`RequestEvidence::not_processed`]: HTTP/2 `REFUSED_STREAM`, or a `GOAWAY`
-/// of any error code whose last stream id is below the stream) is neutral: that is how a
-/// healthy server rotates its connections (nginx's `keepalive_requests`) or holds its
-/// stream limit, and five of them in a burst must not open the breaker of a server that
-/// answers everything else. A rejection by another breaker or a pause
+/// not process it ([`RequestEvidence::not_processed`]: HTTP/2 `REFUSED_STREAM`) and an
+/// attempt ended by the server's `GOAWAY` ([`FailureKind::GoAway`], of any error code) are
+/// neutral: that is how a healthy server rotates its connections (nginx's
+/// `keepalive_requests`) or holds its stream limit, and five of them in a burst must not
+/// open the breaker of a server that answers everything else. A rejection by another breaker or a pause
 /// (`NotSent`, [`FailureKind::BreakerOpen`] / [`FailureKind::Paused`]), a bearer token
 /// that could not be had (`NotSent`, [`FailureKind::TokenUnavailable`]: the identity
 /// provider failed, not the origin), a request that could not be built, and an error from
@@ -320,7 +320,8 @@ impl AttemptClassifier for DefaultClassifier {
             }
             return match e.failure {
                 Some(
-                    FailureKind::BreakerOpen
+                    FailureKind::GoAway
+                    | FailureKind::BreakerOpen
                     | FailureKind::Paused
                     | FailureKind::TokenUnavailable
                     | FailureKind::Misconfigured
@@ -436,6 +437,10 @@ mod tests {
         let mut e = RequestEvidence::new(Transmission::SentNoResponse, None, 1);
         e.failure = Some(FailureKind::Protocol);
         assert_eq!(DefaultClassifier.classify(Some(&e), &err), Outcome::Failure);
+        // A `GOAWAY` (no proof through hyper) is a connection rotation: neutral too.
+        let mut e = RequestEvidence::new(Transmission::Unknown, None, 1);
+        e.failure = Some(FailureKind::GoAway);
+        assert_eq!(DefaultClassifier.classify(Some(&e), &err), Outcome::Neutral);
     }
 
     #[test]

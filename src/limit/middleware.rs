@@ -144,8 +144,8 @@ fn sample_of(
         |s: StatusCode| s == StatusCode::TOO_MANY_REQUESTS || s == StatusCode::SERVICE_UNAVAILABLE;
     match evidence {
         Some(e) => match (e.transmission, e.failure) {
-            // The server's stream limit: an overload signal. A `GOAWAY` below the stream is
-            // a connection rotation, not load (it is `Protocol`, ignored below).
+            // The server's stream limit: an overload signal. A `GOAWAY` is a connection
+            // rotation, not load (`FailureKind::GoAway`, ignored below).
             _ if e.not_processed == Some(crate::record::NotProcessedProof::RefusedStream) => {
                 Sample::Overload
             }

@@ -37,6 +37,8 @@ pub(crate) struct Spent {
     pub(crate) last: Option<PassEnd>,
     /// The method of the last pass's request.
     pub(crate) method: Option<Method>,
+    /// The URL of the last pass's request.
+    pub(crate) url: Option<url::Url>,
 }
 
 /// How a pass through the retry loop ended.

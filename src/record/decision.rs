@@ -51,6 +51,13 @@ pub enum RetryReason {
     /// cap per request (`max_not_processed_retries`, default 5) and within the retry
     /// budget.
     NotProcessed,
+    /// The server's `GOAWAY` ended the attempt of an idempotent request
+    /// ([`FailureKind::GoAway`]: a connection rotation).
+    /// Sending it again is harmless, so it is taken like [`NotProcessed`](Self::NotProcessed):
+    /// at once, on a new connection, outside `max_retries`, under the same cap per request
+    /// (`max_not_processed_retries`), and free of the retry budget (a rotation is not a
+    /// failure). A non-idempotent request stops: the stream may have been processed.
+    GoAway,
     /// An idempotent request got no response (reset, timeout, closed, unknown).
     Transient,
     /// A retryable status (408, 429, 500, 502, 503, 504).
@@ -86,8 +93,10 @@ pub enum StopReason {
     BudgetExhausted,
     /// The next delay would end past the deadline.
     DeadlineExceeded,
-    /// `Retry-After` (or, for a request that got no bearer token, the token manager's next
-    /// fetch) lies beyond the configured cap and the policy is to give up.
+    /// `Retry-After` (or a strategy's own delay) lies beyond the configured cap and the
+    /// policy is to give up; or, for a request that got no bearer token, the token
+    /// manager's next fetch lies beyond the cap, under either policy (a retry at the cap
+    /// would meet the same error: the request ends at once with the token error).
     RetryAfterTooLong,
     /// A circuit breaker rejected the request and did not say when to retry.
     BreakerRejected,
@@ -108,6 +117,9 @@ impl fmt::Display for RetryReason {
             RetryReason::NotSent => f.write_str("the request was not sent"),
             RetryReason::BreakerRejected => f.write_str("a circuit breaker rejected it"),
             RetryReason::NotProcessed => f.write_str("the server did not process it"),
+            RetryReason::GoAway => {
+                f.write_str("the server closed the connection (GOAWAY) under an idempotent request")
+            }
             RetryReason::Transient => f.write_str("an idempotent request got no response"),
             RetryReason::Status(s) => write!(f, "retryable status {}", s.as_u16()),
             RetryReason::BodyInterrupted => f.write_str("the response body broke"),

@@ -56,8 +56,15 @@ pub enum FailureKind {
     /// `Closed`.
     Closed,
     /// The peer broke the protocol: a malformed response head, an HTTP/2 stream or
-    /// connection error (including `REFUSED_STREAM` and `GOAWAY`).
+    /// connection error (including `REFUSED_STREAM`).
     Protocol,
+    /// The server's HTTP/2 `GOAWAY` ended the attempt: a connection rotation (nginx's
+    /// `keepalive_requests`) or a shutdown. Through hyper it proves nothing about this
+    /// request's stream: hyper reports the connection's `GOAWAY` also as the error of a
+    /// stream it had already handed to the connection, which the server may have processed
+    /// (see [`classify_error`](crate::evidence::classify_error), "GOAWAY"). Always with
+    /// [`Transmission::Unknown`].
+    GoAway,
     /// Writing the request's body failed (or a body failed where nothing tells whose).
     Body,
     /// The response head arrived and its body broke before its end (a reset, a timeout,
@@ -106,6 +113,12 @@ pub enum NotProcessedProof {
     /// HTTP/2 `RST_STREAM` with `REFUSED_STREAM` (RFC 9113 §8.7).
     RefusedStream,
     /// HTTP/2 `GOAWAY` whose last stream id is below this request's stream (RFC 9113 §6.8).
+    ///
+    /// No longer produced: hyper 1.x fails a stream it had already handed to the connection
+    /// with the connection's `GOAWAY` error too (its client task checks the connection
+    /// again after opening a stream), so the error does not say whether the stream was
+    /// below the last stream id. A `GOAWAY` is [`FailureKind::GoAway`] with
+    /// [`Transmission::Unknown`]. Kept so code matching on it still compiles.
     GoAway,
 }
 

@@ -27,6 +27,19 @@ impl RetryOutcome {
     pub fn resend_count(&self) -> u32 {
         self.attempts.saturating_sub(1)
     }
+
+    /// Retries made: the attempts after the first (with hedging, the hedges sent count as
+    /// attempts too). uv reports it as "Request failed after N retries".
+    ///
+    /// ```
+    /// use reqwest_resilience::retry::RetryOutcome;
+    /// # fn show(outcome: &RetryOutcome) {
+    /// println!("failed after {} retries: {}", outcome.retries(), outcome.stop);
+    /// # }
+    /// ```
+    pub fn retries(&self) -> u32 {
+        self.attempts.saturating_sub(1)
+    }
 }
 
 /// Left in the request's extensions when a breaker or a pause turned the request away:

@@ -17,7 +17,7 @@ use super::representation::{self, Representation};
 use crate::error::BodyIncomplete;
 use crate::origin::Origin;
 use crate::record::{Continuation, FailureKind, OperationAttempt, RequestEvidence, Transmission};
-use crate::retry::RetryMiddleware;
+use crate::retry::{ContinuedFailure, RetryMiddleware};
 
 type BoxError = Box<dyn StdError + Send + Sync>;
 type Bytes = <Body as http_body::Body>::Data;
@@ -185,10 +185,13 @@ async fn resume(
         attempt,
     );
     evidence.failure = Some(FailureKind::BodyInterrupted);
-    let Ok(retry) = plan
-        .retry
-        .decide_continued(&plan.continuation, evidence, &Method::GET)
-    else {
+    let failure = ContinuedFailure {
+        evidence,
+        error: &*cause,
+        method: &Method::GET,
+        url: Some(&plan.url),
+    };
+    let Ok(retry) = plan.retry.decide_continued(&plan.continuation, failure) else {
         return Err(cause);
     };
     plan.retry.wait_continued(&plan.continuation, retry).await;

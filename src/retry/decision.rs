@@ -4,8 +4,16 @@
 //! The table answers only "is another attempt safe and useful?" from the evidence, the
 //! failure kind and the request's idempotency. Retry count, `Retry-After`, budget and
 //! deadline are the middleware's mechanism and apply on top of any strategy.
+//!
+//! So does the product's promise: whatever a strategy concludes, a request that may have
+//! been processed is sent again only when that is harmless ([`unsafe_retry`] turns such a
+//! retry into a stop in the middleware, for every strategy).
 
-use http::{HeaderMap, Method, StatusCode};
+use std::error::Error as StdError;
+use std::io;
+use std::time::Duration;
+
+use http::{HeaderMap, HeaderValue, Method, StatusCode};
 
 use crate::record::{FailureKind, Redirects, RequestEvidence, Transmission};
 pub use crate::record::{RetryReason, StopReason};
@@ -14,13 +22,46 @@ pub use crate::record::{RetryReason, StopReason};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Verdict {
-    /// Another attempt is safe and may help.
+    /// Another attempt is safe and may help, after the middleware's delay (the backoff, or
+    /// a `Retry-After`).
     Retry(RetryReason),
+    /// Another attempt after this delay instead of the backoff (a wait a response header
+    /// asked for, e.g. GitHub's `x-ratelimit-reset`). Capped like `Retry-After`
+    /// ([`retry_after_cap`](super::RetryMiddlewareBuilder::retry_after_cap): clamped to the
+    /// cap, or a stop with [`StopReason::RetryAfterTooLong`] under
+    /// [`RetryAfterPolicy::GiveUp`](super::RetryAfterPolicy::GiveUp)); never shorter than
+    /// a wait the stack itself knows of (an open breaker's "retry in", the token
+    /// manager's next fetch). The retry count, the budget and the deadline apply as to
+    /// any retry.
+    RetryAfter(RetryReason, Duration),
     /// No further attempt.
     Stop(StopReason),
 }
 
+/// The head of the response an attempt got: its status and headers.
+#[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
+pub struct ResponseHead<'a> {
+    /// The response status.
+    pub status: StatusCode,
+    /// The response headers.
+    pub headers: &'a HeaderMap,
+}
+
+impl<'a> ResponseHead<'a> {
+    /// A response head (to describe a case to a strategy in a test).
+    pub fn new(status: StatusCode, headers: &'a HeaderMap) -> Self {
+        ResponseHead { status, headers }
+    }
+}
+
 /// What a strategy sees about the attempt that just ended.
+///
+/// Besides the evidence: the request's method and URL, the error the attempt ended with
+/// (its whole chain, searched by [`has_io_kind`](Self::has_io_kind),
+/// [`h2_reason`](Self::h2_reason), [`find_error`](Self::find_error), …, which see through
+/// `io::Error::get_ref` and `reqwest_middleware::Error`: see [`crate::chain`]), or the
+/// response head.
 #[derive(Debug, Clone, Copy)]
 #[non_exhaustive]
 pub struct AttemptContext<'a> {
@@ -28,6 +69,13 @@ pub struct AttemptContext<'a> {
     pub evidence: &'a RequestEvidence,
     /// The request method.
     pub method: &'a Method,
+    /// The request's URL (the first hop's, before any redirect); `None` only in a context
+    /// made by [`AttemptContext::new`] without [`with_url`](Self::with_url).
+    pub url: Option<&'a url::Url>,
+    /// The error the attempt ended with, if it failed.
+    pub error: Option<&'a (dyn StdError + 'static)>,
+    /// The response head, if the attempt got a response.
+    pub response: Option<ResponseHead<'a>>,
     /// Whether the request is idempotent (method, `Idempotency-Key`, or the per-request
     /// [`Idempotent`](super::Idempotent) marker).
     pub idempotent: bool,
@@ -75,7 +123,118 @@ impl<'a> AttemptContext<'a> {
             attempt: 1,
             not_processed_retries: 0,
             max_not_processed_retries: DEFAULT_MAX_NOT_PROCESSED_RETRIES,
+            url: None,
+            error: None,
+            response: None,
         }
+    }
+
+    /// The context with the request's URL.
+    pub fn with_url(self, url: &'a url::Url) -> Self {
+        AttemptContext {
+            url: Some(url),
+            ..self
+        }
+    }
+
+    /// The context of an attempt that failed with `error`.
+    pub fn with_error(self, error: &'a (dyn StdError + 'static)) -> Self {
+        AttemptContext {
+            error: Some(error),
+            ..self
+        }
+    }
+
+    /// The context of an attempt answered with `response`.
+    pub fn with_response(self, response: ResponseHead<'a>) -> Self {
+        AttemptContext {
+            response: Some(response),
+            ..self
+        }
+    }
+
+    /// The response status: the response head's, else the evidence's.
+    pub fn status(&self) -> Option<StatusCode> {
+        self.response
+            .map(|r| r.status)
+            .or_else(|| self.evidence.status())
+    }
+
+    /// A header of the response head, if there is one.
+    pub fn header(&self, name: impl http::header::AsHeaderName) -> Option<&'a HeaderValue> {
+        self.response.and_then(|r| r.headers.get(name))
+    }
+
+    /// The first error of type `T` in the error's chain ([`chain::find`](crate::chain::find)).
+    pub fn find_error<T: StdError + 'static>(&self) -> Option<&'a T> {
+        self.error.and_then(crate::chain::find::<T>)
+    }
+
+    /// The `reqwest::Error` in the error's chain, wherever it is.
+    pub fn reqwest_error(&self) -> Option<&'a reqwest::Error> {
+        self.error.and_then(crate::chain::reqwest_error)
+    }
+
+    /// The kinds of every `io::Error` in the error's chain, outermost first (empty for a
+    /// response).
+    pub fn io_kinds(&self) -> impl Iterator<Item = io::ErrorKind> + 'a {
+        self.error.into_iter().flat_map(crate::chain::io_kinds)
+    }
+
+    /// Whether an `io::Error` of one of `kinds` is anywhere in the error's chain.
+    pub fn has_io_kind(&self, kinds: &[io::ErrorKind]) -> bool {
+        self.error
+            .is_some_and(|e| crate::chain::has_io_kind(e, kinds))
+    }
+
+    /// The reason of the first HTTP/2 error in the chain that has one (`RST_STREAM`,
+    /// `GOAWAY`).
+    pub fn h2_reason(&self) -> Option<h2::Reason> {
+        self.error.and_then(crate::chain::h2_reason)
+    }
+
+    /// Whether an HTTP/2 error (of the `h2` crate, any reason or none) is in the chain.
+    pub fn has_h2_error(&self) -> bool {
+        self.find_error::<h2::Error>().is_some()
+    }
+
+    /// The display text of every error of the chain, outermost first, without repeats
+    /// ([`chain::messages`](crate::chain::messages)); empty for a response.
+    pub fn error_messages(&self) -> Vec<String> {
+        self.error.map(crate::chain::messages).unwrap_or_default()
+    }
+}
+
+/// The stop a retry verdict becomes when the request may have been processed and is not
+/// idempotent: whatever a [`RetryStrategy`] concluded, the middleware sends such a request
+/// again only when the evidence shows that is harmless. `None`: the retry may be taken.
+///
+/// A non-idempotent request may be sent again when it was proven not sent
+/// ([`Transmission::NotSent`]), when the server proved it did not process it
+/// ([`RequestEvidence::not_processed`]), or when its response says to come back (a `429`,
+/// or any status with `Retry-After`: the server directs the retry), and never after a
+/// followed redirect, or where one cannot be ruled out. This is the safety half of
+/// [`DefaultStrategy`]'s table, which never concludes otherwise.
+pub fn unsafe_retry(ctx: &AttemptContext<'_>) -> Option<StopReason> {
+    if ctx.idempotent {
+        return None;
+    }
+    let ev = ctx.evidence;
+    match ev.redirects {
+        Redirects::Followed { .. } => return Some(StopReason::RedirectFollowed),
+        Redirects::Unknown => return Some(StopReason::MayHaveBeenProcessed),
+        Redirects::None => {}
+    }
+    match ev.transmission {
+        Transmission::NotSent => None,
+        Transmission::ResponseReceived(s)
+            if s == StatusCode::TOO_MANY_REQUESTS || ev.retry_after.is_some() =>
+        {
+            None
+        }
+        Transmission::ResponseReceived(s) => Some(StopReason::StatusNotSafe(s)),
+        _ if ev.not_processed.is_some() => None,
+        _ => Some(StopReason::MayHaveBeenProcessed),
     }
 }
 
@@ -102,6 +261,13 @@ pub trait RetryStrategy: Send + Sync + 'static {
     fn decide(&self, ctx: &AttemptContext<'_>) -> Verdict;
 }
 
+/// A shared strategy decides as the one it shares.
+impl<S: RetryStrategy + ?Sized> RetryStrategy for std::sync::Arc<S> {
+    fn decide(&self, ctx: &AttemptContext<'_>) -> Verdict {
+        (**self).decide(ctx)
+    }
+}
+
 /// The decision table of the design:
 ///
 /// | evidence | idempotent | non-idempotent |
@@ -123,16 +289,24 @@ pub trait RetryStrategy: Send + Sync + 'static {
 /// the manager reported: a fetch error or timeout is the identity provider's outage, and
 /// even a token no header can carry may be replaced by the source's next fetch. The wait
 /// is the backoff, but never shorter than the evidence's `retry_after` (when the token
-/// manager will fetch again): a retry sooner would get the same error back at once.
+/// manager will fetch again): a retry sooner would get the same error back at once. When
+/// that fetch lies beyond the middleware's `retry_after_cap`, the middleware stops at once
+/// ([`StopReason::RetryAfterTooLong`]) with the token error: a retry at the cap would get
+/// it too.
 ///
-/// A request the server proved it did not process (HTTP/2 `REFUSED_STREAM`, or a `GOAWAY`
-/// whose last stream id is below the request's stream: RFC 9113 §8.7, §6.8) is as safe to
-/// send again as one never sent, whatever its method: [`RetryReason::NotProcessed`], taken by
-/// the middleware at once (no backoff), outside `max_retries`, up to
-/// [`AttemptContext::max_not_processed_retries`] per request and within the retry budget. Past
-/// that cap an idempotent request falls back to the row below (a counted
-/// [`RetryReason::Transient`] retry), a non-idempotent one stops
+/// A request the server proved it did not process (HTTP/2 `REFUSED_STREAM`: RFC 9113 §8.7)
+/// is as safe to send again as one never sent, whatever its method:
+/// [`RetryReason::NotProcessed`], taken by the middleware at once (no backoff), outside
+/// `max_retries`, up to [`AttemptContext::max_not_processed_retries`] per request and within
+/// the retry budget. Past that cap an idempotent request falls back to the row below (a
+/// counted [`RetryReason::Transient`] retry), a non-idempotent one stops
 /// ([`StopReason::NotProcessedRetryUsed`]).
+///
+/// An attempt ended by the server's `GOAWAY` ([`FailureKind::GoAway`], a connection
+/// rotation) proves nothing through hyper (see
+/// [`classify_error`](crate::evidence::classify_error)): an idempotent request is sent again
+/// at once ([`RetryReason::GoAway`], under the same cap, free of the retry budget), a
+/// non-idempotent one stops ([`StopReason::MayHaveBeenProcessed`]).
 ///
 /// A request over its origin's concurrency limit was not sent either, but is not
 /// retried: the limit says the origin already has as many of our attempts as it should
@@ -181,6 +355,13 @@ impl RetryStrategy for DefaultStrategy {
                 && ctx.not_processed_retries < ctx.max_not_processed_retries =>
             {
                 Verdict::Retry(RetryReason::NotProcessed)
+            }
+            // A connection rotation: harmless to repeat for an idempotent request, at once.
+            _ if ev.failure == Some(FailureKind::GoAway)
+                && ctx.idempotent
+                && ctx.not_processed_retries < ctx.max_not_processed_retries =>
+            {
+                Verdict::Retry(RetryReason::GoAway)
             }
             _ if ctx.idempotent => Verdict::Retry(RetryReason::Transient),
             _ if ev.not_processed.is_some() => Verdict::Stop(StopReason::NotProcessedRetryUsed),
@@ -263,6 +444,9 @@ mod tests {
             attempt: 1,
             not_processed_retries,
             max_not_processed_retries,
+            url: None,
+            error: None,
+            response: None,
         })
     }
 
@@ -394,6 +578,37 @@ mod tests {
             DefaultStrategy.decide(&ctx),
             Verdict::Retry(RetryReason::NotProcessed)
         );
+    }
+
+    #[test]
+    fn row_go_away_retries_idempotent_requests_at_once_and_never_a_post() {
+        let cap = DEFAULT_MAX_NOT_PROCESSED_RETRIES;
+        let ev = evidence(Transmission::Unknown, Some(FailureKind::GoAway));
+        for method in [Method::GET, Method::HEAD, Method::PUT, Method::DELETE] {
+            for used in 0..cap {
+                assert_eq!(
+                    decide_capped(&ev, method.clone(), used, cap),
+                    Verdict::Retry(RetryReason::GoAway),
+                    "{method} {used}"
+                );
+            }
+            // Past the cap: an ordinary (counted, backed-off) retry.
+            assert_eq!(
+                decide_capped(&ev, method.clone(), cap, cap),
+                Verdict::Retry(RetryReason::Transient)
+            );
+        }
+        // The stream may have been processed: a POST or a PATCH is not sent again, whatever
+        // the cap says.
+        for method in [Method::POST, Method::PATCH] {
+            for used in [0, cap] {
+                assert_eq!(
+                    decide_capped(&ev, method.clone(), used, cap),
+                    Verdict::Stop(StopReason::MayHaveBeenProcessed),
+                    "{method} {used}"
+                );
+            }
+        }
     }
 
     #[test]
@@ -535,7 +750,11 @@ mod tests {
                     _ => Redirects::Unknown,
                 };
                 let method = if idempotent { Method::PUT } else { Method::POST };
-                let verdict = decide(&ev, method, proof_used);
+                let verdict = decide(&ev, method.clone(), proof_used);
+                // The middleware's guard never has to overrule the default table.
+                if matches!(verdict, Verdict::Retry(_)) {
+                    prop_assert_eq!(unsafe_retry(&AttemptContext::new(&ev, &method)), None);
+                }
                 if let Verdict::Retry(reason) = verdict {
                     // After a redirect, or where one cannot be ruled out, only an
                     // idempotent request is sent again.
@@ -580,6 +799,35 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn the_guard_stops_a_retry_of_a_request_that_may_have_been_processed() {
+        let post = |ev: &RequestEvidence| unsafe_retry(&AttemptContext::new(ev, &Method::POST));
+        let put = |ev: &RequestEvidence| unsafe_retry(&AttemptContext::new(ev, &Method::PUT));
+        let sent = evidence(Transmission::SentNoResponse, Some(FailureKind::Reset));
+        assert_eq!(post(&sent), Some(StopReason::MayHaveBeenProcessed));
+        assert_eq!(put(&sent), None);
+        let mut proven = sent.clone();
+        proven.not_processed = Some(NotProcessedProof::RefusedStream);
+        assert_eq!(post(&proven), None);
+        assert_eq!(
+            post(&evidence(Transmission::NotSent, Some(FailureKind::Connect))),
+            None
+        );
+        let forbidden = StatusCode::FORBIDDEN;
+        let mut answered = evidence(Transmission::ResponseReceived(forbidden), None);
+        assert_eq!(post(&answered), Some(StopReason::StatusNotSafe(forbidden)));
+        // The server directs the retry: cargo-binstall's `Retry-After` on a 403.
+        answered.retry_after = Some(std::time::Duration::from_secs(3));
+        assert_eq!(post(&answered), None);
+        assert_eq!(post(&evidence(status(429), None)), None);
+        let mut redirected = evidence(Transmission::NotSent, Some(FailureKind::Connect));
+        redirected.redirects = Redirects::Followed { hops: Some(1) };
+        assert_eq!(post(&redirected), Some(StopReason::RedirectFollowed));
+        assert_eq!(put(&redirected), None);
+        redirected.redirects = Redirects::Unknown;
+        assert_eq!(post(&redirected), Some(StopReason::MayHaveBeenProcessed));
     }
 
     #[test]

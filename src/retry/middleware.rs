@@ -1,6 +1,7 @@
 //! [`RetryMiddleware`]: the retry loop (mechanism), separate from the decision
 //! ([`RetryStrategy`]) and the arithmetic ([`Backoff`], [`RetryBudget`]).
 
+use std::error::Error as StdError;
 use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -13,9 +14,10 @@ use tokio::time::Instant;
 use super::attempt_timeout::{self, attempt_cut};
 use super::fallback::fallback_evidence;
 use super::hedge::{Hedging, RoundSpec};
+use super::notice::{BeforeSleep, RetryNotice};
 use super::{
-    AttemptContext, DefaultStrategy, ErrorWrapping, Idempotent, MaxRetries, RetryBudget,
-    RetryStrategy, Verdict, Withdrawal, is_idempotent,
+    AttemptContext, DefaultStrategy, ErrorWrapping, Idempotent, MaxRetries, ResponseHead,
+    RetryBudget, RetryStrategy, Verdict, Withdrawal, is_idempotent, unsafe_retry,
 };
 use crate::backoff::{Backoff, RandomSource, ThreadRandom};
 use crate::error::{ResilienceError, RetryError};
@@ -77,9 +79,12 @@ pub enum RetryAfterPolicy {
 /// How many attempts were made and why retrying stopped is always in the caller's
 /// extensions as [`RetryOutcome`] (with the whole [`AttemptHistory`]), and on a response as
 /// [`RetryOutcome`] and [`AttemptHistory::of_response`]. A bare `reqwest::Error` cannot carry
-/// it, so a `send()` caller who wants it on *every* error opts into
+/// it: a caller who wants it beside the error, which stays reqwest's own, sends with
+/// [`send_with_history()`](crate::SendWithHistory) (which also keeps the extensions set
+/// on the request builder); one who wants it *inside* every error opts into
 /// [`ErrorWrapping::Always`] ([`error_wrapping`](RetryMiddlewareBuilder::error_wrapping),
-/// or `wrap_errors(true)`); [`ErrorWrapping::Never`] returns every error unwrapped.
+/// or `wrap_errors(true)`), at the cost of `is_timeout()`/`is_connect()`/`status()`;
+/// [`ErrorWrapping::Never`] returns every error unwrapped.
 ///
 /// ```no_run
 /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
@@ -129,6 +134,11 @@ struct Config {
     hedging: Option<Hedging>,
     /// The cap on [`RetryReason::NotProcessed`] retries per request.
     max_not_processed_retries: u32,
+    /// Called before each retry's wait.
+    before_sleep: Option<Arc<BeforeSleep>>,
+    /// The level of the event before each retry.
+    #[cfg(feature = "tracing")]
+    retry_event_level: tracing::Level,
 }
 
 /// Where backoff delays come from.
@@ -171,6 +181,9 @@ impl RetryMiddleware {
                 attempt_timeout: None,
                 hedging: None,
                 max_not_processed_retries: super::DEFAULT_MAX_NOT_PROCESSED_RETRIES,
+                before_sleep: None,
+                #[cfg(feature = "tracing")]
+                retry_event_level: tracing::Level::WARN,
             },
         }
     }
@@ -201,6 +214,7 @@ impl fmt::Debug for RetryMiddleware {
             .field("hedging", &c.hedging)
             .field("max_not_processed_retries", &c.max_not_processed_retries)
             .field("error_wrapping", &c.error_wrapping)
+            .field("before_sleep", &c.before_sleep.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -235,18 +249,19 @@ impl RetryMiddlewareBuilder {
     }
 
     /// The most retries one request takes on the server's proof that it did not process
-    /// an attempt ([`RetryReason::NotProcessed`]: HTTP/2 `REFUSED_STREAM`, or a `GOAWAY`
-    /// below the request's stream); default
+    /// an attempt ([`RetryReason::NotProcessed`]: HTTP/2 `REFUSED_STREAM`) and, for an
+    /// idempotent request, after the server's `GOAWAY` ([`RetryReason::GoAway`]: a
+    /// connection rotation, which through hyper proves nothing for a POST); default
     /// [`DEFAULT_MAX_NOT_PROCESSED_RETRIES`](super::DEFAULT_MAX_NOT_PROCESSED_RETRIES) (5),
     /// 0 turns them off.
     ///
-    /// Such a retry is as safe as one of a request never sent, for any method, and is
-    /// what a server rotating its connections (nginx's `keepalive_requests`) asks for: it
-    /// is taken at once (no backoff) and is not counted against
-    /// [`max_retries`](Self::max_retries) (whose 0 still disables every retry), but it is
-    /// counted against this cap and spends the [retry budget](Self::budget) like any
-    /// retry, so a server that refuses everything gets at most `1 + cap` attempts of a
-    /// request. reqwest retries a refused stream itself too, below this middleware (twice
+    /// A refused stream is as safe to send again as a request never sent, for any method;
+    /// both are what a server at its stream limit or rotating its connections (nginx's
+    /// `keepalive_requests`) asks for: they are taken at once (no backoff) and are not
+    /// counted against [`max_retries`](Self::max_retries) (whose 0 still disables every
+    /// retry), but against this cap; a refused stream spends the
+    /// [retry budget](Self::budget) like any retry (a rotation does not), so a server that
+    /// refuses everything gets at most `1 + cap` attempts of a request. reqwest retries a refused stream itself too, below this middleware (twice
     /// by default; `reqwest::ClientBuilder::retry(reqwest::retry::never())` turns that off).
     pub fn max_not_processed_retries(mut self, cap: u32) -> Self {
         self.config.max_not_processed_retries = cap;
@@ -354,6 +369,42 @@ impl RetryMiddlewareBuilder {
         self
     }
 
+    /// Calls `hook` before each retry's wait (also before a retry taken at once, with a zero
+    /// delay), with the attempt that failed, its evidence, its error or status, why it is
+    /// retried and the delay: to tell a user that a request is being retried while it is,
+    /// not after it ended ([`AttemptHistory`] has it all afterwards). The hook runs on the
+    /// request's task, inside the retry loop: keep it short and do not block.
+    ///
+    /// ```
+    /// use reqwest_resilience::RetryMiddleware;
+    ///
+    /// let retry = RetryMiddleware::builder()
+    ///     .before_sleep(|notice| {
+    ///         eprintln!(
+    ///             "attempt {} failed ({}), retrying in {:?}",
+    ///             notice.attempt,
+    ///             notice.error_messages().join(": "),
+    ///             notice.delay
+    ///         )
+    ///     })
+    ///     .build()?;
+    /// # drop(retry);
+    /// # Ok::<(), reqwest_resilience::ResilienceError>(())
+    /// ```
+    pub fn before_sleep(mut self, hook: impl Fn(&RetryNotice<'_>) + Send + Sync + 'static) -> Self {
+        self.config.before_sleep = Some(Arc::new(hook));
+        self
+    }
+
+    /// The level of the `tracing` event emitted before each retry (default `WARN`, with
+    /// the error's text and its "Caused by" chain; target `reqwest_resilience::retry`).
+    #[cfg(feature = "tracing")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "tracing")))]
+    pub fn retry_event_level(mut self, level: tracing::Level) -> Self {
+        self.config.retry_event_level = level;
+        self
+    }
+
     /// Hedged requests (default: off): see [`Hedging`] for when a copy is sent, how the
     /// first answer wins and what bounds the extra load.
     pub fn hedging(mut self, hedging: Hedging) -> Self {
@@ -446,11 +497,28 @@ impl Config {
         })
     }
 
-    /// Turns a `Retry` verdict into a delay, or the reason it cannot be taken. Pure except
-    /// for the budget withdrawal, which comes last so that a refused retry costs nothing.
+    /// [`plan_requested`](Self::plan_requested) for a verdict without a delay of its own.
+    #[cfg(test)]
     fn plan(
         &self,
         reason: RetryReason,
+        evidence: &RequestEvidence,
+        retry_in: Option<Duration>,
+        can_replay: bool,
+        state: &LoopState,
+        now: Instant,
+    ) -> Step {
+        self.plan_requested(reason, None, evidence, retry_in, can_replay, state, now)
+    }
+
+    /// Turns a `Retry` verdict (with the delay the strategy `requested`, if any) into a
+    /// delay, or the reason it cannot be taken. Pure except for the budget withdrawal,
+    /// which comes last so that a refused retry costs nothing.
+    #[allow(clippy::too_many_arguments)]
+    fn plan_requested(
+        &self,
+        reason: RetryReason,
+        requested: Option<Duration>,
         evidence: &RequestEvidence,
         retry_in: Option<Duration>,
         can_replay: bool,
@@ -463,7 +531,7 @@ impl Config {
         if !can_replay {
             return Step::Stop(StopReason::BodyNotClonable);
         }
-        let delay = match self.delay_for(reason, evidence, retry_in, state) {
+        let delay = match self.delay_for(reason, requested, evidence, retry_in, state) {
             Ok(d) => d,
             Err(stop) => return Step::Stop(stop),
         };
@@ -473,12 +541,12 @@ impl Config {
             return Step::Stop(StopReason::DeadlineExceeded);
         }
         let withdrawal = match &self.budget {
-            // A `GOAWAY` below the stream is a connection rotation: the retry goes to a new
-            // connection and adds no work the request would not have cost anyway, so only
-            // the per-request cap bounds it (a burst meets one rotation per
+            // A `GOAWAY` is a connection rotation: the retry goes to a new connection and
+            // adds no work the request would not have cost anyway, so only the per-request
+            // cap bounds it (a burst meets one rotation per
             // `keepalive_requests` requests, more than any budget's 20 %). A
             // `REFUSED_STREAM` is the server's stream limit, a load signal: budgeted.
-            Some(_) if free_of_budget(reason, evidence) => None,
+            Some(_) if free_of_budget(reason) => None,
             Some(budget) => match budget.withdraw() {
                 Some(w) => Some(w),
                 None => return Step::Stop(StopReason::BudgetExhausted),
@@ -498,7 +566,7 @@ impl Config {
         if state.max_retries == 0 {
             return Err(StopReason::RetriesExhausted);
         }
-        if reason == RetryReason::NotProcessed {
+        if at_once(reason) {
             if state.not_processed_retries >= self.max_not_processed_retries {
                 return Err(StopReason::NotProcessedRetryUsed);
             }
@@ -508,26 +576,62 @@ impl Config {
         Ok(())
     }
 
+    /// The wait before a retry for `reason`: the strategy's `requested` one (capped), else
+    /// the schedule's ([`scheduled_delay`](Self::scheduled_delay)), never shorter than a
+    /// wait the stack knows of (an open breaker's "retry in", the token manager's next
+    /// fetch).
     fn delay_for(
         &self,
         reason: RetryReason,
+        requested: Option<Duration>,
         evidence: &RequestEvidence,
         retry_in: Option<Duration>,
         state: &LoopState,
     ) -> Result<Duration, StopReason> {
+        let requested = requested.map(|d| self.capped(d)).transpose()?;
         if reason == RetryReason::BreakerRejected {
             // The breaker's "retry in" comes with its error (`ResilienceError::retry_in`) or
             // as `retry_after` on its evidence. Retrying into an open breaker before it says
             // so would be a tight loop.
-            return retry_in
-                .or(evidence.retry_after)
-                .ok_or(StopReason::BreakerRejected);
+            return match (retry_in.or(evidence.retry_after), requested) {
+                (Some(wait), own) => Ok(own.map_or(wait, |own| own.max(wait))),
+                (None, Some(own)) => Ok(own),
+                (None, None) => Err(StopReason::BreakerRejected),
+            };
         }
-        if reason == RetryReason::NotProcessed {
-            // Proven unprocessed: the connection the server gave up on is not used again
-            // (h2 opens no stream on a connection that sent `GOAWAY`), so waiting would
-            // only delay a request the server never saw (a second per rotation, with the
-            // default backoff).
+        // Until its next fetch the token manager answers with the same error at once: a
+        // retry sooner would be spent for nothing. When that fetch lies beyond the cap, a
+        // retry at the cap would meet the same error too (the manager still holds off), so
+        // the request stops at once with the token error instead of sleeping the cap.
+        let refetch = match (reason, evidence.failure, evidence.retry_after) {
+            (RetryReason::NotSent, Some(FailureKind::TokenUnavailable), Some(refetch)) => {
+                if refetch > self.retry_after_cap {
+                    return Err(StopReason::RetryAfterTooLong);
+                }
+                refetch
+            }
+            _ => Duration::ZERO,
+        };
+        let delay = match requested {
+            Some(own) => own,
+            None => self.scheduled_delay(reason, evidence, state)?,
+        };
+        Ok(delay.max(refetch))
+    }
+
+    /// The wait the middleware chooses itself: none for a retry the server proved
+    /// harmless, a `Retry-After` for a status, else the backoff.
+    fn scheduled_delay(
+        &self,
+        reason: RetryReason,
+        evidence: &RequestEvidence,
+        state: &LoopState,
+    ) -> Result<Duration, StopReason> {
+        if at_once(reason) {
+            // A refused stream or a rotated connection: the connection the server gave up
+            // on is not used again (h2 opens no stream on a connection that sent `GOAWAY`),
+            // so waiting would only delay a request the server is ready for (a second per
+            // rotation, with the default backoff).
             return Ok(Duration::ZERO);
         }
         if let (RetryReason::Status(_), Some(after)) = (reason, evidence.retry_after) {
@@ -536,25 +640,14 @@ impl Config {
                 return self.capped(after);
             }
         }
-        let delay = match &self.delays {
+        match &self.delays {
             Delays::Backoff(b) => {
-                b.delay(state.retries, state.previous_delay, self.random.as_ref())
+                Ok(b.delay(state.retries, state.previous_delay, self.random.as_ref()))
             }
             Delays::External(policy) => {
                 let started = state.started_system.unwrap_or_else(SystemTime::now);
-                policy(started, state.retries).ok_or(StopReason::RetriesExhausted)?
+                policy(started, state.retries).ok_or(StopReason::RetriesExhausted)
             }
-        };
-        // Until its next fetch the token manager answers with the same error at once: a
-        // retry sooner would be spent for nothing. That wait is capped like `Retry-After`,
-        // or a token manager backing off for an hour would hold every request as long.
-        match (reason, evidence.failure, evidence.retry_after) {
-            (RetryReason::NotSent, Some(FailureKind::TokenUnavailable), Some(refetch))
-                if refetch > delay =>
-            {
-                self.capped(refetch).map(|wait| wait.max(delay))
-            }
-            _ => Ok(delay),
         }
     }
 
@@ -624,7 +717,7 @@ impl RetryMiddleware {
                     let (result, hedges) = if let Some((hedging, spec)) =
                         run.hedged_round(&prepared, owner)
                     {
-                        let is_final = run.is_final();
+                        let is_final = run.is_final(kept.as_ref().map(Request::url));
                         // Only a hedged request carries the race (boxed: stage cost rule 2).
                         let round =
                             Box::pin(hedging.round(spec, &next, req, extensions, is_final)).await;
@@ -636,12 +729,11 @@ impl RetryMiddleware {
                         let outcome = sent.await;
                         (end.finish(outcome, extensions, &run.origin), 0)
                     };
-                    let kept_for_retry = kept.is_some();
-                    let retry =
-                        match run.decide(&result, extensions, prepared, hedges, kept_for_retry) {
-                            Ok(retry) => retry,
-                            Err(stopped) => return run.finish(result, stopped, extensions),
-                        };
+                    let kept_url = kept.as_ref().map(Request::url);
+                    let retry = match run.decide(&result, extensions, prepared, hedges, kept_url) {
+                        Ok(retry) => retry,
+                        Err(stopped) => return run.finish(result, stopped, extensions),
+                    };
                     // Only a retry waits (boxed: stage cost rule 2).
                     (Box::pin(wait_before_retry(result.ok(), retry.delay)), retry)
                 };
@@ -666,8 +758,12 @@ struct RequestRun<'a> {
     handed_on: bool,
     /// Whether the stack installed the transport step inside (see [`Decision`]).
     transport_installed: bool,
-    /// The earlier passes of this request, when it has some (`super::continuation`).
+    /// The earlier passes of this request, when it has some (`continued`).
     continued: Option<Continuation>,
+    /// The URL of the request once the last attempt possible sent the caller's request
+    /// itself (none is kept to borrow it from then): boxed, so the loop's future carries a
+    /// pointer, not a `Url`, and copied only on that path.
+    last_url: Option<Box<url::Url>>,
 }
 
 /// An attempt about to run.
@@ -732,7 +828,7 @@ impl<'a> RequestRun<'a> {
         };
         let deposit = continued
             .as_ref()
-            .is_none_or(|c| c.begin_pass(&mut state, &mut idempotent, req.method(), extensions));
+            .is_none_or(|c| c.begin_pass(&mut state, &mut idempotent, req, extensions));
         if let Some(budget) = config.budget.as_ref().filter(|_| deposit) {
             budget.deposit();
         }
@@ -754,6 +850,7 @@ impl<'a> RequestRun<'a> {
             handed_on: handed_on || attempt_timeout.is_some(),
             transport_installed: handover.composed(),
             continued,
+            last_url: None,
         }
     }
 
@@ -763,7 +860,7 @@ impl<'a> RequestRun<'a> {
     /// sent already).
     #[inline]
     fn prepare(
-        &self,
+        &mut self,
         kept: &mut Option<Request>,
         extensions: &mut Extensions,
     ) -> Option<(PreparedAttempt, Request)> {
@@ -778,7 +875,12 @@ impl<'a> RequestRun<'a> {
             .and_then(Request::try_clone);
         let req = match copy {
             Some(copy) => copy,
-            None => kept.take()?,
+            None => {
+                let last = kept.take()?;
+                // The strategy still asks for the URL after this attempt.
+                self.last_url = Some(Box::new(last.url().clone()));
+                last
+            }
         };
         // Evidence from the previous attempt must not be mistaken for this one's.
         extensions.remove::<RequestEvidence>();
@@ -815,17 +917,29 @@ impl<'a> RequestRun<'a> {
 
     /// Whether the retry decision would stop on a copy's outcome (a hedged round's
     /// winner).
-    fn is_final(&self) -> impl Fn(&RequestEvidence, u32) -> bool + Sync + '_ {
-        move |evidence: &RequestEvidence, attempt| {
-            let ctx = AttemptContext {
-                evidence,
-                method: &self.method,
-                idempotent: self.idempotent,
-                attempt,
-                not_processed_retries: self.state.not_processed_retries,
-                max_not_processed_retries: self.config.max_not_processed_retries,
-            };
-            matches!(self.config.strategy.decide(&ctx), Verdict::Stop(_))
+    fn is_final<'u>(
+        &'u self,
+        url: Option<&'u url::Url>,
+    ) -> impl Fn(&RequestEvidence, &reqwest_middleware::Result<Response>, u32) -> bool + Sync + 'u
+    {
+        let question = self.question(url);
+        move |evidence, result, attempt| {
+            matches!(
+                question.verdict(evidence, result, attempt),
+                Verdict::Stop(_)
+            )
+        }
+    }
+
+    /// What the strategy is asked with about this request (`kept_url`: the URL of the
+    /// request kept for a retry, if it is).
+    fn question<'u>(&'u self, kept_url: Option<&'u url::Url>) -> Question<'u> {
+        Question {
+            config: self.config,
+            method: &self.method,
+            url: kept_url.or(self.last_url.as_deref()),
+            idempotent: self.idempotent,
+            not_processed_retries: self.state.not_processed_retries,
         }
     }
 
@@ -860,7 +974,7 @@ impl<'a> RequestRun<'a> {
     }
 
     /// Decides after the attempt (and the `hedges` its round sent): a retry (possible
-    /// only when the request was `kept` for it), or a stop.
+    /// only when the request was kept for it: `kept_url` is its URL), or a stop.
     #[inline]
     fn decide(
         &mut self,
@@ -868,15 +982,14 @@ impl<'a> RequestRun<'a> {
         extensions: &mut Extensions,
         prepared: PreparedAttempt,
         hedges: u32,
-        kept: bool,
+        kept_url: Option<&url::Url>,
     ) -> Result<PlannedRetry, Stopped> {
+        let kept = kept_url.is_some();
         // Each hedge sent is an attempt of its own.
         self.state.hedges += hedges;
         let attempts = prepared.attempt + hedges;
         let decision = Decision {
-            config: self.config,
-            method: &self.method,
-            idempotent: self.idempotent,
+            question: self.question(kept_url),
             recorded_before: prepared.recorded_before,
             transport_installed: self.transport_installed,
         };
@@ -909,7 +1022,7 @@ impl<'a> RequestRun<'a> {
         let mut unspent = Unspent(self.config.budget.as_ref().zip(retry.withdrawal));
         wait.await;
         unspent.0 = None;
-        if retry.reason == RetryReason::NotProcessed {
+        if at_once(retry.reason) {
             // Outside the retry count and the backoff's progression.
             self.state.not_processed_retries += 1;
         } else {
@@ -942,11 +1055,17 @@ impl<'a> RequestRun<'a> {
     }
 }
 
-/// Whether a retry for `reason` after `evidence` is bounded by its own cap alone, not by
-/// the retry budget: a not-processed retry proven by a `GOAWAY`.
-fn free_of_budget(reason: RetryReason, evidence: &RequestEvidence) -> bool {
-    reason == RetryReason::NotProcessed
-        && evidence.not_processed == Some(crate::record::NotProcessedProof::GoAway)
+/// Whether a retry for `reason` is taken at once, outside `max_retries`, under the cap of
+/// `max_not_processed_retries`: a refused stream, or an idempotent request's connection
+/// rotated under it.
+fn at_once(reason: RetryReason) -> bool {
+    matches!(reason, RetryReason::NotProcessed | RetryReason::GoAway)
+}
+
+/// Whether a retry for `reason` is bounded by its own cap alone, not by the retry budget:
+/// a connection rotation is not a failure to ration.
+fn free_of_budget(reason: RetryReason) -> bool {
+    reason == RetryReason::GoAway
 }
 
 /// Hands the configured total deadline inward as a [`Deadline`] when the request has none:
@@ -964,11 +1083,58 @@ fn hand_on_deadline(config: &Config, extensions: &mut Extensions) -> bool {
     handed_on.is_some()
 }
 
-/// What the decision after an attempt needs besides the attempt itself.
-struct Decision<'a> {
+/// What the strategy is asked with about a request, besides the attempt itself.
+#[derive(Clone, Copy)]
+struct Question<'a> {
     config: &'a Config,
     method: &'a http::Method,
+    /// The request's URL (`None` only when it could not be kept: see `RequestRun::last_url`).
+    url: Option<&'a url::Url>,
     idempotent: bool,
+    not_processed_retries: u32,
+}
+
+impl Question<'_> {
+    /// The strategy's verdict on an attempt, a retry that could repeat a request that may
+    /// have been processed turned into a stop ([`unsafe_retry`]): the promise holds for
+    /// every strategy.
+    #[inline]
+    fn verdict(
+        &self,
+        evidence: &RequestEvidence,
+        result: &reqwest_middleware::Result<Response>,
+        attempt: u32,
+    ) -> Verdict {
+        let ctx = AttemptContext {
+            evidence,
+            method: self.method,
+            url: self.url,
+            idempotent: self.idempotent,
+            attempt,
+            not_processed_retries: self.not_processed_retries,
+            max_not_processed_retries: self.config.max_not_processed_retries,
+            error: result
+                .as_ref()
+                .err()
+                .map(|e| e as &(dyn StdError + 'static)),
+            response: result
+                .as_ref()
+                .ok()
+                .map(|r| ResponseHead::new(r.status(), r.headers())),
+        };
+        let verdict = self.config.strategy.decide(&ctx);
+        match verdict {
+            Verdict::Retry(_) | Verdict::RetryAfter(..) => {
+                unsafe_retry(&ctx).map_or(verdict, Verdict::Stop)
+            }
+            Verdict::Stop(_) => verdict,
+        }
+    }
+}
+
+/// What the decision after an attempt needs besides the attempt itself.
+struct Decision<'a> {
+    question: Question<'a>,
     /// The history's length before the attempt.
     recorded_before: usize,
     /// Whether the stack installed the transport step (then an attempt without evidence
@@ -992,7 +1158,7 @@ impl Decision<'_> {
         can_replay: bool,
         state: &LoopState,
     ) -> Step {
-        let c = self.config;
+        let c = self.question.config;
         // An attempt timeout's cut is an ordinary failed attempt; the deadline's is the end.
         let timed_out = state.deadline.is_some_and(|d| cut_inside(result, d));
         let evidence = attempt_evidence(result, extensions, attempt, self.transport_installed);
@@ -1002,20 +1168,19 @@ impl Decision<'_> {
         if history.len() == self.recorded_before {
             history.push(evidence.clone());
         }
-        let verdict = c.strategy.decide(&AttemptContext {
-            evidence: &evidence,
-            method: self.method,
-            idempotent: self.idempotent,
-            attempt,
-            not_processed_retries: state.not_processed_retries,
-            max_not_processed_retries: c.max_not_processed_retries,
-        });
-        let step = match verdict {
+        let verdict = self.question.verdict(&evidence, result, attempt);
+        let (reason, requested) = match verdict {
             // The deadline passed during the attempt: no time is left for another.
-            _ if timed_out => Step::Stop(StopReason::DeadlineExceeded),
-            Verdict::Stop(reason) => Step::Stop(reason),
-            Verdict::Retry(reason) => c.plan(
+            _ if timed_out => (Err(StopReason::DeadlineExceeded), None),
+            Verdict::Retry(reason) => (Ok(reason), None),
+            Verdict::RetryAfter(reason, delay) => (Ok(reason), Some(delay)),
+            Verdict::Stop(reason) => (Err(reason), None),
+        };
+        let step = match reason {
+            Err(reason) => Step::Stop(reason),
+            Ok(reason) => c.plan_requested(
                 reason,
+                requested,
                 &evidence,
                 retry_in(result),
                 can_replay,
@@ -1023,13 +1188,24 @@ impl Decision<'_> {
                 Instant::now(),
             ),
         };
-        record(
-            extensions,
-            &step,
-            attempt,
-            self.method,
-            evidence.origin.as_ref(),
-        );
+        let method = self.question.method;
+        record(extensions, &step, attempt, method, evidence.origin.as_ref());
+        if let Step::Retry { delay, reason, .. } = step {
+            let notice = RetryNotice {
+                attempt,
+                evidence: &evidence,
+                error: result
+                    .as_ref()
+                    .err()
+                    .map(|e| e as &(dyn StdError + 'static)),
+                status: evidence.status(),
+                delay,
+                reason,
+                method,
+                url: self.question.url,
+            };
+            announce(c, &notice);
+        }
         step
     }
 }
@@ -1114,8 +1290,8 @@ fn finish(
     }
 }
 
-/// Writes the decision into the history and the metrics and, with `tracing`, emits one
-/// event.
+/// Writes the decision into the history and the metrics and, with `tracing`, emits the
+/// event of a stop (a retry's is [`announce`]'s).
 fn record(
     extensions: &mut Extensions,
     step: &Step,
@@ -1139,27 +1315,74 @@ fn record(
     // OpenTelemetry HTTP client names where one exists (`resend_count`: the retries
     // before this attempt, 0 for the first).
     #[cfg(feature = "tracing")]
-    match *step {
-        Step::Retry { delay, reason, .. } => tracing::event!(
-            target: "reqwest_resilience::retry",
-            tracing::Level::INFO,
-            http.request.resend_count = attempt.saturating_sub(1),
-            http.request.method = %method,
-            delay_ms = delay.as_millis() as u64,
-            %reason,
-            "retrying"
-        ),
-        Step::Stop(reason) => tracing::event!(
+    if let Step::Stop(reason) = *step {
+        tracing::event!(
             target: "reqwest_resilience::retry",
             tracing::Level::DEBUG,
             http.request.resend_count = attempt.saturating_sub(1),
             http.request.method = %method,
             %reason,
             "not retrying"
-        ),
+        );
     }
     #[cfg(not(feature = "tracing"))]
     let _ = (attempt, method);
+}
+
+/// Tells of a retry before its wait: the `before_sleep` hook and, with `tracing`, one
+/// event at the configured level (default `WARN`) with the error's text and its
+/// "Caused by" chain.
+fn announce(c: &Config, notice: &RetryNotice<'_>) {
+    if let Some(hook) = &c.before_sleep {
+        hook(notice);
+    }
+    #[cfg(feature = "tracing")]
+    retry_event(c.retry_event_level, notice);
+}
+
+/// The `tracing` event before a retry. Its fields, built only when a subscriber wants it:
+/// OpenTelemetry's HTTP client names where one exists (`resend_count`: the retries before
+/// the failed attempt, 0 for the first), the delay, the reason, the status or the error's
+/// text (`error`) and the texts of its sources, one `Caused by:` line each (`caused_by`),
+/// as uv prints them.
+#[cfg(feature = "tracing")]
+fn retry_event(level: tracing::Level, notice: &RetryNotice<'_>) {
+    macro_rules! event_at {
+        ($level:expr) => {
+            tracing::event!(
+                target: "reqwest_resilience::retry",
+                $level,
+                http.request.resend_count = notice.attempt.saturating_sub(1),
+                http.request.method = %notice.method,
+                http.response.status_code = notice.status.map(|s| s.as_u16()),
+                delay_ms = notice.delay.as_millis() as u64,
+                reason = %notice.reason,
+                error = notice.error.and_then(|e| crate::chain::messages(e).into_iter().next()),
+                caused_by = notice.error.map(caused_by).filter(|c| !c.is_empty()),
+                "retrying"
+            )
+        };
+    }
+    // A level is a constant of each event's callsite: one callsite per level.
+    match level {
+        tracing::Level::ERROR => event_at!(tracing::Level::ERROR),
+        tracing::Level::WARN => event_at!(tracing::Level::WARN),
+        tracing::Level::INFO => event_at!(tracing::Level::INFO),
+        tracing::Level::DEBUG => event_at!(tracing::Level::DEBUG),
+        _ => event_at!(tracing::Level::TRACE),
+    }
+}
+
+/// The sources' texts below an error's own, as `Caused by: …` lines.
+#[cfg(feature = "tracing")]
+fn caused_by(err: &(dyn StdError + 'static)) -> String {
+    let messages = crate::chain::messages(err);
+    let lines: Vec<String> = messages
+        .iter()
+        .skip(1)
+        .map(|m| format!("Caused by: {m}"))
+        .collect();
+    lines.join("\n")
 }
 
 /// Sleeps `delay`, draining `response` meanwhile.
@@ -1189,7 +1412,7 @@ async fn drain(mut response: Response) {
 }
 
 mod continued;
-pub(crate) use continued::ContinuedRetry;
+pub(crate) use continued::{ContinuedFailure, ContinuedRetry};
 
 #[cfg(test)]
 mod tests {
@@ -1320,6 +1543,63 @@ mod tests {
             delay_of(c.plan(r, &ev, Some(Duration::from_secs(5)), true, &short, now)),
             Err(StopReason::DeadlineExceeded)
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_strategys_own_delay_replaces_the_backoff_is_capped_and_keeps_the_known_floors() {
+        let c = config(no_jitter());
+        let now = Instant::now();
+        let st = state(0, 3, None);
+        let s = Duration::from_secs;
+        let own = |c: &Config, reason, ev: &RequestEvidence, retry_in, d| {
+            delay_of(c.plan_requested(reason, Some(d), ev, retry_in, true, &st, now))
+        };
+        // Instead of the 1 s backoff, and of a `Retry-After`.
+        assert_eq!(own(&c, S503, &response(503, None), None, s(7)), Ok(s(7)));
+        assert_eq!(
+            own(&c, S503, &response(503, Some(s(2))), None, s(7)),
+            Ok(s(7))
+        );
+        assert_eq!(own(&c, S503, &response(503, None), None, s(600)), Ok(s(60)));
+        let give_up =
+            config(no_jitter().retry_after_cap(Duration::from_secs(60), RetryAfterPolicy::GiveUp));
+        assert_eq!(
+            own(&give_up, S503, &response(503, None), None, s(600)),
+            Err(StopReason::RetryAfterTooLong)
+        );
+        // Never before an open breaker's "retry in", which alone is no longer required.
+        let breaker = RequestEvidence::rejected_locally(FailureKind::BreakerOpen, None, 1);
+        let r = RetryReason::BreakerRejected;
+        assert_eq!(own(&c, r, &breaker, Some(s(5)), s(1)), Ok(s(5)));
+        assert_eq!(own(&c, r, &breaker, Some(s(5)), s(9)), Ok(s(9)));
+        assert_eq!(own(&c, r, &breaker, None, s(2)), Ok(s(2)));
+        // Never before the token manager's next fetch.
+        let mut token = RequestEvidence::rejected_locally(FailureKind::TokenUnavailable, None, 1);
+        token.retry_after = Some(s(20));
+        assert_eq!(own(&c, RetryReason::NotSent, &token, None, s(3)), Ok(s(20)));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_token_managers_next_fetch_beyond_the_cap_stops_under_either_policy() {
+        let now = Instant::now();
+        let st = state(0, 3, None);
+        let s = Duration::from_secs;
+        let mut token = RequestEvidence::rejected_locally(FailureKind::TokenUnavailable, None, 1);
+        let clamp = config(no_jitter());
+        let give_up =
+            config(no_jitter().retry_after_cap(Duration::from_secs(60), RetryAfterPolicy::GiveUp));
+        for c in [&clamp, &give_up] {
+            token.retry_after = Some(s(3600));
+            let plan = |ev: &RequestEvidence| {
+                delay_of(c.plan(RetryReason::NotSent, ev, None, true, &st, now))
+            };
+            assert_eq!(plan(&token), Err(StopReason::RetryAfterTooLong));
+            // At the cap it is still waited for; below the backoff, the backoff applies.
+            token.retry_after = Some(s(60));
+            assert_eq!(plan(&token), Ok(s(60)));
+            token.retry_after = Some(Duration::from_millis(10));
+            assert_eq!(plan(&token), Ok(s(1)));
+        }
     }
 
     #[tokio::test(start_paused = true)]

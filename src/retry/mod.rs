@@ -39,9 +39,11 @@ mod fallback;
 mod hedge;
 mod latency;
 mod middleware;
+mod notice;
 mod operation;
 #[cfg(feature = "retry-policies")]
 mod policies;
+pub mod strategies;
 
 pub use attempt_timeout::AttemptTimeout;
 pub use budget::RetryBudget;
@@ -49,11 +51,12 @@ use budget::Withdrawal;
 
 pub use crate::record::OperationAttempt;
 pub use decision::{
-    AttemptContext, DEFAULT_MAX_NOT_PROCESSED_RETRIES, DefaultStrategy, RetryReason, RetryStrategy,
-    StopReason, Verdict, is_idempotent,
+    AttemptContext, DEFAULT_MAX_NOT_PROCESSED_RETRIES, DefaultStrategy, ResponseHead, RetryReason,
+    RetryStrategy, StopReason, Verdict, is_idempotent, unsafe_retry,
 };
 pub use error::{ErrorWrapping, RetryError, find_reqwest_error};
 pub use hedge::{HedgeDelay, Hedging};
+pub(crate) use middleware::ContinuedFailure;
 pub use middleware::{RetryAfterPolicy, RetryMiddleware, RetryMiddlewareBuilder};
 pub use operation::{Operation, OperationOutcome};
 
@@ -62,11 +65,14 @@ pub use operation::{Operation, OperationOutcome};
 pub(crate) fn continuation_recorded(extensions: &http::Extensions) -> usize {
     crate::record::Continuation::recorded(extensions)
 }
+pub(crate) use notice::BeforeSleep;
+pub use notice::RetryNotice;
 
 /// Per-request override of the maximum number of retries (`MaxRetries(0)` disables
 /// retrying for that request, not-processed retries included). Retries on the server's
-/// proof that it did not process a request ([`RetryReason::NotProcessed`]) are not counted
-/// against it: they have a cap of their own
+/// proof that it did not process a request ([`RetryReason::NotProcessed`]) and after a
+/// connection rotation ([`RetryReason::GoAway`]) are not counted against it: they have a
+/// cap of their own
 /// ([`RetryMiddlewareBuilder::max_not_processed_retries`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MaxRetries(pub u32);

@@ -66,7 +66,11 @@ use crate::record::{Continuation, OperationAttempt, PassEnd};
 /// The per-origin breakers, pauses and the concurrency limit apply to each request the
 /// closure sends, as to any. The stack's `on_attempt` hook sees every attempt sent; the
 /// amended decision of an attempt whose body broke is in the history
-/// ([`Operation::run_recorded`]) and the metrics.
+/// ([`Operation::run_recorded`]) and the metrics, and the middleware's before-sleep hook
+/// ([`RetryMiddlewareBuilder::before_sleep`](super::RetryMiddlewareBuilder::before_sleep))
+/// is told of the retry, as of any. A custom [`RetryStrategy`](super::RetryStrategy)
+/// decides these retries too, with the error the closure returned in
+/// [`AttemptContext::error`](super::AttemptContext::error).
 #[derive(Clone, Debug)]
 pub struct Operation {
     retry: RetryMiddleware,
@@ -171,7 +175,7 @@ impl Operation {
         continuation: &Continuation,
         err: &(dyn std::error::Error + 'static),
     ) -> Result<super::middleware::ContinuedRetry, StopReason> {
-        let (evidence, method) = {
+        let (evidence, method, url) = {
             let spent = continuation.lock();
             let last = spent.history.last().map(|r| &r.evidence);
             match spent.last {
@@ -185,7 +189,7 @@ impl Operation {
                     });
                     evidence.transmission = c.transmission;
                     evidence.failure = Some(c.kind);
-                    (evidence, spent.method.clone())
+                    (evidence, spent.method.clone(), spent.url.clone())
                 }
                 // The middleware decided on what it saw: its stop stands.
                 Some(PassEnd { stop, .. }) => return Err(stop),
@@ -195,13 +199,19 @@ impl Operation {
                         RequestEvidence::new(c.transmission, None, spent.attempts() + 1);
                     evidence.failure = Some(c.kind);
                     evidence.not_processed = c.not_processed;
-                    (evidence, None)
+                    (evidence, None, None)
                 }
             }
         };
         continuation.lock().last = None;
         let method = method.unwrap_or(Method::GET);
-        self.retry.decide_continued(continuation, evidence, &method)
+        let failure = super::middleware::ContinuedFailure {
+            evidence,
+            error: err,
+            method: &method,
+            url: url.as_ref(),
+        };
+        self.retry.decide_continued(continuation, failure)
     }
 }
 

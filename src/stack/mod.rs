@@ -71,7 +71,10 @@ use crate::evidence::TransportEvidence;
 use crate::limit::{LimitChoice, LimiterConfig, LimiterRegistry};
 use crate::record::{AttemptDecision, AttemptHistory, RequestEvidence};
 use crate::redirect::ClientRedirects;
-use crate::retry::{ErrorWrapping, Hedging, RetryAfterPolicy, RetryBudget, RetryMiddleware};
+use crate::retry::{
+    BeforeSleep, ErrorWrapping, Hedging, RetryAfterPolicy, RetryBudget, RetryMiddleware,
+    RetryMiddlewareBuilder, RetryNotice, RetryStrategy,
+};
 
 type AttemptHook = Arc<dyn Fn(&RequestEvidence, Option<&AttemptDecision>) + Send + Sync>;
 type TransitionHook = Arc<dyn Fn(&BreakerEvent) + Send + Sync>;
@@ -106,9 +109,32 @@ struct RetrySettings {
     attempt_timeout: Option<Duration>,
     hedging: Option<Hedging>,
     max_not_processed_retries: Option<u32>,
+    strategy: Option<Arc<dyn RetryStrategy>>,
+    before_sleep: Option<Arc<BeforeSleep>>,
+    #[cfg(feature = "tracing")]
+    retry_event_level: Option<tracing::Level>,
 }
 
 impl RetrySettings {
+    /// The strategy, the `before_sleep` hook and the retry event's level, where set.
+    fn apply_decision_and_observers(
+        &self,
+        mut b: RetryMiddlewareBuilder,
+    ) -> RetryMiddlewareBuilder {
+        if let Some(strategy) = &self.strategy {
+            b = b.strategy(strategy.clone());
+        }
+        if let Some(hook) = &self.before_sleep {
+            let hook = hook.clone();
+            b = b.before_sleep(move |notice| hook(notice));
+        }
+        #[cfg(feature = "tracing")]
+        if let Some(level) = self.retry_event_level {
+            b = b.retry_event_level(level);
+        }
+        b
+    }
+
     /// The first setting made, for a conflict report.
     fn first_set(&self) -> Option<&'static str> {
         [
@@ -124,6 +150,10 @@ impl RetrySettings {
                 self.max_not_processed_retries.is_some(),
                 "max_not_processed_retries",
             ),
+            (self.strategy.is_some(), "retry_strategy"),
+            (self.before_sleep.is_some(), "before_sleep"),
+            #[cfg(feature = "tracing")]
+            (self.retry_event_level.is_some(), "retry_event_level"),
         ]
         .into_iter()
         .find_map(|(set, name)| set.then_some(name))
@@ -305,8 +335,8 @@ impl Resilience {
 
     /// The most retries one request takes, at once and outside
     /// [`max_retries`](Self::max_retries), on the server's proof that it did not process an
-    /// attempt (HTTP/2 `REFUSED_STREAM`, or a `GOAWAY` below the request's stream: a server
-    /// rotating its connections); default 5, 0 turns them off. See
+    /// attempt (HTTP/2 `REFUSED_STREAM`) or, for an idempotent request, after a `GOAWAY` (a
+    /// server rotating its connections); default 5, 0 turns them off. See
     /// [`RetryMiddlewareBuilder::max_not_processed_retries`](crate::retry::RetryMiddlewareBuilder::max_not_processed_retries).
     pub fn max_not_processed_retries(mut self, cap: u32) -> Self {
         self.retry_settings.max_not_processed_retries = Some(cap);
@@ -338,6 +368,32 @@ impl Resilience {
     /// (default: clamp to the cap).
     pub fn retry_after_cap(mut self, cap: Duration, policy: RetryAfterPolicy) -> Self {
         self.retry_settings.retry_after_cap = Some((cap, policy));
+        self
+    }
+
+    /// Replaces the retry decision table (default
+    /// [`DefaultStrategy`](crate::retry::DefaultStrategy)), e.g. with uv's rules,
+    /// [`retry::strategies::uv_transient`](crate::retry::strategies::uv_transient). The
+    /// promise holds for any strategy: a request that may have been processed is sent
+    /// again only when that is harmless ([`unsafe_retry`](crate::retry::unsafe_retry)).
+    pub fn retry_strategy(mut self, strategy: impl RetryStrategy) -> Self {
+        self.retry_settings.strategy = Some(Arc::new(strategy));
+        self
+    }
+
+    /// Calls `hook` before each retry's wait
+    /// ([`RetryMiddlewareBuilder::before_sleep`]).
+    pub fn before_sleep(mut self, hook: impl Fn(&RetryNotice<'_>) + Send + Sync + 'static) -> Self {
+        self.retry_settings.before_sleep = Some(Arc::new(hook));
+        self
+    }
+
+    /// The level of the `tracing` event before each retry (default `WARN`;
+    /// [`RetryMiddlewareBuilder::retry_event_level`]).
+    #[cfg(feature = "tracing")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "tracing")))]
+    pub fn retry_event_level(mut self, level: tracing::Level) -> Self {
+        self.retry_settings.retry_event_level = Some(level);
         self
     }
 
@@ -380,7 +436,7 @@ impl Resilience {
     }
 
     /// Installs this retry middleware instead of the default one (e.g. one with its own
-    /// [`RetryStrategy`](crate::retry::RetryStrategy)). The retry settings of this builder
+    /// [`RetryStrategy`]). The retry settings of this builder
     /// then cannot apply: combining them is a [`StackError::Conflict`].
     pub fn retry(mut self, retry: RetryMiddleware) -> Self {
         self.retry = RetryChoice::Prebuilt(retry);
@@ -654,7 +710,7 @@ impl Resilience {
                 if let Some(hedging) = &s.hedging {
                     b = b.hedging(hedging.clone());
                 }
-                b.build().map(Some)
+                s.apply_decision_and_observers(b).build().map(Some)
             }
         }
     }

@@ -23,6 +23,9 @@ pub enum H2Action {
     Respond(u16),
     /// `RST_STREAM` with `REFUSED_STREAM` (0x7) on the request's stream (RFC 9113 §8.7).
     RefuseStream,
+    /// `RST_STREAM` with this error code on the request's stream, after the request was
+    /// received (e.g. `INTERNAL_ERROR`, 0x2: no proof the request was not processed).
+    ResetStream(u32),
     /// `GOAWAY(NO_ERROR)` whose last-stream-id is below the request's stream (stream − 2,
     /// i.e. 0 for the first request), then close the connection once the client does.
     GoAwayBelow,
@@ -205,6 +208,10 @@ async fn serve(mut s: TcpStream, seen: &AtomicUsize, script: &H2Script) -> std::
             }
             H2Action::RefuseStream => {
                 s.write_all(&frame(FRAME_RST_STREAM, 0, stream, &7u32.to_be_bytes()))
+                    .await?;
+            }
+            H2Action::ResetStream(code) => {
+                s.write_all(&frame(FRAME_RST_STREAM, 0, stream, &code.to_be_bytes()))
                     .await?;
             }
             H2Action::GoAwayBelow => {

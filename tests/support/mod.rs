@@ -48,6 +48,7 @@ pub mod nginx;
 pub mod nginx_files;
 pub mod ranged;
 pub mod tls;
+pub mod tls_faults;
 
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -87,6 +88,9 @@ pub enum Action {
     ReadThenReset,
     /// Write half a response head (`HTTP/1.1 200 OK\r\nContent-Le`), then close.
     HalfHead,
+    /// Write half a response head, then reset the connection (`SO_LINGER` 0): a reset in
+    /// the middle of the response head.
+    HalfHeadThenReset,
     /// Never answer; hold the socket open until the server is dropped.
     Stall,
     /// Write these bytes, then close. From the accept hook, the server first reads the
@@ -495,6 +499,11 @@ async fn apply_terminal(stream: &mut TcpStream, action: Action) {
         Action::HalfHead => {
             let _ = stream.write_all(b"HTTP/1.1 200 OK\r\nContent-Le").await;
             let _ = stream.flush().await;
+        }
+        Action::HalfHeadThenReset => {
+            let _ = stream.write_all(b"HTTP/1.1 200 OK\r\nContent-Le").await;
+            let _ = stream.flush().await;
+            let _ = stream.set_zero_linger();
         }
         Action::Stall => std::future::pending::<()>().await,
         Action::Garbage(bytes) => {

@@ -353,7 +353,7 @@ impl Hedging {
         is_final: F,
     ) -> Round
     where
-        F: Fn(&RequestEvidence, u32) -> bool + Sync,
+        F: Fn(&RequestEvidence, &reqwest_middleware::Result<Response>, u32) -> bool + Sync,
     {
         let recorded_before = extensions.get::<AttemptHistory>().map_or(0, |h| h.len());
         // Each hedge runs with a copy of the caller's extensions, less this logical

@@ -99,7 +99,7 @@ impl Hedging {
         extensions: &'x mut Extensions,
     ) -> RaceOutcome
     where
-        F: Fn(&RequestEvidence, u32) -> bool + Sync,
+        F: Fn(&RequestEvidence, &reqwest_middleware::Result<Response>, u32) -> bool + Sync,
     {
         let window = self.adaptive_window(&inputs.spec.origin);
         let delay = self.delay_from(window.as_deref().and_then(Window::estimate));
@@ -120,7 +120,7 @@ impl Hedging {
 
 impl<'x, 'r, N: RestOfStack + 'x, F> Race<'x, 'r, N, F>
 where
-    F: Fn(&RequestEvidence, u32) -> bool + Sync,
+    F: Fn(&RequestEvidence, &reqwest_middleware::Result<Response>, u32) -> bool + Sync,
 {
     /// Sends the first copy, on the caller's extensions, and sets the timer of the first
     /// hedge.
@@ -257,7 +257,13 @@ where
         if let Some(reason) = refused_locally(&finished.evidence) {
             return self.refused(index, finished, reason, in_flight);
         }
-        if !in_flight || (self.inputs.is_final)(&finished.evidence, finished.evidence.attempt) {
+        if !in_flight
+            || (self.inputs.is_final)(
+                &finished.evidence,
+                &finished.result,
+                finished.evidence.attempt,
+            )
+        {
             if let Some(earlier) = self.last_failure.take() {
                 self.superseded.push(record_of(earlier.evidence));
             }

@@ -22,12 +22,42 @@ use std::time::Duration;
 use http::{Extensions, Method, StatusCode};
 use tokio::time::Instant;
 
-use super::{Config, LoopState, RetryMiddleware, Step, Unspent, record};
+use std::error::Error as StdError;
+
+use super::{Config, LoopState, RetryMiddleware, Step, Unspent, announce, record};
 use crate::record::{
     AttemptDecision, AttemptHistory, Continuation, Deadline, Inward, PassEnd, RequestEvidence,
     RetryReason, Spent, StopReason,
 };
-use crate::retry::{AttemptContext, Verdict, Withdrawal};
+use crate::retry::{AttemptContext, RetryNotice, Verdict, Withdrawal, unsafe_retry};
+
+/// A failure the retry loop did not see: what the decision after it reads.
+pub(crate) struct ContinuedFailure<'a> {
+    /// The attempt's evidence, as it ended (`BodyInterrupted`, or what the error says).
+    pub(crate) evidence: RequestEvidence,
+    /// The error it ended with.
+    pub(crate) error: &'a (dyn StdError + 'static),
+    /// The request's method (an operation's last request's; `GET` when none is known).
+    pub(crate) method: &'a Method,
+    /// The request's URL, when known.
+    pub(crate) url: Option<&'a url::Url>,
+}
+
+impl ContinuedFailure<'_> {
+    /// What the before-sleep hook is told about the retry after it.
+    fn notice(&self, delay: Duration, reason: RetryReason) -> RetryNotice<'_> {
+        RetryNotice {
+            attempt: self.evidence.attempt,
+            evidence: &self.evidence,
+            error: Some(self.error),
+            status: self.evidence.status(),
+            delay,
+            reason,
+            method: self.method,
+            url: self.url,
+        }
+    }
+}
 
 /// A retry decided after a failure outside the loop: wait `delay`, then count it with
 /// [`RetryMiddleware::wait_continued`].
@@ -39,49 +69,77 @@ pub(crate) struct ContinuedRetry {
 }
 
 impl RetryMiddleware {
-    /// Decides after `evidence`, the failure of attempt `evidence.attempt` of the request
-    /// `continued` spans (the attempt whose head came back and whose body broke: its record
-    /// in the history is amended; a later number is a new record), and writes the decision
-    /// into the history and the metrics. `method` is the request's, when known (an
-    /// operation may send several).
+    /// Decides after `failure` (the failure of attempt `failure.evidence.attempt` of the
+    /// request `continued` spans: the attempt whose head came back and whose body broke
+    /// has its record in the history amended; a later number is a new record), as the loop
+    /// decides after an attempt: the strategy's verdict (a retry that could repeat a
+    /// request that may have been processed turned into a stop), the delay, the retry
+    /// count, the deadline and the budget; the decision goes into the history, the metrics
+    /// and, for a retry, the before-sleep hook.
     pub(crate) fn decide_continued(
         &self,
         continued: &Continuation,
-        evidence: RequestEvidence,
-        method: &Method,
+        failure: ContinuedFailure<'_>,
     ) -> Result<ContinuedRetry, StopReason> {
         let c = &self.config;
         let mut spent = continued.lock();
         let state = loop_state(c, &spent);
+        let evidence = &failure.evidence;
         // The operation's mark, else what every request it sent said; nothing sent and
         // nothing marked: not idempotent.
-        let idempotent = spent.idempotent.or(spent.all_idempotent).unwrap_or(false);
-        let mut ctx = AttemptContext::new(&evidence, method);
-        ctx.idempotent = idempotent;
+        let mut ctx = AttemptContext::new(evidence, failure.method);
+        ctx.idempotent = spent.idempotent.or(spent.all_idempotent).unwrap_or(false);
         ctx.attempt = evidence.attempt;
         ctx.not_processed_retries = state.not_processed_retries;
         ctx.max_not_processed_retries = c.max_not_processed_retries;
+        ctx.url = failure.url;
+        ctx.error = Some(failure.error);
         let step = match c.strategy.decide(&ctx) {
             Verdict::Stop(reason) => Step::Stop(reason),
-            Verdict::Retry(reason) => c.plan(reason, &evidence, None, true, &state, Instant::now()),
+            verdict => match (verdict, unsafe_retry(&ctx)) {
+                (_, Some(stop)) => Step::Stop(stop),
+                (Verdict::RetryAfter(reason, delay), None) => c.plan_requested(
+                    reason,
+                    Some(delay),
+                    evidence,
+                    None,
+                    true,
+                    &state,
+                    Instant::now(),
+                ),
+                (Verdict::Retry(reason), None) => {
+                    c.plan_requested(reason, None, evidence, None, true, &state, Instant::now())
+                }
+                (other, None) => unreachable!("not a retry: {other:?}"),
+            },
         };
-        let (attempt, origin) = (evidence.attempt, evidence.origin.clone());
-        amend(&mut spent.history, evidence);
+        amend(&mut spent.history, evidence.clone());
         // `record` writes into the history it finds in the extensions.
         let mut extensions = Extensions::new();
         extensions.insert(std::mem::take(&mut spent.history));
-        record(&mut extensions, &step, attempt, method, origin.as_ref());
+        let origin = evidence.origin.as_ref();
+        record(
+            &mut extensions,
+            &step,
+            evidence.attempt,
+            failure.method,
+            origin,
+        );
         spent.history = extensions.remove().unwrap_or_default();
+        drop(spent);
         match step {
             Step::Retry {
                 delay,
                 reason,
                 withdrawal,
-            } => Ok(ContinuedRetry {
-                delay,
-                reason,
-                withdrawal,
-            }),
+            } => {
+                announce(c, &failure.notice(delay, reason));
+                Ok(ContinuedRetry {
+                    delay,
+                    reason,
+                    withdrawal,
+                })
+            }
             Step::Stop(reason) => Err(reason),
         }
     }
@@ -150,11 +208,12 @@ impl Continuation {
         &self,
         state: &mut LoopState,
         idempotent: &mut bool,
-        method: &Method,
+        req: &reqwest::Request,
         extensions: &mut Extensions,
     ) -> bool {
         let mut spent = self.lock();
-        spent.method = Some(method.clone());
+        spent.method = Some(req.method().clone());
+        spent.url = Some(req.url().clone());
         state.retries = spent.retries;
         state.not_processed_retries = spent.not_processed_retries;
         state.hedges = spent.hedges;
@@ -259,14 +318,25 @@ mod tests {
             .unwrap()
     }
 
-    fn cut_body(attempt: u32) -> RequestEvidence {
-        let mut e = RequestEvidence::new(
+    const CUT: std::io::ErrorKind = std::io::ErrorKind::UnexpectedEof;
+
+    fn cut_body<'a>(
+        attempt: u32,
+        error: &'a std::io::Error,
+        method: &'a Method,
+    ) -> ContinuedFailure<'a> {
+        let mut evidence = RequestEvidence::new(
             Transmission::ResponseReceived(StatusCode::OK),
             None,
             attempt,
         );
-        e.failure = Some(FailureKind::BodyInterrupted);
-        e
+        evidence.failure = Some(FailureKind::BodyInterrupted);
+        ContinuedFailure {
+            evidence,
+            error,
+            method,
+            url: None,
+        }
     }
 
     #[tokio::test(start_paused = true)]
@@ -276,7 +346,8 @@ mod tests {
         r.begin_continued(&c, None, None, Some(true));
         let mut delays = Vec::new();
         for attempt in 1..=3 {
-            match r.decide_continued(&c, cut_body(attempt), &Method::GET) {
+            let error = std::io::Error::from(CUT);
+            match r.decide_continued(&c, cut_body(attempt, &error, &Method::GET)) {
                 Ok(planned) => {
                     delays.push(planned.delay);
                     r.wait_continued(&c, planned).await;
@@ -319,8 +390,9 @@ mod tests {
         let r = retry(3);
         let c = Continuation::default();
         r.begin_continued(&c, None, None, None);
+        let error = std::io::Error::from(CUT);
         let got = r
-            .decide_continued(&c, cut_body(1), &Method::GET)
+            .decide_continued(&c, cut_body(1, &error, &Method::GET))
             .map(|p| p.delay);
         assert_eq!(
             got,
@@ -329,7 +401,7 @@ mod tests {
         );
         c.lock().idempotent = Some(true);
         let got = r
-            .decide_continued(&c, cut_body(1), &Method::POST)
+            .decide_continued(&c, cut_body(1, &error, &Method::POST))
             .map(|p| p.delay);
         assert_eq!(got, Ok(Duration::from_secs(1)), "marked idempotent");
         assert_eq!(

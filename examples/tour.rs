@@ -169,6 +169,7 @@ async fn main() -> Result<(), BoxError> {
     chaos_scene(&mut tour).await?;
     rate_limit_fields(&mut tour).await?;
     like_reqwest_retry(&mut tour).await?;
+    resumed_download(&mut tour).await?;
 
     println!("\nSummary");
     println!("{:<34} {:<26} {:<26} ok", "scene", "expected", "observed");
@@ -1176,6 +1177,70 @@ async fn like_reqwest_retry(tour: &mut Tour) -> Result<(), BoxError> {
         "reqwest-retry preset: POST 500",
         "500, 1 at server",
         format!("{post}, {} at server", server.requests() - after_get),
+
+/// A download whose connection breaks twice resumes where it broke: the caller reads one
+/// body, and the server sends each byte once.
+async fn resumed_download(tour: &mut Tour) -> Result<(), BoxError> {
+    println!(
+        "\n21. A 1 MiB download cut twice: resumed with Range + If-Range, one body for the \
+         caller, each byte sent once"
+    );
+    let file: Arc<Vec<u8>> = Arc::new((0..1 << 20).map(|i: usize| (i % 251) as u8).collect());
+    let sent = Arc::new(AtomicUsize::new(0));
+    let server = FlakyServer::start({
+        let (file, sent) = (file.clone(), sent.clone());
+        move |i, req| {
+            let from = req
+                .range
+                .as_deref()
+                .and_then(|r| r.strip_prefix("bytes=")?.strip_suffix('-')?.parse().ok())
+                .unwrap_or(0);
+            // The first two answers break after 300 KiB.
+            let cut_after = (i < 2).then_some(300 * 1024);
+            let bytes = cut_after.map_or(file.len() - from, |n: usize| n.min(file.len() - from));
+            sent.fetch_add(bytes, Ordering::SeqCst);
+            println!(
+                "   request {}: Range {:?}",
+                i + 1,
+                req.range.as_deref().unwrap_or("none")
+            );
+            Reply::Download {
+                file: file.clone(),
+                from,
+                cut_after,
+            }
+        }
+    })
+    .await?;
+    let client = demo_stack()?
+        .resume_bodies(true)
+        .build(reqwest::Client::new())?;
+    let body = client
+        .get(server.url("/dist/wheel.whl"))
+        .send()
+        .await?
+        .bytes()
+        .await?;
+    let same = body[..] == file[..];
+    let sent = sent.load(Ordering::SeqCst);
+    println!(
+        "   caller read {} bytes (identical: {same}); the server sent {sent} body bytes in {} answers",
+        body.len(),
+        server.requests()
+    );
+    tour.check(
+        "resume: cut twice, one body",
+        format!("{} bytes, identical", file.len()),
+        format!(
+            "{} bytes, {}",
+            body.len(),
+            if same { "identical" } else { "different" }
+        ),
+    );
+    tour.check(
+        "resume: bytes at the server",
+        format!("{} in 3 answers", file.len()),
+        format!("{sent} in {} answers", server.requests()),
     );
     Ok(())
 }

@@ -70,7 +70,15 @@
 //! | response 429 | retry | retry |
 //! | any other status | no | no |
 //! | anything after reqwest followed a redirect | as the last hop's row says | **never** |
-//! | certificate errors and TLS alerts about a certificate (`unknown_ca`, `certificate_expired`, …), builder, redirect, decode errors | no | no |
+//! | the response body broke after its head (`BodyInterrupted`) | run the operation again ([`retry::Operation`]) or resume the body ([`Resilience::resume_bodies`]) | **never** (it was answered) |
+//! | certificate errors and TLS alerts about a certificate (`unknown_ca`, `certificate_expired`, …), builder, redirect, decode errors (a complete body that does not decode) | no | no |
+//!
+//! **Bodies.** The middlewares return at the response head; a failure while the body is
+//! read comes later. [`evidence::classify`] classifies it from any error chain
+//! (`FailureKind::BodyInterrupted`, distinct from `Decode`), [`retry::Operation`] runs a
+//! whole operation (send, read, parse) again under the retry policy with one attempt
+//! count, and [`resume`] continues a broken download with `Range` where the server
+//! provably serves the same bytes.
 //!
 //! **Redirects.** reqwest follows them inside one attempt. Once one was followed, the
 //! request the stack sent was received and answered (`3xx`): it is never `NotSent`, a
@@ -143,7 +151,8 @@
 //! | module | what it holds |
 //! |---|---|
 //! | [`stack`] | [`Resilience`]: the whole stack in one builder |
-//! | [`retry`] | [`RetryMiddleware`], the decision table, ready strategies ([`retry::strategies`]), [`RetryBudget`], per-request overrides, attempt timeout, [hedging](retry::Hedging) |
+//! | [`retry`] | [`RetryMiddleware`], the decision table, ready strategies ([`retry::strategies`]), [`RetryBudget`], per-request overrides, attempt timeout, [hedging](retry::Hedging), [operations](retry::Operation) retried whole |
+//! | [`resume`] | bodies that resume where they broke ([`Resilience::resume_bodies`], [`resume::ResumeBody`]) |
 //! | [`exchange`] | [`SendWithHistory`]: `send()` that keeps the builder's extensions and returns the history and the outcome with the result |
 //! | [`backoff`] | [`Backoff`] and [`Jitter`]: the delays between attempts |
 //! | [`retry_after`] | `Retry-After` parsing |
@@ -172,20 +181,18 @@
 //! re-exported where users read it ([`evidence`], [`retry`], [`breaker`]).
 //!
 //! ```text
-//! 6  stack                       Resilience; the composed stack (one middleware, the stages nested)
-//! 5  retry breaker limit auth evidence coalesce chaos
-//!                                the stages: the retry loop (+ attempt timeout, hedging), the
-//!                                per-origin breakers and pauses, the concurrency limit, bearer
-//!                                tokens (TokenFirst, BearerAuth), the transport step + classifier,
-//!                                coalesced GETs; the chaos layer (feature)
-//! 5  retry breaker limit rate auth evidence
-//!                                the stages: the retry loop (+ attempt timeout, hedging), the
-//!                                per-origin breakers and pauses, the concurrency limit, the rate
-//!                                limit, bearer tokens (TokenFirst, BearerAuth), the transport
-//!                                step + classifier
-//! 4  stage metrics backoff       the stage vocabulary (a stage, the rest of the stack it runs,
+//! 7  stack                       Resilience; the composed stack (one middleware, the stages nested)
+//! 6  resume                      resumable bodies: range requests through the stages
+//! 5  retry breaker limit rate auth evidence coalesce chaos
+//!                                the stages: the retry loop (+ attempt timeout, hedging,
+//!                                operations), the per-origin breakers and pauses, the
+//!                                concurrency limit, the rate limit, bearer tokens (TokenFirst,
+//!                                BearerAuth), the transport step, coalesced GETs; the chaos
+//!                                layer (feature)
+//! 4  stage metrics backoff classify
+//!                                the stage vocabulary (a stage, the rest of the stack it runs,
 //!                                what the stages outside hand inward, request ownership, the
-//!                                placement checks) · instruments · delays
+//!                                placement checks) · instruments · delays · the error classifier
 //! 3  error exchange              ResilienceError and every typed error it carries ·
 //!                                send_with_history
 //! 2  record redirect tls_alert   the per-request state (evidence, history, decisions, what a
@@ -225,6 +232,7 @@ pub mod chain;
 #[cfg_attr(docsrs, doc(cfg(feature = "chaos")))]
 pub mod chaos;
 pub mod coalesce;
+mod classify;
 pub mod error;
 pub mod evidence;
 pub mod exchange;
@@ -236,6 +244,7 @@ pub mod rate;
 pub mod ratelimit_fields;
 pub(crate) mod record;
 pub mod redirect;
+pub mod resume;
 pub mod retry;
 pub mod retry_after;
 pub mod stack;

@@ -375,3 +375,53 @@ fn a_shared_get_counts_its_sender_once_and_each_caller_that_joined() {
     };
     assert_eq!((count("sent"), count("joined")), (Some(1), Some(4)));
 }
+
+#[test]
+fn a_resumed_body_is_a_retry_for_body_interrupted_and_its_range_request_an_attempt() {
+    use support::ranged::{Fault, RangedServer, Representation};
+    let recorder = DebuggingRecorder::new();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .start_paused(true)
+        .build()
+        .unwrap();
+    let origin = metrics::with_local_recorder(&recorder, || {
+        runtime.block_on(async {
+            let body: Vec<u8> = (0..10_000u32).map(|i| i as u8).collect();
+            let server = RangedServer::start(Representation::resumable(body.clone()), |i, _| {
+                if i == 0 {
+                    Fault::Close(4_000)
+                } else {
+                    Fault::None
+                }
+            })
+            .await;
+            let client = Resilience::new()
+                .no_breaker()
+                .resume_bodies(true)
+                .build(reqwest_client())
+                .unwrap();
+            let response = client.get(server.url("/f")).send().await.unwrap();
+            assert!(response.bytes().await.unwrap()[..] == body[..]);
+            Origin::parse(&server.url("/")).unwrap()
+        })
+    });
+    let seen = seen(&recorder);
+    let o = origin.as_str();
+    let retries = seen
+        .get(&(
+            "counter".to_owned(),
+            "reqwest_resilience.retry.retries".to_owned(),
+            labels(&[("origin", o), ("reason", "body_interrupted")]),
+        ))
+        .map(|(_, n)| *n);
+    assert_eq!(retries, Some(1));
+    let attempts: u64 = seen
+        .iter()
+        .filter(|((kind, name, _), _)| {
+            kind == "histogram" && name == "http.client.request.duration"
+        })
+        .map(|(_, (_, n))| *n)
+        .sum();
+    assert_eq!(attempts, 2, "the first request and the range request");
+}

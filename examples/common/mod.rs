@@ -28,6 +28,8 @@ pub struct Received {
     pub path: String,
     /// The `Authorization` header, if any.
     pub authorization: Option<String>,
+    /// The `Range` header, if any.
+    pub range: Option<String>,
 }
 
 /// How the server answers one request.
@@ -46,6 +48,17 @@ pub enum Reply {
     HangUp,
     /// Take this long (a slow handler), then reply.
     After(Duration, Box<Reply>),
+    /// A download from byte `from` on (`200` from 0, else `206` with its `Content-Range`),
+    /// with `Accept-Ranges: bytes` and a strong ETag, whose connection is closed after
+    /// `cut_after` bytes of body when set.
+    Download {
+        /// The whole file.
+        file: Arc<Vec<u8>>,
+        /// Where this answer starts.
+        from: usize,
+        /// Close the connection after this many bytes of this answer.
+        cut_after: Option<usize>,
+    },
 }
 
 impl Reply {
@@ -150,6 +163,15 @@ async fn serve(mut stream: TcpStream, counter: Arc<AtomicUsize>, script: Arc<Scr
         match reply {
             Reply::After(..) => unreachable!("waited out above"),
             Reply::HangUp => return,
+            Reply::Download {
+                file,
+                from,
+                cut_after,
+            } => {
+                if !download(&mut stream, &file, from, cut_after).await {
+                    return;
+                }
+            }
             Reply::Respond {
                 status,
                 headers,
@@ -170,6 +192,27 @@ async fn serve(mut stream: TcpStream, counter: Arc<AtomicUsize>, script: Arc<Scr
             }
         }
     }
+}
+
+/// Writes a [`Reply::Download`]; whether the connection lives on.
+async fn download(stream: &mut TcpStream, file: &[u8], from: usize, cut: Option<usize>) -> bool {
+    let len = file.len();
+    let from = from.min(len);
+    let mut head = if from == 0 {
+        "HTTP/1.1 200 OK\r\n".to_owned()
+    } else {
+        format!(
+            "HTTP/1.1 206 Partial Content\r\ncontent-range: bytes {from}-{}/{len}\r\n",
+            len - 1
+        )
+    };
+    head.push_str("accept-ranges: bytes\r\netag: \"tour-v1\"\r\n");
+    head.push_str(&format!("content-length: {}\r\n\r\n", len - from));
+    let end = cut.map_or(len, |n| (from + n).min(len));
+    let whole = end == len;
+    stream.write_all(head.as_bytes()).await.is_ok()
+        && stream.write_all(&file[from..end]).await.is_ok()
+        && whole
 }
 
 /// Reads one request (head and `Content-Length` body); `None` at a clean end of stream.
@@ -193,6 +236,7 @@ async fn read_request(stream: &mut TcpStream, buf: &mut Vec<u8>) -> io::Result<O
     let path = first.next().unwrap_or("").to_owned();
     let mut content_length = 0usize;
     let mut authorization = None;
+    let mut range = None;
     for line in lines {
         let Some((name, value)) = line.split_once(':') else {
             continue;
@@ -204,6 +248,8 @@ async fn read_request(stream: &mut TcpStream, buf: &mut Vec<u8>) -> io::Result<O
                 .map_err(|_| io::Error::other("bad content-length"))?;
         } else if name.eq_ignore_ascii_case("authorization") {
             authorization = Some(value.to_owned());
+        } else if name.eq_ignore_ascii_case("range") {
+            range = Some(value.to_owned());
         }
     }
     while buf.len() < content_length {
@@ -216,6 +262,7 @@ async fn read_request(stream: &mut TcpStream, buf: &mut Vec<u8>) -> io::Result<O
         method,
         path,
         authorization,
+        range,
     }))
 }
 

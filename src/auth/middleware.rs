@@ -336,6 +336,7 @@ standalone_middleware!(BearerAuth);
 /// attempt as `BearerAuth` would (`NotSent`, [`FailureKind::TokenUnavailable`]), before
 /// the breaker and the limiter see it. `BearerAuth` itself, inside them, attaches the
 /// token and keeps the `401` replay, so the breaker still sees the outcome after it.
+#[derive(Clone)]
 pub(crate) struct TokenFirst(pub(crate) BearerAuth);
 
 impl Stage for TokenFirst {

@@ -5,11 +5,13 @@
 //! the retry middleware is installed; [`ResilienceError::from_middleware_error`] gives the
 //! outermost one (e.g. the [`ResilienceError::Retry`] that wraps it).
 
+mod body;
 mod breaker;
 mod retry;
 mod stack;
 mod token;
 
+pub use body::BodyIncomplete;
 pub use breaker::{BreakerState, RejectReason};
 pub use retry::{RetryError, find_reqwest_error};
 pub use stack::{StackError, StackPart};

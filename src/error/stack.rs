@@ -67,6 +67,12 @@ pub enum StackError {
     /// which one middleware cannot hold. Take
     /// [`into_middlewares`](crate::Resilience::into_middlewares) instead.
     ChaosInOneMiddleware,
+    /// [`Resilience::resume_bodies`](crate::Resilience::resume_bodies) on a stack made for
+    /// a client built later ([`into_middleware`](crate::Resilience::into_middleware),
+    /// [`into_middlewares`](crate::Resilience::into_middlewares)): a resumed body sends its
+    /// range requests over the `reqwest::Client` below the stack, which such a stack does
+    /// not know. Build or install it with the client instead.
+    ResumeWithoutClient,
 }
 
 impl fmt::Display for StackError {
@@ -105,6 +111,10 @@ impl fmt::Display for StackError {
             StackError::PerAttemptInOneMiddleware => f.write_str(
                 "per-attempt middlewares cannot be part of one middleware (into_middleware): \
                  install the stack into a ClientBuilder instead",
+            ),
+            StackError::ResumeWithoutClient => f.write_str(
+                "resume_bodies needs the reqwest::Client below the stack (its range requests go \
+                 over it): build or install the stack with the client, not into_middleware(s)",
             ),
             StackError::ChaosInOneMiddleware => f.write_str(
                 "a chaos layer cannot be part of one middleware (into_middleware): it runs \

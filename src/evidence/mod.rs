@@ -11,10 +11,9 @@
 //! proves no request byte can have reached a server. Everything else is
 //! [`Transmission::SentNoResponse`] or [`Transmission::Unknown`].
 
-mod classify;
 mod middleware;
 
-pub use classify::{Classification, classify_error};
+pub use crate::classify::{Classification, classify, classify_body, classify_error};
 pub use middleware::TransportEvidence;
 
 pub use crate::record::{

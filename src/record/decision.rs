@@ -62,6 +62,10 @@ pub enum RetryReason {
     Transient,
     /// A retryable status (408, 429, 500, 502, 503, 504).
     Status(StatusCode),
+    /// The response body of an idempotent request broke after its head
+    /// ([`FailureKind::BodyInterrupted`]): the operation is run again, or the body
+    /// resumed.
+    BodyInterrupted,
 }
 
 /// Why no further attempt is made.
@@ -121,6 +125,7 @@ impl fmt::Display for RetryReason {
             }
             RetryReason::Transient => f.write_str("an idempotent request got no response"),
             RetryReason::Status(s) => write!(f, "retryable status {}", s.as_u16()),
+            RetryReason::BodyInterrupted => f.write_str("the response body broke"),
         }
     }
 }

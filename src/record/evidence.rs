@@ -65,8 +65,14 @@ pub enum FailureKind {
     /// (see [`classify_error`](crate::evidence::classify_error), "GOAWAY"). Always with
     /// [`Transmission::Unknown`].
     GoAway,
-    /// Reading or writing a body failed.
+    /// Writing the request's body failed (or a body failed where nothing tells whose).
     Body,
+    /// The response head arrived and its body broke before its end (a reset, a timeout,
+    /// a connection closed short of the `Content-Length`): the server received and
+    /// answered the request. With [`Transmission::ResponseReceived`] when the status is
+    /// known (see [`classify_body`](crate::evidence::classify_body)). Distinct from
+    /// [`Decode`](Self::Decode), a complete body that could not be decoded.
+    BodyInterrupted,
     /// The redirect policy stopped the request (e.g. a redirect loop).
     Redirect,
     /// The request could not be built (bad URL, bad header).

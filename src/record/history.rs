@@ -179,6 +179,20 @@ impl AttemptHistory {
         }
     }
 
+    /// Replaces the last attempt's evidence (an attempt whose body broke after its head
+    /// came back), keeping its decision until a new one is recorded.
+    pub(crate) fn replace_last(&mut self, evidence: RequestEvidence) {
+        let last = match &mut self.records {
+            Records::Empty => None,
+            Records::One(record) => Some(record),
+            Records::Many(records) => records.last_mut(),
+        };
+        match last {
+            Some(last) => last.evidence = evidence,
+            None => self.push(evidence),
+        }
+    }
+
     /// Keeps the first `len` records (a hedged round re-adds its own in its order).
     pub(crate) fn truncate(&mut self, len: usize) {
         self.records = match std::mem::take(&mut self.records) {

@@ -13,11 +13,14 @@
 //! [`clear_earlier_request`] when it enters it. A key added here and not cleared there
 //! would leak into the next request: add both in this module.
 
+mod continuation;
 mod decision;
 mod evidence;
 mod history;
 mod keys;
 
+pub use continuation::OperationAttempt;
+pub(crate) use continuation::{Continuation, PassEnd, Spent};
 pub use decision::{AttemptDecision, RetryReason, StopReason};
 pub use evidence::{FailureKind, NotProcessedProof, Redirects, RequestEvidence, Transmission};
 pub use history::{AttemptHistory, AttemptRecord, Shared, SharedRole};
@@ -41,6 +44,13 @@ pub(crate) fn clear_earlier_request(extensions: &mut Extensions) {
     extensions.remove::<RequestEvidence>();
     extensions.remove::<RetryOutcome>();
     extensions.remove::<RetryIn>();
+    // Put there by the stack for a body it may resume (a caller's own stays).
+    if extensions
+        .get::<OperationAttempt>()
+        .is_some_and(OperationAttempt::is_by_stack)
+    {
+        extensions.remove::<OperationAttempt>();
+    }
 }
 
 #[cfg(test)]

@@ -281,6 +281,7 @@ impl<S: RetryStrategy + ?Sized> RetryStrategy for std::sync::Arc<S> {
 /// | 408, 500, 502, 503, 504 | retry | only with `Retry-After` |
 /// | 429 | retry | retry |
 /// | other statuses | no | no |
+/// | body cut after the head ([`FailureKind::BodyInterrupted`]) | retry (run the operation again, or resume) | never |
 /// | anything after a followed redirect ([`Redirects::Followed`]) | as the last hop's row says | never ([`StopReason::RedirectFollowed`]) |
 /// | certificate, builder, redirect, decode, permanent connect | no | no |
 ///
@@ -330,6 +331,9 @@ impl RetryStrategy for DefaultStrategy {
             Redirects::Unknown => return Verdict::Stop(StopReason::MayHaveBeenProcessed),
             _ => {}
         }
+        if ev.failure == Some(FailureKind::BodyInterrupted) {
+            return decide_body_interrupted(ctx.idempotent);
+        }
         if let Transmission::ResponseReceived(status) = ev.transmission {
             return decide_status(status, ctx.idempotent, ev.retry_after.is_some());
         }
@@ -367,6 +371,16 @@ impl RetryStrategy for DefaultStrategy {
             _ if ev.not_processed.is_some() => Verdict::Stop(StopReason::NotProcessedRetryUsed),
             _ => Verdict::Stop(StopReason::MayHaveBeenProcessed),
         }
+    }
+}
+
+/// A body cut after its response head: the server answered, so only a request that is
+/// harmless to repeat runs again.
+fn decide_body_interrupted(idempotent: bool) -> Verdict {
+    if idempotent {
+        Verdict::Retry(RetryReason::BodyInterrupted)
+    } else {
+        Verdict::Stop(StopReason::MayHaveBeenProcessed)
     }
 }
 

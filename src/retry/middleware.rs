@@ -23,6 +23,7 @@ use crate::backoff::{Backoff, RandomSource, ThreadRandom};
 use crate::error::{ResilienceError, RetryError};
 use crate::misconfig::{self, Misconfiguration};
 use crate::origin::Origin;
+use crate::record::Continuation;
 use crate::record::{
     AttemptDecision, AttemptHistory, AttemptScope, Deadline, FailureKind, Inward, RequestEvidence,
     RetryOutcome, RetryReason, StopReason,
@@ -460,18 +461,18 @@ enum Step {
 }
 
 /// The per-logical-request state of the loop.
-struct LoopState {
-    started_system: Option<SystemTime>,
-    deadline: Option<Instant>,
-    max_retries: u32,
-    retries: u32,
-    previous_delay: Option<Duration>,
+pub(super) struct LoopState {
+    pub(super) started_system: Option<SystemTime>,
+    pub(super) deadline: Option<Instant>,
+    pub(super) max_retries: u32,
+    pub(super) retries: u32,
+    pub(super) previous_delay: Option<Duration>,
     /// The per-attempt timeout for this request ([`AttemptTimeout`] or the configured one).
-    attempt_timeout: Option<Duration>,
+    pub(super) attempt_timeout: Option<Duration>,
     /// Hedges sent so far.
-    hedges: u32,
+    pub(super) hedges: u32,
     /// Retries taken on [`RetryReason::NotProcessed`] (not counted in `retries`).
-    not_processed_retries: u32,
+    pub(super) not_processed_retries: u32,
 }
 
 impl LoopState {
@@ -757,6 +758,8 @@ struct RequestRun<'a> {
     handed_on: bool,
     /// Whether the stack installed the transport step inside (see [`Decision`]).
     transport_installed: bool,
+    /// The earlier passes of this request, when it has some (`continued`).
+    continued: Option<Continuation>,
     /// The URL of the request once the last attempt possible sent the caller's request
     /// itself (none is kept to borrow it from then): boxed, so the loop's future carries a
     /// pointer, not a `Url`, and copied only on that path.
@@ -798,13 +801,19 @@ impl<'a> RequestRun<'a> {
         handover: Handover<'_>,
         attempt_timeout: Option<Duration>,
     ) -> Self {
-        let handed_on = hand_on_deadline(config, extensions);
+        // A later pass of a request (an operation run again, a body resumed) goes on
+        // from the earlier ones: `super::continuation`.
+        let continued = Continuation::of_request(extensions);
+        let handed_on = continued
+            .as_ref()
+            .is_some_and(|c| c.hand_on_deadline(extensions))
+            | hand_on_deadline(config, extensions);
         // Kept for every attempt (and copy) to start its clock from.
         Inward::set_attempt_timeout(extensions, attempt_timeout);
-        let idempotent = extensions
+        let mut idempotent = extensions
             .get::<Idempotent>()
             .map_or_else(|| is_idempotent(req.method(), req.headers()), |i| i.0);
-        let state = LoopState {
+        let mut state = LoopState {
             // Only an external policy reads the wall clock; the success path skips it.
             started_system: matches!(config.delays, Delays::External(_)).then(SystemTime::now),
             deadline: extensions.get::<Deadline>().map(|d| d.0),
@@ -817,7 +826,10 @@ impl<'a> RequestRun<'a> {
             hedges: 0,
             not_processed_retries: 0,
         };
-        if let Some(budget) = &config.budget {
+        let deposit = continued
+            .as_ref()
+            .is_none_or(|c| c.begin_pass(&mut state, &mut idempotent, req, extensions));
+        if let Some(budget) = config.budget.as_ref().filter(|_| deposit) {
             budget.deposit();
         }
         let hedging = config
@@ -837,6 +849,7 @@ impl<'a> RequestRun<'a> {
             // What this request handed inward ends with it.
             handed_on: handed_on || attempt_timeout.is_some(),
             transport_installed: handover.composed(),
+            continued,
             last_url: None,
         }
     }
@@ -1027,6 +1040,10 @@ impl<'a> RequestRun<'a> {
         extensions: &mut Extensions,
     ) -> reqwest_middleware::Result<Response> {
         let Stopped { attempts, stop } = stopped;
+        if let Some(c) = &self.continued {
+            let status = result.as_ref().ok().map(Response::status);
+            c.end_pass(&self.state, stop, status, extensions);
+        }
         finish(
             self.config,
             result,
@@ -1393,6 +1410,9 @@ async fn drain(mut response: Response) {
         }
     }
 }
+
+mod continued;
+pub(crate) use continued::{ContinuedFailure, ContinuedRetry};
 
 #[cfg(test)]
 mod tests {

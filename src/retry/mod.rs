@@ -41,6 +41,7 @@ mod hedge;
 mod latency;
 mod middleware;
 mod notice;
+mod operation;
 #[cfg(feature = "retry-policies")]
 mod policies;
 pub mod strategies;
@@ -49,13 +50,23 @@ pub use attempt_timeout::AttemptTimeout;
 pub use budget::RetryBudget;
 use budget::Withdrawal;
 pub use compat::AnyServerError;
+
+pub use crate::record::OperationAttempt;
 pub use decision::{
     AttemptContext, DEFAULT_MAX_NOT_PROCESSED_RETRIES, DefaultStrategy, ResponseHead, RetryReason,
     RetryStrategy, StopReason, Verdict, is_idempotent, unsafe_retry,
 };
 pub use error::{ErrorWrapping, RetryError, find_reqwest_error};
 pub use hedge::{HedgeDelay, Hedging};
+pub(crate) use middleware::ContinuedFailure;
 pub use middleware::{RetryAfterPolicy, RetryMiddleware, RetryMiddlewareBuilder};
+pub use operation::{Operation, OperationOutcome};
+
+/// How many attempt records the earlier passes of a continued request left (see
+/// `continuation`).
+pub(crate) fn continuation_recorded(extensions: &http::Extensions) -> usize {
+    crate::record::Continuation::recorded(extensions)
+}
 pub(crate) use notice::BeforeSleep;
 pub use notice::RetryNotice;
 

@@ -60,9 +60,18 @@ impl Resilience {
         self,
         builder: ClientBuilder,
     ) -> Result<AstralStackBuilder, ResilienceError> {
-        let chain = self.into_middlewares_astral()?;
+        // The client under the builder, for resumed bodies' range requests.
+        let built = builder.build();
+        let client = built.as_ref().clone();
+        let per_attempt = astral_per_attempt(&self.per_attempt)?;
+        let chain = self
+            .prebuilt_client()?
+            .assemble(Some(client))?
+            .into_chain(per_attempt);
         Ok(AstralStackBuilder {
-            builder: chain.into_iter().fold(builder, ClientBuilder::with_arc),
+            builder: chain
+                .into_iter()
+                .fold(ClientBuilder::from_client(built), ClientBuilder::with_arc),
         })
     }
 
@@ -76,7 +85,7 @@ impl Resilience {
     #[cfg_attr(docsrs, doc(cfg(feature = "astral")))]
     pub fn into_middlewares_astral(self) -> Result<Vec<Arc<dyn Middleware>>, ResilienceError> {
         let per_attempt = astral_per_attempt(&self.per_attempt)?;
-        let parts = self.prebuilt_client()?.assemble()?;
+        let parts = self.prebuilt_client()?.assemble(None)?;
         Ok(parts.into_chain(per_attempt))
     }
 

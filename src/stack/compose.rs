@@ -43,6 +43,8 @@ pub(crate) struct Composed<T, L> {
     /// `None` when a user's per-attempt middleware runs between `BearerAuth` and the
     /// transport step: then the transport step is a middleware of its own after them.
     pub(crate) transport: Option<crate::evidence::TransportEvidence>,
+    /// Resumes response bodies that break (`crate::resume`), when the stack may.
+    pub(crate) resume: Option<crate::resume::Resumer>,
 }
 
 impl<L> Composed<Absent, L> {
@@ -58,6 +60,7 @@ impl<L> Composed<Absent, L> {
             limit: self.limit,
             bearer: self.bearer,
             transport: self.transport,
+            resume: self.resume,
         }
     }
 }
@@ -75,6 +78,7 @@ impl<T> Composed<T, Absent> {
             limit,
             bearer: self.bearer,
             transport: self.transport,
+            resume: self.resume,
         }
     }
 }
@@ -117,6 +121,10 @@ impl<T: Stage + 'static, L: Stage + 'static> Composed<T, L> {
                 };
             }
         };
+        let resume = self
+            .resume
+            .as_ref()
+            .and_then(|r| Some((r, r.candidate(&req, extensions)?)));
         let inner = Nested::new(&self.transport, next);
         let inner = Nested::new(&self.bearer, inner);
         let inner = Nested::new(&self.limit, inner);
@@ -129,7 +137,20 @@ impl<T: Stage + 'static, L: Stage + 'static> Composed<T, L> {
         // Installed always: here, or after the user's per-attempt middlewares.
         let handover = Handover::default().within_composed();
         Either::Stage {
-            future: owner.poll_made_as(inner.run(req, extensions, handover)),
+            future: match resume {
+                None => Either::Stage {
+                    future: owner.poll_made_as(inner.run(req, extensions, handover)),
+                },
+                // A body that may be resumed: its response is wrapped once it comes.
+                Some((resumer, candidate)) => Either::Skip {
+                    future: async move {
+                        let result = owner
+                            .poll_made_as(inner.run(req, &mut *extensions, handover))
+                            .await;
+                        resumer.finish(candidate, result, extensions)
+                    },
+                },
+            },
         }
     }
 }
@@ -189,3 +210,66 @@ pub(crate) trait StackMiddleware:
 }
 #[cfg(feature = "astral")]
 impl<M: Middleware + astral_reqwest_middleware::Middleware> StackMiddleware for M {}
+
+/// The stages of a composed stack from the retry loop inward, over the client: what a
+/// resumed body sends its range requests through (`crate::resume`). Clones of the
+/// stack's own stages (they share their registries, budgets and token managers), with the
+/// transport step always innermost (a stack with per-attempt middlewares has it outside
+/// `Composed`; those middlewares do not see the range requests).
+pub(crate) struct ResumeStages<T, L> {
+    /// The `on_attempt` hook and the span (feature `tracing`): a range request is an
+    /// attempt the hook reports like any other.
+    pub(crate) observer: Option<super::RequestObserver>,
+    pub(crate) retry: crate::retry::RetryMiddleware,
+    pub(crate) token_first: T,
+    pub(crate) breaker: Option<crate::breaker::CircuitBreakerMiddleware>,
+    pub(crate) rate: Option<crate::rate::RateLimit>,
+    pub(crate) limit: L,
+    pub(crate) bearer: Option<crate::auth::BearerAuth>,
+    pub(crate) transport: crate::evidence::TransportEvidence,
+    pub(crate) client: reqwest::Client,
+}
+
+impl<T: Stage + 'static, L: Stage + 'static> crate::resume::Resend for ResumeStages<T, L> {
+    fn resend(
+        self: std::sync::Arc<Self>,
+        req: Request,
+        mut extensions: Extensions,
+    ) -> crate::resume::Resent {
+        Box::pin(async move {
+            let owner =
+                crate::stage::scope::enter(&mut extensions, "RetryMiddleware", true, req.url())?;
+            let inner = Nested::new(&self.transport, ClientCall(&self.client));
+            let inner = Nested::new(&self.bearer, inner);
+            let inner = Nested::new(&self.limit, inner);
+            let inner = Nested::new(&self.rate, inner);
+            let inner = Nested::new(&self.breaker, inner);
+            let inner = Nested::new(&self.token_first, inner);
+            let inner = Nested::new(&self.retry, inner);
+            let inner = Nested::new(&self.observer, inner);
+            let handover = Handover::default().within_composed();
+            owner
+                .poll_made_as(inner.run(req, &mut extensions, handover))
+                .await
+        })
+    }
+}
+
+/// The client itself as the innermost rest of the stack.
+#[derive(Clone, Copy)]
+struct ClientCall<'c>(&'c reqwest::Client);
+
+impl RestOfStack for ClientCall<'_> {
+    fn run<'a>(
+        self,
+        req: Request,
+        _: &'a mut Extensions,
+        _: Handover<'a>,
+    ) -> impl Future<Output = reqwest_middleware::Result<reqwest::Response>> + Send + 'a
+    where
+        Self: 'a,
+    {
+        let sent = self.0.execute(req);
+        async move { sent.await.map_err(reqwest_middleware::Error::Reqwest) }
+    }
+}

@@ -250,6 +250,7 @@ pub struct Resilience {
     #[cfg(feature = "chaos")]
     chaos: Option<crate::chaos::Chaos>,
     rate_limit: Option<crate::rate::RateChoice>,
+    resume_bodies: bool,
 }
 
 impl Default for Resilience {
@@ -287,6 +288,7 @@ impl fmt::Debug for Resilience {
             .field("concurrency_limit", &self.concurrency_limit.is_some())
             .field("coalesce", &self.coalesce)
             .field("rate_limit", &self.rate_limit.is_some())
+            .field("resume_bodies", &self.resume_bodies)
             .finish()
     }
 }
@@ -310,6 +312,7 @@ impl Resilience {
             #[cfg(feature = "chaos")]
             chaos: None,
             rate_limit: None,
+            resume_bodies: false,
         }
     }
 
@@ -348,6 +351,34 @@ impl Resilience {
         stack.retry_settings.strategy = Some(Arc::new(crate::retry::AnyServerError));
         stack.retry_settings.like_reqwest_retry = true;
         stack
+    }
+
+    /// Resumes response bodies that break mid-stream (default off: it wraps the body of
+    /// every `GET` that can be resumed): the rest is asked for with `Range: bytes=N-` and
+    /// `If-Range`, as an attempt of the same request under the retry policy, and spliced
+    /// only when the answer provably continues the same representation. A request can
+    /// say otherwise with [`ResumeBody`](crate::resume::ResumeBody), either way. See
+    /// [`crate::resume`] for the conditions.
+    ///
+    /// Needs the retry stage (the resumes count against its limit): with
+    /// [`no_retry`](Self::no_retry), building fails with [`StackError::Conflict`]. And it
+    /// needs the `reqwest::Client` the range requests go over: a stack made for a client
+    /// built later ([`into_middleware`](Self::into_middleware),
+    /// [`into_middlewares`](Self::into_middlewares)) fails with
+    /// [`StackError::ResumeWithoutClient`] (there, a request's own
+    /// [`ResumeBody`](crate::resume::ResumeBody) is not resumed either).
+    ///
+    /// ```
+    /// use reqwest_resilience::Resilience;
+    ///
+    /// # fn main() -> Result<(), reqwest_resilience::ResilienceError> {
+    /// let client = Resilience::new().resume_bodies(true).build(reqwest::Client::new())?;
+    /// // client.get(url).send().await?.bytes().await: one body, however often it broke.
+    /// # drop(client); Ok(()) }
+    /// ```
+    pub fn resume_bodies(mut self, resume: bool) -> Self {
+        self.resume_bodies = resume;
+        self
     }
 
     /// Tells the transport step what the `reqwest::Client` does with redirects (default
@@ -761,9 +792,18 @@ impl Resilience {
     ///
     /// See [Errors at build time](Self#errors-at-build-time).
     pub fn install(self, builder: ClientBuilder) -> Result<StackBuilder, ResilienceError> {
-        let chain = self.into_middlewares()?;
+        // The client under the builder, for resumed bodies' range requests.
+        let built = builder.build();
+        let client = built.as_ref().clone();
+        let per_attempt = reqwest_per_attempt(&self.per_attempt)?;
+        let chain = self
+            .prebuilt_client()?
+            .assemble(Some(client))?
+            .into_chain(per_attempt);
         Ok(StackBuilder {
-            builder: chain.into_iter().fold(builder, ClientBuilder::with_arc),
+            builder: chain
+                .into_iter()
+                .fold(ClientBuilder::from_client(built), ClientBuilder::with_arc),
         })
     }
 
@@ -809,7 +849,7 @@ impl Resilience {
                 StackError::PerAttemptInOneMiddleware,
             ));
         }
-        let parts = self.prebuilt_client()?.assemble()?;
+        let parts = self.prebuilt_client()?.assemble(None)?;
         if !parts.is_one_middleware() {
             // Only a chaos layer moves the transport step out without per-attempt ones.
             return Err(ResilienceError::InvalidStack(
@@ -855,7 +895,7 @@ impl Resilience {
     /// As [`install`](Self::install).
     pub fn into_middlewares(self) -> Result<Vec<Arc<dyn Middleware>>, ResilienceError> {
         let per_attempt = reqwest_per_attempt(&self.per_attempt)?;
-        let parts = self.prebuilt_client()?.assemble()?;
+        let parts = self.prebuilt_client()?.assemble(None)?;
         Ok(parts.into_chain(per_attempt))
     }
 
@@ -892,8 +932,19 @@ impl Resilience {
 
     /// The stages as one middleware, and the transport step as a middleware of its own
     /// when per-attempt middlewares run between `BearerAuth` and it.
-    fn assemble(self) -> Result<Assembled, ResilienceError> {
+    /// The stack's parts; `client` is the `reqwest::Client` below it when it is known
+    /// (resumed bodies send their range requests over it).
+    fn assemble(self, client: Option<reqwest::Client>) -> Result<Assembled, ResilienceError> {
         let retry = self.build_retry()?;
+        if self.resume_bodies && retry.is_none() {
+            return Err(ResilienceError::InvalidStack(StackError::Conflict {
+                part: StackPart::Retry,
+                setting: "resume_bodies",
+            }));
+        }
+        if self.resume_bodies && client.is_none() {
+            return Err(ResilienceError::InvalidStack(StackError::ResumeWithoutClient));
+        }
         let breaker = build_breaker(self.breaker, self.on_breaker_transition)?;
         let limit = self.concurrency_limit.map(LimitChoice::build).transpose()?;
         let rate = self
@@ -907,6 +958,12 @@ impl Resilience {
         let transport = TransportEvidence::with_client_redirects(
             self.client_redirects.unwrap_or(ClientRedirects::Unobserved),
         );
+        // A resumed body's range requests go through the stages over the client itself.
+        let resume = client.map(|client| ResumeSetup {
+            by_default: self.resume_bodies,
+            client,
+            transport: transport.clone(),
+        });
         #[cfg(feature = "chaos")]
         let chaos = self.chaos;
         #[cfg(not(feature = "chaos"))]
@@ -929,20 +986,23 @@ impl Resilience {
             limit: crate::stage::Absent,
             bearer: self.bearer.clone(),
             transport: inner_transport,
+            resume: None,
         };
         // Each optional stage whose future is large is there by type only when the stack
         // has it (see `Composed`).
         let stack: Arc<dyn compose::StackMiddleware> = match (self.bearer, limit) {
-            (Some(bearer), Some(limit)) => Arc::new(
+            (Some(bearer), Some(limit)) => Arc::new(ResumeSetup::onto(
+                resume,
                 composed
                     .with_token_first(crate::auth::TokenFirst(bearer))
                     .with_limit(limit),
-            ),
-            (Some(bearer), None) => {
-                Arc::new(composed.with_token_first(crate::auth::TokenFirst(bearer)))
-            }
-            (None, Some(limit)) => Arc::new(composed.with_limit(limit)),
-            (None, None) => Arc::new(composed),
+            )),
+            (Some(bearer), None) => Arc::new(ResumeSetup::onto(
+                resume,
+                composed.with_token_first(crate::auth::TokenFirst(bearer)),
+            )),
+            (None, Some(limit)) => Arc::new(ResumeSetup::onto(resume, composed.with_limit(limit))),
+            (None, None) => Arc::new(ResumeSetup::onto(resume, composed)),
         };
         Ok(Assembled {
             stack,
@@ -1008,6 +1068,47 @@ impl Resilience {
                 s.apply_decision_and_observers(b).build().map(Some)
             }
         }
+    }
+}
+
+/// What a composed stack needs to resume bodies (`crate::resume`).
+struct ResumeSetup {
+    by_default: bool,
+    client: reqwest::Client,
+    transport: TransportEvidence,
+}
+
+impl ResumeSetup {
+    /// `composed`, able to resume bodies (when the client is known and the stack has a
+    /// retry stage, whose limit the resumes count against), by default or per request.
+    fn onto<T, L>(
+        setup: Option<Self>,
+        mut composed: compose::Composed<T, L>,
+    ) -> compose::Composed<T, L>
+    where
+        T: crate::stage::Stage + Clone + 'static,
+        L: crate::stage::Stage + Clone + 'static,
+    {
+        let (Some(setup), Some(retry)) = (setup, composed.retry.0.clone()) else {
+            return composed;
+        };
+        let stages = compose::ResumeStages {
+            observer: composed.observer.0.clone(),
+            retry: retry.clone(),
+            token_first: composed.token_first.clone(),
+            breaker: composed.breaker.clone(),
+            limit: composed.limit.clone(),
+            rate: composed.rate.clone(),
+            bearer: composed.bearer.clone(),
+            transport: setup.transport,
+            client: setup.client,
+        };
+        composed.resume = Some(crate::resume::Resumer {
+            by_default: setup.by_default,
+            retry,
+            stack: Arc::new(stages),
+        });
+        composed
     }
 }
 
@@ -1293,6 +1394,7 @@ fn build_breaker(
 
 /// The outermost layer: the span per logical request (feature `tracing`) and the
 /// `on_attempt` hook. Installed only when one of them is wanted.
+#[derive(Clone)]
 pub(crate) struct RequestObserver {
     on_attempt: Option<AttemptHook>,
     #[cfg_attr(not(feature = "tracing"), allow(dead_code))]
@@ -1328,7 +1430,10 @@ impl Stage for RequestObserver {
             // Extensions reused across calls keep older attempts: report only this call's.
             let before = extensions
                 .get::<AttemptHistory>()
-                .map_or(0, AttemptHistory::len);
+                .map_or(0, AttemptHistory::len)
+                // A later pass of an operation or a resumed body: the earlier passes'
+                // records were reported with them.
+                .max(crate::retry::continuation_recorded(extensions));
 
             #[cfg(feature = "tracing")]
             let span = observe::request_span(&req, self.span_url_query);

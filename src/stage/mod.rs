@@ -243,6 +243,7 @@ pub(crate) trait Stage: Send + Sync {
 /// A stage the composed stack leaves out by type: the request goes straight inside, and
 /// its slot costs nothing (unlike `None`, whose `Option` is as large as the stage's
 /// future).
+#[derive(Clone, Copy)]
 pub(crate) struct Absent;
 
 impl Stage for Absent {

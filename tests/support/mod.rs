@@ -49,6 +49,8 @@ pub mod gate;
 pub mod h2;
 pub mod held_port;
 pub mod nginx;
+pub mod nginx_files;
+pub mod ranged;
 pub mod tls;
 pub mod tls_faults;
 

@@ -97,6 +97,12 @@ impl Nginx {
     ///
     /// Under `CI=true` without nginx, or when nginx does not listen within 5 s.
     pub fn start(config: NginxConfig) -> Option<Nginx> {
+        Nginx::start_with(|dir, port| config_text(dir, port, config))
+    }
+
+    /// Starts nginx with the configuration `text(dir, port)` gives for its temporary
+    /// directory and port (see [`start`](Self::start)).
+    pub fn start_with(text: impl FnOnce(&Path, u16) -> String) -> Option<Nginx> {
         let Some(bin) = binary() else {
             if std::env::var("CI").is_ok_and(|v| v == "true") {
                 panic!("CI=true and no nginx installed: .ci/run installs nginx-light");
@@ -112,7 +118,7 @@ impl Nginx {
         std::fs::create_dir_all(&dir).expect("nginx temp dir");
         let port = free_port();
         let conf = dir.join("nginx.conf");
-        std::fs::write(&conf, config_text(&dir, port, config)).expect("write nginx.conf");
+        std::fs::write(&conf, text(&dir, port)).expect("write nginx.conf");
         let child = Command::new(bin)
             .arg("-p")
             .arg(&dir)
@@ -144,6 +150,11 @@ impl Nginx {
             std::thread::sleep(Duration::from_millis(10));
         }
         panic!("nginx did not listen on {} within 5 s", self.addr);
+    }
+
+    /// Where it listens.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
     }
 
     /// `http://127.0.0.1:PORT<path>`.

@@ -1,9 +1,18 @@
-//! From a `reqwest::Error` to evidence, by walking its `source()` chain: the rules are
-//! documented on [`classify_error`].
+//! From an error chain to evidence: the rules are documented on [`classify_error`] (a
+//! send's error) and [`classify`] (any chain, a response body's failures included).
+//! Re-exported in [`crate::evidence`].
+//!
+//! Layer 4 (beside `backoff`, `metrics`, `stage`): pure logic over `chain`, `record` and
+//! `error`, read by the transport step and by the retry loop's operations, neither of
+//! which may import the other.
 
 use std::error::Error as StdError;
 use std::io;
 
+use http::StatusCode;
+
+use crate::chain;
+use crate::error::BodyIncomplete;
 use crate::record::{FailureKind, NotProcessedProof, Transmission};
 
 /// What the error chain of a failed attempt proves.
@@ -121,6 +130,44 @@ impl Classification {
 /// # }
 /// ```
 pub fn classify_error(err: &reqwest::Error) -> Classification {
+    classify(err)
+}
+
+/// Classifies a failure from any error chain, with the rules of [`classify_error`]: a
+/// `reqwest::Error` anywhere in it (behind a middleware's error, inside the `io::Error` a
+/// `bytes_stream()` reader returns), `hyper`, `h2` and `std::io` errors, found through
+/// [`chain::links`](crate::chain::links). An `io::Error` with no reqwest error inside is
+/// classified by its kinds (rules 7–9).
+///
+/// # Body failures
+///
+/// A failure while reading a response body comes after the response head, so the server
+/// received and answered the request. reqwest reports every body failure of `bytes()`,
+/// `text()`, `json()`, `chunk()` and `bytes_stream()` as `is_decode()`, a cut body
+/// included; what lies beneath tells them apart:
+///
+/// | # | fact | transmission | kind |
+/// |---|---|---|---|
+/// | B1 | a [`BodyIncomplete`] in the chain (the resumable body gave up) | `ResponseReceived(its status)` | [`FailureKind::BodyInterrupted`] |
+/// | B2 | reqwest `is_decode` with a transport failure beneath (reqwest's body error or timer, a `hyper`/`h2` error, an `io` reset, timeout or EOF) | `Unknown` here, `ResponseReceived(status)` from [`classify_body`] | [`FailureKind::BodyInterrupted`] |
+/// | B3 | reqwest `is_decode` with nothing of the transport beneath (invalid JSON in a complete body) | as rule 13 | [`FailureKind::Decode`] (never retried) |
+///
+/// B1 and B2 come before rules 4–12: the reset, the timeout or the EOF beneath describe the
+/// body, not the request, and no HTTP/2 proof of "not processed" can follow a response head.
+/// The chain of a cut body does not carry the status (reqwest drops it); a caller that
+/// had the response head adds it with [`classify_body`].
+///
+/// ```
+/// use std::io;
+/// use reqwest_resilience::evidence::classify;
+/// use reqwest_resilience::{FailureKind, Transmission};
+///
+/// // What a `tokio_util::io::StreamReader` over a reset body hands its reader.
+/// let err = io::Error::other(io::Error::new(io::ErrorKind::ConnectionReset, "reset"));
+/// let c = classify(&err);
+/// assert_eq!((c.transmission, c.kind), (Transmission::SentNoResponse, FailureKind::Reset));
+/// ```
+pub fn classify(err: &(dyn StdError + 'static)) -> Classification {
     let c = decide(&Facts::collect(err));
     certificate_alert_after_handshake(c, err)
 }
@@ -130,8 +177,12 @@ pub fn classify_error(err: &reqwest::Error) -> Classification {
 /// request may be out) makes the kind `Certificate`; the transmission stays as decided.
 /// Looked for only under an `InvalidData` I/O error, as rustls reports it, so other
 /// failures format no text.
-fn certificate_alert_after_handshake(c: Classification, err: &reqwest::Error) -> Classification {
+fn certificate_alert_after_handshake(
+    c: Classification,
+    err: &(dyn StdError + 'static),
+) -> Classification {
     if c.kind != FailureKind::Certificate
+        && c.kind != FailureKind::BodyInterrupted
         && crate::chain::has_io_kind(err, &[io::ErrorKind::InvalidData])
         && crate::tls_alert::in_chain(err)
     {
@@ -141,6 +192,39 @@ fn certificate_alert_after_handshake(c: Classification, err: &reqwest::Error) ->
         };
     }
     c
+}
+
+/// Classifies the failure of an operation on a response whose head had `status`: reading
+/// its body, or anything the caller did with it.
+///
+/// A transport failure anywhere in the chain (a cut, a reset, a timeout, any rule from
+/// 4 to 12, and B2) is `ResponseReceived(status)` / [`FailureKind::BodyInterrupted`]; a
+/// decode error of a complete body is `ResponseReceived(status)` / [`FailureKind::Decode`];
+/// anything else (the caller's own error) is `ResponseReceived(status)` /
+/// [`FailureKind::Other`]. A [`BodyIncomplete`] in the chain brings its own status.
+///
+/// ```
+/// use std::io;
+/// use http::StatusCode;
+/// use reqwest_resilience::evidence::classify_body;
+/// use reqwest_resilience::{FailureKind, Transmission};
+///
+/// let err = io::Error::new(io::ErrorKind::UnexpectedEof, "body cut");
+/// let c = classify_body(&err, StatusCode::OK);
+/// assert_eq!(c.transmission, Transmission::ResponseReceived(StatusCode::OK));
+/// assert_eq!(c.kind, FailureKind::BodyInterrupted);
+/// ```
+pub fn classify_body(err: &(dyn StdError + 'static), status: StatusCode) -> Classification {
+    let f = Facts::collect(err);
+    let received = Transmission::ResponseReceived(f.head_status.unwrap_or(status));
+    let kind = if f.body_interrupted() || f.transport_failure() {
+        FailureKind::BodyInterrupted
+    } else if f.decode {
+        FailureKind::Decode
+    } else {
+        FailureKind::Other
+    };
+    Classification::new(received, kind)
 }
 
 /// How a connect failure looked, as far as the chain tells.
@@ -160,6 +244,11 @@ pub(crate) struct Facts {
     redirect: bool,
     body: bool,
     decode: bool,
+    /// A transport failure (reqwest's body error or timer, a hyper, h2 or transport
+    /// `io` error) below a decode error: a response body that broke (rule B2).
+    below_decode: bool,
+    /// The status a [`BodyIncomplete`] carries (rule B1).
+    head_status: Option<http::StatusCode>,
     /// `Some` when hyper-util says the connector failed.
     connect: Option<ConnectFacts>,
     h2_refused_stream: bool,
@@ -176,56 +265,67 @@ pub(crate) struct Facts {
 }
 
 impl Facts {
-    fn collect(err: &reqwest::Error) -> Facts {
-        let mut f = Facts {
-            builder: err.is_builder(),
-            redirect: err.is_redirect(),
-            body: err.is_body(),
-            decode: err.is_decode(),
-            // reqwest's own timer (`TimedOut`, a private type) and any timeout beneath it.
-            timeout: err.is_timeout(),
-            ..Facts::default()
-        };
-        let mut source = err.source();
-        while let Some(e) = source {
-            if let Some(e) = e.downcast_ref::<hyper_util::client::legacy::Error>() {
+    fn collect(err: &(dyn StdError + 'static)) -> Facts {
+        let mut f = Facts::default();
+        // The outermost reqwest error: whose `is_dns` and timer a connect failure reads.
+        let top = chain::reqwest_error(err);
+        for e in chain::links(err) {
+            if let Some(r) = e.downcast_ref::<reqwest::Error>() {
+                f.note_reqwest(r);
+            } else if let Some(b) = e.downcast_ref::<BodyIncomplete>() {
+                f.head_status = Some(b.status());
+            } else if let Some(e) = e.downcast_ref::<hyper_util::client::legacy::Error>() {
                 if e.is_connect() {
-                    f.connect = Some(connect_facts(err));
+                    f.connect = Some(connect_facts(top.map_or(err, |r| r as _), top));
                 } else if e.connect_info().is_none() {
                     f.setup_stage = true;
                 }
             } else if let Some(e) = e.downcast_ref::<hyper::Error>() {
+                f.below_decode |= f.decode;
                 f.canceled |= e.is_canceled();
                 f.timeout |= e.is_timeout();
                 f.closed |= e.is_incomplete_message();
                 f.parse |= e.is_parse();
             } else if let Some(e) = e.downcast_ref::<h2::Error>() {
-                let reason = e.reason();
-                if e.is_reset() && e.is_remote() && reason == Some(h2::Reason::REFUSED_STREAM) {
-                    f.h2_refused_stream = true;
-                } else if e.is_go_away() && e.is_remote() {
-                    f.h2_remote_go_away = true;
-                } else if !e.is_io() {
-                    f.h2_other = Some(e.is_remote());
-                }
-                if let Some(io) = e.get_io() {
-                    f.note_io(io);
-                }
+                f.below_decode |= f.decode;
+                f.note_h2(e);
             } else if let Some(io) = e.downcast_ref::<io::Error>() {
-                f.note_io(io);
+                // The kinds of the `io::Error`s nested in this one are visited as links.
+                f.note_io_kind(io.kind());
             }
-            source = e.source();
         }
         f
     }
 
-    fn note_io(&mut self, io: &io::Error) {
-        for kind in io_kinds(io) {
-            self.note_io_kind(kind);
+    fn note_reqwest(&mut self, r: &reqwest::Error) {
+        // A body error or reqwest's own timer beneath a decode error is the body breaking.
+        self.below_decode |= self.decode && (r.is_body() || r.is_timeout());
+        self.builder |= r.is_builder();
+        self.redirect |= r.is_redirect();
+        self.body |= r.is_body();
+        self.decode |= r.is_decode();
+        // reqwest's own timer (`TimedOut`, a private type) and any timeout beneath it.
+        self.timeout |= r.is_timeout();
+    }
+
+    fn note_h2(&mut self, e: &h2::Error) {
+        let reason = e.reason();
+        if e.is_reset() && e.is_remote() && reason == Some(h2::Reason::REFUSED_STREAM) {
+            self.h2_refused_stream = true;
+        } else if e.is_go_away() && e.is_remote() {
+            self.h2_remote_go_away = true;
+        } else if !e.is_io() {
+            self.h2_other = Some(e.is_remote());
+        }
+        if let Some(io) = e.get_io() {
+            for kind in chain::io_kinds(io) {
+                self.note_io_kind(kind);
+            }
         }
     }
 
     fn note_io_kind(&mut self, kind: io::ErrorKind) {
+        let before = (self.timeout, self.reset, self.closed);
         match kind {
             io::ErrorKind::TimedOut => self.timeout = true,
             io::ErrorKind::ConnectionReset
@@ -234,16 +334,36 @@ impl Facts {
             io::ErrorKind::UnexpectedEof => self.closed = true,
             _ => {}
         }
+        self.below_decode |= self.decode && before != (self.timeout, self.reset, self.closed);
+    }
+
+    /// Rules B1 and B2: a response body that broke.
+    fn body_interrupted(&self) -> bool {
+        self.head_status.is_some() || (self.decode && self.below_decode)
+    }
+
+    /// Whether any layer reports a transport failure (rules 4–12).
+    fn transport_failure(&self) -> bool {
+        self.h2_refused_stream
+            || self.h2_remote_go_away
+            || self.h2_other.is_some()
+            || self.canceled
+            || self.timeout
+            || self.reset
+            || self.closed
+            || self.parse
+            || self.body
     }
 }
 
-/// Reads the kind of a connect failure from the chain (see the module docs).
-fn connect_facts(err: &reqwest::Error) -> ConnectFacts {
+/// Reads the kind of a connect failure from the chain below `from` (the outermost
+/// reqwest error, `top`, when there is one; see the module docs).
+fn connect_facts(from: &(dyn StdError + 'static), top: Option<&reqwest::Error>) -> ConnectFacts {
     let mut c = ConnectFacts {
-        dns: err.is_dns(),
+        dns: top.is_some_and(reqwest::Error::is_dns),
         ..ConnectFacts::default()
     };
-    let mut source = err.source();
+    let mut source = from.source();
     while let Some(e) = source {
         let display = e.to_string();
         let text = format!("{display} {e:?}");
@@ -252,9 +372,9 @@ fn connect_facts(err: &reqwest::Error) -> ConnectFacts {
             is_certificate_text(&text) || crate::tls_alert::is_certificate_alert(&text);
         // hyper-util's HttpConnector: "invalid URL, scheme is not http" and friends.
         c.invalid_url |= text.contains("invalid URL");
-        let kinds = e
+        let kinds: Vec<io::ErrorKind> = e
             .downcast_ref::<io::Error>()
-            .map(io_kinds)
+            .map(|io| chain::io_kinds(io).collect())
             .unwrap_or_default();
         for kind in kinds {
             match kind {
@@ -281,27 +401,8 @@ fn connect_facts(err: &reqwest::Error) -> ConnectFacts {
         source = e.source();
     }
     // reqwest's connect timeout wraps its private `TimedOut`, found by `is_timeout`.
-    c.tcp |= err.is_timeout();
+    c.tcp |= top.is_some_and(reqwest::Error::is_timeout);
     c
-}
-
-/// The kinds of an `io::Error` and of the `io::Error`s wrapped inside it.
-///
-/// `io::Error::source()` skips the error it wraps (it returns the *inner* error's source),
-/// and TLS connectors nest one `io::Error` in another (rustls's `InvalidData` inside
-/// hyper-rustls's `Other`), so the wrapped errors are reached through `get_ref`.
-fn io_kinds(io: &io::Error) -> Vec<io::ErrorKind> {
-    let mut kinds = vec![io.kind()];
-    let mut inner = io.get_ref();
-    // Bounded: a chain deeper than this is not one any connector builds.
-    for _ in 0..8 {
-        let Some(e) = inner.and_then(|e| e.downcast_ref::<io::Error>()) else {
-            break;
-        };
-        kinds.push(e.kind());
-        inner = e.get_ref();
-    }
-    kinds
 }
 
 fn is_certificate_text(text: &str) -> bool {
@@ -338,6 +439,11 @@ fn decide_by_layer(f: &Facts) -> Classification {
     }
     if f.redirect {
         return Classification::new(T::Unknown, K::Redirect);
+    }
+    if f.body_interrupted() {
+        // Rules B1, B2: after the response head, whatever broke beneath.
+        let t = f.head_status.map_or(T::Unknown, T::ResponseReceived);
+        return Classification::new(t, K::BodyInterrupted);
     }
     if let Some(c) = f.connect {
         let kind = if c.dns {

@@ -1134,6 +1134,9 @@ async fn rate_limit_fields(tour: &mut Tour) -> Result<(), BoxError> {
         "rate fields: learned 10/s, 20 callers",
         "20 × 200",
         format!("{ok} × 200"),
+    );
+    Ok(())
+}
 
 /// `Resilience::like_reqwest_retry()`: reqwest-retry's statuses (every 5xx) and no breaker
 /// or budget, but still no second POST that may have been processed.
@@ -1177,6 +1180,9 @@ async fn like_reqwest_retry(tour: &mut Tour) -> Result<(), BoxError> {
         "reqwest-retry preset: POST 500",
         "500, 1 at server",
         format!("{post}, {} at server", server.requests() - after_get),
+    );
+    Ok(())
+}
 
 /// A download whose connection breaks twice resumes where it broke: the caller reads one
 /// body, and the server sends each byte once.

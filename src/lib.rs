@@ -231,8 +231,8 @@ pub mod chain;
 #[cfg(feature = "chaos")]
 #[cfg_attr(docsrs, doc(cfg(feature = "chaos")))]
 pub mod chaos;
-pub mod coalesce;
 mod classify;
+pub mod coalesce;
 pub mod error;
 pub mod evidence;
 pub mod exchange;

@@ -120,7 +120,11 @@ fn stack(
         // A GET that waited for a stream slot when a rotation came is lost by hyper
         // (`DispatchGone`, see `lost_at_rotation`) and retried as any unanswered GET,
         // counted: under 20 rotations per burst one GET can meet several.
-        .max_retries(if max_not_processed_retries > DEFAULT_CAP { 10 } else { 3 })
+        .max_retries(if max_not_processed_retries > DEFAULT_CAP {
+            10
+        } else {
+            3
+        })
         .breaker(registry.clone())
         .build(client)
         .unwrap();

@@ -54,24 +54,33 @@ impl Resilience {
     /// # Errors
     ///
     /// As [`install`](Self::install); a per-attempt middleware of reqwest-middleware's
-    /// trait is a [`StackError::PerAttemptOtherTrait`].
+    /// trait is a [`StackError::PerAttemptOtherTrait`]. The fork's builder does not hand
+    /// out its client, which resumed bodies send their range requests over:
+    /// [`resume_bodies`](Self::resume_bodies) is a [`StackError::ResumeWithoutClient`]
+    /// here (take [`build_astral`](Self::build_astral)).
     #[cfg_attr(docsrs, doc(cfg(feature = "astral")))]
     pub fn install_astral(
         self,
         builder: ClientBuilder,
     ) -> Result<AstralStackBuilder, ResilienceError> {
-        // The client under the builder, for resumed bodies' range requests.
-        let built = builder.build();
-        let client = built.as_ref().clone();
+        // The fork's builder does not hand out its client: no resumed bodies here.
+        self.install_astral_over(builder, None)
+    }
+
+    /// [`install_astral`](Self::install_astral), `client` being the one under `builder`
+    /// (resumed bodies send their range requests over it).
+    fn install_astral_over(
+        self,
+        builder: ClientBuilder,
+        client: Option<reqwest::Client>,
+    ) -> Result<AstralStackBuilder, ResilienceError> {
         let per_attempt = astral_per_attempt(&self.per_attempt)?;
         let chain = self
             .prebuilt_client()?
-            .assemble(Some(client))?
+            .assemble(client)?
             .into_chain(per_attempt);
         Ok(AstralStackBuilder {
-            builder: chain
-                .into_iter()
-                .fold(ClientBuilder::from_client(built), ClientBuilder::with_arc),
+            builder: chain.into_iter().fold(builder, ClientBuilder::with_arc),
         })
     }
 
@@ -99,7 +108,8 @@ impl Resilience {
         self,
         client: reqwest::Client,
     ) -> Result<ClientWithMiddleware, ResilienceError> {
-        Ok(self.install_astral(ClientBuilder::new(client))?.build())
+        let builder = ClientBuilder::new(client.clone());
+        Ok(self.install_astral_over(builder, Some(client))?.build())
     }
 
     /// [`build_from`](Self::build_from) for the astral fork: the client built with the

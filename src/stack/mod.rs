@@ -943,7 +943,9 @@ impl Resilience {
             }));
         }
         if self.resume_bodies && client.is_none() {
-            return Err(ResilienceError::InvalidStack(StackError::ResumeWithoutClient));
+            return Err(ResilienceError::InvalidStack(
+                StackError::ResumeWithoutClient,
+            ));
         }
         let breaker = build_breaker(self.breaker, self.on_breaker_transition)?;
         let limit = self.concurrency_limit.map(LimitChoice::build).transpose()?;

@@ -209,6 +209,13 @@ impl Origin {
         })
     }
 
+    /// Whether `url` has this origin, leaving the thread's cached origin as it is (a URL
+    /// compared with the request's origin, e.g. a response's after a redirect, is not the
+    /// next request's): the fast prefix test, else the origin built and compared.
+    pub(crate) fn is_origin_of_url(&self, url: &reqwest::Url) -> bool {
+        self.is_origin_of(url) || Origin::from_url(url).is_ok_and(|other| other == *self)
+    }
+
     /// Whether `url` has this origin, without building one: its serialization starts
     /// with this origin's text (or, when the URL leaves a default port out, with the text
     /// up to the host) and the authority ends right there.
@@ -359,6 +366,32 @@ mod tests {
             assert_eq!(Origin::cached(&u), Origin::from_url(&u).ok(), "{u}");
         }
         assert_eq!(Origin::cached(&url("data:text/plain,hi")), None);
+    }
+
+    #[test]
+    fn comparing_a_url_with_an_origin_answers_as_from_url_and_leaves_the_cache() {
+        let first = url("http://127.0.0.1:3000/x");
+        let cached = Origin::cached(&first).unwrap();
+        for (other, same) in [
+            ("http://127.0.0.1:3000/y?q", true),
+            ("HTTP://127.0.0.1:3000/", true),
+            ("http://127.0.0.1:3001/", false),
+            ("https://127.0.0.1:3000/", false),
+            ("http://no.url.provided.local/", false),
+            ("data:text/plain,hi", false),
+        ] {
+            let other = url(other);
+            assert_eq!(cached.is_origin_of_url(&other), same, "{other}");
+            assert_eq!(
+                Origin::from_url(&other).ok().as_ref() == Some(&cached),
+                same
+            );
+        }
+        // The thread's cached origin is still the first one: the same text, not rebuilt.
+        assert!(Arc::ptr_eq(
+            &Origin::cached(&first).unwrap().text,
+            &cached.text
+        ));
     }
 
     #[test]

@@ -146,7 +146,7 @@ impl Stage for RateLimit {
             if let Ok(response) = &result {
                 // After a redirect to another origin the fields are that origin's quota,
                 // not this one's: the answer teaches nothing (it still ends a probe).
-                if crate::origin::Origin::cached(response.url()).as_ref() == Some(&origin) {
+                if origin.is_origin_of_url(response.url()) {
                     ticket.learn(response.headers());
                 } else {
                     ticket.learn(&http::HeaderMap::new());

@@ -10,6 +10,22 @@ use crate::stage::{
     Absent, BoxedWhenPresent, Either, Handled, Handover, Nested, RestOfStack, RetrySlot, Stage,
 };
 
+/// The stages from the retry loop inward, nested around `$inner` in the one order they
+/// run: the retry, the token fetch, the breaker, the rate limit, the concurrency limit,
+/// `BearerAuth`, the transport step. The composed stack and a resumed body's range
+/// requests ([`ResumeStages`]) both run them so, each over fields of these names.
+macro_rules! nested_from_retry {
+    ($stages:expr, $inner:expr) => {{
+        let inner = Nested::new(&$stages.transport, $inner);
+        let inner = Nested::new(&$stages.bearer, inner);
+        let inner = Nested::new(&$stages.limit, inner);
+        let inner = Nested::new(&$stages.rate, inner);
+        let inner = Nested::new(&$stages.breaker, inner);
+        let inner = Nested::new(&$stages.token_first, inner);
+        Nested::new(&$stages.retry, inner)
+    }};
+}
+
 /// The whole stack as one middleware: the stages [`Resilience`](super::Resilience) chose,
 /// outermost first, each one left out being `None`. `T` is the token fetch before the
 /// breaker and the limiter ([`TokenFirst`](crate::auth::TokenFirst) with a bearer) and `L`
@@ -125,13 +141,7 @@ impl<T: Stage + 'static, L: Stage + 'static> Composed<T, L> {
             .resume
             .as_ref()
             .and_then(|r| Some((r, r.candidate(&req, extensions)?)));
-        let inner = Nested::new(&self.transport, next);
-        let inner = Nested::new(&self.bearer, inner);
-        let inner = Nested::new(&self.limit, inner);
-        let inner = Nested::new(&self.rate, inner);
-        let inner = Nested::new(&self.breaker, inner);
-        let inner = Nested::new(&self.token_first, inner);
-        let inner = Nested::new(&self.retry, inner);
+        let inner = nested_from_retry!(self, next);
         let inner = Nested::new(&self.coalesce, inner);
         let inner = Nested::new(&self.observer, inner);
         // Installed always: here, or after the user's per-attempt middlewares.
@@ -141,14 +151,16 @@ impl<T: Stage + 'static, L: Stage + 'static> Composed<T, L> {
                 None => Either::Stage {
                     future: owner.poll_made_as(inner.run(req, extensions, handover)),
                 },
-                // A body that may be resumed: its response is wrapped once it comes.
+                // A body that may be resumed (opt-in): its response is wrapped once it
+                // comes. Boxed, so that this rarer future does not size every request's
+                // (stage cost rule 2).
                 Some((resumer, candidate)) => Either::Skip {
-                    future: async move {
+                    future: Box::pin(async move {
                         let result = owner
                             .poll_made_as(inner.run(req, &mut *extensions, handover))
                             .await;
                         resumer.finish(candidate, result, extensions)
-                    },
+                    }),
                 },
             },
         }
@@ -239,13 +251,7 @@ impl<T: Stage + 'static, L: Stage + 'static> crate::resume::Resend for ResumeSta
         Box::pin(async move {
             let owner =
                 crate::stage::scope::enter(&mut extensions, "RetryMiddleware", true, req.url())?;
-            let inner = Nested::new(&self.transport, ClientCall(&self.client));
-            let inner = Nested::new(&self.bearer, inner);
-            let inner = Nested::new(&self.limit, inner);
-            let inner = Nested::new(&self.rate, inner);
-            let inner = Nested::new(&self.breaker, inner);
-            let inner = Nested::new(&self.token_first, inner);
-            let inner = Nested::new(&self.retry, inner);
+            let inner = nested_from_retry!(self, ClientCall(&self.client));
             let inner = Nested::new(&self.observer, inner);
             let handover = Handover::default().within_composed();
             owner

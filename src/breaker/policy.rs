@@ -387,8 +387,9 @@ impl AttemptClassifier for DefaultClassifier {
             if let Transmission::ResponseReceived(status) = e.transmission {
                 return DefaultClassifier::classify_status(status);
             }
-            // A stream the server refused with proof (`REFUSED_STREAM`, a `GOAWAY` below
-            // it): a healthy server rotating its connections or at its stream limit.
+            // A stream the server refused with proof (`REFUSED_STREAM`; the classifier no
+            // longer proves a `GOAWAY`, which is neutral below as `FailureKind::GoAway`): a
+            // healthy server at its stream limit.
             if e.not_processed.is_some() {
                 return Outcome::Neutral;
             }

@@ -123,6 +123,7 @@
 //! | slow-call trips | off ([`breaker::SlowCalls`]); when on: rate 100 %, at least 100 calls, over 30 s | resilience4j's `slowCallRateThreshold` and `minimumNumberOfCalls`; Polly's 30 s `SamplingDuration` |
 //! | rate-limit pause | rate-limit fields saying nothing remains (`X-RateLimit-Remaining: 0` + `-Reset`, `RateLimit: "default";r=0;t=30`, …) pause the origin like `Retry-After`, at most `max_pause` (60 s) | GitHub's REST API docs; draft-ietf-httpapi-ratelimit-headers; `Retry-After`'s cap |
 //! | rate limit | off; when on: learned from the servers' fields ([`ratelimit_fields`]), 5 % below their quota, a probe first per origin, a wait of at most 30 s for a slot, at most 10 000 origins ([`rate::RateLimitConfig`]) | the servers' quotas; GCRA (ITU-T I.371, as `governor`) |
+//! | resumed bodies | off ([`Resilience::resume_bodies`], or [`resume::ResumeBody`] per request); when on: a `GET` answered `200` with byte ranges, a strong validator, a length and no encoding | RFC 9110 §13.1.5 (`If-Range`), §14 (ranges) |
 //!
 //! # Observability
 //!

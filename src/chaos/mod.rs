@@ -32,7 +32,12 @@
 //! fault as it observes a real one. In [`Resilience`](crate::Resilience):
 //! [`Resilience::chaos`](crate::Resilience::chaos). Alone:
 //! `ClientBuilder::new(client).with(your_retry).with(TransportEvidence::new()).with(chaos)`.
-//! Each attempt (each retry, each hedge) is one request for the chaos layer.
+//! Each attempt (each retry, each hedge) is one request for the chaos layer; a resumed
+//! body's range requests ([`Resilience::resume_bodies`](crate::Resilience::resume_bodies))
+//! go straight to the client and meet no chaos. In one builder the layer is the last
+//! middleware ([`Resilience::into_middlewares`](crate::Resilience::into_middlewares) puts it
+//! there), so it cannot be part of one middleware
+//! ([`StackError::ChaosInOneMiddleware`](crate::StackError::ChaosInOneMiddleware)).
 //!
 //! # Deterministic
 //!

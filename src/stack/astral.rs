@@ -27,7 +27,7 @@ use std::sync::Arc;
 use astral_reqwest_middleware::{ClientBuilder, ClientWithMiddleware, Middleware};
 
 use super::{PerAttempt, Resilience};
-use crate::error::{ResilienceError, StackError};
+use crate::error::ResilienceError;
 
 impl Resilience {
     /// [`per_attempt`](Self::per_attempt) for a middleware of the astral fork: the stack
@@ -54,9 +54,9 @@ impl Resilience {
     /// # Errors
     ///
     /// As [`install`](Self::install); a per-attempt middleware of reqwest-middleware's
-    /// trait is a [`StackError::PerAttemptOtherTrait`]. The fork's builder does not hand
+    /// trait is a [`StackError::PerAttemptOtherTrait`](crate::StackError::PerAttemptOtherTrait). The fork's builder does not hand
     /// out its client, which resumed bodies send their range requests over:
-    /// [`resume_bodies`](Self::resume_bodies) is a [`StackError::ResumeWithoutClient`]
+    /// [`resume_bodies`](Self::resume_bodies) is a [`StackError::ResumeWithoutClient`](crate::StackError::ResumeWithoutClient)
     /// here (take [`build_astral`](Self::build_astral)).
     #[cfg_attr(docsrs, doc(cfg(feature = "astral")))]
     pub fn install_astral(
@@ -74,11 +74,7 @@ impl Resilience {
         builder: ClientBuilder,
         client: Option<reqwest::Client>,
     ) -> Result<AstralStackBuilder, ResilienceError> {
-        let per_attempt = astral_per_attempt(&self.per_attempt)?;
-        let chain = self
-            .prebuilt_client()?
-            .assemble(client)?
-            .into_chain(per_attempt);
+        let chain: Vec<Arc<dyn Middleware>> = self.chain(client)?;
         Ok(AstralStackBuilder {
             builder: chain.into_iter().fold(builder, ClientBuilder::with_arc),
         })
@@ -93,9 +89,7 @@ impl Resilience {
     /// As [`install_astral`](Self::install_astral).
     #[cfg_attr(docsrs, doc(cfg(feature = "astral")))]
     pub fn into_middlewares_astral(self) -> Result<Vec<Arc<dyn Middleware>>, ResilienceError> {
-        let per_attempt = astral_per_attempt(&self.per_attempt)?;
-        let parts = self.prebuilt_client()?.assemble(None)?;
-        Ok(parts.into_chain(per_attempt))
+        self.chain(None)
     }
 
     /// [`build`](Self::build) for the astral fork: `client` wrapped in the stack.
@@ -128,19 +122,24 @@ impl Resilience {
     }
 }
 
-/// The per-attempt middlewares for the fork's builder: all of them, or the error for one
-/// of reqwest-middleware's.
-fn astral_per_attempt(list: &[PerAttempt]) -> Result<Vec<Arc<dyn Middleware>>, ResilienceError> {
-    list.iter()
-        .map(|m| match m {
-            PerAttempt::Astral(m) => Ok(m.clone()),
-            PerAttempt::Reqwest(_) => Err(ResilienceError::InvalidStack(
-                StackError::PerAttemptOtherTrait {
-                    builder: "astral-reqwest-middleware",
-                },
-            )),
-        })
-        .collect()
+impl super::ChainMember for dyn Middleware {
+    const CRATE: &'static str = "astral-reqwest-middleware";
+    fn stack(stack: Arc<dyn super::compose::StackMiddleware>) -> Arc<Self> {
+        stack
+    }
+    fn transport(transport: crate::evidence::TransportEvidence) -> Arc<Self> {
+        Arc::new(transport)
+    }
+    #[cfg(feature = "chaos")]
+    fn chaos(chaos: crate::chaos::Chaos) -> Arc<Self> {
+        Arc::new(chaos)
+    }
+    fn per_attempt(middleware: &PerAttempt) -> Option<Arc<Self>> {
+        match middleware {
+            PerAttempt::Astral(m) => Some(m.clone()),
+            PerAttempt::Reqwest(_) => None,
+        }
+    }
 }
 
 /// The astral fork's `ClientBuilder` ending in the stack ([`Resilience::install_astral`]):

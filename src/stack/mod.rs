@@ -795,11 +795,7 @@ impl Resilience {
         // The client under the builder, for resumed bodies' range requests.
         let built = builder.build();
         let client = built.as_ref().clone();
-        let per_attempt = reqwest_per_attempt(&self.per_attempt)?;
-        let chain = self
-            .prebuilt_client()?
-            .assemble(Some(client))?
-            .into_chain(per_attempt);
+        let chain: Vec<Arc<dyn Middleware>> = self.chain(Some(client))?;
         Ok(StackBuilder {
             builder: chain
                 .into_iter()
@@ -894,9 +890,28 @@ impl Resilience {
     ///
     /// As [`install`](Self::install).
     pub fn into_middlewares(self) -> Result<Vec<Arc<dyn Middleware>>, ResilienceError> {
-        let per_attempt = reqwest_per_attempt(&self.per_attempt)?;
-        let parts = self.prebuilt_client()?.assemble(None)?;
-        Ok(parts.into_chain(per_attempt))
+        self.chain(None)
+    }
+
+    /// The middlewares a client builder of `M`'s crate holds, in order (see
+    /// [`Assembled::into_chain`]); `client` is the one under that builder, when known.
+    fn chain<M: ?Sized + ChainMember>(
+        self,
+        client: Option<reqwest::Client>,
+    ) -> Result<Vec<Arc<M>>, ResilienceError> {
+        let per_attempt = self
+            .per_attempt
+            .iter()
+            .map(|m| {
+                M::per_attempt(m).ok_or(ResilienceError::InvalidStack(
+                    StackError::PerAttemptOtherTrait { builder: M::CRATE },
+                ))
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(self
+            .prebuilt_client()?
+            .assemble(client)?
+            .into_chain(per_attempt))
     }
 
     /// Refuses the settings only `build_from` can apply, for a client built elsewhere.
@@ -1229,22 +1244,6 @@ pub(crate) enum PerAttempt {
     Astral(Arc<dyn astral_reqwest_middleware::Middleware>),
 }
 
-/// The per-attempt middlewares for a reqwest-middleware builder: all of them, or the
-/// error for one of the fork's.
-fn reqwest_per_attempt(list: &[PerAttempt]) -> Result<Vec<Arc<dyn Middleware>>, ResilienceError> {
-    list.iter()
-        .map(|m| match m {
-            PerAttempt::Reqwest(m) => Ok(m.clone()),
-            #[cfg(feature = "astral")]
-            PerAttempt::Astral(_) => Err(ResilienceError::InvalidStack(
-                StackError::PerAttemptOtherTrait {
-                    builder: "reqwest-middleware",
-                },
-            )),
-        })
-        .collect()
-}
-
 /// The stack as [`Resilience::assemble`] builds it for a builder.
 struct Assembled {
     /// The stages, one middleware.
@@ -1278,13 +1277,18 @@ impl Assembled {
 
 /// A trait object of either crate's `Middleware`, as a client's chain holds them.
 trait ChainMember {
+    /// The crate whose `ClientBuilder` holds such middlewares (for an error).
+    const CRATE: &'static str;
     fn stack(stack: Arc<dyn compose::StackMiddleware>) -> Arc<Self>;
     fn transport(transport: TransportEvidence) -> Arc<Self>;
     #[cfg(feature = "chaos")]
     fn chaos(chaos: crate::chaos::Chaos) -> Arc<Self>;
+    /// The per-attempt middleware, when it is of this crate's trait.
+    fn per_attempt(middleware: &PerAttempt) -> Option<Arc<Self>>;
 }
 
 impl ChainMember for dyn Middleware {
+    const CRATE: &'static str = "reqwest-middleware";
     fn stack(stack: Arc<dyn compose::StackMiddleware>) -> Arc<Self> {
         stack
     }
@@ -1295,19 +1299,12 @@ impl ChainMember for dyn Middleware {
     fn chaos(chaos: crate::chaos::Chaos) -> Arc<Self> {
         Arc::new(chaos)
     }
-}
-
-#[cfg(feature = "astral")]
-impl ChainMember for dyn astral_reqwest_middleware::Middleware {
-    fn stack(stack: Arc<dyn compose::StackMiddleware>) -> Arc<Self> {
-        stack
-    }
-    fn transport(transport: TransportEvidence) -> Arc<Self> {
-        Arc::new(transport)
-    }
-    #[cfg(feature = "chaos")]
-    fn chaos(chaos: crate::chaos::Chaos) -> Arc<Self> {
-        Arc::new(chaos)
+    fn per_attempt(middleware: &PerAttempt) -> Option<Arc<Self>> {
+        match middleware {
+            PerAttempt::Reqwest(m) => Some(m.clone()),
+            #[cfg(feature = "astral")]
+            PerAttempt::Astral(_) => None,
+        }
     }
 }
 

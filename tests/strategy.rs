@@ -124,8 +124,8 @@ async fn uv_rules_retry_a_get_reset_mid_head_three_times_and_send_a_post_once() 
 
 #[tokio::test(start_paused = true)]
 async fn uv_rules_retry_an_unexpected_eof_from_the_tls_layer() {
-    use support::tls_faults::{TlsFault, TlsFaultServer};
-    let server = TlsFaultServer::start(TlsFault::HalfHeadWithoutCloseNotify).await;
+    use support::tls_faults::TlsFault;
+    let server = support::tls_faults::start(TlsFault::HalfHeadWithoutCloseNotify).await;
     let reqwest = reqwest::Client::builder().tls_danger_accept_invalid_certs(true);
     let client = client_with(exact_retry().strategy(uv_transient()), reqwest);
     let get = client.get(server.url("/simple/")).send_with_history().await;

@@ -14,7 +14,8 @@ use reqwest_resilience::{
 };
 use rustls::CertificateError;
 use support::exact_retry;
-use support::tls_faults::{TlsFault, TlsFaultServer, client_identity};
+use support::tls::TlsServer;
+use support::tls_faults::{TlsFault, client_identity};
 
 fn reqwest_client(identity: bool) -> reqwest::Client {
     let builder = reqwest::Client::builder()
@@ -47,10 +48,10 @@ async fn rejected_post(
 ) -> (
     String,
     Vec<(Transmission, Option<FailureKind>, Option<AttemptDecision>)>,
-    TlsFaultServer,
+    TlsServer,
 ) {
     let server =
-        TlsFaultServer::start(TlsFault::RejectClientCertificate { error, tls12: true }).await;
+        support::tls_faults::start(TlsFault::RejectClientCertificate { error, tls12: true }).await;
     let client = client(exact_retry().build().unwrap(), identity);
     let exchange = client
         .post(server.url("/upload"))
@@ -174,7 +175,7 @@ async fn under_tls_1_3_a_late_certificate_alert_stops_uvs_rules_and_a_post_is_no
         error: CertificateError::Expired,
         tls12: false,
     };
-    let server = TlsFaultServer::start(fault).await;
+    let server = support::tls_faults::start(fault).await;
     let uv = client(
         exact_retry().strategy(uv_transient()).build().unwrap(),
         true,
@@ -232,7 +233,7 @@ async fn under_tls_1_3_a_late_certificate_alert_stops_uvs_rules_and_a_post_is_no
 async fn a_server_certificate_the_client_does_not_trust_stops_uvs_rules_at_once() {
     // The other side of the handshake: the client rejects the server's self-signed
     // certificate (and sends the `unknown_ca` alert itself).
-    let server = support::tls::TlsServer::start().await;
+    let server = TlsServer::start().await;
     let reqwest = reqwest::Client::builder()
         .no_proxy()
         .pool_max_idle_per_host(0)

@@ -27,9 +27,29 @@ use tokio::task::JoinSet;
 
 /// The self-signed certificate, PEM.
 pub const CERT_PEM: &[u8] = include_bytes!("self-signed-cert.pem");
-const KEY_PEM: &[u8] = include_bytes!("self-signed-key.pem");
+/// Its private key, PEM.
+pub const KEY_PEM: &[u8] = include_bytes!("self-signed-key.pem");
 
-/// A TLS server that answers each request (after a completed handshake) with `200 OK`.
+/// What the server writes once it has read a request head.
+#[derive(Debug, Clone, Copy)]
+pub enum Answer {
+    /// `200 OK` with no body, then `close_notify`.
+    Ok,
+    /// These bytes, then the TCP connection closed without a TLS `close_notify` (the
+    /// client's TLS layer reports `io::ErrorKind::UnexpectedEof`).
+    CutWithoutCloseNotify(&'static [u8]),
+}
+
+/// The certificate and key every server here presents.
+pub fn cert_and_key() -> (CertificateDer<'static>, PrivateKeyDer<'static>) {
+    (
+        CertificateDer::from_pem_slice(CERT_PEM).expect("cert pem"),
+        PrivateKeyDer::from_pem_slice(KEY_PEM).expect("key pem"),
+    )
+}
+
+/// A TLS server that answers each request (after a completed handshake) with `200 OK`,
+/// or as [`TlsServer::start_with`] is told.
 pub struct TlsServer {
     addr: SocketAddr,
     connections: Arc<AtomicUsize>,
@@ -47,8 +67,7 @@ impl Drop for TlsServer {
 impl TlsServer {
     /// Starts the server.
     pub async fn start() -> TlsServer {
-        let cert = CertificateDer::from_pem_slice(CERT_PEM).expect("cert pem");
-        let key = PrivateKeyDer::from_pem_slice(KEY_PEM).expect("key pem");
+        let (cert, key) = cert_and_key();
         let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
         let config = rustls::ServerConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()
@@ -56,6 +75,11 @@ impl TlsServer {
             .with_no_client_auth()
             .with_single_cert(vec![cert], key)
             .expect("server config");
+        TlsServer::start_with(config, Answer::Ok).await
+    }
+
+    /// Starts a server with `config` that gives each request head `answer`.
+    pub async fn start_with(config: rustls::ServerConfig, answer: Answer) -> TlsServer {
         let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr");
@@ -91,12 +115,20 @@ impl TlsServer {
                         }
                     }
                     r.fetch_add(1, Ordering::SeqCst);
-                    let _ = tls
-                        .write_all(
-                            b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\nconnection: close\r\n\r\n",
-                        )
-                        .await;
-                    let _ = tls.shutdown().await;
+                    match answer {
+                        Answer::Ok => {
+                            let ok = b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\nconnection: close\r\n\r\n";
+                            let _ = tls.write_all(ok).await;
+                            let _ = tls.shutdown().await;
+                        }
+                        Answer::CutWithoutCloseNotify(bytes) => {
+                            let _ = tls.write_all(bytes).await;
+                            let _ = tls.flush().await;
+                            // Dropped without `shutdown()`: no close_notify, just the TCP FIN.
+                            let (tcp, _) = tls.into_inner();
+                            drop(tcp);
+                        }
+                    }
                 });
                 while conns.try_join_next().is_some() {}
             }

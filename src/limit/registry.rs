@@ -175,27 +175,24 @@ impl Entry {
         if matches!(sample, Sample::Ignored) {
             return;
         }
-        let now = Instant::now();
-        let (change, in_flight) = {
-            let mut st = lock(&self.state);
-            let before = st.limit.get();
-            if let Limit::Adaptive(a) = &mut st.limit {
-                a.sample(now, sample, admitted_with);
-            }
-            let after = st.limit.get();
-            st.grant();
-            ((before != after).then_some((before, after)), st.in_flight)
-        };
-        self.observe(change, in_flight);
+        self.settle(sample, admitted_with, false);
     }
 
     /// Gives back a permit admitted at `admitted_with` in flight, feeding `sample` to the
     /// limit, and passes it on to a waiter.
     fn release(&self, sample: Sample, admitted_with: u32) {
+        self.settle(sample, admitted_with, true);
+    }
+
+    /// Feeds `sample` to the limit, gives the permit back when `release`, and passes the
+    /// room there is on to the waiters.
+    fn settle(&self, sample: Sample, admitted_with: u32, release: bool) {
         let now = Instant::now();
         let (change, in_flight) = {
             let mut st = lock(&self.state);
-            st.in_flight = st.in_flight.saturating_sub(1);
+            if release {
+                st.in_flight = st.in_flight.saturating_sub(1);
+            }
             let before = st.limit.get();
             if let Limit::Adaptive(a) = &mut st.limit {
                 a.sample(now, sample, admitted_with);

@@ -121,8 +121,8 @@
 //! | concurrency limit | off; when on: adaptive ([`limit::Gradient`]: initial 20, min 4, max 1 000), no wait queue | Netflix concurrency-limits |
 //! | coalesced GETs | off ([`coalesce`]); when on: bodies shared up to 1 MiB | the content negotiation fields of RFC 9110 §12.5 key them, with the credentials |
 //! | slow-call trips | off ([`breaker::SlowCalls`]); when on: rate 100 %, at least 100 calls, over 30 s | resilience4j's `slowCallRateThreshold` and `minimumNumberOfCalls`; Polly's 30 s `SamplingDuration` |
-//! | rate-limit pause | rate-limit fields saying nothing remains (`X-RateLimit-Remaining: 0` + `-Reset`, `RateLimit: "default";r=0;t=30`, …) pause the origin like `Retry-After`, at most `max_pause` (60 s) | GitHub's REST API docs; draft-ietf-httpapi-ratelimit-headers; `Retry-After`'s cap |
-//! | rate limit | off; when on: learned from the servers' fields ([`ratelimit_fields`]), 5 % below their quota, a probe first per origin, a wait of at most 30 s for a slot, at most 10 000 origins ([`rate::RateLimitConfig`]) | the servers' quotas; GCRA (ITU-T I.371, as `governor`) |
+//! | rate-limit pause | rate-limit fields saying nothing remains (`X-RateLimit-Remaining: 0` + `-Reset`, `RateLimit: "default";r=0;t=30`, …) pause the origin like `Retry-After`, at most `max_pause` (60 s); with a learning rate limit in the stack, that stage applies them instead | GitHub's REST API docs; draft-ietf-httpapi-ratelimit-headers; `Retry-After`'s cap |
+//! | rate limit | off; when on: learned from the servers' fields ([`ratelimit_fields`]), 5 % below their quota, a server's word holding an origin at most 60 s (`max_server_wait`), a probe first per origin, a wait of at most 30 s for a slot, at most 10 000 origins ([`rate::RateLimitConfig`]) | the servers' quotas; GCRA (ITU-T I.371, as `governor`) |
 //! | resumed bodies | off ([`Resilience::resume_bodies`], or [`resume::ResumeBody`] per request); when on: a `GET` answered `200` with byte ranges, a strong validator, a length and no encoding | RFC 9110 §13.1.5 (`If-Range`), §14 (ranges) |
 //!
 //! # Observability

@@ -544,7 +544,9 @@ async fn a_206_of_a_changed_representation_validated_by_date_is_never_spliced() 
         body: std::sync::Arc::new(b"BBBBBBBBBBBBBBBBBBBB".to_vec()),
         ..v1.clone()
     };
-    let changed = v2.clone().header("last-modified", "Tue, 01 Dec 2026 10:30:00 GMT");
+    let changed = v2
+        .clone()
+        .header("last-modified", "Tue, 01 Dec 2026 10:30:00 GMT");
     let (got, server) = download(
         v1.clone(),
         move |i, _| match i {
@@ -559,7 +561,11 @@ async fn a_206_of_a_changed_representation_validated_by_date_is_never_spliced() 
         reqwest_resilience::chain::find::<reqwest_resilience::error::BodyIncomplete>(&err)
             .expect("the original cut");
     assert_eq!(
-        (incomplete.received(), incomplete.expected(), incomplete.resumes()),
+        (
+            incomplete.received(),
+            incomplete.expected(),
+            incomplete.resumes()
+        ),
         (10, 20, 0)
     );
     assert_eq!(server.ranges(), [None, Some("bytes=10-".to_owned())]);
@@ -597,7 +603,9 @@ async fn a_weak_last_modified_or_a_weak_etag_beside_a_date_is_not_resumed() {
         .without("etag")
         .header("last-modified", "Tue, 01 Dec 2026 10:00:00 GMT");
     let variants = [
-        dated.clone().header("date", "Tue, 01 Dec 2026 10:00:05 GMT"),
+        dated
+            .clone()
+            .header("date", "Tue, 01 Dec 2026 10:00:05 GMT"),
         dated
             .clone()
             .header("date", "Tue, 01 Dec 2026 11:00:00 GMT")

@@ -671,8 +671,9 @@ async fn with_a_concurrency_limit_too_every_attempt_takes_a_slot_and_a_permit() 
 /// 5 % headroom).
 #[tokio::test(start_paused = true)]
 async fn an_absurd_learned_quota_paces_one_request_per_max_server_wait_and_shuts_nothing() {
-    let server = FaultServer::always(Action::ok("ok").header("ratelimit-policy", "1;w=999999999999999"))
-        .await;
+    let server =
+        FaultServer::always(Action::ok("ok").header("ratelimit-policy", "1;w=999999999999999"))
+            .await;
     let registry = RateLimitRegistry::new(RateLimitConfig::default().max_server_wait(S)).unwrap();
     let c = Resilience::new()
         .rate_limiter(registry.clone())
@@ -690,7 +691,10 @@ async fn an_absurd_learned_quota_paces_one_request_per_max_server_wait_and_shuts
     assert_eq!(sent_at, [Duration::ZERO, 1050 * MS, 2100 * MS]);
     assert_eq!(server.requests_seen(), 3);
     let snapshot = registry.get(&origin(&server)).unwrap();
-    assert_eq!((snapshot.interval, snapshot.rejections), (Some(1050 * MS), 0));
+    assert_eq!(
+        (snapshot.interval, snapshot.rejections),
+        (Some(1050 * MS), 0)
+    );
     // A caller that may not wait is turned away with the bounded slot, not a far one.
     let (result, ext) = get_within(&c, &url, Duration::ZERO).await;
     assert!(result.is_err());
@@ -741,7 +745,11 @@ async fn in_the_stack_rate_limit_fields_hold_a_caller_only_within_the_rate_limit
     let asked = Instant::now();
     let (result, ext) = get(&c, &url).await;
     assert_eq!(Instant::now() - asked, Duration::ZERO, "held for no time");
-    assert_eq!(paused_for(&breakers), None, "the breaker leaves the fields alone");
+    assert_eq!(
+        paused_for(&breakers),
+        None,
+        "the breaker leaves the fields alone"
+    );
     let err = result.expect_err("turned away");
     match ResilienceError::from_middleware_error(&err) {
         Some(ResilienceError::Retry(r)) => assert_eq!(

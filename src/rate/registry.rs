@@ -502,9 +502,7 @@ impl Ticket {
             return;
         }
         let now = Instant::now();
-        lock(&entry.state)
-            .schedule
-            .learn(&fields, now, self.probe);
+        lock(&entry.state).schedule.learn(&fields, now, self.probe);
         if std::mem::take(&mut self.probe) {
             entry.answered.notify_waiters();
         }

@@ -467,7 +467,11 @@ mod tests {
         let mut s = Schedule::new(None, true, 0.05, S, t0);
         assert_eq!(s.decide(t0, far, true), Verdict::Now { probe: true });
         // One request per 31 million years: one per second, 5 % slower.
-        s.learn(&quota(1, Duration::from_secs(999_999_999_999_999)), t0, true);
+        s.learn(
+            &quota(1, Duration::from_secs(999_999_999_999_999)),
+            t0,
+            true,
+        );
         assert_eq!(s.pace().unwrap().interval, 1050 * MS);
         let Verdict::At(next) = s.decide(t0, far, true) else {
             panic!()

@@ -287,7 +287,12 @@ mod tests {
         // A server that ignored If-Range: a range of the changed representation.
         let later = range(Some("Tue, 01 Dec 2026 10:30:00 GMT"));
         assert!(!continues(&repr, 40, StatusCode::PARTIAL_CONTENT, &later));
-        assert!(!continues(&repr, 40, StatusCode::PARTIAL_CONTENT, &range(None)));
+        assert!(!continues(
+            &repr,
+            40,
+            StatusCode::PARTIAL_CONTENT,
+            &range(None)
+        ));
         let garbage = range(Some("yesterday"));
         assert!(!continues(&repr, 40, StatusCode::PARTIAL_CONTENT, &garbage));
     }

@@ -779,3 +779,56 @@ async fn in_the_stack_rate_limit_fields_hold_a_caller_only_within_the_rate_limit
     assert_eq!(server.requests_seen(), 4);
     assert_eq!(paused_for(&breakers), None);
 }
+
+/// Issue 29, finding 11, the re-probe: a quota learned from one answer (one a minute) and
+/// an hour's reset from an answer that came 50 s late turn every request away; a minute
+/// after the first rejection the learned state is forgotten and one request probes the
+/// server (before: held until the capped reset, 110 s).
+#[tokio::test(start_paused = true)]
+async fn a_learned_limit_that_turned_everything_away_for_max_server_wait_is_probed_again() {
+    let server = FaultServer::start(|_, req| match req.path.as_str() {
+        "/quota" => Action::ok("ok").header("ratelimit-policy", "1;w=60"),
+        "/late" => Action::Delay(
+            50 * S,
+            Box::new(Action::ok("late").header("ratelimit", r#""d";r=0;t=3600"#)),
+        ),
+        _ => Action::ok("ok"),
+    })
+    .await;
+    let registry = RateLimitRegistry::new(
+        RateLimitConfig::default()
+            .headroom(0.0)
+            .probe_wait(Duration::ZERO)
+            .max_wait(Duration::ZERO),
+    )
+    .unwrap();
+    let c = rate_client(&registry);
+    let t0 = Instant::now();
+    let (quota, late) = (server.url("/quota"), server.url("/late"));
+    let (c2, late2) = (c.clone(), late.clone());
+    let slow = tokio::spawn(async move { status(&c2, &late2).await });
+    assert_eq!(status(&c, &quota).await, 200);
+    let o = origin(&server);
+    assert_eq!(registry.get(&o).unwrap().interval, Some(60 * S));
+    // From 1 s on every request is turned away: first by the pace (its slot at 60 s)...
+    tokio::time::sleep_until(t0 + S).await;
+    let (result, ext) = get(&c, &server.url("/")).await;
+    assert!(result.is_err());
+    assert_rate_limited(&ext, 59 * S);
+    // ... then by the late answer: nothing remains until 50 s + 60 s (the capped hour).
+    assert_eq!(slow.await.unwrap(), 200);
+    assert_eq!(Instant::now() - t0, 50 * S);
+    tokio::time::sleep_until(t0 + 60 * S).await;
+    let (result, ext) = get(&c, &server.url("/")).await;
+    assert!(result.is_err());
+    assert_rate_limited(&ext, 50 * S);
+    assert_eq!(server.requests_seen(), 2);
+    // A minute after the first rejection: one request probes, and its answer (no fields)
+    // leaves nothing learned.
+    tokio::time::sleep_until(t0 + 61 * S).await;
+    assert_eq!(status(&c, &server.url("/")).await, 200);
+    assert_eq!(server.requests_seen(), 3);
+    let snapshot = registry.get(&o).unwrap();
+    assert_eq!((snapshot.interval, snapshot.remaining), (None, None));
+    assert_eq!(snapshot.rejections, 2);
+}

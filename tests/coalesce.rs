@@ -542,7 +542,11 @@ async fn send(client: ClientWithMiddleware, req: reqwest::Request, mut ext: Exte
 }
 
 /// A GET of `url` with `headers`.
-fn get_with(client: &ClientWithMiddleware, url: &str, headers: &[(&str, &str)]) -> reqwest::Request {
+fn get_with(
+    client: &ClientWithMiddleware,
+    url: &str,
+    headers: &[(&str, &str)],
+) -> reqwest::Request {
     let mut req = client.get(url);
     for (n, v) in headers {
         req = req.header(*n, *v);
@@ -572,7 +576,10 @@ async fn in_order(
 
 /// The body names the `Authorization` the server saw.
 fn for_authorization(r: &GatedRequest) -> Answer {
-    Answer::ok(format!("for {}", r.header("authorization").unwrap_or("nobody")))
+    Answer::ok(format!(
+        "for {}",
+        r.header("authorization").unwrap_or("nobody")
+    ))
 }
 
 fn bearer(server: &GatedServer, token: &'static str) -> BearerAuth {
@@ -663,7 +670,11 @@ async fn two_clients_with_their_own_default_credentials_never_share() {
         [
             (200, "for Bearer alice".into(), alices),
             (200, "for Bearer bob".into(), None),
-            (200, "for Bearer alice".into(), Some((SharedRole::Joined, 2))),
+            (
+                200,
+                "for Bearer alice".into(),
+                Some((SharedRole::Joined, 2))
+            ),
         ]
     );
     assert_eq!(server.requests_seen(), 2);
@@ -717,7 +728,12 @@ async fn callers_differing_in_any_header_never_share() {
         &entered,
         ["a", "b", "a"]
             .into_iter()
-            .map(|key| (client.clone(), get_with(&client, &url, &[("x-api-key", key)])))
+            .map(|key| {
+                (
+                    client.clone(),
+                    get_with(&client, &url, &[("x-api-key", key)]),
+                )
+            })
             .collect(),
     )
     .await;
@@ -882,7 +898,10 @@ async fn a_range_with_if_range_never_joins_one_without_it() {
         &server,
         &entered,
         vec![
-            (client.clone(), get_with(&client, &url, &[("range", "bytes=0-3")])),
+            (
+                client.clone(),
+                get_with(&client, &url, &[("range", "bytes=0-3")]),
+            ),
             (
                 client.clone(),
                 get_with(
@@ -937,9 +956,16 @@ async fn a_streamed_answer_returns_at_the_head_to_every_caller() {
     server.open();
     for t in tasks {
         let (status, event, shared) = t.await.unwrap();
-        assert_eq!((status, &event[..], shared), (200, &b"data: 1\n\n"[..], None));
+        assert_eq!(
+            (status, &event[..], shared),
+            (200, &b"data: 1\n\n"[..], None)
+        );
     }
-    assert_eq!(server.requests_seen(), 2, "the sender's, then the joiner's own");
+    assert_eq!(
+        server.requests_seen(),
+        2,
+        "the sender's, then the joiner's own"
+    );
 }
 
 /// Finding 8: an answer marked `private` or `no-store`, or carrying `Set-Cookie`, is the
@@ -1004,11 +1030,18 @@ async fn a_sender_stopped_by_its_own_deadline_hands_the_request_over() {
             let mut ext = Extensions::new();
             ext.insert(Deadline::after(Duration::from_millis(300)));
             let result = client.execute_with_extensions(req, &mut ext).await;
-            (result.map(|r| r.status().as_u16()), ext.get::<RetryOutcome>().map(|o| o.stop))
+            (
+                result.map(|r| r.status().as_u16()),
+                ext.get::<RetryOutcome>().map(|o| o.stop),
+            )
         })
     };
     until_entered(&entered, 1).await;
-    let follower = tokio::spawn(send(client.clone(), get_with(&client, &url, &[]), Extensions::new()));
+    let follower = tokio::spawn(send(
+        client.clone(),
+        get_with(&client, &url, &[]),
+        Extensions::new(),
+    ));
     until_entered(&entered, 2).await;
     let (result, stop) = leader.await.unwrap();
     assert!(result.is_err(), "{result:?}");

@@ -106,13 +106,14 @@ mod landing;
 
 use std::sync::Arc;
 
-use http::{Extensions, HeaderName};
+use http::Extensions;
 use reqwest::{Request, Response};
 
 use crate::error::ResilienceError;
-use crate::record::{AttemptHistory, Deadline, SharedRole};
+use crate::record::{AttemptHistory, Deadline, RetryOutcome, SharedRole, StopReason};
 use crate::stage::{Handover, RestOfStack, Stage, standalone_middleware};
 use flight::{Flights, Joined, Waited};
+use key::Partition;
 use landing::{Landing, Record, SharedResponse};
 
 /// The default bound on a shared body: 1 MiB.
@@ -120,21 +121,39 @@ pub const DEFAULT_MAX_BODY: usize = 1 << 20;
 
 /// Coalesced identical GETs: see the [module docs](self).
 ///
-/// Clones share their flights: two clients built with clones of one `CoalesceGets` share
-/// their requests too.
-#[derive(Clone)]
+/// Each value is an identity of its own, and a clone is a new one: two clients or two
+/// stacks never share a request, even built with clones of one `CoalesceGets`, unless
+/// they were given the same [`identity`](Self::identity). (One value is one identity
+/// wherever it is installed: a middleware cannot tell the clients it serves apart, so
+/// do not hand one `Arc` of it, or of a stack holding it, to clients that send
+/// different default headers.)
 pub struct CoalesceGets {
     flights: Arc<Flights>,
-    vary: Arc<[HeaderName]>,
+    partition: Partition,
     max_body: usize,
+}
+
+impl Clone for CoalesceGets {
+    /// A new identity, unless this one was declared with [`identity`](Self::identity).
+    fn clone(&self) -> Self {
+        CoalesceGets {
+            flights: self.flights.clone(),
+            partition: match &self.partition {
+                Partition::Own(_) => Partition::own(),
+                named @ Partition::Named(_) => named.clone(),
+            },
+            max_body: self.max_body,
+        }
+    }
 }
 
 impl std::fmt::Debug for CoalesceGets {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CoalesceGets")
-            .field("vary", &self.vary)
-            .field("max_body", &self.max_body)
-            .finish_non_exhaustive()
+        let mut d = f.debug_struct("CoalesceGets");
+        if let Partition::Named(identity) = &self.partition {
+            d.field("identity", identity);
+        }
+        d.field("max_body", &self.max_body).finish_non_exhaustive()
     }
 }
 
@@ -145,40 +164,47 @@ impl Default for CoalesceGets {
 }
 
 impl CoalesceGets {
-    /// Coalesces with no `Vary` list and bodies up to [`DEFAULT_MAX_BODY`].
+    /// Coalesces bodies up to [`DEFAULT_MAX_BODY`], as an identity of its own.
     pub fn new() -> Self {
         CoalesceGets {
             flights: Arc::default(),
-            vary: Arc::new([]),
+            partition: Partition::own(),
             max_body: DEFAULT_MAX_BODY,
         }
     }
 
-    /// The request headers, beyond the built-in ones, whose values keep two requests
-    /// apart: the ones your servers' `Vary` response header names. A name that is not a
-    /// valid header name is [`ResilienceError::InvalidConfig`].
-    pub fn vary<I, S>(mut self, names: I) -> Result<Self, ResilienceError>
+    /// Declares that every client and stack holding a clone of this value with the same
+    /// `identity` sends as one identity: the same default headers, the same credentials
+    /// (a `BearerAuth` of the same token source), the same per-attempt additions. Their
+    /// identical requests then share, across clients. Without it a clone never shares
+    /// with another (see [`CoalesceGets`]).
+    pub fn identity(mut self, identity: impl Into<Arc<str>>) -> Self {
+        self.partition = Partition::Named(identity.into());
+        self
+    }
+
+    /// No longer needed: every request header keeps two requests apart (see the [module
+    /// docs](self#what-is-shared)). A name that is not a valid header name is still
+    /// [`ResilienceError::InvalidConfig`]; valid ones change nothing.
+    #[deprecated(note = "every request header is keyed: a Vary list changes nothing")]
+    pub fn vary<I, S>(self, names: I) -> Result<Self, ResilienceError>
     where
         I: IntoIterator<Item = S>,
         S: AsRef<str>,
     {
-        let names = names
-            .into_iter()
-            .map(|n| {
-                HeaderName::from_bytes(n.as_ref().as_bytes()).map_err(|_| {
-                    ResilienceError::InvalidConfig(format!(
-                        "coalesce vary: {:?} is not a header name",
-                        n.as_ref()
-                    ))
-                })
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        self.vary = names.into();
+        for n in names {
+            http::HeaderName::from_bytes(n.as_ref().as_bytes()).map_err(|_| {
+                ResilienceError::InvalidConfig(format!(
+                    "coalesce vary: {:?} is not a header name",
+                    n.as_ref()
+                ))
+            })?;
+        }
         Ok(self)
     }
 
     /// The largest body shared (default [`DEFAULT_MAX_BODY`]); see the [module
-    /// docs](self#when-the-body-is-larger-than-the-bound) for a larger one.
+    /// docs](self#when-the-body-is-not-shared) for a larger one.
     pub fn max_body(mut self, bytes: usize) -> Self {
         self.max_body = bytes;
         self
@@ -198,7 +224,7 @@ impl Stage for CoalesceGets {
     ) -> impl Future<Output = reqwest_middleware::Result<Response>> + Send + 'a {
         async move {
             let owner = handover.enter(extensions, "CoalesceGets", false, req.url())?;
-            let Some(key) = self.flights.key(&req, &self.vary) else {
+            let Some(key) = self.flights.key(&req, &self.partition) else {
                 return owner
                     .poll_as(next, |next| next.run(req, extensions, handover))
                     .await;
@@ -211,6 +237,13 @@ impl Stage for CoalesceGets {
                     Joined::Leader(leader) => {
                         let sent = owner.poll_as(next, |next| next.run(req, extensions, handover));
                         let result = sent.await;
+                        if stopped_by_its_own_deadline(&result, extensions) {
+                            // The sender's own limit, not the request's outcome: as a
+                            // dropped sender, it hands the request over (the first
+                            // follower sends it again).
+                            drop(leader);
+                            return result;
+                        }
                         return self.land(leader, result, extensions).await;
                     }
                 };
@@ -263,6 +296,12 @@ impl CoalesceGets {
         if followers == 0 {
             return Ok(response);
         }
+        if !body::shareable(&response, self.max_body) {
+            // A stream, a body over the bound, the caller's own answer: the sender gets
+            // it as it came, at its head, and each follower sends its own request.
+            leader.land(Arc::new(Landing::NotShared));
+            return Ok(response);
+        }
         let callers = followers.saturating_add(1);
         match body::read(response, self.max_body).await {
             body::Read::Whole { head, url, body } => {
@@ -278,6 +317,23 @@ impl CoalesceGets {
             }
         }
     }
+}
+
+/// Whether the sender's request ended for the sender's own reason: its retry stopped
+/// at the deadline, or it failed once its [`Deadline`] had passed. Its followers started
+/// later, with limits of their own: they are not handed that end.
+fn stopped_by_its_own_deadline(
+    result: &reqwest_middleware::Result<Response>,
+    extensions: &Extensions,
+) -> bool {
+    let stopped = extensions
+        .get::<RetryOutcome>()
+        .is_some_and(|o| o.stop == StopReason::DeadlineExceeded);
+    stopped
+        || (result.is_err()
+            && extensions
+                .get::<Deadline>()
+                .is_some_and(|d| tokio::time::Instant::now() >= d.0))
 }
 
 /// A follower's wait, bounded by its own [`Deadline`]: past it, tokio's `Elapsed` (as the

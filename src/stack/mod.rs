@@ -950,6 +950,11 @@ impl Resilience {
     /// The stack's parts; `client` is the `reqwest::Client` below it when it is known
     /// (resumed bodies send their range requests over it).
     fn assemble(self, client: Option<reqwest::Client>) -> Result<Assembled, ResilienceError> {
+        if self.coalesce.is_some() && !self.per_attempt.is_empty() {
+            return Err(ResilienceError::InvalidStack(
+                StackError::CoalesceWithPerAttempt,
+            ));
+        }
         let retry = self.build_retry()?;
         if self.resume_bodies && retry.is_none() {
             return Err(ResilienceError::InvalidStack(StackError::Conflict {

@@ -54,7 +54,8 @@
 //! the caller's own: **never** one with `Set-Cookie`, or with `Cache-Control` `private`
 //! or `no-store` (RFC 9111 §5.2.2; a `Cache-Control` that is not text counts as both).
 //! A body without `Content-Length` (a stream, an event stream held open) is never
-//! buffered for the followers. Otherwise the leader gets its response as it came, **at
+//! buffered for the followers; nor is one reqwest decompresses (feature `gzip` and the
+//! like: it removes the `Content-Length` of what it decodes). Otherwise the leader gets its response as it came, **at
 //! its head**, as without coalescing, and each follower is let go to send **its own
 //! request**, as if it had never joined: a follower cannot be handed the rest of a
 //! stream that only one caller can read, and holding a large body in memory for callers

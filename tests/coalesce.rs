@@ -1058,3 +1058,56 @@ async fn a_sender_stopped_by_its_own_deadline_hands_the_request_over() {
     assert_eq!(follower.await.unwrap(), (200, body, None));
     assert_eq!((server.requests_seen(), server.closed_by_client()), (2, 1));
 }
+
+/// What held (kept): a body with `Content-Length` that breaks while the sender reads it
+/// is not shared: the sender reads what came, then the failure; each follower sends its
+/// own request and gets the whole body.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_body_that_breaks_while_the_sender_reads_it_is_not_shared() {
+    const WHOLE: &str = "0123456789";
+    let server = GatedServer::start_with(|r| match r.index {
+        0 => Answer::ok(WHOLE).cut_after(4),
+        _ => Answer::ok(WHOLE),
+    })
+    .await;
+    let entered = Entered::default();
+    let client = alone(&entered, CoalesceGets::new());
+    let url = server.url("/file");
+    let mut tasks = Vec::new();
+    for i in 0..3 {
+        let req = get_with(&client, &url, &[]);
+        let client = client.clone();
+        tasks.push(tokio::spawn(async move {
+            let response = client.execute(req).await.unwrap();
+            let shared = shared_as(AttemptHistory::of_response(&response));
+            let status = response.status().as_u16();
+            (
+                status,
+                response
+                    .text()
+                    .await
+                    .map_err(|e| e.is_body() || e.is_decode()),
+                shared,
+            )
+        }));
+        until_entered(&entered, i + 1).await;
+    }
+    server.open();
+    let mut outcomes = Vec::new();
+    for t in tasks {
+        outcomes.push(t.await.unwrap());
+    }
+    assert_eq!(
+        outcomes,
+        [
+            (200, Err(true), None),
+            (200, Ok(WHOLE.to_owned()), None),
+            (200, Ok(WHOLE.to_owned()), None),
+        ]
+    );
+    assert_eq!(
+        server.requests_seen(),
+        3,
+        "the sender's, then one per follower"
+    );
+}

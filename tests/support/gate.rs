@@ -104,6 +104,9 @@ pub struct Answer {
     /// `false`: no `Content-Length`; the body goes as one chunk and the stream then stays
     /// open (an event stream) until the server is dropped.
     pub length_known: bool,
+    /// `Some(n)`: only the first `n` bytes of the body are sent (its whole length
+    /// announced), then the connection is closed: a body that breaks.
+    pub cut_after: Option<usize>,
 }
 
 impl Answer {
@@ -114,6 +117,7 @@ impl Answer {
             headers: Vec::new(),
             body: body.into(),
             length_known: true,
+            cut_after: None,
         }
     }
 
@@ -124,6 +128,12 @@ impl Answer {
 
     pub fn header(mut self, name: &str, value: &str) -> Answer {
         self.headers.push((name.to_owned(), value.to_owned()));
+        self
+    }
+
+    /// The body announced whole, cut after `n` bytes.
+    pub fn cut_after(mut self, n: usize) -> Answer {
+        self.cut_after = Some(n);
         self
     }
 
@@ -151,7 +161,11 @@ impl Answer {
             return out;
         }
         if self.length_known {
-            out.extend_from_slice(&self.body);
+            let sent = self
+                .cut_after
+                .unwrap_or(self.body.len())
+                .min(self.body.len());
+            out.extend_from_slice(&self.body[..sent]);
         } else {
             out.extend_from_slice(format!("{:x}\r\n", self.body.len()).as_bytes());
             out.extend_from_slice(&self.body);
@@ -215,6 +229,9 @@ async fn serve(
         }
         let answer = answer(&request);
         if stream.write_all(&answer.wire(head_only)).await.is_err() {
+            return;
+        }
+        if answer.cut_after.is_some() {
             return;
         }
         if !answer.length_known && !head_only {

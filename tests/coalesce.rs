@@ -1111,3 +1111,29 @@ async fn a_body_that_breaks_while_the_sender_reads_it_is_not_shared() {
         "the sender's, then one per follower"
     );
 }
+
+/// A HEAD answer (its `Content-Length` that of the GET, no body) is still shared between
+/// identical HEADs: its length is known (none follows).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn identical_heads_share_one_request() {
+    let server = GatedServer::start(BODY).await;
+    let entered = Entered::default();
+    let client = alone(&entered, CoalesceGets::new());
+    let url = server.url("/file");
+    let outcomes = in_order(
+        &server,
+        &entered,
+        (0..2)
+            .map(|_| (client.clone(), client.head(&url).build().unwrap()))
+            .collect(),
+    )
+    .await;
+    assert_eq!(
+        outcomes,
+        [
+            (200, String::new(), Some((SharedRole::Sent, 2))),
+            (200, String::new(), Some((SharedRole::Joined, 2))),
+        ]
+    );
+    assert_eq!(server.requests_seen(), 1);
+}

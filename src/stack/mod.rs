@@ -667,8 +667,10 @@ impl Resilience {
     }
 
     /// Turns on coalesced identical GETs (off by default), outermost: concurrent GET and
-    /// HEAD requests for the same thing share one logical request, retried, admitted and
-    /// counted once. See [`coalesce`](crate::coalesce).
+    /// HEAD requests of this stack identical in every header share one logical request,
+    /// retried, admitted and counted once. See [`coalesce`](crate::coalesce). With
+    /// [`per_attempt`](Self::per_attempt) middlewares the build fails
+    /// ([`StackError::CoalesceWithPerAttempt`]): the stage cannot see what they add.
     ///
     /// ```
     /// use reqwest_resilience::Resilience;
@@ -899,6 +901,12 @@ impl Resilience {
         self,
         client: Option<reqwest::Client>,
     ) -> Result<Vec<Arc<M>>, ResilienceError> {
+        // (`into_middleware`, the other way to `assemble`, refuses per-attempt ones.)
+        if self.coalesce.is_some() && !self.per_attempt.is_empty() {
+            return Err(ResilienceError::InvalidStack(
+                StackError::CoalesceWithPerAttempt,
+            ));
+        }
         let per_attempt = self
             .per_attempt
             .iter()

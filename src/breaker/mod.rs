@@ -6,7 +6,8 @@
 //! - [`TripPolicy`] (`policy.rs`): consecutive failures (default 5) or a failure ratio
 //!   over a sliding window of 10 buckets with a minimum throughput (Polly style);
 //!   [`AttemptClassifier`] decides how an attempt counts ([`DefaultClassifier`]: 5xx,
-//!   401, 429 and transport failures are failures; 2xx/3xx successes; other 4xx neutral).
+//!   401, 429 and transport failures are failures, a lost connection once per event (see
+//!   below); 2xx/3xx successes; other 4xx, a refused stream and a `GOAWAY` neutral).
 //! - [`BreakerConfig`] (`config.rs`): open period (30 s), probes (1), growth of the open
 //!   period on repeated trips with a cap, jitter, pause cap (60 s) and mode, bound on origins.
 //! - [`BreakerRegistry`] (`registry.rs`): one breaker per [`Origin`](crate::Origin),
@@ -33,6 +34,24 @@
 //! A retry middleware outside it reads `extensions.get::<RetryIn>()` after `next.run`
 //! and retries no sooner than that; the breaker removes a stale `RetryIn` at the start of
 //! every attempt, so one found there belongs to the attempt just made.
+//!
+//! # Routine server events
+//!
+//! A graceful reload (nginx `HUP`, haproxy `-sf`, apache2 `graceful`, caddy's `/load`), a
+//! connection rotation or an idle close shuts the pooled keep-alive connections requests
+//! are being written on: every attempt in flight on them ends with no response head,
+//! `Closed` ("connection closed before message completed") or `Reset`, on a healthy
+//! origin. Those are [`Outcome::ConnectionLost`], and the breaker counts **one failure
+//! per event**: a connection loss counts only when its attempt was admitted after the
+//! last connection loss the origin's breaker counted; the attempts in flight at that
+//! moment were struck by the same event and are neutral. The order is the breaker's own
+//! (a count of losses carried by each [`Ticket`]), not the clock's, so attempts admitted
+//! in the same instant are told apart. Everything else counts as before: refused
+//! connects, DNS, TLS, 5xx, 401, 429, timeouts and slow calls count every attempt, so a
+//! server that is down trips the breaker as fast as ever, and one that resets every
+//! connection, fresh ones included, trips it after the policy's count of rounds (5 in a
+//! row by default). The failure-ratio policy counts the same: an uncounted loss is not in
+//! its window.
 //!
 //! # Deadlines
 //!

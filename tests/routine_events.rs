@@ -361,3 +361,148 @@ async fn successive_resets_trip_as_fast_as_before_and_a_refused_connect_counts_i
     assert_eq!(reg.state(&refused), Some(BreakerState::Open));
     assert_eq!(events.lock().unwrap().len(), 2);
 }
+
+// The caller's own limits are neutral (issue 28, point 2).
+
+/// Retry (no retries; an attempt timeout when `attempt_timeout`) → breaker → transport.
+fn with_retry(
+    registry: &BreakerRegistry,
+    attempt_timeout: Option<Duration>,
+) -> ClientWithMiddleware {
+    let retry = support::exact_retry().max_retries(0);
+    let retry = match attempt_timeout {
+        Some(t) => retry.attempt_timeout(t),
+        None => retry,
+    };
+    ClientBuilder::new(support::loopback_client())
+        .with(retry.build().unwrap())
+        .with(CircuitBreakerMiddleware::new(registry.clone()))
+        .with(TransportEvidence::new())
+        .build()
+}
+
+/// Sends `n` GETs to `url` at once, each with `Deadline(now + deadline)` when given.
+async fn cut_burst(
+    client: &ClientWithMiddleware,
+    url: &str,
+    n: usize,
+    deadline: Option<Duration>,
+) -> Vec<AttemptHistory> {
+    let requests = (0..n).map(|_| {
+        let req = client.get(url).build().unwrap();
+        async move {
+            let mut ext = Extensions::new();
+            if let Some(d) = deadline {
+                ext.insert(reqwest_resilience::breaker::Deadline(
+                    tokio::time::Instant::now() + d,
+                ));
+            }
+            let result = client.execute_with_extensions(req, &mut ext).await;
+            assert!(result.is_err(), "cut");
+            ext.get::<AttemptHistory>().cloned().unwrap_or_default()
+        }
+    });
+    tokio::time::timeout(3600 * S, futures_util::future::join_all(requests))
+        .await
+        .expect("the burst finished")
+}
+
+fn transitions(
+    events: &Mutex<Vec<BreakerEvent>>,
+) -> Vec<(BreakerState, BreakerState, Option<TripCause>)> {
+    events
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|e| (e.from, e.to, e.cause))
+        .collect()
+}
+
+#[tokio::test(start_paused = true)]
+async fn five_attempts_cut_by_their_callers_deadline_trip_nothing() {
+    let server = FaultServer::always(Action::Stall).await;
+    let (reg, events) = registry(BreakerConfig::default());
+    let c = with_retry(&reg, None);
+    let t0 = tokio::time::Instant::now();
+    for history in cut_burst(&c, &server.url("/"), 5, Some(2 * S)).await {
+        assert_eq!(history.len(), 1);
+        let e = &history.attempts()[0].evidence;
+        assert_eq!(
+            (e.transmission, e.failure, e.elapsed),
+            (Transmission::Unknown, Some(FailureKind::Timeout), 2 * S)
+        );
+    }
+    assert_eq!(t0.elapsed(), 2 * S);
+    assert_eq!(server.requests_seen(), 5);
+    let snap = &reg.snapshot()[0];
+    assert_eq!(
+        (snap.state, snap.consecutive_failures),
+        (BreakerState::Closed, 0)
+    );
+    assert!(transitions(&events).is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn five_attempts_cut_by_their_attempt_timeout_trip_the_breaker() {
+    let server = FaultServer::always(Action::Stall).await;
+    let (reg, events) = registry(BreakerConfig::default());
+    let c = with_retry(&reg, Some(S));
+    // A deadline later than the attempt timeout, or equal to it: the timeout's cut.
+    for (n, deadline) in [(4usize, Some(10 * S)), (1, Some(S))] {
+        for history in cut_burst(&c, &server.url("/"), n, deadline).await {
+            assert_eq!(history.len(), 1);
+            assert_eq!(
+                history.attempts()[0].evidence.failure,
+                Some(FailureKind::Timeout)
+            );
+        }
+    }
+    assert_eq!(server.requests_seen(), 5);
+    assert_eq!(
+        transitions(&events),
+        [(
+            BreakerState::Closed,
+            BreakerState::Open,
+            Some(TripCause::Failures)
+        )]
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_probe_cut_by_its_callers_deadline_is_released_and_the_next_probe_closes_the_breaker() {
+    // Trips on one 503; the probe hangs; then the origin answers.
+    let server =
+        FaultServer::sequence(vec![Action::status(503), Action::Stall], Action::ok("up")).await;
+    let (reg, events) =
+        registry(BreakerConfig::default().policy(TripPolicy::consecutive_failures(1)));
+    // An attempt timeout longer than the probe's deadline: the deadline cuts it.
+    let c = with_retry(&reg, Some(10 * S));
+    let url = server.url("/");
+    assert_eq!(c.get(&url).send().await.unwrap().status(), 503);
+    tokio::time::sleep(30 * S).await;
+
+    let probe = cut_burst(&c, &url, 1, Some(S)).await;
+    assert_eq!(
+        probe[0].attempts()[0].evidence.failure,
+        Some(FailureKind::Timeout)
+    );
+    let snap = &reg.snapshot()[0];
+    assert_eq!(
+        (snap.state, snap.probes_in_flight),
+        (BreakerState::HalfOpen, 0)
+    );
+    assert_eq!(c.get(&url).send().await.unwrap().status(), 200);
+    assert_eq!(server.requests_seen(), 3);
+    assert_eq!(
+        transitions(&events),
+        [
+            (
+                BreakerState::Closed,
+                BreakerState::Open,
+                Some(TripCause::Failures)
+            ),
+            (BreakerState::Open, BreakerState::HalfOpen, None),
+            (BreakerState::HalfOpen, BreakerState::Closed, None),
+        ]
+    );
+}

@@ -56,16 +56,21 @@
 //! # Deadlines
 //!
 //! A request may carry a [`Deadline`] in its extensions. In [`PauseMode::Wait`] a request
-//! whose deadline would pass before the pause ends fails fast instead of waiting.
+//! whose deadline would pass before the pause ends fails fast instead of waiting. An
+//! attempt still running at the earlier of its deadline and the retry middleware's attempt
+//! timeout is cut by the breaker (see [`CircuitBreakerMiddleware`]). **The caller's own
+//! limits are neutral**: a cut by the total deadline, or a request future the caller
+//! dropped, says nothing about the origin; nothing is counted and a HalfOpen probe's slot
+//! is freed (the breaker stays HalfOpen, the next request probes). A cut by the **attempt
+//! timeout** is a timeout failure, so a server that hangs trips its breaker when an attempt
+//! timeout (or reqwest's own timeout) is set; under a total deadline alone it does not.
 //!
 //! # The end of a pause
 //!
 //! The callers a pause held back do not all go in the instant it ends: each waits a
 //! uniform share of a short window after it (a tenth of the pause, at most 1 s): a 10 s
 //! pause over 100 waiting callers lets about 10 through per 100 ms instead of 100 at once.
-//! (A retry middleware that was turned away waits the rejection's "retry in" exactly.) An
-//! attempt still running at the deadline is cut by the breaker and counted as a timeout
-//! (see [`CircuitBreakerMiddleware`]), so a server that always hangs trips its breaker.
+//! (A retry middleware that was turned away waits the rejection's "retry in" exactly.)
 //!
 //! [`ResilienceError::BreakerOpen`]: crate::ResilienceError::BreakerOpen
 //!

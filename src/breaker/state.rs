@@ -497,6 +497,13 @@ mod tests {
     }
 
     #[test]
+    fn the_documented_sizes_hold() {
+        // The connection-loss count fits in the padding: the docs' 248 bytes still hold.
+        #[cfg(target_pointer_width = "64")]
+        assert_eq!(Breaker::SIZE, 248);
+    }
+
+    #[test]
     fn configs_the_registry_refuses_never_panic_the_state_machine() {
         let year = Duration::from_secs(365 * 24 * 3600);
         for c in [

@@ -247,11 +247,41 @@ async fn a_breaker_rejection_is_found_by_find_with_retry_on_and_off_and_retry_er
     assert_eq!(
         messages[..2],
         [
-            "request failed after 1 attempt; stopped: the deadline would pass".to_owned(),
+            format!(
+                "request failed after 1 attempt; stopped: the deadline would pass; \
+                 the last attempt was not sent: the circuit breaker for {origin} is Open"
+            ),
             "the last attempt failed".to_owned(),
         ]
     );
     assert!(messages[2].starts_with(&format!("circuit breaker for {origin} is Open")));
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_open_breaker_is_named_with_its_origin_in_the_top_level_message() {
+    let server = FaultServer::always(Action::status(503)).await;
+    let client = exact()
+        .max_retries(0)
+        .error_wrapping(ErrorWrapping::Always)
+        .breaker(trip_on_first_failure())
+        .build(reqwest_client())
+        .unwrap();
+    let url = server.url("/");
+    assert_eq!(client.get(&url).send().await.unwrap().status(), 503);
+    let err = client.get(&url).send().await.unwrap_err();
+    assert_eq!(
+        server.requests_seen(),
+        1,
+        "the second was turned away locally"
+    );
+    let origin = Origin::parse(&url).unwrap();
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "request failed after 1 attempt; stopped: retries exhausted; \
+             the last attempt was not sent: the circuit breaker for {origin} is Open"
+        )
+    );
 }
 
 // ---------------------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 use std::fmt;
 
+use crate::error::ResilienceError;
 use crate::record::StopReason;
 
 /// The last attempt failed and no further attempt was made.
@@ -86,13 +87,44 @@ impl RetryError {
 
 impl RetryError {
     /// The summary `ResilienceError::Retry` displays: the count and the reason.
+    ///
+    /// When the last attempt was turned away locally (an open breaker, a server-directed
+    /// pause, a concurrency or rate limit), the summary names that cause and the origin:
+    /// "stopped: retries exhausted" alone would hide that nothing was sent.
     pub(crate) fn fmt_summary(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let plural = if self.attempts == 1 { "" } else { "s" };
         write!(
             f,
             "request failed after {} attempt{plural}; stopped: {}",
             self.attempts, self.stop
-        )
+        )?;
+        match self.local_rejection() {
+            Some(cause) => write!(f, "; the last attempt was not sent: {cause}"),
+            None => Ok(()),
+        }
+    }
+
+    /// The local rejection that ended the last attempt, if one did, in a few words.
+    fn local_rejection(&self) -> Option<String> {
+        let reqwest_middleware::Error::Middleware(e) = &self.last else {
+            return None;
+        };
+        let cause = e
+            .chain()
+            .find_map(|c| c.downcast_ref::<ResilienceError>())?;
+        match cause {
+            ResilienceError::BreakerOpen { origin, state, .. } => {
+                Some(format!("the circuit breaker for {origin} is {state:?}"))
+            }
+            ResilienceError::Paused { origin, .. } => Some(format!("{origin} is paused")),
+            ResilienceError::ConcurrencyLimited { origin, .. } => {
+                Some(format!("the concurrency limit for {origin} was reached"))
+            }
+            ResilienceError::RateLimited { origin, .. } => {
+                Some(format!("the rate limit for {origin} was reached"))
+            }
+            _ => None,
+        }
     }
 }
 

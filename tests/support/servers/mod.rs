@@ -37,6 +37,7 @@
 
 #![allow(dead_code)]
 
+pub mod burst;
 pub mod haproxy;
 pub mod nginx;
 

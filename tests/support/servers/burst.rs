@@ -39,14 +39,15 @@ pub struct Shape {
     pub scenario: Scenario,
     pub requests: usize,
     pub concurrency: usize,
-    /// Waves of `requests / waves` requests; between two waves, `pause` (IdleClose) or a
-    /// reload (Reload: the next wave starts as the reload starts).
+    /// Waves of `requests / waves` requests, `pause` between two (IdleClose); a Reload
+    /// burst is one wave with two reloads inside it.
     pub waves: usize,
     pub pause: Duration,
 }
 
 impl Shape {
-    /// The test's scenarios: 200 requests (100 POSTs, 100 GETs) at concurrency 32.
+    /// The test's scenarios: 200 requests (100 POSTs, 100 GETs) at concurrency 32; for
+    /// the reloads, 400 at concurrency 50.
     pub fn of(event: Event, protocol: Protocol) -> Shape {
         let mut scenario = Scenario::plain(protocol);
         let (waves, pause) = match event {
@@ -58,13 +59,17 @@ impl Shape {
                 scenario.keepalive_timeout = Some(Duration::from_millis(200));
                 (4, Duration::from_millis(200))
             }
-            Event::Reload => (3, Duration::ZERO),
+            Event::Reload => (1, Duration::ZERO),
+        };
+        let (requests, concurrency) = match event {
+            Event::Reload => (400, 50),
+            _ => (200, 32),
         };
         Shape {
             event,
             scenario,
-            requests: 200,
-            concurrency: 32,
+            requests,
+            concurrency,
             waves,
             pause,
         }
@@ -192,7 +197,7 @@ fn count_ids(executions: &[Execution], prefix: &str) -> HashMap<String, usize> {
     counts
 }
 
-/// One burst through `client`, in `shape.waves` waves.
+/// One burst through `client`, in `shape.waves` waves (a pause between two).
 async fn burst(
     server: &Arc<dyn RealServer>,
     shape: &Shape,
@@ -202,26 +207,22 @@ async fn burst(
     let url = format!("{}/burst", server.base_url());
     let per_wave = shape.requests.div_ceil(shape.waves);
     let mut outcomes = Vec::with_capacity(shape.requests);
-    let mut reloads = JoinSet::new();
     for wave in 0..shape.waves {
         if wave > 0 {
-            match shape.event {
-                Event::Reload => {
-                    // The previous reload is applied before the next one starts.
-                    while let Some(done) = reloads.join_next().await {
-                        done.expect("reload");
-                    }
-                    let server = server.clone();
-                    reloads.spawn_blocking(move || server.reload());
-                }
-                _ => tokio::time::sleep(shape.pause).await,
-            }
+            tokio::time::sleep(shape.pause).await;
         }
         let range = wave * per_wave..((wave + 1) * per_wave).min(shape.requests);
-        outcomes.extend(wave_of(client, &url, run, range, shape.concurrency).await);
-    }
-    while let Some(done) = reloads.join_next().await {
-        done.expect("reload");
+        let reloads = if shape.event == Event::Reload {
+            Reloads::at(&range, 2)
+        } else {
+            Reloads::at(&range, 0)
+        };
+        let gate = reloads.gate.clone();
+        let (traffic, ()) = tokio::join!(
+            wave_of(client, &url, run, range, shape.concurrency, &gate),
+            reloads.run(server),
+        );
+        outcomes.extend(traffic);
     }
     outcomes.sort_by(|a, b| a.id.cmp(&b.id));
     Run {
@@ -230,28 +231,92 @@ async fn burst(
     }
 }
 
-/// Requests `range` at `concurrency`, each task taking the next index.
+/// Graceful reloads in the middle of a wave: reload `k` starts when the wave has handed
+/// out index `at[k]`, and the requests from `at[k]` on wait (bounded) until it has
+/// started, so every reload meets requests in flight; the next one starts once the
+/// previous one serves.
+struct Reloads {
+    at: Vec<usize>,
+    gate: Gate,
+}
+
+/// The next index to hand out, and how many reloads have started.
+#[derive(Clone)]
+struct Gate {
+    next: Arc<AtomicUsize>,
+    at: Arc<Vec<usize>>,
+    started: tokio::sync::watch::Sender<usize>,
+}
+
+impl Reloads {
+    /// `count` reloads evenly inside `range`.
+    fn at(range: &std::ops::Range<usize>, count: usize) -> Reloads {
+        let len = range.end - range.start;
+        let at: Vec<usize> = (1..=count)
+            .map(|k| range.start + len * k / (count + 1))
+            .collect();
+        let gate = Gate {
+            next: Arc::new(AtomicUsize::new(range.start)),
+            at: Arc::new(at.clone()),
+            started: tokio::sync::watch::channel(0).0,
+        };
+        Reloads { at, gate }
+    }
+
+    async fn run(self, server: &Arc<dyn RealServer>) {
+        for (k, &at) in self.at.iter().enumerate() {
+            let reached = async {
+                while self.gate.next.load(Ordering::SeqCst) < at {
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+            };
+            tokio::time::timeout(Duration::from_secs(60), reached)
+                .await
+                .expect("the wave reaches its reload point within 60 s");
+            let server = server.clone();
+            let reload = tokio::task::spawn_blocking(move || server.reload());
+            self.gate.started.send_replace(k + 1);
+            reload.await.expect("reload");
+        }
+    }
+}
+
+impl Gate {
+    /// The next index below `end`, once the reloads it comes after have started.
+    async fn take(&self, end: usize) -> Option<usize> {
+        let i = self.next.fetch_add(1, Ordering::SeqCst);
+        if i >= end {
+            return None;
+        }
+        let needed = self.at.iter().filter(|&&at| at <= i).count();
+        let mut started = self.started.subscribe();
+        tokio::time::timeout(Duration::from_secs(60), started.wait_for(|&s| s >= needed))
+            .await
+            .expect("the reload starts within 60 s")
+            .expect("the reloads' sender lives as long as the wave");
+        Some(i)
+    }
+}
+
+/// Requests `range` at `concurrency`, each task taking the next index from `gate`.
 async fn wave_of(
     client: &ClientWithMiddleware,
     url: &str,
     run: &str,
     range: std::ops::Range<usize>,
     concurrency: usize,
+    gate: &Gate,
 ) -> Vec<Outcome> {
-    let next = Arc::new(AtomicUsize::new(range.start));
     let mut tasks = JoinSet::new();
     for _ in 0..concurrency {
-        let (client, url, run, next) = (client.clone(), url.to_owned(), run.to_owned(), next.clone());
+        let (client, url, run, gate) = (client.clone(), url.to_owned(), run.to_owned(), gate.clone());
         let end = range.end;
         tasks.spawn(async move {
             let mut done = Vec::new();
-            loop {
-                let i = next.fetch_add(1, Ordering::SeqCst);
-                if i >= end {
-                    return done;
-                }
+            while let Some(i) = gate.take(end).await {
                 done.push(one(&client, &url, format!("{run}-{i:04}"), i).await);
             }
+            done
         });
     }
     let mut outcomes = Vec::new();

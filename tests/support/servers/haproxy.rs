@@ -1,5 +1,5 @@
 //! haproxy 2.6 answering by itself (`http-request return status 200`), logging to its
-//! stdout (a file here, `log stdout format raw`). A graceful reload is the classic one: a
+//! stdout (a file per generation here, `log stdout format raw`). A graceful reload is the classic one: a
 //! new process with the new config and `-sf OLD_PID`, which binds the port (`SO_REUSEPORT`)
 //! and tells the old one to stop listening and finish its connections (idle keep-alive
 //! connections are closed, an HTTP/2 connection gets `GOAWAY`). Both processes are in the
@@ -83,7 +83,9 @@ fn spawn(
         cmd.arg("-sf").arg(old.to_string());
     }
     cmd.stdin(Stdio::null())
-        .stdout(open("access.log"))
+        // A file per generation: a new process's start empties the stdout file it
+        // shares with the old one (seen with `>>` too), losing the old one's lines.
+        .stdout(open(&format!("access-{generation}.log")))
         .stderr(open("stderr.log"));
     group.spawn(&mut cmd)
 }
@@ -156,6 +158,9 @@ impl RealServer for Haproxy {
     }
 
     fn executions(&self) -> Vec<Execution> {
-        settled_log(&self.dir.path().join("access.log"))
+        let generations = self.current.lock().unwrap().0;
+        (0..=generations)
+            .flat_map(|g| settled_log(&self.dir.path().join(format!("access-{g}.log"))))
+            .collect()
     }
 }

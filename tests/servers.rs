@@ -51,6 +51,9 @@ async fn check(start: Start, supports: fn(&Scenario) -> bool, event: Event, prot
     let (stack, bare) = burst::both(&server, &shape).await;
     eprintln!("{name} {protocol:?} {event:?}: stack: {}", stack.summary());
     eprintln!("{name} {protocol:?} {event:?}: bare:  {}", bare.summary());
+    for o in stack.outcomes.iter().chain(&bare.outcomes).filter(|o| !o.delivered) {
+        eprintln!("  not delivered: {o:?}");
+    }
     // Stopped (its process group killed, its directory removed) off the runtime's threads.
     tokio::task::spawn_blocking(move || drop(server))
         .await

@@ -326,6 +326,9 @@ async fn wave_of(
     outcomes
 }
 
+/// The test's bound on one request (none of the clients has a timeout of its own).
+const HUNG: Duration = Duration::from_secs(20);
+
 /// Request `i`: a POST when `i` is even, a GET when odd.
 async fn one(client: &ClientWithMiddleware, url: &str, id: String, i: usize) -> Outcome {
     let method = if i % 2 == 0 { Method::POST } else { Method::GET };
@@ -337,7 +340,18 @@ async fn one(client: &ClientWithMiddleware, url: &str, id: String, i: usize) -> 
     }
     let req = req.build().expect("request builds");
     let mut ext = Extensions::new();
-    let result = client.execute_with_extensions(req, &mut ext).await;
+    let Ok(result) = tokio::time::timeout(HUNG, client.execute_with_extensions(req, &mut ext)).await
+    else {
+        return Outcome {
+            id,
+            method,
+            delivered: false,
+            stop: None,
+            last: None,
+            attempts: 0,
+            error: Some(format!("no outcome within {HUNG:?} (the test's bound)")),
+        };
+    };
     let outcome = ext.get::<RetryOutcome>().copied();
     let history = ext.get::<AttemptHistory>().cloned();
     let (delivered, error) = match result {

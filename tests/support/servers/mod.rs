@@ -37,6 +37,8 @@
 
 #![allow(dead_code)]
 
+pub mod apache;
+pub mod caddy;
 pub mod haproxy;
 pub mod nginx;
 
@@ -205,7 +207,9 @@ impl ProcessGroup {
     /// `Some(status)` of the first child when it has exited (reaped), else `None`.
     pub fn first_exited(&self) -> Option<std::process::ExitStatus> {
         let mut children = self.children.lock().unwrap();
-        children.first_mut().and_then(|c| c.try_wait().ok().flatten())
+        children
+            .first_mut()
+            .and_then(|c| c.try_wait().ok().flatten())
     }
 
     /// Reaps the children that have exited (e.g. an old process after `-sf`).

@@ -38,6 +38,7 @@
 #![allow(dead_code)]
 
 pub mod apache;
+pub mod burst;
 pub mod caddy;
 pub mod haproxy;
 pub mod nginx;

@@ -30,7 +30,7 @@ use std::time::Duration;
 
 use super::{
     Execution, ProcessGroup, Protocol, RealServer, Scenario, TempDir, binary, free_port,
-    wait_generation, wait_listening,
+    settled_text, wait_generation, wait_listening,
 };
 
 /// Both: HTTP/1.1 keep-alive, and h2c with prior knowledge (`protocols h1 h2c`).
@@ -221,27 +221,6 @@ impl RealServer for Caddy {
         let text = settled_text(&self.dir.path().join("access.log"));
         parse_access_log(&text).unwrap_or_else(|e| panic!("caddy's access log: {e}"))
     }
-}
-
-/// The file's text once it has not grown for 300 ms (bounded: 10 s, then as it is).
-fn settled_text(path: &Path) -> String {
-    let read = || std::fs::read_to_string(path).unwrap_or_default();
-    let mut text = read();
-    let mut unchanged = 0;
-    for _ in 0..1000 {
-        std::thread::sleep(Duration::from_millis(10));
-        let now = read();
-        if now.len() == text.len() {
-            unchanged += 1;
-            if unchanged == 30 {
-                break;
-            }
-        } else {
-            unchanged = 0;
-        }
-        text = now;
-    }
-    text
 }
 
 /// caddy's JSON access log into executions; requests without an `X-Request-Id` (the

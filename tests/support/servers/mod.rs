@@ -355,9 +355,14 @@ pub fn parse_log(text: &str) -> Vec<Execution> {
         .collect()
 }
 
-/// The executions in the log file at `path` once it has not grown for 300 ms (bounded:
-/// 10 s, then as it is). Blocking.
+/// The executions in the log file at `path` once it has settled ([`settled_text`]).
 pub fn settled_log(path: &Path) -> Vec<Execution> {
+    parse_log(&settled_text(path))
+}
+
+/// The text of the log file at `path` once it has not grown for 300 ms (bounded: 10 s,
+/// then as it is). Blocking.
+pub fn settled_text(path: &Path) -> String {
     let read = || std::fs::read_to_string(path).unwrap_or_default();
     let mut text = read();
     let mut unchanged = 0;
@@ -374,5 +379,5 @@ pub fn settled_log(path: &Path) -> Vec<Execution> {
         }
         text = now;
     }
-    parse_log(&text)
+    text
 }

@@ -51,7 +51,12 @@ async fn check(start: Start, supports: fn(&Scenario) -> bool, event: Event, prot
     let (stack, bare) = burst::both(&server, &shape).await;
     eprintln!("{name} {protocol:?} {event:?}: stack: {}", stack.summary());
     eprintln!("{name} {protocol:?} {event:?}: bare:  {}", bare.summary());
-    for o in stack.outcomes.iter().chain(&bare.outcomes).filter(|o| !o.delivered) {
+    for o in stack
+        .outcomes
+        .iter()
+        .chain(&bare.outcomes)
+        .filter(|o| !o.delivered)
+    {
         eprintln!("  not delivered: {o:?}");
     }
     // Stopped (its process group killed, its directory removed) off the runtime's threads.
@@ -146,3 +151,144 @@ macro_rules! server_tests {
 
 server_tests!(nginx);
 server_tests!(haproxy);
+server_tests!(apache);
+server_tests!(caddy);
+
+/// The apache2 and caddy modules on their own, through a bare `reqwest::Client`: 50 POSTs
+/// and 50 GETs (each with its own `x-request-id`, concurrency 8, three waves) while the
+/// server is gracefully reloaded twice; its access log holds exactly what the client got:
+/// every id the client received a `200` for is logged once, with its method and `200`;
+/// no id is logged twice; no id the client did not send. Also: their log parsing and the
+/// scenarios they skip.
+mod smoke {
+    use std::collections::HashMap;
+    use std::time::Duration;
+
+    use support::servers::Execution;
+    use support::servers::burst::Outcome;
+
+    use super::*;
+
+    /// Checks the log against what the client got; returns how many were delivered.
+    fn check(name: &str, outcomes: &[Outcome], executions: &[Execution]) -> usize {
+        let mut logged: HashMap<&str, Vec<&Execution>> = HashMap::new();
+        for e in executions {
+            logged.entry(e.request_id.as_str()).or_default().push(e);
+        }
+        for (id, lines) in &logged {
+            assert!(
+                outcomes.iter().any(|o| o.id == *id),
+                "{name} logged {id}, which was never sent"
+            );
+            assert_eq!(
+                lines.len(),
+                1,
+                "{name} logged {id} more than once: {lines:?}"
+            );
+        }
+        for o in outcomes.iter().filter(|o| o.delivered) {
+            let want = Execution {
+                request_id: o.id.clone(),
+                method: o.method.to_string(),
+                status: 200,
+            };
+            let lines = logged.get(o.id.as_str()).map_or(&[][..], Vec::as_slice);
+            assert_eq!(lines, [&want], "{name}: {} was delivered", o.id);
+        }
+        outcomes.iter().filter(|o| o.delivered).count()
+    }
+
+    async fn smoke(start: Start, protocol: Protocol) {
+        let shape = Shape {
+            event: Event::Reload,
+            scenario: Scenario::plain(protocol),
+            requests: 100,
+            concurrency: 8,
+            waves: 3,
+            pause: Duration::ZERO,
+        };
+        let started = tokio::task::spawn_blocking(move || start(&shape.scenario))
+            .await
+            .expect("start the server");
+        let Some(server) = started else { return };
+        let server: Arc<dyn RealServer> = Arc::from(server);
+        let run = burst::burst(&server, &shape, &burst::bare(protocol), "smoke").await;
+        assert_eq!(run.outcomes.len(), 100);
+        let reader = server.clone();
+        let executions = tokio::task::spawn_blocking(move || reader.executions())
+            .await
+            .expect("read the access log");
+        let delivered = check(server.name(), &run.outcomes, &executions);
+        eprintln!(
+            "{} {protocol:?} smoke: {delivered}/100 delivered, {} logged",
+            server.name(),
+            executions.len()
+        );
+        tokio::task::spawn_blocking(move || drop(server))
+            .await
+            .expect("stop the server");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn apache_http1_logs_each_delivered_request_once_across_two_reloads() {
+        smoke(servers::apache::start, Protocol::Http1).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn apache_h2c_logs_each_delivered_request_once_across_two_reloads() {
+        smoke(servers::apache::start, Protocol::H2c).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn caddy_http1_logs_each_delivered_request_once_across_two_reloads() {
+        smoke(servers::caddy::start, Protocol::Http1).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn caddy_h2c_logs_each_delivered_request_once_across_two_reloads() {
+        smoke(servers::caddy::start, Protocol::H2c).await;
+    }
+
+    #[test]
+    fn caddy_skips_a_per_connection_request_limit() {
+        let mut scenario = Scenario::plain(Protocol::Http1);
+        scenario.max_requests_per_connection = Some(5);
+        assert!(!servers::caddy::supports(&scenario));
+        assert!(servers::caddy::start(&scenario).is_none());
+    }
+
+    #[test]
+    fn apache_skips_a_per_connection_request_limit_over_h2c_only() {
+        let mut scenario = Scenario::plain(Protocol::H2c);
+        scenario.max_requests_per_connection = Some(5);
+        assert!(!servers::apache::supports(&scenario));
+        assert!(servers::apache::start(&scenario).is_none());
+        scenario.protocol = Protocol::Http1;
+        assert!(servers::apache::supports(&scenario));
+    }
+
+    #[test]
+    fn caddy_access_log_lines_become_executions_and_garbage_is_an_error() {
+        let good = concat!(
+            r#"{"logger":"http.log.access.rid","request":{"method":"POST","headers":{"X-Request-Id":["a-1"]}},"status":200}"#,
+            "\n",
+            r#"{"logger":"http.log.access.rid","request":{"method":"GET","headers":{}},"status":200}"#,
+            "\n",
+        );
+        let want = Execution {
+            request_id: "a-1".into(),
+            method: "POST".into(),
+            status: 200,
+        };
+        assert_eq!(servers::caddy::parse_access_log(good), Ok(vec![want]));
+        for bad in [
+            "not json",
+            r#"{"request":{"method":"GET"}}"#,
+            r#"{"request":{},"status":200}"#,
+            r#"{"request":{"method":"GET"},"status":70000}"#,
+        ] {
+            let err = servers::caddy::parse_access_log(&format!("{good}{bad}\n")).unwrap_err();
+            assert!(err.starts_with("line 3: "), "{err}");
+        }
+    }
+}

@@ -191,14 +191,18 @@ pub async fn both(server: &Arc<dyn RealServer>, shape: &Shape) -> (Run, Run) {
 
 fn count_ids(executions: &[Execution], prefix: &str) -> HashMap<String, usize> {
     let mut counts = HashMap::new();
-    for e in executions.iter().filter(|e| e.request_id.starts_with(prefix)) {
+    for e in executions
+        .iter()
+        .filter(|e| e.request_id.starts_with(prefix))
+    {
         *counts.entry(e.request_id.clone()).or_insert(0) += 1;
     }
     counts
 }
 
-/// One burst through `client`, in `shape.waves` waves (a pause between two).
-async fn burst(
+/// One burst through `client`, in `shape.waves` waves (a pause between two; ids
+/// `{run}-{i:04}`).
+pub async fn burst(
     server: &Arc<dyn RealServer>,
     shape: &Shape,
     client: &ClientWithMiddleware,
@@ -309,7 +313,8 @@ async fn wave_of(
 ) -> Vec<Outcome> {
     let mut tasks = JoinSet::new();
     for _ in 0..concurrency {
-        let (client, url, run, gate) = (client.clone(), url.to_owned(), run.to_owned(), gate.clone());
+        let (client, url, run, gate) =
+            (client.clone(), url.to_owned(), run.to_owned(), gate.clone());
         let end = range.end;
         tasks.spawn(async move {
             let mut done = Vec::new();
@@ -331,7 +336,11 @@ const HUNG: Duration = Duration::from_secs(20);
 
 /// Request `i`: a POST when `i` is even, a GET when odd.
 async fn one(client: &ClientWithMiddleware, url: &str, id: String, i: usize) -> Outcome {
-    let method = if i % 2 == 0 { Method::POST } else { Method::GET };
+    let method = if i.is_multiple_of(2) {
+        Method::POST
+    } else {
+        Method::GET
+    };
     let mut req = client
         .request(method.clone(), url)
         .header("x-request-id", &id);
@@ -340,7 +349,8 @@ async fn one(client: &ClientWithMiddleware, url: &str, id: String, i: usize) -> 
     }
     let req = req.build().expect("request builds");
     let mut ext = Extensions::new();
-    let Ok(result) = tokio::time::timeout(HUNG, client.execute_with_extensions(req, &mut ext)).await
+    let Ok(result) =
+        tokio::time::timeout(HUNG, client.execute_with_extensions(req, &mut ext)).await
     else {
         return Outcome {
             id,
@@ -371,7 +381,10 @@ async fn one(client: &ClientWithMiddleware, url: &str, id: String, i: usize) -> 
         method,
         delivered,
         stop: outcome.map(|o| o.stop),
-        last: history.as_ref().and_then(|h| h.last()).map(|r| r.evidence.transmission),
+        last: history
+            .as_ref()
+            .and_then(|h| h.last())
+            .map(|r| r.evidence.transmission),
         attempts: outcome.map_or(1, |o| o.attempts),
         error,
     }

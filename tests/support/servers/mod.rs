@@ -37,7 +37,9 @@
 
 #![allow(dead_code)]
 
+pub mod apache;
 pub mod burst;
+pub mod caddy;
 pub mod haproxy;
 pub mod nginx;
 
@@ -206,7 +208,9 @@ impl ProcessGroup {
     /// `Some(status)` of the first child when it has exited (reaped), else `None`.
     pub fn first_exited(&self) -> Option<std::process::ExitStatus> {
         let mut children = self.children.lock().unwrap();
-        children.first_mut().and_then(|c| c.try_wait().ok().flatten())
+        children
+            .first_mut()
+            .and_then(|c| c.try_wait().ok().flatten())
     }
 
     /// Reaps the children that have exited (e.g. an old process after `-sf`).
@@ -351,9 +355,14 @@ pub fn parse_log(text: &str) -> Vec<Execution> {
         .collect()
 }
 
-/// The executions in the log file at `path` once it has not grown for 300 ms (bounded:
-/// 10 s, then as it is). Blocking.
+/// The executions in the log file at `path` once it has settled ([`settled_text`]).
 pub fn settled_log(path: &Path) -> Vec<Execution> {
+    parse_log(&settled_text(path))
+}
+
+/// The text of the log file at `path` once it has not grown for 300 ms (bounded: 10 s,
+/// then as it is). Blocking.
+pub fn settled_text(path: &Path) -> String {
     let read = || std::fs::read_to_string(path).unwrap_or_default();
     let mut text = read();
     let mut unchanged = 0;
@@ -370,5 +379,5 @@ pub fn settled_log(path: &Path) -> Vec<Execution> {
         }
         text = now;
     }
-    parse_log(&text)
+    text
 }

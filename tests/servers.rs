@@ -206,6 +206,7 @@ mod smoke {
             concurrency: 8,
             waves: 3,
             pause: Duration::ZERO,
+            posts_only: false,
         };
         let started = tokio::task::spawn_blocking(move || start(&shape.scenario))
             .await

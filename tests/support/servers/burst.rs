@@ -3,7 +3,8 @@
 //! registry's listener recording every transition) and then through a bare
 //! `reqwest::Client`, with the executions read from the server's own access log.
 //!
-//! Request `i` of a burst is a POST when `i` is even, a GET when odd, and carries
+//! Request `i` of a burst is a POST when `i` is even (or always, `posts_only`), a GET when
+//! odd, and carries
 //! `x-request-id: {run}-{i}` (`run` is `stack` or `bare`). `concurrency` tasks take the
 //! next index in turn, so connections are reused as a pooled client reuses them.
 
@@ -43,6 +44,8 @@ pub struct Shape {
     /// burst is one wave with two reloads inside it.
     pub waves: usize,
     pub pause: Duration,
+    /// Every request a POST (else POSTs and GETs alternate).
+    pub posts_only: bool,
 }
 
 impl Shape {
@@ -72,6 +75,7 @@ impl Shape {
             concurrency,
             waves,
             pause,
+            posts_only: false,
         }
     }
 }
@@ -223,7 +227,7 @@ pub async fn burst(
         };
         let gate = reloads.gate.clone();
         let (traffic, ()) = tokio::join!(
-            wave_of(client, &url, run, range, shape.concurrency, &gate),
+            wave_of(client, &url, run, range, shape, &gate),
             reloads.run(server),
         );
         outcomes.extend(traffic);
@@ -308,18 +312,20 @@ async fn wave_of(
     url: &str,
     run: &str,
     range: std::ops::Range<usize>,
-    concurrency: usize,
+    shape: &Shape,
     gate: &Gate,
 ) -> Vec<Outcome> {
     let mut tasks = JoinSet::new();
-    for _ in 0..concurrency {
+    let posts_only = shape.posts_only;
+    for _ in 0..shape.concurrency {
         let (client, url, run, gate) =
             (client.clone(), url.to_owned(), run.to_owned(), gate.clone());
         let end = range.end;
         tasks.spawn(async move {
             let mut done = Vec::new();
             while let Some(i) = gate.take(end).await {
-                done.push(one(&client, &url, format!("{run}-{i:04}"), i).await);
+                let post = posts_only || i.is_multiple_of(2);
+                done.push(one(&client, &url, format!("{run}-{i:04}"), post).await);
             }
             done
         });
@@ -334,13 +340,9 @@ async fn wave_of(
 /// The test's bound on one request (none of the clients has a timeout of its own).
 const HUNG: Duration = Duration::from_secs(20);
 
-/// Request `i`: a POST when `i` is even, a GET when odd.
-async fn one(client: &ClientWithMiddleware, url: &str, id: String, i: usize) -> Outcome {
-    let method = if i.is_multiple_of(2) {
-        Method::POST
-    } else {
-        Method::GET
-    };
+/// One request: a POST (with a body) or a GET.
+async fn one(client: &ClientWithMiddleware, url: &str, id: String, post: bool) -> Outcome {
+    let method = if post { Method::POST } else { Method::GET };
     let mut req = client
         .request(method.clone(), url)
         .header("x-request-id", &id);

@@ -26,16 +26,22 @@ struct Nginx {
     group: ProcessGroup,
     dir: TempDir,
     scenario: Scenario,
+    streams: u32,
     port: u16,
     generation: AtomicU32,
 }
 
 pub fn start(scenario: &Scenario) -> Option<Box<dyn RealServer>> {
+    start_with_streams(scenario, 128)
+}
+
+/// [`start`] with `http2_max_concurrent_streams` (nginx's default is 128).
+pub fn start_with_streams(scenario: &Scenario, streams: u32) -> Option<Box<dyn RealServer>> {
     let bin = binary("nginx", "nginx-light")?;
     let dir = TempDir::new("nginx");
     let port = free_port();
     let conf = dir.path().join("nginx.conf");
-    std::fs::write(&conf, config(dir.path(), port, scenario, 0)).expect("write nginx.conf");
+    std::fs::write(&conf, config(dir.path(), port, scenario, streams, 0)).expect("write nginx.conf");
     let group = ProcessGroup::new();
     group.spawn(
         Command::new(bin)
@@ -55,6 +61,7 @@ pub fn start(scenario: &Scenario) -> Option<Box<dyn RealServer>> {
         group,
         dir,
         scenario: *scenario,
+        streams,
         port,
         generation: AtomicU32::new(0),
     };
@@ -62,7 +69,7 @@ pub fn start(scenario: &Scenario) -> Option<Box<dyn RealServer>> {
     Some(Box::new(nginx))
 }
 
-fn config(dir: &Path, port: u16, s: &Scenario, generation: u32) -> String {
+fn config(dir: &Path, port: u16, s: &Scenario, streams: u32, generation: u32) -> String {
     let d = dir.display();
     let http2 = match s.protocol {
         Protocol::Http1 => "",
@@ -93,6 +100,7 @@ http {{
         listen 127.0.0.1:{port}{http2};
         keepalive_requests {requests};
         keepalive_timeout {timeout}ms;
+        http2_max_concurrent_streams {streams};
         location = /__generation {{ return 200 "{generation}\n"; }}
         location / {{ return 200 "ok\n"; }}
     }}
@@ -112,7 +120,13 @@ impl RealServer for Nginx {
 
     fn reload(&self) {
         let generation = self.generation.fetch_add(1, Ordering::SeqCst) + 1;
-        let text = config(self.dir.path(), self.port, &self.scenario, generation);
+        let text = config(
+            self.dir.path(),
+            self.port,
+            &self.scenario,
+            self.streams,
+            generation,
+        );
         std::fs::write(self.dir.path().join("nginx.conf"), text).expect("rewrite nginx.conf");
         let master = self.group.pgid().expect("nginx master");
         signal(master, "HUP");

@@ -115,7 +115,7 @@
 //! | breaker trip | 5 consecutive failures (a failure-ratio policy is built in) | the seed ADR of this crate's design; for comparison, Polly v8's standard HTTP handler trips at a 10 % failure ratio over 30 s with at least 100 calls, resilience4j at 50 % over the last 100 calls |
 //! | breaker open | 30 s, then 1 half-open probe | the seed ADR; Polly v8 breaks for 5 s, resilience4j for 60 s with 10 half-open calls |
 //! | breaker scope | one per origin `scheme://host:port`, at most 10 000 origins | RFC 6454 origin |
-//! | breaker failures | 5xx, 401, 429, transport failures; other 4xx neutral | a caller's bug must not trip a shared breaker |
+//! | breaker failures | 5xx, 401, 429, transport failures; a lost connection (`Closed`/`Reset`, no response) once per event; other 4xx, a refused stream, a `GOAWAY`, the caller's own deadline or dropped future neutral | a caller's bug must not trip a shared breaker, nor a healthy server's graceful reload |
 //! | server pause | a `429`/`503` with `Retry-After` pauses the origin for every caller of the registry, at most `max_pause` (60 s); a request waits at most `max_pause` in all per attempt, however often servers extend the pause, then fails `Paused` (`NotSent`) | the cap keeps a server from parking a client |
 //! | token refresh | 5 min before expiry (at most half the lifetime), one fetch at a time | |
 //! | concurrency limit | off; when on: adaptive ([`limit::Gradient`]: initial 20, min 4, max 1 000), no wait queue | Netflix concurrency-limits |

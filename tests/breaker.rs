@@ -614,7 +614,9 @@ fn assert_cut_at_deadline(
 }
 
 #[tokio::test(start_paused = true)]
-async fn an_attempt_hanging_past_its_deadline_is_cut_and_counted_as_a_timeout_failure() {
+async fn an_attempt_hanging_past_its_callers_deadline_is_cut_and_counts_nothing() {
+    // Issue 28: the caller's own deadline says nothing about the origin (it counted as a
+    // timeout failure before; an attempt timeout still does, see tests/attempt_timeout.rs).
     let server = FaultServer::always(Action::Stall).await;
     let reg = registry(BreakerConfig::default().policy(TripPolicy::consecutive_failures(2)));
     let c = client(&reg);
@@ -625,24 +627,20 @@ async fn an_attempt_hanging_past_its_deadline_is_cut_and_counted_as_a_timeout_fa
     assert_eq!(t0.elapsed(), 2 * S);
     assert_cut_at_deadline(&result, &ext, &server, 2 * S);
     assert_eq!(server.requests_seen(), 1);
-    assert_eq!(snapshot(&reg, &server), (BreakerState::Closed, 1, 0));
+    assert_eq!(snapshot(&reg, &server), (BreakerState::Closed, 0, 0));
 
-    let (result, ext) = get(&c, &url, with_deadline(3 * S)).await;
-    assert_cut_at_deadline(&result, &ext, &server, 3 * S);
-    assert_eq!(server.requests_seen(), 2);
-    assert_eq!(reg.state(&origin(&server)), Some(BreakerState::Open));
-
-    let (result, _) = get(&c, &url, with_deadline(2 * S)).await;
-    assert!(matches!(
-        breaker_error(&result),
-        ResilienceError::BreakerOpen { .. }
-    ));
-    assert_eq!(server.requests_seen(), 2);
+    for n in 2..=5 {
+        let (result, ext) = get(&c, &url, with_deadline(3 * S)).await;
+        assert_cut_at_deadline(&result, &ext, &server, 3 * S);
+        assert_eq!(server.requests_seen(), n);
+        assert_eq!(snapshot(&reg, &server), (BreakerState::Closed, 0, 0));
+    }
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_half_open_probe_cut_at_its_deadline_reopens_the_breaker() {
-    let server = FaultServer::sequence(vec![Action::status(503)], Action::Stall).await;
+async fn a_half_open_probe_cut_at_its_deadline_frees_its_slot_and_the_next_probe_closes_it() {
+    let server =
+        FaultServer::sequence(vec![Action::status(503), Action::Stall], Action::ok("up")).await;
     let reg = registry(BreakerConfig::default().policy(TripPolicy::consecutive_failures(1)));
     let c = client(&reg);
     let url = server.url("/");
@@ -651,11 +649,17 @@ async fn a_half_open_probe_cut_at_its_deadline_reopens_the_breaker() {
     tokio::time::sleep(30 * S).await;
     assert_eq!(reg.state(&origin(&server)), Some(BreakerState::HalfOpen));
 
+    // The probe's caller gave it 1 s: cut, neutral, the breaker stays HalfOpen.
     let (result, ext) = get(&c, &url, with_deadline(S)).await;
     assert_cut_at_deadline(&result, &ext, &server, S);
     assert_eq!(server.requests_seen(), 2);
     let (state, _, probes) = snapshot(&reg, &server);
-    assert_eq!((state, probes), (BreakerState::Open, 0));
+    assert_eq!((state, probes), (BreakerState::HalfOpen, 0));
+    assert_eq!(reg.snapshot()[0].trips, 1, "not re-opened");
+    // The freed slot admits the next request as the probe; its answer closes it.
+    assert_eq!(status(&c, &url).await, 200);
+    assert_eq!(server.requests_seen(), 3);
+    assert_eq!(reg.state(&origin(&server)), Some(BreakerState::Closed));
 }
 
 #[tokio::test(start_paused = true)]
@@ -728,7 +732,8 @@ async fn drop_at(c: &ClientWithMiddleware, url: &str, deadline: Instant, drop_at
 }
 
 #[tokio::test(start_paused = true)]
-async fn an_attempt_dropped_by_an_outer_timer_at_its_deadline_still_counts_the_timeout() {
+async fn an_attempt_dropped_by_an_outer_timer_at_its_deadline_counts_nothing() {
+    // Issue 28: it counted as a timeout failure before; the deadline is the caller's.
     let server = FaultServer::always(Action::Stall).await;
     let reg = registry(BreakerConfig::default().policy(TripPolicy::consecutive_failures(1)));
     let c = client(&reg);
@@ -738,7 +743,7 @@ async fn an_attempt_dropped_by_an_outer_timer_at_its_deadline_still_counts_the_t
         .expect("dropped at the deadline");
     assert_eq!(Instant::now(), deadline);
     assert_eq!(server.requests_seen(), 1);
-    assert_eq!(reg.state(&origin(&server)), Some(BreakerState::Open));
+    assert_eq!(snapshot(&reg, &server), (BreakerState::Closed, 0, 0));
 }
 
 #[tokio::test(start_paused = true)]
@@ -774,11 +779,13 @@ async fn an_attempt_dropped_by_its_caller_before_its_deadline_counts_nothing_and
     assert_eq!(server.requests_seen(), 3);
     let (state, _, probes) = snapshot(&reg, &server);
     assert_eq!((state, probes), (BreakerState::HalfOpen, 0));
-    // The freed slot admits the next probe, which reaches the server.
+    // The freed slot admits the next probe, which reaches the server; its cut at its
+    // caller's deadline frees the slot again (issue 28: it re-opened the breaker before).
     let (result, ext) = get(&c, &url, with_deadline(S)).await;
     assert_cut_at_deadline(&result, &ext, &server, S);
     assert_eq!(server.requests_seen(), 4);
-    assert_eq!(reg.state(&origin(&server)), Some(BreakerState::Open));
+    let (state, _, probes) = snapshot(&reg, &server);
+    assert_eq!((state, probes), (BreakerState::HalfOpen, 0));
 }
 
 /// Stands in for the network and notes the (virtual) instant each request reached it.

@@ -799,7 +799,8 @@ fn retry_error(result: &reqwest_middleware::Result<reqwest::Response>) -> &Retry
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_server_that_hangs_until_the_total_deadline_trips_the_breaker_after_three_cut_attempts() {
+async fn a_hanging_server_cut_at_the_total_deadline_trips_nothing_and_three_attempt_timeouts_trip_it()
+ {
     let server = FaultServer::always(Action::Stall).await;
     let registry =
         BreakerRegistry::new(BreakerConfig::default().policy(TripPolicy::consecutive_failures(3)))
@@ -837,6 +838,31 @@ async fn a_server_that_hangs_until_the_total_deadline_trips_the_breaker_after_th
         assert_eq!(evidence.elapsed, S(2));
         assert_eq!(evidence.origin.as_ref(), Some(&origin));
         assert_eq!(server.requests_seen(), call);
+        // Issue 28: the total deadline is the caller's own limit, neutral for the breaker
+        // (this test had the third deadline cut open it).
+        assert_eq!(registry.state(&origin), Some(BreakerState::Closed));
+        assert_eq!(registry.snapshot()[0].consecutive_failures, 0);
+    }
+
+    // An attempt timeout is the server's verdict: three cuts open the breaker.
+    let client = Resilience::new()
+        .max_retries(0)
+        .total_deadline(S(10))
+        .attempt_timeout(S(2))
+        .breaker(registry.clone())
+        .build(reqwest_client())
+        .unwrap();
+    for call in 1..=3 {
+        let (result, ext, took) = get(&client, &server.url("/hang"), Extensions::new()).await;
+        assert_eq!(retry_error(&result).attempts(), 1);
+        assert!(retry_error(&result).is_timeout());
+        assert_eq!(
+            took,
+            S(2),
+            "cut exactly at the attempt timeout (virtual time)"
+        );
+        assert_eq!(history(&ext)[0].1, Some(FailureKind::Timeout));
+        assert_eq!(server.requests_seen(), 3 + call);
         let expected = if call < 3 {
             BreakerState::Closed
         } else {
@@ -865,7 +891,7 @@ async fn a_server_that_hangs_until_the_total_deadline_trips_the_breaker_after_th
             .collect::<Vec<_>>(),
         [(Transmission::NotSent, Some(FailureKind::BreakerOpen))]
     );
-    assert_eq!(server.requests_seen(), 3);
+    assert_eq!(server.requests_seen(), 6);
 }
 
 #[tokio::test(start_paused = true)]
@@ -899,9 +925,11 @@ async fn with_retries_left_a_hanging_attempt_cut_by_the_breaker_still_stops_at_t
         )]
     );
     assert_eq!(server.requests_seen(), 1);
+    // Issue 28: the deadline is the caller's, so the cut is neutral (it opened the
+    // breaker before).
     assert_eq!(
         registry.state(&Origin::parse(&server.url("/")).unwrap()),
-        Some(BreakerState::Open)
+        Some(BreakerState::Closed)
     );
 }
 

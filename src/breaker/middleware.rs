@@ -57,12 +57,12 @@ use crate::stage::CutAt;
 /// # Deadlines
 ///
 /// When the extensions hold a [`Deadline`] (a per-request one, or the one the retry
-/// middleware hands inward from its `total_deadline`), the attempt runs under it. An
-/// attempt still running at the deadline is cut here, and counted: a server that hangs
-/// until every caller gives up is what a breaker is for, and without a reqwest timeout
-/// nothing else would count it. The cut leaves what the retry middleware's own cut
-/// leaves, so either one stops the retry with
-/// [`StopReason::DeadlineExceeded`](crate::retry::StopReason::DeadlineExceeded):
+/// middleware hands inward from its `total_deadline`), the attempt runs under it, and under
+/// the retry middleware's [attempt
+/// timeout](crate::retry::RetryMiddlewareBuilder::attempt_timeout), handed inward for each
+/// attempt: it is cut here at the earlier of the two. The cut leaves what the retry
+/// middleware's own cut leaves, so the retry reads either one alike (at the deadline it
+/// stops with [`StopReason::DeadlineExceeded`](crate::retry::StopReason::DeadlineExceeded)):
 ///
 /// - a [`RequestEvidence`] `Transmission::Unknown` with [`FailureKind::Timeout`] in the
 ///   extensions and appended to the [`AttemptHistory`] (unless the transport step already
@@ -70,22 +70,30 @@ use crate::stage::CutAt;
 /// - the error `reqwest_middleware::Error::Middleware` holding tokio's
 ///   [`Elapsed`](tokio::time::error::Elapsed).
 ///
-/// It counts as an [`Outcome::Failure`] (a timeout is a transport failure) without asking
-/// the [`AttemptClassifier`]. The retry middleware hands the same deadline inward; when
-/// both timers are due, the breaker's is normally seen first (it is polled inside the
-/// retry's), and if the retry's cut wins instead (two timers firing together on a
-/// multi-thread runtime), the breaker sees its attempt dropped at the deadline and still
-/// counts the failure, while the retry writes the same evidence itself. An attempt
-/// admitted at or after its deadline gave the server no time and is cut without being
-/// counted.
+/// How the cut counts, without asking the [`AttemptClassifier`], depends on whose limit
+/// it was:
 ///
-/// The retry middleware's [attempt
-/// timeout](crate::retry::RetryMiddlewareBuilder::attempt_timeout) is handed inward for
-/// each attempt and cuts it here the same way, at the earlier of the two: a cut attempt is
-/// a failure either way. A hedge (an extra copy of a hedged request) is turned away at once
-/// by an Open breaker or a pause, never waits one out, and never takes a HalfOpen probe
-/// slot; a copy dropped because another copy answered first is a cancellation and is never
-/// counted.
+/// - **The attempt timeout** (its cut at or before the deadline): an
+///   [`Outcome::Failure`]. A timeout is a transport failure, and a server that hangs must
+///   trip its breaker.
+/// - **The caller's total deadline** alone: neutral. The caller's own budget ran out,
+///   which says nothing about the origin: nothing is counted, and a HalfOpen probe so cut
+///   frees its slot (the breaker stays HalfOpen and the next request probes; it is not
+///   re-opened). A server that hangs is caught by an attempt timeout or by reqwest's own
+///   timeout (`reqwest::ClientBuilder::timeout`, a [`FailureKind::Timeout`] failure).
+///
+/// A request whose deadline is nearly spent may still take the HalfOpen probe slot: no
+/// threshold tells "too little time" for a server whose latency is unknown, and turning it
+/// away would fail a request that might have completed. Since its cut is neutral, it holds
+/// the slot at most for the time it has left, and the next request probes.
+///
+/// When both timers are due, the breaker's is normally seen first (it is polled inside the
+/// retry's); if the retry's cut wins instead (two timers firing together on a multi-thread
+/// runtime), the breaker sees its attempt dropped at the cut and counts it as above, while
+/// the retry writes the same evidence itself. A hedge (an extra copy of a hedged request)
+/// is turned away at once by an Open breaker or a pause, never waits one out, and never
+/// takes a HalfOpen probe slot; a copy dropped because another copy answered first is a
+/// cancellation and is never counted.
 ///
 /// ```
 /// use reqwest_middleware::ClientBuilder;
@@ -107,9 +115,10 @@ use crate::stage::CutAt;
 /// Dropping the request future at any point leaves the breaker consistent: a HalfOpen
 /// probe slot held by the dropped attempt is freed (the permit is an RAII guard), no
 /// outcome is counted, and a wait for a pause holds nothing. The one exception is the
-/// deadline above: an attempt dropped at or after its [`Deadline`] (by whichever timer
-/// saw it first) counts as the timeout it is. A caller's own timeout or `select!` that
-/// drops the future before the deadline is a cancellation, not a verdict on the server.
+/// attempt timeout above: an attempt dropped at or after its attempt timeout's cut (by
+/// whichever timer saw it first) counts as the timeout it is. A caller's own timeout or
+/// `select!` that drops the future, at its deadline or before, is a cancellation, not a
+/// verdict on the server.
 #[derive(Clone)]
 pub struct CircuitBreakerMiddleware {
     registry: BreakerRegistry,
@@ -222,19 +231,22 @@ fn record_rejection(rejection: &BreakerRejection, extensions: &mut Extensions) {
     }
 }
 
-/// The permit of an attempt running under a deadline. Dropped unrecorded at or after the
-/// deadline, the attempt was cut there, by this middleware's timer or by an outer one due
-/// at the same instant (the retry middleware's, which may be seen first when both fire
-/// together on a multi-thread runtime): the timeout is counted. Dropped before it, the
-/// caller gave up: nothing is counted and a probe slot is freed. An attempt admitted at or
-/// after its deadline gave the server no time and says nothing about its health.
+/// The permit of an attempt running under a cut: the earlier of the request's
+/// [`Deadline`] and the attempt's own timeout (the retry middleware's attempt timeout).
 ///
-/// The deadline is the earlier of the request's [`Deadline`] and the attempt's own cut
-/// (the retry middleware's attempt timeout). A copy of a hedged request dropped because
-/// another copy won (`lost` set) was cancelled, whenever that happened: nothing is counted.
+/// Dropped unrecorded at or after the cut, the attempt was cut there, by this middleware's
+/// timer or by an outer one due at the same instant (the retry middleware's, which may be
+/// seen first when both fire together on a multi-thread runtime). A cut by the attempt
+/// timeout is counted as a timeout failure: a server that hangs must trip its breaker. A
+/// cut by the caller's total deadline alone is the caller's own limit and is neutral (a
+/// probe's slot is freed). Dropped before the cut, the caller gave up: neutral too. A copy
+/// of a hedged request dropped because another copy won (`lost` set) was cancelled,
+/// whenever that happened: nothing is counted.
 struct CutAtDeadline<'a> {
     permit: Option<BreakerPermit<'a>>,
     deadline: Instant,
+    /// Without a clock: the attempt's own cut when it is earlier than the deadline.
+    timeout_cut: Option<Instant>,
     started: Instant,
     lost: Option<Arc<AtomicBool>>,
     /// The attempt's timeout clock: then the cut is the clock's, as it stands.
@@ -257,6 +269,14 @@ impl CutAtDeadline<'_> {
             Some(clock) => clock.cut(),
         }
     }
+
+    /// Whether the cut is the attempt timeout's, not the caller's deadline alone.
+    fn cut_by_timeout(&self) -> bool {
+        match &self.clock {
+            None => self.timeout_cut.is_some(),
+            Some(clock) => clock.cut_by_timeout(),
+        }
+    }
 }
 
 impl Drop for CutAtDeadline<'_> {
@@ -269,6 +289,7 @@ impl Drop for CutAtDeadline<'_> {
             && self.started < cut
             && Instant::now() >= cut
             && !waiting
+            && self.cut_by_timeout()
             && !AttemptScope::is_lost(self.lost.as_ref())
         {
             // A timeout is a transport failure, whatever a classifier would make of the
@@ -278,6 +299,7 @@ impl Drop for CutAtDeadline<'_> {
                 cut.saturating_duration_since(self.started),
             );
         }
+        // Otherwise the permit is dropped unrecorded: nothing counted, a probe slot freed.
     }
 }
 
@@ -445,7 +467,7 @@ enum Held<'p> {
     /// No cut: a hedge loser dropped here frees its permit unrecorded, like any
     /// cancellation.
     Uncut(BreakerPermit<'p>),
-    /// Under a cut: dropped past it, the guard counts the timeout.
+    /// Under a cut: dropped past an attempt timeout, the guard counts the timeout.
     CutAt {
         guard: CutAtDeadline<'p>,
         /// The history's length before the attempt.
@@ -483,6 +505,10 @@ impl<'p> Held<'p> {
             Some(clock) => clock.cut(),
             None => earlier(deadline, scope.cut),
         };
+        // Without a clock, the scope's cut is the attempt's own only when it comes first.
+        let timeout_cut = scope
+            .cut
+            .filter(|c| clock.is_none() && deadline.is_none_or(|d| *c < d));
         match cut {
             None if clock.is_none() => Held::Uncut(permit),
             // On a clock with no deadline, the cut is the clock's timeout (`None` only
@@ -492,6 +518,7 @@ impl<'p> Held<'p> {
                 guard: CutAtDeadline {
                     permit: Some(permit),
                     deadline: cut.unwrap_or(now),
+                    timeout_cut,
                     started: now,
                     lost: scope.lost,
                     clock,
@@ -540,7 +567,7 @@ impl<'p> Held<'p> {
                 } = held
                 {
                     record_attempt_cut(extensions, origin, recorded_before, guard.started);
-                    // Its drop counts the timeout (the deadline has passed).
+                    // Its drop counts an attempt timeout; a deadline's cut is neutral.
                     drop(guard);
                 }
                 (Err(reqwest_middleware::Error::middleware(elapsed)), None)

@@ -6,7 +6,8 @@
 //! - [`TripPolicy`] (`policy.rs`): consecutive failures (default 5) or a failure ratio
 //!   over a sliding window of 10 buckets with a minimum throughput (Polly style);
 //!   [`AttemptClassifier`] decides how an attempt counts ([`DefaultClassifier`]: 5xx,
-//!   401, 429 and transport failures are failures; 2xx/3xx successes; other 4xx neutral).
+//!   401, 429 and transport failures are failures, a lost connection once per event (see
+//!   below); 2xx/3xx successes; other 4xx, a refused stream and a `GOAWAY` neutral).
 //! - [`BreakerConfig`] (`config.rs`): open period (30 s), probes (1), growth of the open
 //!   period on repeated trips with a cap, jitter, pause cap (60 s) and mode, bound on origins.
 //! - [`BreakerRegistry`] (`registry.rs`): one breaker per [`Origin`](crate::Origin),
@@ -34,19 +35,42 @@
 //! and retries no sooner than that; the breaker removes a stale `RetryIn` at the start of
 //! every attempt, so one found there belongs to the attempt just made.
 //!
+//! # Routine server events
+//!
+//! A graceful reload (nginx `HUP`, haproxy `-sf`, apache2 `graceful`, caddy's `/load`), a
+//! connection rotation or an idle close shuts the pooled keep-alive connections requests
+//! are being written on: every attempt in flight on them ends with no response head,
+//! `Closed` ("connection closed before message completed") or `Reset`, on a healthy
+//! origin. Those are [`Outcome::ConnectionLost`], and the breaker counts **one failure
+//! per event**: a connection loss counts only when its attempt was admitted after the
+//! last connection loss the origin's breaker counted; the attempts in flight at that
+//! moment were struck by the same event and are neutral. The order is the breaker's own
+//! (a count of losses carried by each [`Ticket`]), not the clock's, so attempts admitted
+//! in the same instant are told apart. Everything else counts as before: refused
+//! connects, DNS, TLS, 5xx, 401, 429, timeouts and slow calls count every attempt, so a
+//! server that is down trips the breaker as fast as ever, and one that resets every
+//! connection, fresh ones included, trips it after the policy's count of rounds (5 in a
+//! row by default). The failure-ratio policy counts the same: an uncounted loss is not in
+//! its window.
+//!
 //! # Deadlines
 //!
 //! A request may carry a [`Deadline`] in its extensions. In [`PauseMode::Wait`] a request
-//! whose deadline would pass before the pause ends fails fast instead of waiting.
+//! whose deadline would pass before the pause ends fails fast instead of waiting. An
+//! attempt still running at the earlier of its deadline and the retry middleware's attempt
+//! timeout is cut by the breaker (see [`CircuitBreakerMiddleware`]). **The caller's own
+//! limits are neutral**: a cut by the total deadline, or a request future the caller
+//! dropped, says nothing about the origin; nothing is counted and a HalfOpen probe's slot
+//! is freed (the breaker stays HalfOpen, the next request probes). A cut by the **attempt
+//! timeout** is a timeout failure, so a server that hangs trips its breaker when an attempt
+//! timeout (or reqwest's own timeout) is set; under a total deadline alone it does not.
 //!
 //! # The end of a pause
 //!
 //! The callers a pause held back do not all go in the instant it ends: each waits a
 //! uniform share of a short window after it (a tenth of the pause, at most 1 s): a 10 s
 //! pause over 100 waiting callers lets about 10 through per 100 ms instead of 100 at once.
-//! (A retry middleware that was turned away waits the rejection's "retry in" exactly.) An
-//! attempt still running at the deadline is cut by the breaker and counted as a timeout
-//! (see [`CircuitBreakerMiddleware`]), so a server that always hangs trips its breaker.
+//! (A retry middleware that was turned away waits the rejection's "retry in" exactly.)
 //!
 //! [`ResilienceError::BreakerOpen`]: crate::ResilienceError::BreakerOpen
 //!

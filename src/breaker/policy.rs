@@ -19,6 +19,17 @@ pub enum Outcome {
     /// Says nothing about the origin's health (other 4xx: the caller's own bug must not
     /// trip a breaker that other callers share). A neutral probe frees its slot.
     Neutral,
+    /// The server closed or reset the connection before any byte of a response
+    /// ([`DefaultClassifier::is_connection_loss`]): a failure that counts **at most once
+    /// per event**. A graceful reload, a rotation or an idle close ends every attempt in
+    /// flight on the origin's pooled connections at once; that is one piece of evidence,
+    /// not one per attempt. So a connection loss counts as a [`Failure`](Self::Failure)
+    /// only when its attempt was admitted after the last connection loss its origin's
+    /// breaker counted; the attempts already in flight at that moment were hit by the same
+    /// event and count as [`Neutral`](Self::Neutral). A server that closes every
+    /// connection, fresh ones included, still trips the breaker: each attempt started
+    /// after the last counted loss counts.
+    ConnectionLost,
 }
 
 /// When a Closed breaker trips open.
@@ -247,12 +258,18 @@ impl PolicyState {
             })
     }
 
-    /// Counts `outcome`; returns whether the policy now says "trip".
+    /// Counts `outcome`; returns whether the policy now says "trip". A
+    /// [`Outcome::ConnectionLost`] reaching the policy is a failure: the breaker has already
+    /// decided whether the event it belongs to was counted (see [`Breaker`](super::Breaker)).
     pub(crate) fn record(&mut self, policy: &TripPolicy, outcome: Outcome, now: Instant) -> bool {
+        let outcome = match outcome {
+            Outcome::ConnectionLost => Outcome::Failure,
+            other => other,
+        };
         match outcome {
             Outcome::Neutral => return false,
             Outcome::Success => self.consecutive_failures = 0,
-            Outcome::Failure => {
+            Outcome::Failure | Outcome::ConnectionLost => {
                 self.consecutive_failures = self.consecutive_failures.saturating_add(1)
             }
         }
@@ -346,17 +363,40 @@ pub trait AttemptClassifier: Send + Sync + 'static {
 }
 
 /// The design's classification: 5xx, 401, 429 and transport failures are failures; 2xx
-/// and 3xx successes; other 4xx neutral. A stream the server refused with proof that it did
-/// not process it ([`RequestEvidence::not_processed`]: HTTP/2 `REFUSED_STREAM`) and an
-/// attempt ended by the server's `GOAWAY` ([`FailureKind::GoAway`], of any error code) are
-/// neutral: that is how a healthy server rotates its connections (nginx's
-/// `keepalive_requests`) or holds its stream limit, and five of them in a burst must not
-/// open the breaker of a server that answers everything else. A rejection by another breaker or a pause
-/// (`NotSent`, [`FailureKind::BreakerOpen`] / [`FailureKind::Paused`]), a bearer token
-/// that could not be had (`NotSent`, [`FailureKind::TokenUnavailable`]: the identity
-/// provider failed, not the origin), a request that could not be built, and an error from
-/// a middleware inside the breaker with no evidence of an attempt say nothing about the
-/// origin: neutral.
+/// and 3xx successes; other 4xx neutral.
+///
+/// - **Connection losses count once per event.** An attempt that ended with no response
+///   head because the server closed or reset its connection ([`FailureKind::Closed`],
+///   [`FailureKind::Reset`]; [`is_connection_loss`](Self::is_connection_loss)) is an
+///   [`Outcome::ConnectionLost`]: a failure only when the attempt was admitted after the
+///   last connection loss its origin's breaker counted. A graceful reload of nginx,
+///   haproxy, apache2 or caddy closes every pooled keep-alive connection while requests
+///   are being written on them; with 50 requests in flight the 50 losses are one piece of
+///   evidence, not 50 (nor the 5 that would open the breaker of a healthy origin). A
+///   server that resets every connection, fresh ones included, still trips the breaker
+///   after the policy's count of such events, one per round of attempts.
+/// - **Rotations are neutral.** A stream the server refused with proof that it did not
+///   process it ([`RequestEvidence::not_processed`]: HTTP/2 `REFUSED_STREAM`) and an
+///   attempt ended by the server's `GOAWAY` ([`FailureKind::GoAway`], of any error code):
+///   that is how a healthy server rotates its connections (nginx's `keepalive_requests`)
+///   or holds its stream limit, and five of them in a burst must not open the breaker of
+///   a server that answers everything else.
+/// - **Nothing asked of the origin is neutral.** A rejection by another breaker or a pause
+///   (`NotSent`, [`FailureKind::BreakerOpen`] / [`FailureKind::Paused`]), a bearer token
+///   that could not be had (`NotSent`, [`FailureKind::TokenUnavailable`]: the identity
+///   provider failed, not the origin), a request that could not be built, and an error
+///   from a middleware inside the breaker with no evidence of an attempt.
+///
+/// Everything else that failed without a response counts in full: refused connects, DNS
+/// and TLS failures, timeouts (reqwest's, and the retry middleware's attempt timeout),
+/// protocol errors. An attempt cut by the caller's own total deadline, or dropped by the
+/// caller, never reaches a classifier: it is neutral (see
+/// [`CircuitBreakerMiddleware`](super::CircuitBreakerMiddleware), "Deadlines").
+///
+/// A classifier of your own keeps counting each connection loss as it returns it
+/// ([`Outcome::Failure`] counts every one); return [`Outcome::ConnectionLost`] (for
+/// instance when [`is_connection_loss`](Self::is_connection_loss) says so) to count them
+/// once per event.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct DefaultClassifier;
 
@@ -375,6 +415,20 @@ impl DefaultClassifier {
             Outcome::Success
         }
     }
+
+    /// Whether `evidence` shows a connection loss: no response head, and the connection
+    /// closed ([`FailureKind::Closed`]: EOF before a complete response head, "connection
+    /// closed before message completed") or reset ([`FailureKind::Reset`]: RST, broken
+    /// pipe) under the attempt, whether or not its bytes had gone out, without the
+    /// server's proof that it was not processed (a proven refusal is neutral anyway).
+    pub fn is_connection_loss(evidence: &RequestEvidence) -> bool {
+        !matches!(evidence.transmission, Transmission::ResponseReceived(_))
+            && evidence.not_processed.is_none()
+            && matches!(
+                evidence.failure,
+                Some(FailureKind::Closed | FailureKind::Reset)
+            )
+    }
 }
 
 impl AttemptClassifier for DefaultClassifier {
@@ -392,6 +446,9 @@ impl AttemptClassifier for DefaultClassifier {
             // healthy server at its stream limit.
             if e.not_processed.is_some() {
                 return Outcome::Neutral;
+            }
+            if DefaultClassifier::is_connection_loss(e) {
+                return Outcome::ConnectionLost;
             }
             return match e.failure {
                 Some(
@@ -414,7 +471,15 @@ impl AttemptClassifier for DefaultClassifier {
             Err(reqwest_middleware::Error::Reqwest(e)) if e.is_builder() || e.is_redirect() => {
                 Outcome::Neutral
             }
-            Err(reqwest_middleware::Error::Reqwest(_)) => Outcome::Failure,
+            // No transport step inside: the error itself says whether it was a lost
+            // connection.
+            Err(reqwest_middleware::Error::Reqwest(e)) => {
+                let c = crate::classify::classify_error(e);
+                match (c.kind, c.not_processed) {
+                    (FailureKind::Closed | FailureKind::Reset, None) => Outcome::ConnectionLost,
+                    _ => Outcome::Failure,
+                }
+            }
             // A middleware inside the breaker failed before any transport step saw the
             // request (a middleware of the caller's; `BearerAuth` leaves `TokenUnavailable`
             // evidence instead): the origin was not asked.
@@ -476,7 +541,11 @@ mod tests {
         for (kind, want) in [
             (FailureKind::Connect, Outcome::Failure),
             (FailureKind::Timeout, Outcome::Failure),
-            (FailureKind::Reset, Outcome::Failure),
+            // A lost connection: a failure counted once per event (issue 28).
+            (FailureKind::Reset, Outcome::ConnectionLost),
+            (FailureKind::Closed, Outcome::ConnectionLost),
+            (FailureKind::Protocol, Outcome::Failure),
+            (FailureKind::Body, Outcome::Failure),
             (FailureKind::BreakerOpen, Outcome::Neutral),
             (FailureKind::Paused, Outcome::Neutral),
             (FailureKind::TokenUnavailable, Outcome::Neutral),
@@ -495,6 +564,44 @@ mod tests {
         );
         assert_eq!(c.classify(Some(&e), &ok), Outcome::Failure);
         assert_eq!(c.classify(None, &ok), Outcome::Success);
+    }
+
+    #[test]
+    fn a_connection_loss_is_closed_or_reset_before_any_response_head() {
+        let ok: reqwest_middleware::Result<Response> =
+            Ok(http::Response::new(reqwest::Body::from("")).into());
+        for transmission in [
+            Transmission::NotSent,
+            Transmission::SentNoResponse,
+            Transmission::Unknown,
+        ] {
+            for kind in [FailureKind::Closed, FailureKind::Reset] {
+                let mut e = RequestEvidence::new(transmission, None, 1);
+                e.failure = Some(kind);
+                assert!(
+                    DefaultClassifier::is_connection_loss(&e),
+                    "{transmission:?} {kind:?}"
+                );
+                assert_eq!(
+                    DefaultClassifier.classify(Some(&e), &ok),
+                    Outcome::ConnectionLost
+                );
+            }
+        }
+        // Not losses: a refused connect, a timeout, a body cut after the head.
+        for (transmission, kind) in [
+            (Transmission::NotSent, FailureKind::Connect),
+            (Transmission::Unknown, FailureKind::Timeout),
+            (
+                Transmission::ResponseReceived(StatusCode::OK),
+                FailureKind::Reset,
+            ),
+            (Transmission::Unknown, FailureKind::BodyInterrupted),
+        ] {
+            let mut e = RequestEvidence::new(transmission, None, 1);
+            e.failure = Some(kind);
+            assert!(!DefaultClassifier::is_connection_loss(&e), "{kind:?}");
+        }
     }
 
     #[test]

@@ -12,7 +12,7 @@ use tokio::time::Instant;
 
 use super::config::BreakerConfig;
 use super::policy::Outcome;
-use super::state::{Breaker, Ticket, Transition, TripCause};
+use super::state::{Breaker, LOSS_BITS, Ticket, Transition, TripCause};
 use crate::error::{BreakerState, RejectReason, ResilienceError};
 use crate::origin::{Origin, OriginMap};
 
@@ -126,9 +126,11 @@ impl From<BreakerRejection> for ResilienceError {
 /// takes effect at its load of `fast`: just before the first critical section whose
 /// store it did not see.
 ///
-/// - `acquire` with [`ADMIT`] set hands out [`Ticket::closed`] of the word's generation:
-///   what `try_acquire` does in that state (it also notes the time: the permit keeps
-///   it, see below). A failure, trip, pause, isolate or reset that lands just after the
+/// - `acquire` with [`ADMIT`] set hands out [`Ticket::closed`] of the word's generation
+///   and connection-loss count: what `try_acquire` does in that state (it also notes the
+///   time: the permit keeps it, see below). A connection loss counted just after the load
+///   is ordered after this acquire too: the attempt was in flight when that event struck,
+///   and its own loss is the same event (neutral). A failure, trip, pause, isolate or reset that lands just after the
 ///   load is ordered after this acquire, as if the acquire had taken the lock first: a
 ///   trip or an isolate bumps the generation, so the ticket's outcome is stale and not
 ///   counted; a plain failure, a pause or a reset of a Closed breaker keeps it, and the
@@ -168,8 +170,9 @@ const ADMIT: u64 = 1;
 /// In [`Entry::fast`]: a non-probe success may be recorded without the lock.
 const QUIET_SUCCESS: u64 = 2;
 
-/// The summary of `b` that [`Entry::fast`] holds: its generation in the high half and the
-/// flags in the low one; 0 when neither flag holds.
+/// The summary of `b` that [`Entry::fast`] holds: its generation in the high half, and in
+/// the low one its connection-loss count ([`LOSS_BITS`] bits) above the two flags; 0 when
+/// neither flag holds.
 fn fast_word(b: &Breaker, config: &BreakerConfig) -> u64 {
     let flags = if b.quiet_admission() { ADMIT } else { 0 }
         | if b.quiet_success(config) {
@@ -180,9 +183,12 @@ fn fast_word(b: &Breaker, config: &BreakerConfig) -> u64 {
     if flags == 0 {
         0
     } else {
-        (u64::from(b.generation()) << 32) | flags
+        (u64::from(b.generation()) << 32) | (u64::from(b.losses()) << 2) | flags
     }
 }
+
+// The flags and the loss count share the low half of the word.
+const _: () = assert!(LOSS_BITS + 2 <= 32);
 
 /// The time from `epoch` to `now` in nanoseconds, for [`Entry::last_used`] (584 years
 /// fit).
@@ -212,7 +218,7 @@ impl Entry {
     /// The ticket `try_acquire` would hand out, when it can be had without the lock.
     fn quiet_ticket(&self) -> Option<Ticket> {
         let word = self.fast.load(Ordering::Acquire);
-        (word & ADMIT != 0).then(|| Ticket::closed((word >> 32) as u32))
+        (word & ADMIT != 0).then(|| Ticket::closed((word >> 32) as u32, (word as u32) >> 2))
     }
 
     /// Whether recording `outcome` for `ticket` would change nothing but the time.

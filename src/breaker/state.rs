@@ -55,8 +55,17 @@ pub enum TripCause {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Ticket {
     generation: u32,
+    // The breaker's count of connection losses when the attempt was admitted: a loss
+    // counted since then was the same event (see `Outcome::ConnectionLost`).
+    losses: u32,
     probe: bool,
 }
+
+/// The bits of the connection-loss count a [`Ticket`] compares (it is published in 30 bits
+/// of the registry's lock-free word). An attempt would have to stay in flight while 2³⁰
+/// losses were counted for two counts to be confused.
+pub(crate) const LOSS_BITS: u32 = 30;
+const LOSS_MASK: u32 = (1 << LOSS_BITS) - 1;
 
 impl Ticket {
     /// Whether this attempt is a HalfOpen probe.
@@ -65,11 +74,13 @@ impl Ticket {
     }
 
     /// The ticket [`Breaker::try_acquire`] hands out while Closed, for a breaker of
-    /// `generation` (the registry's lock-free path, which read the generation from the
-    /// word the breaker's [`Breaker::quiet_admission`] was published in).
-    pub(crate) fn closed(generation: u32) -> Ticket {
+    /// `generation` that has counted `losses` connection losses (the registry's lock-free
+    /// path, which read both from the word the breaker's [`Breaker::quiet_admission`] was
+    /// published in).
+    pub(crate) fn closed(generation: u32, losses: u32) -> Ticket {
         Ticket {
             generation,
+            losses: losses & LOSS_MASK,
             probe: false,
         }
     }
@@ -116,6 +127,9 @@ pub struct Breaker {
     generation: u32,
     // Trips since the breaker was last Closed: drives the growth of the open period.
     trips: u32,
+    // Connection losses counted (modulo 2^30): a ticket admitted before the last one was
+    // in flight when that event struck, so its own loss is the same event.
+    losses: u32,
     probes_in_flight: u32,
     probe_successes: u32,
     since: Instant,
@@ -142,6 +156,7 @@ impl Breaker {
             state: BreakerState::Closed,
             generation: 0,
             trips: 0,
+            losses: 0,
             probes_in_flight: 0,
             probe_successes: 0,
             since: now,
@@ -229,6 +244,7 @@ impl Breaker {
         if ticket.generation != self.generation {
             return None;
         }
+        let outcome = self.one_per_event(ticket, outcome);
         let slow = match (&config.slow_calls, took) {
             (Some(trip), Some(took)) if outcome != Outcome::Neutral => {
                 Some((trip, took > trip.duration_threshold))
@@ -252,7 +268,9 @@ impl Breaker {
             BreakerState::HalfOpen if ticket.probe => {
                 self.probes_in_flight = self.probes_in_flight.saturating_sub(1);
                 match outcome {
-                    Outcome::Failure => Some(self.trip(config, now, TripCause::ProbeFailed)),
+                    Outcome::Failure | Outcome::ConnectionLost => {
+                        Some(self.trip(config, now, TripCause::ProbeFailed))
+                    }
                     _ if slow.is_some_and(|(_, is_slow)| is_slow) => {
                         Some(self.trip(config, now, TripCause::ProbeSlow))
                     }
@@ -265,6 +283,20 @@ impl Breaker {
                 }
             }
             _ => None,
+        }
+    }
+
+    /// A connection loss counts as a failure when its attempt was admitted after the last
+    /// counted one (which it now is), and is neutral when it was in flight then: the same
+    /// event struck it.
+    fn one_per_event(&mut self, ticket: Ticket, outcome: Outcome) -> Outcome {
+        match outcome {
+            Outcome::ConnectionLost if ticket.losses == self.losses => {
+                self.losses = self.losses.wrapping_add(1) & LOSS_MASK;
+                Outcome::Failure
+            }
+            Outcome::ConnectionLost => Outcome::Neutral,
+            other => other,
         }
     }
 
@@ -340,6 +372,7 @@ impl Breaker {
     fn ticket(&self, probe: bool) -> Ticket {
         Ticket {
             generation: self.generation,
+            losses: self.losses,
             probe,
         }
     }
@@ -404,6 +437,12 @@ impl Breaker {
         self.generation
     }
 
+    /// The connection losses counted so far, modulo 2^30 (what a [`Ticket`] admitted now
+    /// carries).
+    pub(crate) fn losses(&self) -> u32 {
+        self.losses
+    }
+
     /// `(timed calls, slow calls)` in the slow-call window at `now`: zeros without
     /// [`slow_calls`](BreakerConfig::slow_calls) or before the first timed call.
     pub fn slow_call_counts(&self, config: &BreakerConfig, now: Instant) -> (u32, u32) {
@@ -455,6 +494,13 @@ mod tests {
         BreakerConfig::default()
             .policy(TripPolicy::consecutive_failures(3))
             .open_duration(10 * S)
+    }
+
+    #[test]
+    fn the_documented_sizes_hold() {
+        // The connection-loss count fits in the padding: the docs' 248 bytes still hold.
+        #[cfg(target_pointer_width = "64")]
+        assert_eq!(Breaker::SIZE, 248);
     }
 
     #[test]
@@ -611,6 +657,160 @@ mod tests {
         assert_eq!(b.probes_in_flight(), 0);
         assert!(attempt(&mut b, &c, Outcome::Success).is_some());
         assert_eq!(b.state(), BreakerState::Closed);
+    }
+
+    /// `n` tickets admitted now, held in flight together.
+    fn in_flight(b: &mut Breaker, c: &BreakerConfig, n: usize) -> Vec<Ticket> {
+        let now = Instant::now();
+        (0..n)
+            .map(|_| b.try_acquire(c, now).0.expect("admitted"))
+            .collect()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn connection_losses_of_attempts_in_flight_together_count_once() {
+        let c = config();
+        let mut b = Breaker::new(Instant::now());
+        // A reload closes the 50 pooled connections 50 requests were written on.
+        let cut = in_flight(&mut b, &c, 50);
+        tokio::time::advance(S / 100).await;
+        for t in cut {
+            assert_eq!(
+                b.record(&c, t, Outcome::ConnectionLost, Instant::now()),
+                None
+            );
+        }
+        assert_eq!(
+            (b.state(), b.consecutive_failures()),
+            (BreakerState::Closed, 1)
+        );
+        // A second reload, later, is a second event: 2 of the 3 the policy needs.
+        let cut = in_flight(&mut b, &c, 50);
+        for t in cut {
+            assert_eq!(
+                b.record(&c, t, Outcome::ConnectionLost, Instant::now()),
+                None
+            );
+        }
+        assert_eq!(
+            (b.state(), b.consecutive_failures()),
+            (BreakerState::Closed, 2)
+        );
+        // Any success in between resets the count as before.
+        attempt(&mut b, &c, Outcome::Success);
+        assert_eq!(b.consecutive_failures(), 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_loss_counts_when_its_attempt_started_after_the_last_counted_one() {
+        let c = config();
+        let mut b = Breaker::new(Instant::now());
+        let early = in_flight(&mut b, &c, 2);
+        let now = Instant::now();
+        // The first loss counts; the other early attempt was in flight then: neutral.
+        assert_eq!(b.record(&c, early[0], Outcome::ConnectionLost, now), None);
+        assert_eq!(b.consecutive_failures(), 1);
+        let late = in_flight(&mut b, &c, 1)[0];
+        assert_eq!(b.record(&c, early[1], Outcome::ConnectionLost, now), None);
+        assert_eq!(b.consecutive_failures(), 1);
+        // Admitted after the counted loss (at the same instant: the order is the
+        // breaker's, not the clock's): a new event.
+        assert_eq!(b.record(&c, late, Outcome::ConnectionLost, now), None);
+        assert_eq!(b.consecutive_failures(), 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_server_that_loses_every_connection_trips_after_the_policys_count() {
+        let c = config();
+        let mut b = Breaker::new(Instant::now());
+        assert_eq!(attempt(&mut b, &c, Outcome::ConnectionLost), None);
+        assert_eq!(attempt(&mut b, &c, Outcome::ConnectionLost), None);
+        let t = attempt(&mut b, &c, Outcome::ConnectionLost).expect("the third event trips");
+        assert_eq!(
+            (t.from, t.to, t.cause),
+            (
+                BreakerState::Closed,
+                BreakerState::Open,
+                Some(TripCause::Failures)
+            )
+        );
+        // A probe that loses its connection was admitted after every earlier loss: it
+        // re-opens the breaker as any failed probe does.
+        tokio::time::advance(10 * S).await;
+        let t = attempt(&mut b, &c, Outcome::ConnectionLost).expect("re-opened");
+        assert_eq!(
+            (t.from, t.to, t.cause),
+            (
+                BreakerState::HalfOpen,
+                BreakerState::Open,
+                Some(TripCause::ProbeFailed)
+            )
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn other_failures_of_attempts_in_flight_together_count_in_full() {
+        let c = config();
+        let mut b = Breaker::new(Instant::now());
+        let held = in_flight(&mut b, &c, 3);
+        let now = Instant::now();
+        // A loss counted first changes nothing for a 503, a refused connect, a timeout.
+        let lost = in_flight(&mut b, &c, 1)[0];
+        assert_eq!(b.record(&c, lost, Outcome::ConnectionLost, now), None);
+        assert_eq!(b.record(&c, held[0], Outcome::Failure, now), None);
+        let t = b
+            .record(&c, held[1], Outcome::Failure, now)
+            .expect("tripped");
+        assert_eq!(t.cause, Some(TripCause::Failures));
+        // The third was in flight across the trip: stale, as before.
+        assert_eq!(b.record(&c, held[2], Outcome::Failure, now), None);
+        assert_eq!(b.trips(), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_ratio_policy_counts_one_failure_per_connection_event() {
+        let c = BreakerConfig::default()
+            .policy(TripPolicy::failure_ratio(0.5, 10 * S, 4))
+            .open_duration(5 * S);
+        let mut b = Breaker::new(Instant::now());
+        attempt(&mut b, &c, Outcome::Success);
+        attempt(&mut b, &c, Outcome::Success);
+        // 40 attempts cut by one reload: one failure in the window, not 40.
+        for t in in_flight(&mut b, &c, 40) {
+            assert_eq!(
+                b.record(&c, t, Outcome::ConnectionLost, Instant::now()),
+                None
+            );
+        }
+        assert_eq!(b.window_counts(&c, Instant::now()), (3, 1));
+        assert_eq!(b.state(), BreakerState::Closed);
+        // One loss per round of fresh attempts: the 4th attempt counted is the 2nd
+        // failure of 4, which reaches 0.5.
+        assert_eq!(
+            attempt(&mut b, &c, Outcome::ConnectionLost).unwrap().to,
+            BreakerState::Open
+        );
+        assert_eq!(b.window_counts(&c, Instant::now()), (4, 2));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lost_connection_of_a_stale_ticket_counts_nothing_and_starts_no_event() {
+        let c = config();
+        let mut b = Breaker::new(Instant::now());
+        let old = in_flight(&mut b, &c, 1)[0];
+        trip(&mut b, &c);
+        tokio::time::advance(10 * S).await;
+        assert!(
+            attempt(&mut b, &c, Outcome::Success).is_some(),
+            "closed again"
+        );
+        let now = Instant::now();
+        let fresh = in_flight(&mut b, &c, 1)[0];
+        assert_eq!(b.record(&c, old, Outcome::ConnectionLost, now), None);
+        assert_eq!(b.consecutive_failures(), 0);
+        // The stale loss was not counted, so the fresh one is not its event's twin.
+        assert_eq!(b.record(&c, fresh, Outcome::ConnectionLost, now), None);
+        assert_eq!(b.consecutive_failures(), 1);
     }
 
     #[tokio::test(start_paused = true)]
@@ -932,7 +1132,8 @@ mod tests {
             prop_oneof![
                 3 => Just(Outcome::Failure),
                 2 => Just(Outcome::Success),
-                1 => Just(Outcome::Neutral)
+                1 => Just(Outcome::Neutral),
+                2 => Just(Outcome::ConnectionLost)
             ]
         }
 
@@ -984,6 +1185,10 @@ mod tests {
             attempts: Vec<(u64, bool)>,
             probes_out: u32,
             probe_ok: u32,
+            // Acquires so far, and their number when the last connection loss was counted:
+            // a loss counts when its attempt was acquired after that.
+            acquires: u64,
+            last_loss: u64,
         }
 
         #[derive(Debug, PartialEq, Eq)]
@@ -1023,7 +1228,8 @@ mod tests {
                 self.closed_at = now;
                 self.era += 1;
             }
-            fn acquire(&mut self, now: u64) -> (Answer, u64) {
+            fn acquire(&mut self, now: u64) -> (Answer, (u64, u64)) {
+                self.acquires += 1;
                 if self.state == M::Open && now >= self.open_until {
                     self.state = M::HalfOpen;
                     self.probes_out = 0;
@@ -1044,12 +1250,20 @@ mod tests {
                         Answer::Rejected(RejectReason::ProbesBusy, Some(self.c.half_open_retry_in))
                     }
                 };
-                (answer, self.era)
+                (answer, (self.era, self.acquires))
             }
-            fn record(&mut self, era: u64, probe: bool, o: Outcome, now: u64) {
+            fn record(&mut self, (era, seq): (u64, u64), probe: bool, o: Outcome, now: u64) {
                 if era != self.era {
                     return;
                 }
+                let o = match o {
+                    Outcome::ConnectionLost if seq > self.last_loss => {
+                        self.last_loss = self.acquires;
+                        Outcome::Failure
+                    }
+                    Outcome::ConnectionLost => Outcome::Neutral,
+                    o => o,
+                };
                 match (self.state, probe) {
                     (M::Closed, _) => {
                         if o == Outcome::Neutral {
@@ -1096,13 +1310,14 @@ mod tests {
                                     self.close(now);
                                 }
                             }
-                            Outcome::Neutral => {}
+                            // (A connection loss was made a failure or neutral above.)
+                            Outcome::Neutral | Outcome::ConnectionLost => {}
                         }
                     }
                     _ => {}
                 }
             }
-            fn release(&mut self, era: u64, probe: bool) {
+            fn release(&mut self, (era, _): (u64, u64), probe: bool) {
                 if probe && era == self.era {
                     self.probes_out -= 1;
                 }
@@ -1122,9 +1337,10 @@ mod tests {
                 let mut m = Model {
                     c: c.clone(), state: M::Closed, era: 0, closed_at: 0, open_until: 0,
                     trips: 0, consecutive: 0, attempts: Vec::new(), probes_out: 0, probe_ok: 0,
+                    acquires: 0, last_loss: 0,
                 };
                 let mut now = 0u64;
-                let mut held: Vec<(Ticket, u64)> = Vec::new();
+                let mut held: Vec<(Ticket, (u64, u64))> = Vec::new();
                 let answer = |r: &Result<Ticket, Rejection>| match r {
                     Ok(t) => Answer::Admitted { probe: t.is_probe() },
                     Err(r) => Answer::Rejected(r.reason, r.retry_in),

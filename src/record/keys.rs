@@ -306,6 +306,16 @@ impl AttemptClock {
         self.started().is_none()
     }
 
+    /// Whether the cut, as things stand, is the attempt timeout's: the clock runs and its
+    /// timeout ends at or before the deadline (a cut that is the deadline's alone is the
+    /// caller's own limit, and says nothing about the server).
+    pub(crate) fn cut_by_timeout(&self) -> bool {
+        let timed = self
+            .started()
+            .and_then(|started| started.checked_add(self.0.timeout));
+        timed.is_some_and(|t| self.0.deadline.is_none_or(|d| t <= d))
+    }
+
     /// When the attempt is cut as things stand: the timeout after the clock's last start
     /// or the deadline, whichever is first; while stopped, the deadline (`None`: never).
     pub(crate) fn cut(&self) -> Option<Instant> {

@@ -91,6 +91,27 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn a_cut_is_the_attempt_timeouts_when_it_comes_no_later_than_the_deadline() {
+        let s = Duration::from_secs;
+        let now = Instant::now();
+        let clock = |deadline: Option<Instant>| AttemptClock::start(s(2), deadline, now);
+        assert!(clock(None).cut_by_timeout());
+        assert!(clock(Some(now + s(3))).cut_by_timeout());
+        // A tie: the attempt had its whole timeout.
+        assert!(clock(Some(now + s(2))).cut_by_timeout());
+        // The caller's deadline comes first: its cut, not the server's timeout.
+        assert!(!clock(Some(now + s(1))).cut_by_timeout());
+        // Restarted by a gate 2 s later: the timeout now ends past the deadline.
+        let c = clock(Some(now + s(3)));
+        c.restart(now + s(2));
+        assert!(!c.cut_by_timeout());
+        // Stopped (waiting locally): only the deadline cuts.
+        let c = clock(None);
+        c.stop();
+        assert!(!c.cut_by_timeout());
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn an_attempts_scope_alone_leaves_nothing_once_taken() {
         let mut ext = Extensions::new();
         Inward::set_attempt(&mut ext, scope_at(Instant::now()));

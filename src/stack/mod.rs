@@ -497,7 +497,8 @@ impl Resilience {
     /// Bounds each attempt's wait for its response head (default: none; see
     /// [`RetryMiddlewareBuilder::attempt_timeout`](crate::retry::RetryMiddlewareBuilder::attempt_timeout)
     /// for why it is off by default). A cut attempt is a breaker failure and is retried
-    /// only when the request is idempotent; the total deadline still bounds everything.
+    /// only when the request is idempotent; the total deadline still bounds everything (a
+    /// cut by the deadline alone is neutral for the breaker).
     pub fn attempt_timeout(mut self, timeout: Duration) -> Self {
         self.retry_settings.attempt_timeout = Some(timeout);
         self

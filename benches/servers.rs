@@ -14,8 +14,10 @@
 //! http2_max_concurrent_streams 2` and 60 concurrent POSTs, and `keepalive_requests 100`
 //! with 300 concurrent POSTs, with the stop reasons of the POSTs each client lost.
 //!
-//! `SERVERS_BENCH_ROUNDS=n` repeats every cell `n` times (default 1). A server that is
-//! not installed is skipped (printed).
+//! `SERVERS_BENCH_ROUNDS=n` repeats every cell `n` times (default 1);
+//! `SERVERS_BENCH_H2C_POSTS=1` runs only the POSTs meeting nginx's h2c rotation;
+//! `SERVERS_BARE_FIRST=1` runs reqwest alone before the stack on each server. A server
+//! that is not installed is skipped (printed).
 
 #[path = "../tests/support/servers/mod.rs"]
 mod servers;
@@ -29,10 +31,15 @@ use servers::burst::{self, Event, Run, Shape};
 use servers::{Protocol, RealServer, Scenario};
 
 type Start = fn(&Scenario) -> Option<Box<dyn RealServer>>;
+type Supports = fn(&Scenario) -> bool;
 
-const SERVERS: &[(&str, Start, fn(&Scenario) -> bool)] = &[
+const SERVERS: &[(&str, Start, Supports)] = &[
     ("nginx", servers::nginx::start, servers::nginx::supports),
-    ("haproxy", servers::haproxy::start, servers::haproxy::supports),
+    (
+        "haproxy",
+        servers::haproxy::start,
+        servers::haproxy::supports,
+    ),
     ("apache2", servers::apache::start, servers::apache::supports),
     ("caddy", servers::caddy::start, servers::caddy::supports),
 ];
@@ -47,6 +54,10 @@ fn main() {
         .enable_all()
         .build()
         .expect("runtime");
+    if std::env::var_os("SERVERS_BENCH_H2C_POSTS").is_some() {
+        rotation_posts(&rt, rounds);
+        return;
+    }
     println!(
         "{:<8} {:<6} {:<10} | {:>17} {:>7} | {:>17} {:>7} | {:>5}",
         "server", "proto", "event", "stack POST/GET", "twice", "bare POST/GET", "twice", "trans"
@@ -56,7 +67,11 @@ fn main() {
             for event in [Event::Rotation, Event::IdleClose, Event::Reload] {
                 let shape = Shape::of(event, protocol);
                 if !supports(&shape.scenario) {
-                    println!("{name:<8} {:<6} {:<10} | no setting for it", proto(protocol), ev(event));
+                    println!(
+                        "{name:<8} {:<6} {:<10} | no setting for it",
+                        proto(protocol),
+                        ev(event)
+                    );
                     continue;
                 }
                 for _ in 0..rounds {
@@ -170,10 +185,16 @@ fn lost(run: &Run) -> BTreeMap<String, usize> {
     let mut kinds = BTreeMap::new();
     for o in run.outcomes.iter().filter(|o| !o.delivered) {
         let text = o.error.as_deref().unwrap_or("-");
-        let kind = ["GoAway", "DispatchGone", "connection closed", "Reset", "no outcome"]
-            .into_iter()
-            .find(|k| text.contains(k))
-            .unwrap_or("other");
+        let kind = [
+            "GoAway",
+            "DispatchGone",
+            "connection closed",
+            "Reset",
+            "no outcome",
+        ]
+        .into_iter()
+        .find(|k| text.contains(k))
+        .unwrap_or("other");
         let executed = run.executed.get(&o.id).copied().unwrap_or(0);
         let key = format!("{kind}/{:?}/executed {executed}", o.last);
         *kinds.entry(key).or_insert(0) += 1;

@@ -41,7 +41,7 @@ pub struct Shape {
     pub requests: usize,
     pub concurrency: usize,
     /// Waves of `requests / waves` requests, `pause` between two (IdleClose); a Reload
-    /// burst is one wave with two reloads inside it.
+    /// burst has two reloads inside it (at a third and two thirds of its requests).
     pub waves: usize,
     pub pause: Duration,
     /// Every request a POST (else POSTs and GETs alternate).
@@ -173,11 +173,18 @@ pub fn bare(protocol: Protocol) -> ClientWithMiddleware {
 
 /// Runs `shape`'s burst against `server` through the stack, then through reqwest alone.
 pub async fn both(server: &Arc<dyn RealServer>, shape: &Shape) -> (Run, Run) {
+    let bare_first = std::env::var_os("SERVERS_BARE_FIRST").is_some();
+    let mut bare_run = Run::default();
+    if bare_first {
+        bare_run = burst(server, shape, &bare(shape.scenario.protocol), "bare").await;
+    }
     let (client, transitions) = stack(shape.scenario.protocol);
     let mut stack_run = burst(server, shape, &client, "stack").await;
     stack_run.transitions = transitions.lock().unwrap().clone();
     drop(client);
-    let bare_run = burst(server, shape, &bare(shape.scenario.protocol), "bare").await;
+    if !bare_first {
+        bare_run = burst(server, shape, &bare(shape.scenario.protocol), "bare").await;
+    }
     let executions = {
         let server = server.clone();
         tokio::task::spawn_blocking(move || server.executions())
@@ -188,7 +195,6 @@ pub async fn both(server: &Arc<dyn RealServer>, shape: &Shape) -> (Run, Run) {
         run.executed = count_ids(&executions, prefix);
     };
     count(&mut stack_run, "stack-");
-    let mut bare_run = bare_run;
     count(&mut bare_run, "bare-");
     (stack_run, bare_run)
 }
@@ -220,11 +226,12 @@ pub async fn burst(
             tokio::time::sleep(shape.pause).await;
         }
         let range = wave * per_wave..((wave + 1) * per_wave).min(shape.requests);
-        let reloads = if shape.event == Event::Reload {
-            Reloads::at(&range, 2)
-        } else {
-            Reloads::at(&range, 0)
+        // Two reloads per burst, at a third and two thirds of its requests.
+        let points = match shape.event {
+            Event::Reload => vec![shape.requests / 3, shape.requests * 2 / 3],
+            _ => Vec::new(),
         };
+        let reloads = Reloads::at(&range, &points);
         let gate = reloads.gate.clone();
         let (traffic, ()) = tokio::join!(
             wave_of(client, &url, run, range, shape, &gate),
@@ -257,11 +264,12 @@ struct Gate {
 }
 
 impl Reloads {
-    /// `count` reloads evenly inside `range`.
-    fn at(range: &std::ops::Range<usize>, count: usize) -> Reloads {
-        let len = range.end - range.start;
-        let at: Vec<usize> = (1..=count)
-            .map(|k| range.start + len * k / (count + 1))
+    /// The reloads at those of `points` that fall inside `range` (after its first index).
+    fn at(range: &std::ops::Range<usize>, points: &[usize]) -> Reloads {
+        let at: Vec<usize> = points
+            .iter()
+            .copied()
+            .filter(|p| range.start < *p && *p < range.end)
             .collect();
         let gate = Gate {
             next: Arc::new(AtomicUsize::new(range.start)),

@@ -41,7 +41,8 @@ pub fn start_with_streams(scenario: &Scenario, streams: u32) -> Option<Box<dyn R
     let dir = TempDir::new("nginx");
     let port = free_port();
     let conf = dir.path().join("nginx.conf");
-    std::fs::write(&conf, config(dir.path(), port, scenario, streams, 0)).expect("write nginx.conf");
+    std::fs::write(&conf, config(dir.path(), port, scenario, streams, 0))
+        .expect("write nginx.conf");
     let group = ProcessGroup::new();
     group.spawn(
         Command::new(bin)

@@ -515,17 +515,108 @@ async fn a_weak_etag_a_compressed_body_or_no_content_length_is_not_resumed() {
         assert_cut_at(got, 20_000, false);
         assert_eq!(server.requests().len(), 1, "{headers:?}: no range request");
     }
-    // A Last-Modified a second older than Date is a strong validator.
+    // A Last-Modified a minute older than Date is a strong validator (RFC 9110 §8.8.2.2).
     let dated = Representation::resumable(body.clone())
         .without("etag")
         .header("last-modified", "Tue, 01 Dec 2026 10:00:00 GMT")
-        .header("date", "Tue, 01 Dec 2026 10:00:05 GMT");
+        .header("date", "Tue, 01 Dec 2026 10:01:00 GMT");
     let (got, server) = download(dated, cut_first, support::loopback_client()).await;
     assert!(got.unwrap() == body);
     assert_eq!(
         server.requests()[1].header("if-range"),
         Some("Tue, 01 Dec 2026 10:00:00 GMT")
     );
+}
+
+/// Issue 29, finding 10: validated by `Last-Modified` alone, a server that ignores
+/// `If-Range` answers the range request with a `206` of its changed representation (a
+/// later `Last-Modified`). Before: the caller got `"1111111111BBBBBBBBBB"`, two
+/// representations spliced, as a successful body. Now: the original cut, and a `206`
+/// carrying the first answer's `Last-Modified` is still spliced.
+#[tokio::test(start_paused = true)]
+async fn a_206_of_a_changed_representation_validated_by_date_is_never_spliced() {
+    const FIRST: &str = "Tue, 01 Dec 2026 10:00:00 GMT";
+    let v1 = Representation::resumable(b"11111111111111111111".to_vec())
+        .without("etag")
+        .header("last-modified", FIRST)
+        .header("date", "Tue, 01 Dec 2026 11:00:00 GMT");
+    let v2 = Representation {
+        body: std::sync::Arc::new(b"BBBBBBBBBBBBBBBBBBBB".to_vec()),
+        ..v1.clone()
+    };
+    let changed = v2
+        .clone()
+        .header("last-modified", "Tue, 01 Dec 2026 10:30:00 GMT");
+    let (got, server) = download(
+        v1.clone(),
+        move |i, _| match i {
+            0 => Fault::Close(10),
+            _ => Fault::ChangeIgnoringIfRange(changed.clone()),
+        },
+        support::loopback_client(),
+    )
+    .await;
+    let err = got.expect_err("never the two representations spliced");
+    let incomplete =
+        reqwest_resilience::chain::find::<reqwest_resilience::error::BodyIncomplete>(&err)
+            .expect("the original cut");
+    assert_eq!(
+        (
+            incomplete.received(),
+            incomplete.expected(),
+            incomplete.resumes()
+        ),
+        (10, 20, 0)
+    );
+    assert_eq!(server.ranges(), [None, Some("bytes=10-".to_owned())]);
+    assert_eq!(server.requests()[1].header("if-range"), Some(FIRST));
+
+    // The same server, the same bytes and the first answer's Last-Modified: that 206
+    // continues the representation the caller holds.
+    let (got, server) = download(
+        v1.clone(),
+        move |i, _| match i {
+            0 => Fault::Close(10),
+            _ => Fault::ChangeIgnoringIfRange(v1.clone()),
+        },
+        support::loopback_client(),
+    )
+    .await;
+    assert_eq!(got.unwrap(), b"11111111111111111111");
+    assert_eq!(server.ranges(), [None, Some("bytes=10-".to_owned())]);
+}
+
+/// A `Last-Modified` less than a minute older than `Date` is weak for a client (RFC 9110
+/// §8.8.2.2), and a weak `ETag` beside a date leaves `If-Range` nothing to carry
+/// (§13.1.5): neither body is resumed.
+#[tokio::test(start_paused = true)]
+async fn a_weak_last_modified_or_a_weak_etag_beside_a_date_is_not_resumed() {
+    let body = payload(LEN);
+    let cut_first = |i: usize, _: &support::RecordedRequest| {
+        if i == 0 {
+            Fault::Reset(20_000)
+        } else {
+            Fault::None
+        }
+    };
+    let dated = Representation::resumable(body.clone())
+        .without("etag")
+        .header("last-modified", "Tue, 01 Dec 2026 10:00:00 GMT");
+    let variants = [
+        dated
+            .clone()
+            .header("date", "Tue, 01 Dec 2026 10:00:05 GMT"),
+        dated
+            .clone()
+            .header("date", "Tue, 01 Dec 2026 11:00:00 GMT")
+            .header("etag", "W/\"v1\""),
+    ];
+    for repr in variants {
+        let headers = repr.headers.clone();
+        let (got, server) = download(repr, cut_first, support::loopback_client()).await;
+        assert_cut_at(got, 20_000, false);
+        assert_eq!(server.requests().len(), 1, "{headers:?}: no range request");
+    }
 }
 
 #[tokio::test(start_paused = true)]

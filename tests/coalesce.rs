@@ -2,13 +2,16 @@
 //! sees, what every caller gets, and what cancelling callers does.
 //!
 //! The gated server holds its answers until the test opens the gate, after every caller
-//! has entered the stack (an outer middleware counts them), so the callers that share one
-//! request are known exactly. The races run on a multi-thread runtime, repeated.
+//! has joined its flight (an outer middleware counts the callers whose stack has been
+//! polled once and is waiting: by then each has joined a flight or started one), so the
+//! callers that share one request are known exactly. The races run on a multi-thread
+//! runtime, repeated.
 
 mod support;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::task::Poll;
 use std::time::Duration;
 
 use http::Extensions;
@@ -25,7 +28,8 @@ use support::{Action, FaultServer};
 
 const BODY: &[u8] = b"the same answer for everyone";
 
-/// Counts the callers that entered the stack inside it.
+/// Counts the callers whose stack inside it was polled once: each has then joined a
+/// flight (as its sender or behind it) or left without one, in that first poll.
 #[derive(Clone, Default)]
 struct Entered(Arc<AtomicUsize>);
 
@@ -37,8 +41,13 @@ impl Middleware for Entered {
         extensions: &mut Extensions,
         next: Next<'_>,
     ) -> reqwest_middleware::Result<reqwest::Response> {
+        let mut inner = std::pin::pin!(next.run(req, extensions));
+        let first = std::future::poll_fn(|cx| Poll::Ready(inner.as_mut().poll(cx))).await;
         self.0.fetch_add(1, Ordering::SeqCst);
-        next.run(req, extensions).await
+        match first {
+            Poll::Ready(result) => result,
+            Poll::Pending => inner.await,
+        }
     }
 }
 
@@ -50,12 +59,10 @@ fn alone(entered: &Entered, coalesce: CoalesceGets) -> ClientWithMiddleware {
         .build()
 }
 
-/// Waits (bounded) until `n` callers entered, then a little longer: the step from
-/// entering to joining the flight is synchronous, in the same poll.
+/// Waits (bounded) until `n` callers joined their flights (see [`Entered`]).
 async fn until_entered(entered: &Entered, n: usize) {
-    for _ in 0..2_000 {
+    for _ in 0..10_000 {
         if entered.0.load(Ordering::SeqCst) >= n {
-            tokio::time::sleep(Duration::from_millis(20)).await;
             return;
         }
         tokio::time::sleep(Duration::from_millis(1)).await;
@@ -64,6 +71,17 @@ async fn until_entered(entered: &Entered, n: usize) {
         "only {} of {n} callers entered",
         entered.0.load(Ordering::SeqCst)
     );
+}
+
+/// Waits (bounded) until the server read `n` request heads.
+async fn until_seen(server: &GatedServer, n: usize) {
+    for _ in 0..10_000 {
+        if server.requests_seen() >= n {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    panic!("the server saw {} of {n} requests", server.requests_seen());
 }
 
 /// How a history says it was shared: (role, callers).
@@ -301,6 +319,7 @@ async fn a_dropped_sender_hands_the_request_to_a_follower_which_sends_it_again()
         let url = server.url("/");
         let leader = tokio::spawn(get(client.clone(), url.clone(), None));
         until_entered(&entered, 1).await;
+        until_seen(&server, 1).await;
         let followers: Vec<_> = (0..4)
             .map(|_| tokio::spawn(get(client.clone(), url.clone(), None)))
             .collect();
@@ -349,6 +368,7 @@ async fn dropping_every_caller_cancels_the_wire_request() {
             .collect();
         let all = tokio::spawn(futures_util::future::join_all(callers));
         until_entered(&entered, 8).await;
+        until_seen(&server, 1).await;
         all.abort();
         assert!(all.await.unwrap_err().is_cancelled());
         for _ in 0..2_000 {
@@ -499,4 +519,621 @@ async fn in_the_stack_the_shared_request_is_retried_once_for_every_caller() {
         assert_eq!(shared, Some(10));
     }
     assert_eq!(server.requests_seen(), 2);
+}
+
+// ---------------------------------------------------------------------------------------
+// Issue 29, findings 1–9: a response is shared only between requests identical in
+// everything the server can see, and never when the answer is the caller's own.
+// ---------------------------------------------------------------------------------------
+
+use reqwest_resilience::retry::{Deadline, RetryOutcome, StopReason};
+use reqwest_resilience::{AccessToken, BearerAuth, StackError, TokenManager};
+use support::gate::{Answer, GatedRequest};
+
+/// One caller's outcome: status, body, how its history says it was shared.
+type Outcome = (u16, String, SharedAs);
+
+/// Sends `req` through `client` with `ext`; the body read whole.
+async fn send(client: ClientWithMiddleware, req: reqwest::Request, mut ext: Extensions) -> Outcome {
+    let response = client.execute_with_extensions(req, &mut ext).await.unwrap();
+    let shared = shared_as(AttemptHistory::of_response(&response));
+    let status = response.status().as_u16();
+    (status, response.text().await.unwrap(), shared)
+}
+
+/// A GET of `url` with `headers`.
+fn get_with(
+    client: &ClientWithMiddleware,
+    url: &str,
+    headers: &[(&str, &str)],
+) -> reqwest::Request {
+    let mut req = client.get(url);
+    for (n, v) in headers {
+        req = req.header(*n, *v);
+    }
+    req.build().unwrap()
+}
+
+/// Starts one caller per request, in order, each after the one before joined its flight,
+/// then opens the gate and collects what each received.
+async fn in_order(
+    server: &GatedServer,
+    entered: &Entered,
+    callers: Vec<(ClientWithMiddleware, reqwest::Request)>,
+) -> Vec<Outcome> {
+    let mut tasks = Vec::new();
+    for (i, (client, req)) in callers.into_iter().enumerate() {
+        tasks.push(tokio::spawn(send(client, req, Extensions::new())));
+        until_entered(entered, i + 1).await;
+    }
+    server.open();
+    let mut out = Vec::new();
+    for t in tasks {
+        out.push(t.await.unwrap());
+    }
+    out
+}
+
+/// The body names the `Authorization` the server saw.
+fn for_authorization(r: &GatedRequest) -> Answer {
+    Answer::ok(format!(
+        "for {}",
+        r.header("authorization").unwrap_or("nobody")
+    ))
+}
+
+fn bearer(server: &GatedServer, token: &'static str) -> BearerAuth {
+    let manager =
+        TokenManager::new(move || async move { Ok::<_, std::io::Error>(AccessToken::new(token)) });
+    BearerAuth::builder(manager)
+        .origin(Origin::parse(&server.url("/")).unwrap())
+        .allow_http_on_loopback()
+        .build()
+        .unwrap()
+}
+
+/// Finding 1: two stacks holding clones of one `CoalesceGets`, each with its own
+/// `BearerAuth`, are two identities: bob never receives the answer fetched with alice's
+/// token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_stacks_with_their_own_tokens_and_clones_of_one_coalesce_never_share() {
+    let server = GatedServer::start_with(for_authorization).await;
+    let entered = Entered::default();
+    let coalesce = CoalesceGets::new();
+    let stack = |token| {
+        Resilience::new()
+            .bearer(bearer(&server, token))
+            .coalesce_gets(coalesce.clone())
+            .install(ClientBuilder::new(support::loopback_client()).with(entered.clone()))
+            .unwrap()
+            .build()
+    };
+    let (alice, bob) = (stack("alice"), stack("bob"));
+    let url = server.url("/me");
+    let outcomes = in_order(
+        &server,
+        &entered,
+        vec![
+            (alice.clone(), get_with(&alice, &url, &[])),
+            (bob.clone(), get_with(&bob, &url, &[])),
+        ],
+    )
+    .await;
+    assert_eq!(
+        outcomes,
+        [
+            (200, "for Bearer alice".into(), None),
+            (200, "for Bearer bob".into(), None)
+        ]
+    );
+    assert_eq!(server.requests_seen(), 2);
+}
+
+/// Finding 2: two reqwest clients with their own default `Authorization` (which no
+/// middleware sees) and clones of one `CoalesceGets` never share; the callers of one
+/// client do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_clients_with_their_own_default_credentials_never_share() {
+    let server = GatedServer::start_with(for_authorization).await;
+    let entered = Entered::default();
+    let coalesce = CoalesceGets::new();
+    let client = |auth: &str| {
+        let mut headers = http::HeaderMap::new();
+        headers.insert("authorization", auth.parse().unwrap());
+        let http = reqwest::Client::builder()
+            .no_proxy()
+            .pool_max_idle_per_host(0)
+            .default_headers(headers)
+            .build()
+            .unwrap();
+        ClientBuilder::new(http)
+            .with(entered.clone())
+            .with(coalesce.clone())
+            .with(TransportEvidence::new())
+            .build()
+    };
+    let (alice, bob) = (client("Bearer alice"), client("Bearer bob"));
+    let url = server.url("/me");
+    let outcomes = in_order(
+        &server,
+        &entered,
+        vec![
+            (alice.clone(), get_with(&alice, &url, &[])),
+            (bob.clone(), get_with(&bob, &url, &[])),
+            (alice.clone(), get_with(&alice, &url, &[])),
+        ],
+    )
+    .await;
+    let alices = Some((SharedRole::Sent, 2));
+    assert_eq!(
+        outcomes,
+        [
+            (200, "for Bearer alice".into(), alices),
+            (200, "for Bearer bob".into(), None),
+            (
+                200,
+                "for Bearer alice".into(),
+                Some((SharedRole::Joined, 2))
+            ),
+        ]
+    );
+    assert_eq!(server.requests_seen(), 2);
+}
+
+/// Finding 2, the opt-in: clones given one identity share across clients.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn clones_declared_one_identity_share_across_clients() {
+    let server = GatedServer::start(BODY).await;
+    let entered = Entered::default();
+    let coalesce = CoalesceGets::new().identity("service-account");
+    let (one, two) = (
+        alone(&entered, coalesce.clone()),
+        alone(&entered, coalesce.clone()),
+    );
+    let url = server.url("/config");
+    let outcomes = in_order(
+        &server,
+        &entered,
+        vec![
+            (one.clone(), get_with(&one, &url, &[])),
+            (two.clone(), get_with(&two, &url, &[])),
+        ],
+    )
+    .await;
+    let body = String::from_utf8(BODY.to_vec()).unwrap();
+    assert_eq!(
+        outcomes,
+        [
+            (200, body.clone(), Some((SharedRole::Sent, 2))),
+            (200, body, Some((SharedRole::Joined, 2))),
+        ]
+    );
+    assert_eq!(server.requests_seen(), 1);
+}
+
+/// Finding 3: every request header is keyed, not an allow-list: callers differing only
+/// in `X-Api-Key` never share; those with the same key do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn callers_differing_in_any_header_never_share() {
+    let server = GatedServer::start_with(|r| {
+        Answer::ok(format!("data of {}", r.header("x-api-key").unwrap_or("-")))
+            .header("vary", "X-Api-Key")
+    })
+    .await;
+    let entered = Entered::default();
+    let client = alone(&entered, CoalesceGets::new());
+    let url = server.url("/data");
+    let outcomes = in_order(
+        &server,
+        &entered,
+        ["a", "b", "a"]
+            .into_iter()
+            .map(|key| {
+                (
+                    client.clone(),
+                    get_with(&client, &url, &[("x-api-key", key)]),
+                )
+            })
+            .collect(),
+    )
+    .await;
+    assert_eq!(
+        outcomes,
+        [
+            (200, "data of a".into(), Some((SharedRole::Sent, 2))),
+            (200, "data of b".into(), None),
+            (200, "data of a".into(), Some((SharedRole::Joined, 2))),
+        ]
+    );
+    assert_eq!(server.requests_seen(), 2);
+}
+
+/// Sets `X-Api-Key` from the request's tenant (an extension).
+#[derive(Clone, Copy)]
+struct Tenant(&'static str);
+
+struct TenantKey;
+
+#[reqwest_resilience::async_trait]
+impl Middleware for TenantKey {
+    async fn handle(
+        &self,
+        mut req: reqwest::Request,
+        extensions: &mut Extensions,
+        next: Next<'_>,
+    ) -> reqwest_middleware::Result<reqwest::Response> {
+        if let Some(Tenant(t)) = extensions.get::<Tenant>() {
+            req.headers_mut()
+                .insert("x-api-key", format!("key-{t}").parse().unwrap());
+        }
+        next.run(req, extensions).await
+    }
+}
+
+/// Finding 4: a per-attempt middleware adds what the coalescing stage (outside the retry)
+/// cannot see; the stack refuses the pair rather than share across tenants.
+#[test]
+fn coalescing_with_a_per_attempt_middleware_is_refused_at_build() {
+    let refused = |built: Result<_, ResilienceError>| {
+        matches!(
+            built,
+            Err(ResilienceError::InvalidStack(
+                StackError::CoalesceWithPerAttempt
+            ))
+        )
+    };
+    let stack = || {
+        Resilience::new()
+            .coalesce_gets(CoalesceGets::new())
+            .per_attempt(TenantKey)
+    };
+    assert!(refused(stack().build(support::loopback_client()).map(drop)));
+    assert!(refused(stack().into_middlewares().map(drop)));
+    // Without coalescing the per-attempt middleware is fine.
+    assert!(
+        Resilience::new()
+            .per_attempt(TenantKey)
+            .build(support::loopback_client())
+            .is_ok()
+    );
+}
+
+/// Finding 4, the supported place: the tenant's key set around the stack is seen and
+/// keyed, so tenant b never receives tenant a's data.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_tenant_key_set_around_the_stack_keeps_tenants_apart() {
+    let server = GatedServer::start_with(|r| {
+        Answer::ok(format!("data of {}", r.header("x-api-key").unwrap_or("-")))
+    })
+    .await;
+    let entered = Entered::default();
+    let client = Resilience::new()
+        .coalesce_gets(CoalesceGets::new())
+        .install(
+            ClientBuilder::new(support::loopback_client())
+                .with(TenantKey)
+                .with(entered.clone()),
+        )
+        .unwrap()
+        .build();
+    let url = server.url("/data");
+    let mut tasks = Vec::new();
+    for (i, tenant) in ["a", "b", "a"].into_iter().enumerate() {
+        let mut ext = Extensions::new();
+        ext.insert(Tenant(tenant));
+        let req = get_with(&client, &url, &[]);
+        tasks.push(tokio::spawn(send(client.clone(), req, ext)));
+        until_entered(&entered, i + 1).await;
+    }
+    server.open();
+    let mut outcomes = Vec::new();
+    for t in tasks {
+        outcomes.push(t.await.unwrap());
+    }
+    assert_eq!(
+        outcomes,
+        [
+            (200, "data of key-a".into(), Some((SharedRole::Sent, 2))),
+            (200, "data of key-b".into(), None),
+            (200, "data of key-a".into(), Some((SharedRole::Joined, 2))),
+        ]
+    );
+    assert_eq!(server.requests_seen(), 2);
+}
+
+/// Finding 5: a plain GET never joins a conditional one (it would receive a `304` with an
+/// empty body); identical conditional GETs share their `304`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_plain_get_never_joins_a_conditional_get() {
+    let server = GatedServer::start_with(|r| match r.header("if-none-match") {
+        Some("\"v1\"") => Answer::ok("").status(304).header("etag", "\"v1\""),
+        _ => Answer::ok("version 1").header("etag", "\"v1\""),
+    })
+    .await;
+    let entered = Entered::default();
+    let client = alone(&entered, CoalesceGets::new());
+    let url = server.url("/doc");
+    let conditional = [("if-none-match", "\"v1\"")];
+    let outcomes = in_order(
+        &server,
+        &entered,
+        vec![
+            (client.clone(), get_with(&client, &url, &conditional)),
+            (client.clone(), get_with(&client, &url, &[])),
+            (client.clone(), get_with(&client, &url, &conditional)),
+        ],
+    )
+    .await;
+    assert_eq!(
+        outcomes,
+        [
+            (304, String::new(), Some((SharedRole::Sent, 2))),
+            (200, "version 1".into(), None),
+            (304, String::new(), Some((SharedRole::Joined, 2))),
+        ]
+    );
+    assert_eq!(server.requests_seen(), 2);
+}
+
+/// Finding 6: a range request with `If-Range: "v1"` (the server holds v2) never joins the
+/// same range without it: it receives v2 whole, never a `206` of v2 to splice onto v1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_range_with_if_range_never_joins_one_without_it() {
+    const V2: &str = "v2v2v2v2v2";
+    let server = GatedServer::start_with(|r| {
+        let current = r.header("if-range").is_none_or(|v| v == "\"v2\"");
+        match r.header("range") {
+            Some("bytes=0-3") if current => Answer::ok(&V2.as_bytes()[..4])
+                .status(206)
+                .header("content-range", "bytes 0-3/10")
+                .header("etag", "\"v2\""),
+            _ => Answer::ok(V2).header("etag", "\"v2\""),
+        }
+    })
+    .await;
+    let entered = Entered::default();
+    let client = alone(&entered, CoalesceGets::new());
+    let url = server.url("/file");
+    let outcomes = in_order(
+        &server,
+        &entered,
+        vec![
+            (
+                client.clone(),
+                get_with(&client, &url, &[("range", "bytes=0-3")]),
+            ),
+            (
+                client.clone(),
+                get_with(
+                    &client,
+                    &url,
+                    &[("range", "bytes=0-3"), ("if-range", "\"v1\"")],
+                ),
+            ),
+        ],
+    )
+    .await;
+    assert_eq!(
+        outcomes,
+        [(206, "v2v2".into(), None), (200, V2.into(), None)]
+    );
+    assert_eq!(server.requests_seen(), 2);
+}
+
+/// Finding 7: a body without `Content-Length` (an event stream held open) is not buffered
+/// for joiners: every caller's `send()` returns at the head, as without coalescing, and
+/// each reads its own stream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_streamed_answer_returns_at_the_head_to_every_caller() {
+    let server = GatedServer::start_with(|_| {
+        Answer::ok("data: 1\n\n")
+            .header("content-type", "text/event-stream")
+            .streamed()
+    })
+    .await;
+    let entered = Entered::default();
+    let client = alone(&entered, CoalesceGets::new());
+    let url = server.url("/events");
+    let mut tasks = Vec::new();
+    for i in 0..2 {
+        let req = get_with(&client, &url, &[]);
+        let client = client.clone();
+        tasks.push(tokio::spawn(async move {
+            // Bounded: the stream is never closed, so a `send()` that waits for the whole
+            // body never returns.
+            let sent = tokio::time::timeout(Duration::from_secs(20), client.execute(req)).await;
+            let mut response = sent.expect("send() returned at the head").unwrap();
+            let shared = shared_as(AttemptHistory::of_response(&response));
+            let event = tokio::time::timeout(Duration::from_secs(20), response.chunk())
+                .await
+                .expect("the first event came")
+                .unwrap()
+                .unwrap();
+            (response.status().as_u16(), event, shared)
+        }));
+        until_entered(&entered, i + 1).await;
+    }
+    server.open();
+    for t in tasks {
+        let (status, event, shared) = t.await.unwrap();
+        assert_eq!(
+            (status, &event[..], shared),
+            (200, &b"data: 1\n\n"[..], None)
+        );
+    }
+    assert_eq!(
+        server.requests_seen(),
+        2,
+        "the sender's, then the joiner's own"
+    );
+}
+
+/// Finding 8: an answer marked `private` or `no-store`, or carrying `Set-Cookie`, is the
+/// caller's own: each caller gets its own request; a `public` one is shared.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn private_no_store_and_set_cookie_answers_are_never_shared() {
+    for (name, value, requests) in [
+        ("cache-control", "private, no-store", 2),
+        ("cache-control", "private", 2),
+        ("cache-control", "No-Store", 2),
+        ("set-cookie", "session=s", 2),
+        ("cache-control", "public, max-age=60", 1),
+    ] {
+        let server = GatedServer::start_with(move |r| {
+            Answer::ok(format!("answer {}", r.index)).header(name, value)
+        })
+        .await;
+        let entered = Entered::default();
+        let client = alone(&entered, CoalesceGets::new());
+        let url = server.url("/account");
+        let mut outcomes = in_order(
+            &server,
+            &entered,
+            (0..2)
+                .map(|_| (client.clone(), get_with(&client, &url, &[])))
+                .collect(),
+        )
+        .await;
+        outcomes.sort_by_key(|o| (o.1.clone(), o.2.map(|s| s.0 == SharedRole::Sent)));
+        let expected: Vec<Outcome> = if requests == 2 {
+            vec![
+                (200, "answer 0".into(), None),
+                (200, "answer 1".into(), None),
+            ]
+        } else {
+            vec![
+                (200, "answer 0".into(), Some((SharedRole::Joined, 2))),
+                (200, "answer 0".into(), Some((SharedRole::Sent, 2))),
+            ]
+        };
+        assert_eq!(outcomes, expected, "{name}: {value}");
+        assert_eq!(server.requests_seen(), requests, "{name}: {value}");
+    }
+}
+
+/// Finding 9: the sender's own `Deadline` runs out; the follower (no deadline) is not
+/// handed that failure: it takes the request over, as from a dropped sender, and gets the
+/// server's answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_sender_stopped_by_its_own_deadline_hands_the_request_over() {
+    let server = GatedServer::start(BODY).await;
+    let entered = Entered::default();
+    let client = Resilience::new()
+        .coalesce_gets(CoalesceGets::new())
+        .install(ClientBuilder::new(support::loopback_client()).with(entered.clone()))
+        .unwrap()
+        .build();
+    let url = server.url("/slow");
+    let leader = {
+        let (client, req) = (client.clone(), get_with(&client, &url, &[]));
+        tokio::spawn(async move {
+            let mut ext = Extensions::new();
+            ext.insert(Deadline::after(Duration::from_millis(300)));
+            let result = client.execute_with_extensions(req, &mut ext).await;
+            (
+                result.map(|r| r.status().as_u16()),
+                ext.get::<RetryOutcome>().map(|o| o.stop),
+            )
+        })
+    };
+    until_entered(&entered, 1).await;
+    let follower = tokio::spawn(send(
+        client.clone(),
+        get_with(&client, &url, &[]),
+        Extensions::new(),
+    ));
+    until_entered(&entered, 2).await;
+    let (result, stop) = leader.await.unwrap();
+    assert!(result.is_err(), "{result:?}");
+    assert_eq!(stop, Some(StopReason::DeadlineExceeded));
+    // The follower sends the request again, as its own.
+    for _ in 0..10_000 {
+        if server.requests_seen() == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    server.open();
+    let body = String::from_utf8(BODY.to_vec()).unwrap();
+    assert_eq!(follower.await.unwrap(), (200, body, None));
+    assert_eq!((server.requests_seen(), server.closed_by_client()), (2, 1));
+}
+
+/// What held (kept): a body with `Content-Length` that breaks while the sender reads it
+/// is not shared: the sender reads what came, then the failure; each follower sends its
+/// own request and gets the whole body.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_body_that_breaks_while_the_sender_reads_it_is_not_shared() {
+    const WHOLE: &str = "0123456789";
+    let server = GatedServer::start_with(|r| match r.index {
+        0 => Answer::ok(WHOLE).cut_after(4),
+        _ => Answer::ok(WHOLE),
+    })
+    .await;
+    let entered = Entered::default();
+    let client = alone(&entered, CoalesceGets::new());
+    let url = server.url("/file");
+    let mut tasks = Vec::new();
+    for i in 0..3 {
+        let req = get_with(&client, &url, &[]);
+        let client = client.clone();
+        tasks.push(tokio::spawn(async move {
+            let response = client.execute(req).await.unwrap();
+            let shared = shared_as(AttemptHistory::of_response(&response));
+            let status = response.status().as_u16();
+            (
+                status,
+                response
+                    .text()
+                    .await
+                    .map_err(|e| e.is_body() || e.is_decode()),
+                shared,
+            )
+        }));
+        until_entered(&entered, i + 1).await;
+    }
+    server.open();
+    let mut outcomes = Vec::new();
+    for t in tasks {
+        outcomes.push(t.await.unwrap());
+    }
+    assert_eq!(
+        outcomes,
+        [
+            (200, Err(true), None),
+            (200, Ok(WHOLE.to_owned()), None),
+            (200, Ok(WHOLE.to_owned()), None),
+        ]
+    );
+    assert_eq!(
+        server.requests_seen(),
+        3,
+        "the sender's, then one per follower"
+    );
+}
+
+/// A HEAD answer (its `Content-Length` that of the GET, no body) is still shared between
+/// identical HEADs: its length is known (none follows).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn identical_heads_share_one_request() {
+    let server = GatedServer::start(BODY).await;
+    let entered = Entered::default();
+    let client = alone(&entered, CoalesceGets::new());
+    let url = server.url("/file");
+    let outcomes = in_order(
+        &server,
+        &entered,
+        (0..2)
+            .map(|_| (client.clone(), client.head(&url).build().unwrap()))
+            .collect(),
+    )
+    .await;
+    assert_eq!(
+        outcomes,
+        [
+            (200, String::new(), Some((SharedRole::Sent, 2))),
+            (200, String::new(), Some((SharedRole::Joined, 2))),
+        ]
+    );
+    assert_eq!(server.requests_seen(), 1);
 }

@@ -663,3 +663,172 @@ async fn with_a_concurrency_limit_too_every_attempt_takes_a_slot_and_a_permit() 
     assert_eq!(rates.get(&o).unwrap().rejections, 0);
     assert_eq!(limits.get(&o).unwrap().in_flight, 0);
 }
+
+/// Issue 29, finding 11: one answer with a quota of one request per 31 million years
+/// (`RateLimit-Policy: 1;w=999999999999999`). Before: every later request was turned away
+/// at once, for good, even with `max_server_wait(1s)`. Now: the learned interval is
+/// bounded like every server-directed wait, one request per `max_server_wait` (and the
+/// 5 % headroom).
+#[tokio::test(start_paused = true)]
+async fn an_absurd_learned_quota_paces_one_request_per_max_server_wait_and_shuts_nothing() {
+    let server =
+        FaultServer::always(Action::ok("ok").header("ratelimit-policy", "1;w=999999999999999"))
+            .await;
+    let registry = RateLimitRegistry::new(RateLimitConfig::default().max_server_wait(S)).unwrap();
+    let c = Resilience::new()
+        .rate_limiter(registry.clone())
+        .build(loopback_client())
+        .unwrap();
+    let url = server.url("/");
+    let t0 = Instant::now();
+    let mut sent_at = Vec::new();
+    for _ in 0..3 {
+        let (result, _) = get(&c, &url).await;
+        assert_eq!(result.expect("sent, not turned away").status(), 200);
+        sent_at.push(Instant::now() - t0);
+    }
+    // The interval capped at 1 s, then the 5 % headroom.
+    assert_eq!(sent_at, [Duration::ZERO, 1050 * MS, 2100 * MS]);
+    assert_eq!(server.requests_seen(), 3);
+    let snapshot = registry.get(&origin(&server)).unwrap();
+    assert_eq!(
+        (snapshot.interval, snapshot.rejections),
+        (Some(1050 * MS), 0)
+    );
+    // A caller that may not wait is turned away with the bounded slot, not a far one.
+    let (result, ext) = get_within(&c, &url, Duration::ZERO).await;
+    assert!(result.is_err());
+    assert_rate_limited(&ext, 1050 * MS);
+    assert_eq!(server.requests_seen(), 3);
+}
+
+/// A request that may wait `max` at most for its slot (its deadline).
+async fn get_within(
+    client: &ClientWithMiddleware,
+    url: &str,
+    max: Duration,
+) -> (reqwest_middleware::Result<reqwest::Response>, Extensions) {
+    let mut ext = Extensions::new();
+    ext.insert(Deadline(Instant::now() + max));
+    let req = client.get(url).build().unwrap();
+    let result = client.execute_with_extensions(req, &mut ext).await;
+    (result, ext)
+}
+
+/// Issue 29, finding 12: `RateLimitConfig::max_wait(500ms).max_server_wait(1s)` and an
+/// answer saying nothing remains for an hour (`RateLimit: "d";r=0;t=3600`). Before: the
+/// breaker's rate-limit pause (capped by its own `max_pause`, 60 s) held the next request
+/// in the stack. Now: in a stack with a learning rate limit the fields are the rate
+/// limit's alone: the origin is held at most `max_server_wait` (1 s), a caller at most
+/// `max_wait` (500 ms, here turned away at once), and the breaker pauses nothing.
+#[tokio::test(start_paused = true)]
+async fn in_the_stack_rate_limit_fields_hold_a_caller_only_within_the_rate_limits_bounds() {
+    let server =
+        FaultServer::always(Action::ok("ok").header("ratelimit", r#""d";r=0;t=3600"#)).await;
+    let breakers = BreakerRegistry::new(BreakerConfig::default()).unwrap();
+    let registry = RateLimitRegistry::new(
+        RateLimitConfig::default()
+            .max_wait(500 * MS)
+            .max_server_wait(S),
+    )
+    .unwrap();
+    let c = Resilience::new()
+        .breaker(breakers.clone())
+        .rate_limiter(registry.clone())
+        .build(loopback_client())
+        .unwrap();
+    let url = server.url("/");
+    assert_eq!(status(&c, &url).await, 200);
+    let o = origin(&server);
+    assert_eq!(registry.get(&o).unwrap().remaining, Some((0, S)));
+    // The reset is 1 s away, past the 500 ms a caller may wait: turned away at once.
+    let asked = Instant::now();
+    let (result, ext) = get(&c, &url).await;
+    assert_eq!(Instant::now() - asked, Duration::ZERO, "held for no time");
+    assert_eq!(
+        paused_for(&breakers),
+        None,
+        "the breaker leaves the fields alone"
+    );
+    let err = result.expect_err("turned away");
+    match ResilienceError::from_middleware_error(&err) {
+        Some(ResilienceError::Retry(r)) => assert_eq!(
+            (r.attempts(), r.stop_reason()),
+            (1, StopReason::RateLimited)
+        ),
+        other => panic!("unexpected {other:?}"),
+    }
+    assert_rate_limited(&ext, S);
+    assert_eq!(server.requests_seen(), 1);
+    // At the capped reset one request probes the new window (the hour is not waited).
+    tokio::time::sleep(S).await;
+    assert_eq!(status(&c, &url).await, 200);
+    assert_eq!(server.requests_seen(), 2);
+    // A caller allowed to wait past the reset (30 s by default) waits for it, 1 s, and no
+    // longer.
+    let registry = RateLimitRegistry::new(RateLimitConfig::default().max_server_wait(S)).unwrap();
+    let patient = Resilience::new()
+        .breaker(breakers.clone())
+        .rate_limiter(registry)
+        .build(loopback_client())
+        .unwrap();
+    assert_eq!(status(&patient, &url).await, 200);
+    let asked = Instant::now();
+    assert_eq!(status(&patient, &url).await, 200);
+    assert_eq!(Instant::now() - asked, S);
+    assert_eq!(server.requests_seen(), 4);
+    assert_eq!(paused_for(&breakers), None);
+}
+
+/// Issue 29, finding 11, the re-probe: a quota learned from one answer (one a minute) and
+/// an hour's reset from an answer that came 50 s late turn every request away; a minute
+/// after the first rejection the learned state is forgotten and one request probes the
+/// server (before: held until the capped reset, 110 s).
+#[tokio::test(start_paused = true)]
+async fn a_learned_limit_that_turned_everything_away_for_max_server_wait_is_probed_again() {
+    let server = FaultServer::start(|_, req| match req.path.as_str() {
+        "/quota" => Action::ok("ok").header("ratelimit-policy", "1;w=60"),
+        "/late" => Action::Delay(
+            50 * S,
+            Box::new(Action::ok("late").header("ratelimit", r#""d";r=0;t=3600"#)),
+        ),
+        _ => Action::ok("ok"),
+    })
+    .await;
+    let registry = RateLimitRegistry::new(
+        RateLimitConfig::default()
+            .headroom(0.0)
+            .probe_wait(Duration::ZERO)
+            .max_wait(Duration::ZERO),
+    )
+    .unwrap();
+    let c = rate_client(&registry);
+    let t0 = Instant::now();
+    let (quota, late) = (server.url("/quota"), server.url("/late"));
+    let (c2, late2) = (c.clone(), late.clone());
+    let slow = tokio::spawn(async move { status(&c2, &late2).await });
+    assert_eq!(status(&c, &quota).await, 200);
+    let o = origin(&server);
+    assert_eq!(registry.get(&o).unwrap().interval, Some(60 * S));
+    // From 1 s on every request is turned away: first by the pace (its slot at 60 s)...
+    tokio::time::sleep_until(t0 + S).await;
+    let (result, ext) = get(&c, &server.url("/")).await;
+    assert!(result.is_err());
+    assert_rate_limited(&ext, 59 * S);
+    // ... then by the late answer: nothing remains until 50 s + 60 s (the capped hour).
+    assert_eq!(slow.await.unwrap(), 200);
+    assert_eq!(Instant::now() - t0, 50 * S);
+    tokio::time::sleep_until(t0 + 60 * S).await;
+    let (result, ext) = get(&c, &server.url("/")).await;
+    assert!(result.is_err());
+    assert_rate_limited(&ext, 50 * S);
+    assert_eq!(server.requests_seen(), 2);
+    // A minute after the first rejection: one request probes, and its answer (no fields)
+    // leaves nothing learned.
+    tokio::time::sleep_until(t0 + 61 * S).await;
+    assert_eq!(status(&c, &server.url("/")).await, 200);
+    assert_eq!(server.requests_seen(), 3);
+    let snapshot = registry.get(&o).unwrap();
+    assert_eq!((snapshot.interval, snapshot.remaining), (None, None));
+    assert_eq!(snapshot.rejections, 2);
+}

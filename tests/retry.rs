@@ -687,6 +687,79 @@ async fn not_processed_retries_have_a_configurable_cap_and_max_retries_0_disable
     assert_eq!(outcome(&ext).stop, StopReason::RetriesExhausted);
 }
 
+/// Issue 29, finding 13: an operation over a plain client (no middleware in it) against a
+/// server that sends `GOAWAY(last_stream_id 0)` on every stream. Before: each rotation was
+/// counted in `retries` but checked only against the not-processed cap, which never rose,
+/// so it ran for ever (here: until the server gave in after 50). Now: as the middleware's
+/// own loop, 5 rotations at once under the not-processed cap, then `max_retries` (2)
+/// ordinary retries: 8 requests.
+#[tokio::test(start_paused = true)]
+async fn an_operation_rotated_on_every_stream_stops_where_the_middleware_stops() {
+    use support::h2::{H2Action, H2Server};
+    let rotating = || async {
+        H2Server::start(|i| {
+            if i < 50 {
+                H2Action::GoAwayBelow
+            } else {
+                H2Action::Respond(200)
+            }
+        })
+        .await
+    };
+    let policy = plain().build().unwrap();
+    let mut want = vec![retry(Duration::ZERO, RetryReason::GoAway); 5];
+    want.push(retry(S(1), RetryReason::Transient));
+    want.push(retry(S(2), RetryReason::Transient));
+    want.push(stop(StopReason::RetriesExhausted));
+
+    // The middleware's own loop, for comparison.
+    let server = rotating().await;
+    let c = h2_client(plain().max_retries(2).build().unwrap());
+    let (res, ext, took) = send(&c, c.get(server.url("/")), Extensions::new()).await;
+    assert!(res.is_err());
+    assert_eq!(server.requests_seen(), 8);
+    assert_eq!(took, S(1 + 2));
+    assert_eq!(decisions(&ext), want);
+
+    let server = rotating().await;
+    let bare = ClientWithMiddleware::from(
+        reqwest::Client::builder()
+            .no_proxy()
+            .pool_idle_timeout(None)
+            .http2_prior_knowledge()
+            .retry(reqwest::retry::never())
+            .build()
+            .unwrap(),
+    );
+    let url = server.url("/");
+    let started = Instant::now();
+    let done = policy
+        .operation()
+        .idempotent(true)
+        .max_retries(2)
+        .run_recorded(|attempt| {
+            let request = bare.get(&url).with_extension(attempt);
+            async move { request.send().await }
+        })
+        .await;
+    assert_eq!(server.requests_seen(), 8);
+    let err = done.result.expect_err("every stream rotated");
+    assert_eq!(
+        reqwest_resilience::evidence::classify(&err).kind,
+        FailureKind::GoAway
+    );
+    assert_eq!(Instant::now() - started, S(1 + 2));
+    assert_eq!(done.outcome.attempts, 8);
+    assert_eq!(done.outcome.stop, StopReason::RetriesExhausted);
+    let decided: Vec<AttemptDecision> = done
+        .history
+        .attempts()
+        .iter()
+        .map(|r| r.decision.clone().expect("a decision after every attempt"))
+        .collect();
+    assert_eq!(decided, want);
+}
+
 #[tokio::test(start_paused = true)]
 async fn untrusted_certificate_is_never_retried() {
     let server = support::tls::TlsServer::start().await;

@@ -9,8 +9,10 @@
 //! cargo test --release --test soak -- --ignored --nocapture
 //! ```
 //!
-//! `SOAK_SECS` (default 600) sets the duration. CI runs a few-second version with the same
-//! checks on a smaller scale. `VmRSS` is read from `/proc/self/status` (Linux).
+//! `SOAK_SECS` (default 600) sets the duration. CI runs a short version with the same checks
+//! on a smaller scale, ended by a count of work done (two full cycles of the origins and
+//! some loopback requests), never by the clock: a slow machine takes longer, it does not
+//! fail. `VmRSS` is read from `/proc/self/status` (Linux).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -76,8 +78,24 @@ async fn tiny_server() -> (std::net::SocketAddr, tokio::task::JoinHandle<()>) {
 struct Soak {
     origins: u64,
     max_origins: usize,
-    duration: Duration,
+    until: Until,
 }
+
+/// When a soak ends.
+#[derive(Clone, Copy)]
+enum Until {
+    /// After this many full cycles of the origins and at least `MIN_REQUESTS` loopback
+    /// requests, however long that takes (bounded by `GENEROUS`, a hang guard only).
+    Cycles(u64),
+    /// After this much wall-clock time (the long run, by hand).
+    Elapsed(Duration),
+}
+
+/// Loopback requests a count-ended soak waits for (every lane's loop ran).
+const MIN_REQUESTS: u64 = 20;
+
+/// The hang guard of a count-ended soak: far beyond what the slowest machine needs.
+const GENEROUS: Duration = Duration::from_secs(300);
 
 struct SoakReport {
     rss_start_kib: u64,
@@ -86,6 +104,7 @@ struct SoakReport {
     registry_ops: u64,
     http_requests: u64,
     cycles: u64,
+    elapsed: Duration,
 }
 
 fn soak(s: Soak) -> SoakReport {
@@ -133,10 +152,11 @@ fn soak(s: Soak) -> SoakReport {
         // Registry churn: origin i of 10⁶, one attempt each, about 1 % failures (so some
         // breakers open and must be kept), and now and then a server-directed pause.
         let churn = {
-            let (registry, stop) = (registry.clone(), stop.clone());
+            let (registry, http_requests) = (registry.clone(), http_requests.clone());
             tokio::spawn(async move {
                 let (mut ops, mut i, mut rss_warm, mut cycles) = (0u64, 0u64, 0u64, 0u64);
-                while !stop.load(Ordering::Relaxed) {
+                let started = std::time::Instant::now();
+                while !done(s.until, cycles, &http_requests, started) {
                     let origin =
                         Origin::parse(&format!("https://h{}.example.test", i % s.origins)).unwrap();
                     if let Ok(permit) = registry.acquire(&origin) {
@@ -164,13 +184,12 @@ fn soak(s: Soak) -> SoakReport {
                         tokio::task::yield_now().await;
                     }
                 }
-                (ops, rss_warm, cycles)
+                (ops, rss_warm, cycles, started.elapsed())
             })
         };
 
-        tokio::time::sleep(s.duration).await;
+        let (registry_ops, rss_warm_kib, cycles, elapsed) = churn.await.unwrap();
         stop.store(true, Ordering::Relaxed);
-        let (registry_ops, rss_warm_kib, cycles) = churn.await.unwrap();
         while let Some(joined) = traffic.join_next().await {
             joined.unwrap();
         }
@@ -185,8 +204,21 @@ fn soak(s: Soak) -> SoakReport {
             registry_ops,
             http_requests: http_requests.load(Ordering::Relaxed),
             cycles,
+            elapsed,
         }
     })
+}
+
+/// Whether the churn loop is done: its count reached (or the hang guard passed), or its
+/// time is up.
+fn done(until: Until, cycles: u64, http_requests: &AtomicU64, started: std::time::Instant) -> bool {
+    match until {
+        Until::Cycles(n) => {
+            (cycles >= n && http_requests.load(Ordering::Relaxed) >= MIN_REQUESTS)
+                || started.elapsed() >= GENEROUS
+        }
+        Until::Elapsed(d) => started.elapsed() >= d,
+    }
 }
 
 fn check(r: &SoakReport) {
@@ -211,13 +243,23 @@ fn check(r: &SoakReport) {
 }
 
 #[test]
-fn soak_short_20_000_origins_through_a_bounded_registry_for_3_seconds() {
+fn soak_short_20_000_origins_cycle_twice_through_a_bounded_registry() {
     let r = soak(Soak {
         origins: 20_000,
         max_origins: 2_000,
-        duration: Duration::from_secs(3),
+        until: Until::Cycles(2),
     });
     check(&r);
+    assert!(
+        r.elapsed < GENEROUS,
+        "ended by its count, not by the hang guard"
+    );
+    assert!(
+        r.registry_ops >= 2 * 20_000,
+        "two full cycles: {}",
+        r.registry_ops
+    );
+    assert!(r.http_requests >= MIN_REQUESTS);
 }
 
 #[test]
@@ -230,7 +272,7 @@ fn soak_one_million_origins_for_ten_minutes_keeps_resident_memory_flat() {
     let r = soak(Soak {
         origins: 1_000_000,
         max_origins: 10_000,
-        duration: Duration::from_secs(secs),
+        until: Until::Elapsed(Duration::from_secs(secs)),
     });
     check(&r);
 }

@@ -200,6 +200,9 @@ pub struct BreakerConfig {
     /// [`ratelimit_fields`](crate::ratelimit_fields) reads) pauses its origin until the
     /// quota resets, for every caller of the registry, like `Retry-After` and capped by the
     /// same [`max_pause`](Self::max_pause), whatever the response's status (default `true`).
+    /// In a [`Resilience`](crate::Resilience) stack with a learning rate limit, the rate
+    /// limit applies the fields alone, under its own bound
+    /// ([`crate::rate`](crate::rate#how-long-a-servers-fields-hold-a-caller)).
     pub rate_limit_pauses: bool,
     /// The most origins the registry tracks (default 10 000).
     pub max_origins: usize,

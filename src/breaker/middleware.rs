@@ -43,8 +43,10 @@ use crate::stage::CutAt;
 ///    So does any response whose rate-limit fields say nothing remains until the quota
 ///    resets (`X-RateLimit-Remaining: 0` with `X-RateLimit-Reset`, `RateLimit:
 ///    "default";r=0;t=30`, every form of [`ratelimit_fields`](crate::ratelimit_fields)),
-///    unless [`rate_limit_pauses`](super::BreakerConfig::rate_limit_pauses) is off; the
-///    longer of the two wins.
+///    unless [`rate_limit_pauses`](super::BreakerConfig::rate_limit_pauses) is off, or
+///    the [`Resilience`](crate::Resilience) stack has a learning
+///    [rate limit](crate::rate#how-long-a-servers-fields-hold-a-caller), which then
+///    applies them alone; the longer of the two wins.
 ///
 /// After a redirect to another origin ([`RequestEvidence::final_origin`]), each origin
 /// answers for its own hop: this request's origin records a success (it answered, with a
@@ -123,6 +125,9 @@ use crate::stage::CutAt;
 pub struct CircuitBreakerMiddleware {
     registry: BreakerRegistry,
     classifier: Arc<dyn AttemptClassifier>,
+    /// Whether a rate limit inside applies the rate-limit fields (the stack says so when
+    /// it installs a learning one): then they pause nothing here.
+    fields_left_to_rate_limit: bool,
 }
 
 impl std::fmt::Debug for CircuitBreakerMiddleware {
@@ -145,7 +150,16 @@ impl CircuitBreakerMiddleware {
         CircuitBreakerMiddleware {
             registry,
             classifier: Arc::new(DefaultClassifier),
+            fields_left_to_rate_limit: false,
         }
+    }
+
+    /// This middleware, leaving the servers' rate-limit fields to a learning rate limit
+    /// inside it ([`crate::rate`]): one stage applies them, under one bound (the rate
+    /// limit's `max_server_wait` and `max_wait`); `Retry-After` still pauses here.
+    pub(crate) fn leaving_rate_limit_fields(mut self) -> Self {
+        self.fields_left_to_rate_limit = true;
+        self
     }
 
     /// Replaces how attempts are counted.
@@ -433,7 +447,9 @@ impl CircuitBreakerMiddleware {
     ) {
         let evidence = extensions.get::<RequestEvidence>();
         let outcome = self.classifier.classify(evidence, result);
-        let pause = server_pause(evidence, result, self.registry.config().rate_limit_pauses);
+        let rate_limits =
+            self.registry.config().rate_limit_pauses && !self.fields_left_to_rate_limit;
+        let pause = server_pause(evidence, result, rate_limits);
         let took = admitted.map(|at| evidence.map_or_else(|| at.elapsed(), |e| e.elapsed));
         match evidence.and_then(|e| e.final_origin.as_ref()) {
             // Each hop's outcome belongs to the origin that produced it: this origin

@@ -4,6 +4,7 @@
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
+use http::header;
 use http_body::Frame;
 use hyper::body::Bytes;
 use reqwest::Response;
@@ -19,6 +20,31 @@ pub(crate) enum Read {
     /// Not shareable (over the bound, or broken while read): the leader's own response,
     /// its body as it came (what was read first, then the rest or the failure).
     Unshared(Response),
+}
+
+/// Whether `response` may be read for the callers that joined it: its length is known
+/// (`Content-Length`, not a stream that may stay open) and within `max_body`, and it is
+/// not the caller's own: no `Set-Cookie`, no `Cache-Control` `private` or `no-store` (a
+/// `Cache-Control` that is not text counts as both).
+pub(crate) fn shareable(response: &Response, max_body: usize) -> bool {
+    let headers = response.headers();
+    response
+        .content_length()
+        .is_some_and(|n| n <= max_body as u64)
+        && !headers.contains_key(header::SET_COOKIE)
+        && !headers
+            .get_all(header::CACHE_CONTROL)
+            .iter()
+            .any(|value| value.to_str().map_or(true, forbids_sharing))
+}
+
+/// Whether a `Cache-Control` value holds `private` or `no-store` (RFC 9111 §5.2.2: a
+/// directive's name is case-insensitive; `private="field"` is `private` too).
+fn forbids_sharing(cache_control: &str) -> bool {
+    cache_control.split(',').any(|directive| {
+        let name = directive.split('=').next().unwrap_or_default().trim();
+        name.eq_ignore_ascii_case("private") || name.eq_ignore_ascii_case("no-store")
+    })
 }
 
 /// Reads `response`'s body up to `max_body` bytes. A body announced larger
@@ -137,6 +163,35 @@ mod tests {
             .body(reqwest::Body::wrap(Chunked(chunks, fails)))
             .unwrap()
             .into()
+    }
+
+    #[test]
+    fn only_a_known_length_within_the_bound_and_no_answer_of_the_callers_own_is_shareable() {
+        let with = |length: Option<usize>, headers: &[(&str, &[u8])]| {
+            let mut b = http::Response::builder();
+            for (n, v) in headers {
+                b = b.header(*n, *v);
+            }
+            let body = match length {
+                Some(n) => reqwest::Body::from(vec![b'x'; n]),
+                None => reqwest::Body::wrap(Chunked(vec![b"x"], false)),
+            };
+            shareable(&Response::from(b.body(body).unwrap()), 10)
+        };
+        assert!(with(Some(10), &[]));
+        assert!(with(Some(0), &[("cache-control", b"public, max-age=60")]));
+        assert!(with(Some(0), &[("cache-control", b"no-cache")]));
+        assert!(!with(Some(11), &[]));
+        assert!(!with(None, &[]));
+        for own in [
+            ("cache-control", &b"private"[..]),
+            ("cache-control", b"max-age=5, PRIVATE=\"set-cookie\""),
+            ("cache-control", b" No-Store "),
+            ("cache-control", b"\xff"),
+            ("set-cookie", b"s=1"),
+        ] {
+            assert!(!with(Some(1), &[own]), "{own:?}");
+        }
     }
 
     #[tokio::test]

@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::watch;
 
-use super::key::{FlightKey, PreHashed};
+use super::key::{FlightKey, Partition, PreHashed};
 use super::landing::Landing;
 
 /// What a flight's followers are told.
@@ -68,13 +68,10 @@ pub(crate) enum Waited {
 }
 
 impl Flights {
-    /// The key of `req` (`None`: never shared), hashed with these flights' hasher.
-    pub(crate) fn key(
-        &self,
-        req: &reqwest::Request,
-        vary: &[http::HeaderName],
-    ) -> Option<FlightKey> {
-        FlightKey::of(req, vary, &self.hasher)
+    /// The key of `req` in `partition` (`None`: never shared), hashed with these
+    /// flights' hasher.
+    pub(crate) fn key(&self, req: &reqwest::Request, partition: &Partition) -> Option<FlightKey> {
+        FlightKey::of(req, partition, &self.hasher)
     }
 
     /// Joins the flight of `key`, or starts it.
@@ -173,7 +170,7 @@ mod tests {
 
     fn key(flights: &Flights, url: &str) -> FlightKey {
         let req = reqwest::Request::new(http::Method::GET, url.parse().unwrap());
-        flights.key(&req, &[]).unwrap()
+        flights.key(&req, &Partition::Own(0)).unwrap()
     }
 
     #[tokio::test]

@@ -1,27 +1,35 @@
 //! [`FlightKey`]: what makes two GETs the same request.
 
 use std::hash::{BuildHasher, Hash, Hasher};
+use std::sync::Arc;
 use std::time::Duration;
 
-use http::{HeaderName, HeaderValue, Method, header};
+use http::{HeaderName, HeaderValue, Method, Version};
 use reqwest::Request;
 
-/// The request headers every key holds: the credentials (never shared across them) and
-/// the ones that choose the representation a server sends back (RFC 9110 §12.5: the
-/// content negotiation fields; `Range`, RFC 9110 §14.2, a part of it).
-pub(crate) const KEYED_HEADERS: [HeaderName; 7] = [
-    header::AUTHORIZATION,
-    header::PROXY_AUTHORIZATION,
-    header::COOKIE,
-    header::ACCEPT,
-    header::ACCEPT_ENCODING,
-    header::ACCEPT_LANGUAGE,
-    header::RANGE,
-];
+/// Whose requests may share: the identity of the clients and stacks a
+/// [`CoalesceGets`](super::CoalesceGets) serves (a middleware sees neither a client's
+/// default headers nor which client it serves).
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub(crate) enum Partition {
+    /// One value and the stack or client holding it (a clone is another).
+    Own(u64),
+    /// Every clone declared this identity ([`CoalesceGets::identity`](super::CoalesceGets::identity)).
+    Named(Arc<str>),
+}
 
-/// Two requests with equal keys share one wire request: the same method (GET or HEAD),
-/// the same URL, the same values of the [`KEYED_HEADERS`] and of the configured `Vary`
-/// list (by position in it), and the same reqwest timeout. Holds secrets (an
+impl Partition {
+    /// A partition no other value has.
+    pub(crate) fn own() -> Partition {
+        static IDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        Partition::Own(IDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
+    }
+}
+
+/// Two requests with equal keys share one wire request: the same partition (identity),
+/// method (GET or HEAD), HTTP version, URL, reqwest timeout, and the same request headers,
+/// every one of them: each name with its values in order (fields of different names in
+/// another order are the same request, RFC 9110 §5.3). Holds secrets (an
 /// `Authorization` value): it has no `Debug`.
 ///
 /// Hashed once, when it is made (with the flights' own random keys, so no URL chosen by
@@ -30,34 +38,41 @@ pub(crate) const KEYED_HEADERS: [HeaderName; 7] = [
 #[derive(Clone, PartialEq, Eq)]
 pub(crate) struct FlightKey {
     hash: u64,
+    partition: Partition,
     method: Method,
+    version: Version,
     url: String,
-    // (the header's position in KEYED_HEADERS then the Vary list, a value); every value
-    // of a repeated header, in order.
-    headers: Vec<(usize, HeaderValue)>,
+    /// Every header, sorted by name; a repeated header's values in the order sent.
+    headers: Vec<(HeaderName, HeaderValue)>,
     timeout: Option<Duration>,
 }
 
 impl FlightKey {
-    /// The key of `req`, or `None` when it is never shared: not a GET or HEAD, or with
-    /// a body.
+    /// The key of `req` in `partition`, or `None` when it is never shared: not a GET or
+    /// HEAD, or with a body.
     pub(crate) fn of(
         req: &Request,
-        vary: &[HeaderName],
+        partition: &Partition,
         hasher: &impl BuildHasher,
     ) -> Option<FlightKey> {
         if !(req.method() == Method::GET || req.method() == Method::HEAD) || req.body().is_some() {
             return None;
         }
-        let mut headers = Vec::new();
-        for (i, name) in KEYED_HEADERS.iter().chain(vary).enumerate() {
-            headers.extend(req.headers().get_all(name).iter().map(|v| (i, v.clone())));
-        }
+        let mut headers: Vec<(HeaderName, HeaderValue)> = req
+            .headers()
+            .iter()
+            .map(|(n, v)| (n.clone(), v.clone()))
+            .collect();
+        // Stable: a repeated header keeps the order of its values.
+        headers.sort_by(|a, b| a.0.as_str().cmp(b.0.as_str()));
         let url = req.url().as_str().to_owned();
         let timeout = req.timeout().copied();
+        let version = req.version();
         Some(FlightKey {
-            hash: hasher.hash_one((req.method(), &url, &headers, timeout)),
+            hash: hasher.hash_one((partition, req.method(), version, &url, &headers, timeout)),
+            partition: partition.clone(),
             method: req.method().clone(),
+            version,
             url,
             headers,
             timeout,
@@ -115,11 +130,7 @@ mod tests {
     }
 
     fn key(r: &Request) -> Option<FlightKey> {
-        FlightKey::of(
-            r,
-            &[HeaderName::from_static("x-tenant")],
-            &RANDOM.with(|s| s.clone()),
-        )
+        FlightKey::of(r, &Partition::Own(0), &RANDOM.with(|s| s.clone()))
     }
 
     thread_local! {
@@ -127,16 +138,26 @@ mod tests {
     }
 
     #[test]
-    fn the_same_get_shares_and_any_keyed_difference_separates() {
+    fn the_same_get_shares_and_any_difference_separates() {
         let base = || req(Method::GET, "http://a.test/x?q=1", &[("accept", "json")]);
         assert!(key(&base()) == key(&base()));
-        // An unkeyed header does not separate.
+        // Every header separates: the server sees it.
         let traced = req(
             Method::GET,
             "http://a.test/x?q=1",
             &[("accept", "json"), ("x-trace", "9")],
         );
-        assert!(key(&base()) == key(&traced));
+        assert!(key(&base()) != key(&traced));
+        // Fields of different names in another order are the same request.
+        let two = |a: (&'static str, &'static str), b: (&'static str, &'static str)| {
+            key(&req(Method::GET, "http://a.test/", &[a, b]))
+        };
+        assert!(two(("accept", "json"), ("x-a", "1")) == two(("x-a", "1"), ("accept", "json")));
+        // A repeated field's values in another order are not.
+        assert!(
+            two(("accept", "json"), ("accept", "xml"))
+                != two(("accept", "xml"), ("accept", "json"))
+        );
         for other in [
             req(Method::HEAD, "http://a.test/x?q=1", &[("accept", "json")]),
             req(Method::GET, "http://a.test/x?q=2", &[("accept", "json")]),
@@ -172,6 +193,21 @@ mod tests {
         let mut timed = base();
         *timed.timeout_mut() = Some(Duration::from_secs(1));
         assert!(key(&base()) != key(&timed));
+        let mut http2 = base();
+        *http2.version_mut() = Version::HTTP_2;
+        assert!(key(&base()) != key(&http2));
+        // Another partition (client, stack, identity) never shares.
+        let hasher = RANDOM.with(|s| s.clone());
+        let in_partition = |p: Partition| FlightKey::of(&base(), &p, &hasher);
+        assert!(in_partition(Partition::Own(1)) != in_partition(Partition::Own(2)));
+        assert!(
+            in_partition(Partition::Named("a".into()))
+                != in_partition(Partition::Named("b".into()))
+        );
+        assert!(
+            in_partition(Partition::Named("a".into()))
+                == in_partition(Partition::Named("a".into()))
+        );
         // Two credentials never share, whatever else is equal.
         let a = req(
             Method::GET,

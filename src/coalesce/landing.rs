@@ -20,8 +20,9 @@ pub(crate) enum Landing {
         record: Record,
         callers: u32,
     },
-    /// The response could not be shared (its body is over the bound, or broke while it
-    /// was read): each follower sends its own request.
+    /// The response could not be shared (no `Content-Length`, over the bound, the
+    /// caller's own answer, or its body broke while it was read): each follower sends
+    /// its own request.
     NotShared,
 }
 

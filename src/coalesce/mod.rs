@@ -7,39 +7,62 @@
 //!
 //! # What is shared
 //!
-//! Two requests share one wire request when they are both GET, or both HEAD, without a
-//! body, with the same URL (its query included), the same reqwest timeout, and the same
-//! values of the headers that choose what a server answers or whose answer it is:
-//! `Authorization`, `Proxy-Authorization` and `Cookie` (never across credentials),
-//! `Accept`, `Accept-Encoding`, `Accept-Language`, `Range` (the content negotiation
-//! fields of RFC 9110 §12.5, and §14.2), plus the headers of a configured `Vary` list
-//! ([`CoalesceGets::vary`]: the request headers your servers' `Vary` names). Any other
-//! header (a trace id) does not keep two requests apart. Nothing else is ever shared:
-//! another method, a request with a body.
+//! A response is shared only between requests identical in everything the server can
+//! see. Two requests share one wire request when they are both GET, or both HEAD,
+//! without a body, and have:
+//!
+//! - the same **identity**: the same [`CoalesceGets`] value. A middleware sees neither a
+//!   client's default headers (its credentials among them) nor which client it serves,
+//!   so each value is an identity of its own and **a clone is a new one**: two clients or
+//!   two stacks never share, even built with clones of one `CoalesceGets`, unless the
+//!   clones were declared one identity ([`CoalesceGets::identity`]). One value is one
+//!   identity wherever it is: do not hand one `Arc` of it, or of a stack holding it, to
+//!   clients that send different default headers;
+//! - the same URL (its query included), HTTP version and reqwest timeout;
+//! - **every request header**, name and values, as the stage sees it (the order of
+//!   fields of different names aside, RFC 9110 §5.3; a repeated field's values in the
+//!   same order). There is no allow-list and nothing is left out: a trace id or a
+//!   request id per request keeps every request apart. A conditional request
+//!   (`If-None-Match`, `If-Modified-Since`, `If-Range`, …) is keyed by its conditions
+//!   like any header: it shares only with the same conditions, so no caller receives a
+//!   `304` or a `206` it did not ask for.
+//!
+//! What the stack adds below the stage is the identity's own: `BearerAuth`'s token is
+//! the stack's (one token source for every caller of the stack). A
+//! [`per_attempt`](crate::Resilience::per_attempt) middleware could add anything (a
+//! tenant's key from the request's extensions), so [`Resilience`](crate::Resilience)
+//! refuses it with coalescing
+//! ([`StackError::CoalesceWithPerAttempt`](crate::StackError::CoalesceWithPerAttempt)):
+//! install such a middleware around the stack, where the stage keys what it adds.
 //!
 //! The first caller (the leader) sends its request; the callers that come until its
 //! response head arrives (followers) wait for it. A response nobody joined is handed to
 //! the leader as it came, unread (coalescing then costs a key and a map entry). When
 //! others joined, the flight closes at the head (a caller coming after it starts a
-//! request of its own), the body is read whole, up to
-//! [`max_body`](CoalesceGets::max_body) (1 MiB by default), and every caller
-//! gets its own [`Response`] with the same status, headers, URL and body bytes (one copy
-//! of the bytes, shared), and in its [`AttemptHistory`] a
+//! request of its own). A response that can be shared has its body read whole and every
+//! caller gets its own [`Response`] with the same status, headers, URL and body bytes
+//! (one copy of the bytes, shared), and in its [`AttemptHistory`] a
 //! [`Shared`](crate::evidence::Shared) record: whether it [sent](crate::evidence::SharedRole::Sent)
 //! the request or [joined](crate::evidence::SharedRole::Joined) it, and how many callers
 //! shared it. A follower's extensions get the leader's [`RequestEvidence`](crate::RequestEvidence), history and
-//! [`RetryOutcome`](crate::retry::RetryOutcome).
+//! [`RetryOutcome`].
 //!
-//! # When the body is larger than the bound
+//! # When the body is not shared
 //!
-//! A body announced larger (`Content-Length`) is not read; one that grows past the bound
-//! while it is read (chunked) stops being read. Either way the leader gets its response
-//! as it came (what was read, then the rest, streamed), and each follower is let go to
-//! send **its own request**, as if it had never joined: a follower cannot be handed the
-//! rest of a stream that only one caller can read, and holding a large body in memory for
-//! callers that may never read it is what the bound is for. A body that breaks while it
-//! is read is handled the same way (the leader reads the failure where it happened; the
-//! followers send their own). Only the requests of that moment pay for it.
+//! At the head, a response is shared only when its length is known (`Content-Length`)
+//! and at most [`max_body`](CoalesceGets::max_body) (1 MiB by default), and it is not
+//! the caller's own: **never** one with `Set-Cookie`, or with `Cache-Control` `private`
+//! or `no-store` (RFC 9111 §5.2.2; a `Cache-Control` that is not text counts as both).
+//! A body without `Content-Length` (a stream, an event stream held open) is never
+//! buffered for the followers; nor is one reqwest decompresses (feature `gzip` and the
+//! like: it removes the `Content-Length` of what it decodes). Otherwise the leader gets its response as it came, **at
+//! its head**, as without coalescing, and each follower is let go to send **its own
+//! request**, as if it had never joined: a follower cannot be handed the rest of a
+//! stream that only one caller can read, and holding a large body in memory for callers
+//! that may never read it is what the bound is for. A body that breaks while it is read
+//! is handled the same way (the leader reads what was read, then the failure where it
+//! happened; the followers send their own). Only the requests of that moment pay for
+//! it.
 //!
 //! # When the request fails
 //!
@@ -47,6 +70,13 @@
 //! [`ResilienceError::SharedRequestFailed`] with the leader's error as text (a
 //! `reqwest::Error` cannot be cloned) and the leader's evidence and history in its
 //! extensions. A failing server sees one request, not one per caller.
+//!
+//! Except when the leader stopped for a reason of its own: its retry stopped at its
+//! deadline ([`StopReason::DeadlineExceeded`],
+//! its own [`Deadline`] or the retry's total deadline counted from its start), or it
+//! failed once its [`Deadline`] had passed. Then, as when the leader is dropped, the
+//! leader gets its own result and the first follower sends the request again for the
+//! others.
 //!
 //! # Where it sits in the stack
 //!
@@ -61,13 +91,16 @@
 //! would be one more attempt for the breaker and take a permit of its own, and a
 //! follower of a retried request would wait through the retries anyway). The
 //! followers take the leader's retry settings: a caller's own per-request
-//! [`MaxRetries`](crate::retry::MaxRetries) or [`Deadline`] does
-//! not change the shared request, but a follower's [`Deadline`]
-//! bounds its own wait (past it, it fails with tokio's `Elapsed`, as the retry's cut,
-//! and the others go on). `BearerAuth` is inside: the callers of one stack share its
-//! token, and a request that carries its own `Authorization` is keyed by it.
+//! [`MaxRetries`](crate::retry::MaxRetries) does not change the shared request, and a
+//! follower's [`Deadline`] bounds its own wait (past it, it fails with tokio's
+//! `Elapsed`, as the retry's cut, and the others go on). `BearerAuth` is inside: the
+//! callers of one stack share its token, and a request that carries its own
+//! `Authorization` is keyed by it.
 //!
-//! Used alone, put it outside the middlewares whose work should be shared.
+//! Used alone, put it outside the middlewares whose work should be shared and inside
+//! every middleware that adds a header that depends on the request: it keys the request
+//! as it sees it, so a middleware inside it must add the same to every request of the
+//! client (a token of one source, a user agent).
 //!
 //! # Cancel safety
 //!
@@ -89,14 +122,17 @@
 //! # fn main() -> Result<(), reqwest_resilience::ResilienceError> {
 //! // In the stack:
 //! let client = Resilience::new()
-//!     .coalesce_gets(CoalesceGets::new().vary(["x-tenant"])?)
+//!     .coalesce_gets(CoalesceGets::new())
 //!     .build(reqwest::Client::new())?;
+//! // Two clients of one service account (the same default headers) that share:
+//! let one = CoalesceGets::new().identity("service-account");
+//! let (a, b) = (one.clone(), one);
 //! // Alone:
 //! let alone = ClientBuilder::new(reqwest::Client::new())
 //!     .with(CoalesceGets::new())
 //!     .with(TransportEvidence::new())
 //!     .build();
-//! # drop((client, alone)); Ok(()) }
+//! # drop((client, alone, a, b)); Ok(()) }
 //! ```
 
 mod body;
@@ -106,13 +142,14 @@ mod landing;
 
 use std::sync::Arc;
 
-use http::{Extensions, HeaderName};
+use http::Extensions;
 use reqwest::{Request, Response};
 
 use crate::error::ResilienceError;
-use crate::record::{AttemptHistory, Deadline, SharedRole};
+use crate::record::{AttemptHistory, Deadline, RetryOutcome, SharedRole, StopReason};
 use crate::stage::{Handover, RestOfStack, Stage, standalone_middleware};
 use flight::{Flights, Joined, Waited};
+use key::Partition;
 use landing::{Landing, Record, SharedResponse};
 
 /// The default bound on a shared body: 1 MiB.
@@ -120,21 +157,39 @@ pub const DEFAULT_MAX_BODY: usize = 1 << 20;
 
 /// Coalesced identical GETs: see the [module docs](self).
 ///
-/// Clones share their flights: two clients built with clones of one `CoalesceGets` share
-/// their requests too.
-#[derive(Clone)]
+/// Each value is an identity of its own, and a clone is a new one: two clients or two
+/// stacks never share a request, even built with clones of one `CoalesceGets`, unless
+/// they were given the same [`identity`](Self::identity). (One value is one identity
+/// wherever it is installed: a middleware cannot tell the clients it serves apart, so
+/// do not hand one `Arc` of it, or of a stack holding it, to clients that send
+/// different default headers.)
 pub struct CoalesceGets {
     flights: Arc<Flights>,
-    vary: Arc<[HeaderName]>,
+    partition: Partition,
     max_body: usize,
+}
+
+impl Clone for CoalesceGets {
+    /// A new identity, unless this one was declared with [`identity`](Self::identity).
+    fn clone(&self) -> Self {
+        CoalesceGets {
+            flights: self.flights.clone(),
+            partition: match &self.partition {
+                Partition::Own(_) => Partition::own(),
+                named @ Partition::Named(_) => named.clone(),
+            },
+            max_body: self.max_body,
+        }
+    }
 }
 
 impl std::fmt::Debug for CoalesceGets {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CoalesceGets")
-            .field("vary", &self.vary)
-            .field("max_body", &self.max_body)
-            .finish_non_exhaustive()
+        let mut d = f.debug_struct("CoalesceGets");
+        if let Partition::Named(identity) = &self.partition {
+            d.field("identity", identity);
+        }
+        d.field("max_body", &self.max_body).finish_non_exhaustive()
     }
 }
 
@@ -145,40 +200,47 @@ impl Default for CoalesceGets {
 }
 
 impl CoalesceGets {
-    /// Coalesces with no `Vary` list and bodies up to [`DEFAULT_MAX_BODY`].
+    /// Coalesces bodies up to [`DEFAULT_MAX_BODY`], as an identity of its own.
     pub fn new() -> Self {
         CoalesceGets {
             flights: Arc::default(),
-            vary: Arc::new([]),
+            partition: Partition::own(),
             max_body: DEFAULT_MAX_BODY,
         }
     }
 
-    /// The request headers, beyond the built-in ones, whose values keep two requests
-    /// apart: the ones your servers' `Vary` response header names. A name that is not a
-    /// valid header name is [`ResilienceError::InvalidConfig`].
-    pub fn vary<I, S>(mut self, names: I) -> Result<Self, ResilienceError>
+    /// Declares that every client and stack holding a clone of this value with the same
+    /// `identity` sends as one identity: the same default headers, the same credentials
+    /// (a `BearerAuth` of the same token source), the same per-attempt additions. Their
+    /// identical requests then share, across clients. Without it a clone never shares
+    /// with another (see [`CoalesceGets`]).
+    pub fn identity(mut self, identity: impl Into<Arc<str>>) -> Self {
+        self.partition = Partition::Named(identity.into());
+        self
+    }
+
+    /// No longer needed: every request header keeps two requests apart (see the [module
+    /// docs](self#what-is-shared)). A name that is not a valid header name is still
+    /// [`ResilienceError::InvalidConfig`]; valid ones change nothing.
+    #[deprecated(note = "every request header is keyed: a Vary list changes nothing")]
+    pub fn vary<I, S>(self, names: I) -> Result<Self, ResilienceError>
     where
         I: IntoIterator<Item = S>,
         S: AsRef<str>,
     {
-        let names = names
-            .into_iter()
-            .map(|n| {
-                HeaderName::from_bytes(n.as_ref().as_bytes()).map_err(|_| {
-                    ResilienceError::InvalidConfig(format!(
-                        "coalesce vary: {:?} is not a header name",
-                        n.as_ref()
-                    ))
-                })
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        self.vary = names.into();
+        for n in names {
+            http::HeaderName::from_bytes(n.as_ref().as_bytes()).map_err(|_| {
+                ResilienceError::InvalidConfig(format!(
+                    "coalesce vary: {:?} is not a header name",
+                    n.as_ref()
+                ))
+            })?;
+        }
         Ok(self)
     }
 
     /// The largest body shared (default [`DEFAULT_MAX_BODY`]); see the [module
-    /// docs](self#when-the-body-is-larger-than-the-bound) for a larger one.
+    /// docs](self#when-the-body-is-not-shared) for a larger one.
     pub fn max_body(mut self, bytes: usize) -> Self {
         self.max_body = bytes;
         self
@@ -198,7 +260,7 @@ impl Stage for CoalesceGets {
     ) -> impl Future<Output = reqwest_middleware::Result<Response>> + Send + 'a {
         async move {
             let owner = handover.enter(extensions, "CoalesceGets", false, req.url())?;
-            let Some(key) = self.flights.key(&req, &self.vary) else {
+            let Some(key) = self.flights.key(&req, &self.partition) else {
                 return owner
                     .poll_as(next, |next| next.run(req, extensions, handover))
                     .await;
@@ -211,6 +273,13 @@ impl Stage for CoalesceGets {
                     Joined::Leader(leader) => {
                         let sent = owner.poll_as(next, |next| next.run(req, extensions, handover));
                         let result = sent.await;
+                        if stopped_by_its_own_deadline(&result, extensions) {
+                            // The sender's own limit, not the request's outcome: as a
+                            // dropped sender, it hands the request over (the first
+                            // follower sends it again).
+                            drop(leader);
+                            return result;
+                        }
                         return self.land(leader, result, extensions).await;
                     }
                 };
@@ -263,6 +332,12 @@ impl CoalesceGets {
         if followers == 0 {
             return Ok(response);
         }
+        if !body::shareable(&response, self.max_body) {
+            // A stream, a body over the bound, the caller's own answer: the sender gets
+            // it as it came, at its head, and each follower sends its own request.
+            leader.land(Arc::new(Landing::NotShared));
+            return Ok(response);
+        }
         let callers = followers.saturating_add(1);
         match body::read(response, self.max_body).await {
             body::Read::Whole { head, url, body } => {
@@ -278,6 +353,23 @@ impl CoalesceGets {
             }
         }
     }
+}
+
+/// Whether the sender's request ended for the sender's own reason: its retry stopped
+/// at the deadline, or it failed once its [`Deadline`] had passed. Its followers started
+/// later, with limits of their own: they are not handed that end.
+fn stopped_by_its_own_deadline(
+    result: &reqwest_middleware::Result<Response>,
+    extensions: &Extensions,
+) -> bool {
+    let stopped = extensions
+        .get::<RetryOutcome>()
+        .is_some_and(|o| o.stop == StopReason::DeadlineExceeded);
+    stopped
+        || (result.is_err()
+            && extensions
+                .get::<Deadline>()
+                .is_some_and(|d| tokio::time::Instant::now() >= d.0))
 }
 
 /// A follower's wait, bounded by its own [`Deadline`]: past it, tokio's `Elapsed` (as the

@@ -73,6 +73,14 @@ pub enum StackError {
     /// range requests over the `reqwest::Client` below the stack, which such a stack does
     /// not know. Build or install it with the client instead.
     ResumeWithoutClient,
+    /// [`Resilience::coalesce_gets`](crate::Resilience::coalesce_gets) with
+    /// [`per_attempt`](crate::Resilience::per_attempt) middlewares: the coalescing stage
+    /// sits outside the retry and cannot see what a per-attempt middleware adds to each
+    /// request (a tenant's key taken from the request's extensions), so it could not keep
+    /// apart requests that differ on the wire. Put a middleware whose headers depend on
+    /// the request around the stack ([`install`](crate::Resilience::install)), where the
+    /// coalescing stage sees and keys them.
+    CoalesceWithPerAttempt,
 }
 
 impl fmt::Display for StackError {
@@ -115,6 +123,11 @@ impl fmt::Display for StackError {
             StackError::ResumeWithoutClient => f.write_str(
                 "resume_bodies needs the reqwest::Client below the stack (its range requests go \
                  over it): build or install the stack with the client, not into_middleware(s)",
+            ),
+            StackError::CoalesceWithPerAttempt => f.write_str(
+                "coalesce_gets cannot be combined with per-attempt middlewares: the coalescing \
+                 stage cannot see what they add to a request; install a middleware whose \
+                 headers depend on the request around the stack instead",
             ),
             StackError::ChaosInOneMiddleware => f.write_str(
                 "a chaos layer cannot be part of one middleware (into_middleware): it runs \

@@ -84,9 +84,13 @@ pub struct RateLimitConfig {
     /// While learning, the first request to an origin goes alone and the others wait for
     /// its answer, this long at most (default 1 s); then they go by what is known.
     pub probe_wait: Duration,
-    /// The longest reset honoured (default 60 s, the cap of `Retry-After`): a server that
-    /// says nothing remains for an hour is asked again after this, so a wrong field cannot
-    /// park a client.
+    /// The longest a server's fields hold an origin (default 60 s, the cap of
+    /// `Retry-After`): the longest reset honoured (a server that says nothing remains for
+    /// an hour is asked again after this), the longest interval a learned quota sets
+    /// (before the headroom), and the longest the learned state may turn every request
+    /// away before the next request probes the server again. A wrong field cannot park a
+    /// client. See [How long a server's fields hold a
+    /// caller](super#how-long-a-servers-fields-hold-a-caller).
     pub max_server_wait: Duration,
     /// The most origins with a rate of their own (default 10 000); see
     /// [Bounds](super::RateLimitRegistry#bounds).

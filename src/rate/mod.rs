@@ -24,12 +24,33 @@
 //!
 //! | the server says | the client does |
 //! |---|---|
-//! | a quota: `q` requests per `w` seconds (`RateLimit-Policy: 10;w=1`) | one request per `w / q` and 5 % ([`headroom`](RateLimitConfig::headroom)), no burst: no window of `w` holds more than `q` of them, however the server counts |
+//! | a quota: `q` requests per `w` seconds (`RateLimit-Policy: 10;w=1`) | one request per `w / q` (capped at [`max_server_wait`](RateLimitConfig::max_server_wait), 60 s) and 5 % ([`headroom`](RateLimitConfig::headroom)), no burst: no window of `w` holds more than `q` of them, however the server counts |
 //! | `r` remain until a reset in `t` (`RateLimit: "default";r=5;t=30`, `X-RateLimit-Remaining` + `-Reset`) | at most `r` more before the reset (`t` capped at [`max_server_wait`](RateLimitConfig::max_server_wait), 60 s); when none remain, the requests wait for the reset, then one goes first |
 //! | nothing yet (the origin's first request) | that request goes alone; the others wait for its answer, up to [`probe_wait`](RateLimitConfig::probe_wait) (1 s) |
 //!
 //! The slower of the hand-set and the learned rate applies. A malformed field teaches
 //! nothing.
+//!
+//! # How long a server's fields hold a caller
+//!
+//! One bound, [`max_server_wait`](RateLimitConfig::max_server_wait) (60 s), on what the
+//! fields do to an origin: a quota's interval is capped at it (plus the headroom), so is a
+//! reset, and a learned state that has turned every request away for that long is
+//! forgotten: the next request probes the server again. A server never shuts an origin
+//! for good (`RateLimit-Policy: 1;w=999999999999999` paces one request per 63 s with the
+//! defaults). One request waits for its slot at most
+//! [`max_wait`](RateLimitConfig::max_wait) (30 s) and its [`Deadline`](crate::retry::Deadline),
+//! else it is turned away at once (`RateLimited`, `NotSent`, not retried): a caller is held
+//! at most the shortest of `max_wait`, `max_server_wait` and its deadline.
+//!
+//! In the [`Resilience`](crate::Resilience) stack a learning rate limit is the one stage
+//! that applies the fields: the circuit breaker, which otherwise turns fields saying
+//! nothing remains into a pause of the origin (capped at its
+//! [`max_pause`](crate::breaker::BreakerConfig::max_pause), each wait for it at most
+//! `max_pause`, then `Paused` and the retry policy decides), leaves them to it, and its
+//! `max_pause` bounds `Retry-After` alone. Stacked by hand, turn the breaker's
+//! [`rate_limit_pauses`](crate::breaker::BreakerConfig::rate_limit_pauses) off for the
+//! same single bound.
 //!
 //! # Place in the stack
 //!

@@ -79,7 +79,13 @@ impl Entry {
             .map(|r| Pace::new(r.limit.into(), r.window, r.burst));
         Entry {
             state: Mutex::new(State {
-                schedule: Schedule::new(hand, learning, config.headroom, now),
+                schedule: Schedule::new(
+                    hand,
+                    learning,
+                    config.headroom,
+                    config.max_server_wait,
+                    now,
+                ),
                 last_used: now,
                 rejections: 0,
             }),
@@ -458,7 +464,6 @@ pub struct Ticket {
     /// `None` when there is nothing to tell the origin's rate (no learning, no probe).
     entry: Option<Arc<Entry>>,
     probe: bool,
-    max_server_wait: Duration,
 }
 
 impl fmt::Debug for Ticket {
@@ -475,7 +480,6 @@ impl Ticket {
         Ticket {
             entry: (config.learn || probe).then(|| entry.clone()),
             probe,
-            max_server_wait: config.max_server_wait,
         }
     }
 
@@ -498,9 +502,7 @@ impl Ticket {
             return;
         }
         let now = Instant::now();
-        lock(&entry.state)
-            .schedule
-            .learn(&fields, now, self.max_server_wait, self.probe);
+        lock(&entry.state).schedule.learn(&fields, now, self.probe);
         if std::mem::take(&mut self.probe) {
             entry.answered.notify_waiters();
         }

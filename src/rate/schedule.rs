@@ -19,6 +19,14 @@
 //! - before the first answer, and after an exhausted allowance has reset, the server's
 //!   state is unknown: one request goes first (the probe) and the others wait for its
 //!   answer, up to the probe wait.
+//!
+//! What a server says never holds the origin longer than `max_server_wait`, the bound of
+//! every server-directed wait: a learned quota's interval is capped at it before the
+//! headroom is added (`1;w=10⁹` paces one request per `max_server_wait` and 5 %, it does
+//! not shut the origin), so is a reset,
+//! and when the learned state has turned every request away for that long (answers that
+//! overtook each other, a reset learned late), it is forgotten and the next request
+//! probes the server again.
 
 use std::time::Duration;
 
@@ -105,11 +113,22 @@ pub(crate) struct Schedule {
     learning: bool,
     /// How much slower than a learned quota to go (a share of it).
     headroom: f64,
+    /// The longest a server's word holds the origin: a learned interval, a reset, and
+    /// how long the learned state may turn every request away before it is probed again.
+    max_server_wait: Duration,
     last_start: Option<Instant>,
+    /// Since when every request was turned away (none started since).
+    rejecting_since: Option<Instant>,
 }
 
 impl Schedule {
-    pub(crate) fn new(hand: Option<Pace>, learning: bool, headroom: f64, now: Instant) -> Self {
+    pub(crate) fn new(
+        hand: Option<Pace>,
+        learning: bool,
+        headroom: f64,
+        max_server_wait: Duration,
+        now: Instant,
+    ) -> Self {
         Schedule {
             hand,
             learned: None,
@@ -119,7 +138,9 @@ impl Schedule {
             probe: if learning { Probe::Needed } else { Probe::Done },
             learning,
             headroom,
+            max_server_wait,
             last_start: None,
+            rejecting_since: None,
         }
     }
 
@@ -164,6 +185,15 @@ impl Schedule {
                 self.probe = Probe::Needed;
             }
         }
+        if self.learning
+            && self.probe != Probe::InFlight
+            && (self.learned.is_some() || self.allowance.is_some())
+            && self
+                .rejecting_since
+                .is_some_and(|since| now.saturating_duration_since(since) >= self.max_server_wait)
+        {
+            self.forget_learned(now);
+        }
         let probe = match self.probe {
             Probe::Needed => true,
             Probe::InFlight if wait_for_probe => return Verdict::AwaitProbe,
@@ -175,9 +205,7 @@ impl Schedule {
             return if a.reset_at <= latest_start {
                 Verdict::AwaitReset(a.reset_at)
             } else {
-                Verdict::Over {
-                    retry_in: a.reset_at - now,
-                }
+                self.over(now, a.reset_at - now)
             };
         }
         let (start, interval) = match self.pace() {
@@ -190,9 +218,7 @@ impl Schedule {
             None => (now, Duration::ZERO),
         };
         if start > latest_start {
-            return Verdict::Over {
-                retry_in: start - now,
-            };
+            return self.over(now, start - now);
         }
         self.tat = self.tat.max(now) + interval;
         let spent_of = self.allowance.as_mut().map(|a| {
@@ -200,6 +226,7 @@ impl Schedule {
             a.reset_at
         });
         self.last_start = Some(start);
+        self.rejecting_since = None;
         if probe {
             self.probe = Probe::InFlight;
         }
@@ -214,6 +241,28 @@ impl Schedule {
                 spent_of,
             })
         }
+    }
+
+    /// A request turned away at `now`, its slot `retry_in` away; noted for the re-probe.
+    fn over(&mut self, now: Instant, retry_in: Duration) -> Verdict {
+        self.rejecting_since.get_or_insert(now);
+        Verdict::Over { retry_in }
+    }
+
+    /// Forgets what the server said (it has turned every request away for
+    /// `max_server_wait`): the hand-set pace alone holds from the last start, and the next
+    /// request probes the server.
+    fn forget_learned(&mut self, now: Instant) {
+        self.learned = None;
+        self.pace = self.hand;
+        self.allowance = None;
+        let hand_next = match (self.hand, self.last_start) {
+            (Some(h), Some(last)) => last + h.interval,
+            _ => now,
+        };
+        self.tat = self.tat.min(hand_next.max(now));
+        self.probe = Probe::Needed;
+        self.rejecting_since = None;
     }
 
     /// Gives back a slot whose request was dropped before it started: the pace's when no
@@ -240,15 +289,9 @@ impl Schedule {
     }
 
     /// Learns from an answer's rate-limit fields at `now` (`probe`: the probe's answer,
-    /// which ends the unknown state even when it has no fields). A reset is capped at
-    /// `max_server_wait`.
-    pub(crate) fn learn(
-        &mut self,
-        fields: &RateLimitFields,
-        now: Instant,
-        max_server_wait: Duration,
-        probe: bool,
-    ) {
+    /// which ends the unknown state even when it has no fields). A quota's interval and a
+    /// reset are capped at `max_server_wait`.
+    pub(crate) fn learn(&mut self, fields: &RateLimitFields, now: Instant, probe: bool) {
         if probe && self.probe == Probe::InFlight {
             self.probe = Probe::Done;
         }
@@ -257,7 +300,12 @@ impl Schedule {
         }
         if let Some(q) = fields.quota {
             let mut pace = Pace::new(q.limit, q.window, 1);
-            pace.interval = pace.interval.mul_f64(1.0 + self.headroom);
+            // The server's interval bounded like every server-directed wait, then slower
+            // by the client's own headroom (at most 1 + headroom times the bound).
+            pace.interval = pace
+                .interval
+                .min(self.max_server_wait)
+                .mul_f64(1.0 + self.headroom);
             if self.pace().is_none() {
                 // The requests already sent count: the next starts one interval after
                 // the last one.
@@ -268,7 +316,7 @@ impl Schedule {
             self.pace = self.slower_pace();
         }
         if let (Some(remaining), Some(reset)) = (fields.remaining, fields.reset) {
-            let reset_at = now + reset.min(max_server_wait);
+            let reset_at = now + reset.min(self.max_server_wait);
             let same_window = self.allowance.filter(|a| {
                 a.reset_at.max(reset_at) - a.reset_at.min(reset_at) <= Duration::from_secs(1)
             });
@@ -313,7 +361,7 @@ mod tests {
     #[test]
     fn a_hand_pace_admits_its_burst_then_one_per_interval() {
         let t0 = Instant::now();
-        let mut s = Schedule::new(Some(Pace::new(10, S, 3)), false, 0.0, t0);
+        let mut s = Schedule::new(Some(Pace::new(10, S, 3)), false, 0.0, 60 * S, t0);
         let far = t0 + 60 * S;
         for _ in 0..3 {
             assert_eq!(s.decide(t0, far, true), Verdict::Now { probe: false });
@@ -349,14 +397,14 @@ mod tests {
     fn the_first_request_probes_and_the_others_wait_for_its_answer() {
         let t0 = Instant::now();
         let far = t0 + 60 * S;
-        let mut s = Schedule::new(None, true, 0.0, t0);
+        let mut s = Schedule::new(None, true, 0.0, 60 * S, t0);
         assert_eq!(s.decide(t0, far, true), Verdict::Now { probe: true });
         assert_eq!(s.decide(t0, far, true), Verdict::AwaitProbe);
         // Past its probe wait, a request goes without the answer.
         assert_eq!(s.decide(t0, far, false), Verdict::Now { probe: false });
         // The answer: 10 a second. The sent requests count: the next starts 100 ms after
         // the last one.
-        s.learn(&quota(10, S), t0 + MS, 60 * S, true);
+        s.learn(&quota(10, S), t0 + MS, true);
         assert_eq!(
             s.pace(),
             Some(Pace {
@@ -369,12 +417,12 @@ mod tests {
         };
         assert_eq!(a.at - t0, 100 * MS);
         // A lost probe (no answer) makes the next request the probe.
-        let mut s = Schedule::new(None, true, 0.0, t0);
+        let mut s = Schedule::new(None, true, 0.0, 60 * S, t0);
         assert_eq!(s.decide(t0, far, true), Verdict::Now { probe: true });
         s.probe_lost();
         assert_eq!(s.decide(t0, far, true), Verdict::Now { probe: true });
         // An answer without fields ends the unknown state: nothing limits.
-        s.learn(&RateLimitFields::default(), t0, 60 * S, true);
+        s.learn(&RateLimitFields::default(), t0, true);
         for _ in 0..100 {
             assert_eq!(s.decide(t0, far, true), Verdict::Now { probe: false });
         }
@@ -384,12 +432,12 @@ mod tests {
     fn the_allowance_is_spent_then_waited_out_then_probed() {
         let t0 = Instant::now();
         let far = t0 + 60 * S;
-        let mut s = Schedule::new(None, true, 0.0, t0);
+        let mut s = Schedule::new(None, true, 0.0, 60 * S, t0);
         assert_eq!(s.decide(t0, far, true), Verdict::Now { probe: true });
-        s.learn(&remaining(2, 10 * S), t0, 60 * S, true);
+        s.learn(&remaining(2, 10 * S), t0, true);
         assert_eq!(s.decide(t0, far, true), Verdict::Now { probe: false });
         // A late answer of the same window with more remaining changes nothing.
-        s.learn(&remaining(5, 10 * S + 400 * MS), t0, 60 * S, false);
+        s.learn(&remaining(5, 10 * S + 400 * MS), t0, false);
         assert_eq!(s.allowance(), Some((1, t0 + 10 * S)));
         assert_eq!(s.decide(t0, far, true), Verdict::Now { probe: false });
         assert_eq!(s.decide(t0, far, true), Verdict::AwaitReset(t0 + 10 * S));
@@ -407,26 +455,87 @@ mod tests {
     #[test]
     fn a_reset_is_capped_at_the_longest_server_wait() {
         let t0 = Instant::now();
-        let mut s = Schedule::new(None, true, 0.0, t0);
-        s.learn(&remaining(0, 3600 * S), t0, 60 * S, false);
+        let mut s = Schedule::new(None, true, 0.0, 60 * S, t0);
+        s.learn(&remaining(0, 3600 * S), t0, false);
         assert_eq!(s.allowance(), Some((0, t0 + 60 * S)));
+    }
+
+    #[test]
+    fn a_learned_interval_is_capped_at_the_longest_server_wait() {
+        let t0 = Instant::now();
+        let far = t0 + 3600 * S;
+        let mut s = Schedule::new(None, true, 0.05, S, t0);
+        assert_eq!(s.decide(t0, far, true), Verdict::Now { probe: true });
+        // One request per 31 million years: one per second, 5 % slower.
+        s.learn(
+            &quota(1, Duration::from_secs(999_999_999_999_999)),
+            t0,
+            true,
+        );
+        assert_eq!(s.pace().unwrap().interval, 1050 * MS);
+        let Verdict::At(next) = s.decide(t0, far, true) else {
+            panic!()
+        };
+        assert_eq!(next.at - t0, 1050 * MS);
+        // Below the cap, the quota and its headroom stand.
+        let mut s = Schedule::new(None, true, 0.05, S, t0);
+        s.learn(&quota(10, S), t0, false);
+        assert_eq!(s.pace().unwrap().interval, 105 * MS);
+    }
+
+    #[test]
+    fn a_learned_state_that_turned_everything_away_for_the_longest_server_wait_is_probed() {
+        let t0 = Instant::now();
+        let mut s = Schedule::new(None, true, 0.0, 60 * S, t0);
+        assert_eq!(s.decide(t0, t0, true), Verdict::Now { probe: true });
+        s.learn(&quota(1, 60 * S), t0, true);
+        // From 1 s on, everything is turned away (no wait allowed)...
+        let at = |secs: u64| t0 + Duration::from_secs(secs);
+        assert_eq!(
+            s.decide(at(1), at(1), true),
+            Verdict::Over { retry_in: 59 * S }
+        );
+        // ... and an answer that overtook the others, learned late, says an hour.
+        s.learn(&remaining(0, 3600 * S), at(50), false);
+        assert_eq!(s.allowance(), Some((0, at(110))));
+        assert_eq!(
+            s.decide(at(60), at(60), true),
+            Verdict::Over { retry_in: 50 * S }
+        );
+        // A minute after the first rejection the learned state is forgotten: one probe
+        // goes, the others wait for its answer.
+        assert_eq!(s.decide(at(61), at(61), true), Verdict::Now { probe: true });
+        assert_eq!(s.pace(), None);
+        assert_eq!(s.allowance(), None);
+        assert_eq!(s.decide(at(61), at(61), true), Verdict::AwaitProbe);
+        // A request that starts resets the clock of the rejections.
+        s.learn(&quota(1, 60 * S), at(61), true);
+        assert_eq!(
+            s.decide(at(62), at(62), true),
+            Verdict::Over { retry_in: 59 * S }
+        );
+        assert_eq!(
+            s.decide(at(121), at(121), true),
+            Verdict::Now { probe: false },
+            "the capped interval frees the slot first"
+        );
     }
 
     #[test]
     fn the_slower_pace_wins() {
         let t0 = Instant::now();
-        let mut s = Schedule::new(Some(Pace::new(5, S, 1)), true, 0.0, t0);
-        s.learn(&quota(10, S), t0, 60 * S, false);
+        let mut s = Schedule::new(Some(Pace::new(5, S, 1)), true, 0.0, 60 * S, t0);
+        s.learn(&quota(10, S), t0, false);
         assert_eq!(s.pace().unwrap().interval, 200 * MS);
-        s.learn(&quota(1, S), t0, 60 * S, false);
+        s.learn(&quota(1, S), t0, false);
         assert_eq!(s.pace().unwrap().interval, S);
         // With headroom, the learned pace is that much slower.
-        let mut s = Schedule::new(None, true, 0.05, t0);
-        s.learn(&quota(10, S), t0, 60 * S, false);
+        let mut s = Schedule::new(None, true, 0.05, 60 * S, t0);
+        s.learn(&quota(10, S), t0, false);
         assert_eq!(s.pace().unwrap().interval, 105 * MS);
         // Without learning, the server's word is ignored.
-        let mut s = Schedule::new(Some(Pace::new(5, S, 1)), false, 0.0, t0);
-        s.learn(&quota(1, S), t0, 60 * S, false);
+        let mut s = Schedule::new(Some(Pace::new(5, S, 1)), false, 0.0, 60 * S, t0);
+        s.learn(&quota(1, S), t0, false);
         assert_eq!(s.pace().unwrap().interval, 200 * MS);
     }
 }

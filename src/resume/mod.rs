@@ -8,14 +8,19 @@
 //!
 //! - **When.** Only when the two responses are provably byte ranges of one representation
 //!   (`representation`): a `GET` with no `Range` of its own answered `200` with
-//!   `Accept-Ranges: bytes`, a strong `ETag` (or a `Last-Modified` at least a second older
-//!   than `Date`), a `Content-Length` and no `Content-Encoding`. Any other body is
-//!   handed over as it came (not wrapped: nothing to pay).
+//!   `Accept-Ranges: bytes`, a strong validator (a strong `ETag`; with no `ETag` at all, a
+//!   `Last-Modified` at least 60 s older than `Date`, RFC 9110 §8.8.2.2), a
+//!   `Content-Length` and no `Content-Encoding`. Any other body (a weak `ETag`, a
+//!   `Last-Modified` younger than a minute) is handed over as it came (not wrapped:
+//!   nothing to pay).
 //! - **What is spliced.** Only a `206` whose `Content-Range` starts at the byte the body
-//!   broke at and has the same length (and the same `ETag`); anything else (a `200` from a
-//!   server that ignores `Range` or whose representation changed, a `416`, an error)
-//!   ends the body with the original error inside a [`BodyIncomplete`](crate::error::BodyIncomplete). A body that ends
-//!   short of its `Content-Length` is an error too, never a success.
+//!   broke at, has the same length and carries the first answer's validator (the same
+//!   `ETag`, or the same `Last-Modified`: a server may ignore `If-Range` and send a range
+//!   of a changed representation); anything else (a `200` from a server that ignores
+//!   `Range` or whose representation changed, a `206` with another or no validator, a
+//!   `416`, an error) ends the body with the original error inside a
+//!   [`BodyIncomplete`](crate::error::BodyIncomplete). A body that ends short of its
+//!   `Content-Length` is an error too, never a success.
 //! - **As an attempt.** A resume is an attempt of the same logical request: the retry
 //!   policy decides on the cut ([`FailureKind::BodyInterrupted`](crate::FailureKind::BodyInterrupted),
 //!   a `GET`: retried), waits its backoff, spends the budget, respects the deadline, and the

@@ -6,10 +6,13 @@
 //!
 //! - the request is a `GET` without a `Range` of its own, answered `200`;
 //! - `Accept-Ranges: bytes` (RFC 9110 §14.3): the server serves byte ranges;
-//! - a strong validator for `If-Range` (§13.1.5): a strong `ETag`, or a `Last-Modified` at
-//!   least one second older than the response's `Date` (§8.8.2.2: then it is strong);
-//!   with `If-Range`, a server whose representation changed answers `200` with the new
-//!   one instead of a range of it;
+//! - a strong validator for `If-Range` (§13.1.5): a strong `ETag`; or, when the response
+//!   has no `ETag` at all (a client holding an entity tag, even a weak one, must not send
+//!   a date in `If-Range`), a `Last-Modified` at least 60 seconds older than the
+//!   response's `Date` (§8.8.2.2: a client may use it as strong only then; one second is
+//!   the origin server's own rule, and 60 guards against `Date` and `Last-Modified` coming
+//!   from different clocks); with `If-Range`, a server whose representation changed
+//!   answers `200` with the new one instead of a range of it;
 //! - a `Content-Length`: the offset to resume from and the length to check at the end;
 //! - no `Content-Encoding`: reqwest's automatic decompression (features `gzip`, `brotli`,
 //!   `zstd`, `deflate`) removes both headers and counts *decoded* bytes, so an offset taken
@@ -17,14 +20,17 @@
 //!   attempted at all).
 //!
 //! The answer to `Range: bytes=N-` continues the body only when it is `206` with
-//! `Content-Range: bytes N-(len-1)/len` of the same `len`, no `Content-Encoding`, and
-//! (when the first had one) the same `ETag`.
+//! `Content-Range: bytes N-(len-1)/len` of the same `len`, no `Content-Encoding`, and the
+//! first answer's validator: the same `ETag`, or (validated by date) the same
+//! `Last-Modified`. A server may ignore `If-Range` and answer a range of whatever it holds
+//! now: a `206` without the validator, or with another one, is never spliced.
 
 use http::header::{
     ACCEPT_RANGES, CONTENT_ENCODING, CONTENT_LENGTH, CONTENT_RANGE, DATE, ETAG, LAST_MODIFIED,
     RANGE,
 };
 use http::{HeaderMap, HeaderValue, Method, StatusCode};
+use std::time::{Duration, SystemTime};
 
 /// A body that can be resumed: its length and the validator that names it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -35,6 +41,8 @@ pub(crate) struct Representation {
     pub(crate) validator: HeaderValue,
     /// The strong `ETag`, when there is one.
     pub(crate) etag: Option<HeaderValue>,
+    /// The `Last-Modified`, when it is the validator (no `ETag`).
+    pub(crate) last_modified: Option<SystemTime>,
 }
 
 /// The representation a response to a request (`method`, `request` headers) answered
@@ -59,15 +67,20 @@ pub(crate) fn resumable(
         return None;
     }
     let total = content_length(headers).filter(|n| *n > 0)?;
-    let etag = headers.get(ETAG).filter(|v| is_strong_etag(v)).cloned();
-    let validator = match &etag {
-        Some(etag) => etag.clone(),
-        None => strong_last_modified(headers)?,
+    let (validator, etag, last_modified) = match headers.get(ETAG) {
+        Some(etag) if is_strong_etag(etag) => (etag.clone(), Some(etag.clone()), None),
+        // A weak tag: no `If-Range` may carry it, nor a date in its place (§13.1.5).
+        Some(_) => return None,
+        None => {
+            let (value, at) = strong_last_modified(headers)?;
+            (value, None, Some(at))
+        }
     };
     Some(Representation {
         total,
         validator,
         etag,
+        last_modified,
     })
 }
 
@@ -82,7 +95,12 @@ pub(crate) fn continues(
     if status != StatusCode::PARTIAL_CONTENT || encoded(headers) {
         return false;
     }
-    if repr.etag.is_some() && headers.get(ETAG) != repr.etag.as_ref() {
+    let same_validator = match (&repr.etag, repr.last_modified) {
+        (Some(etag), _) => headers.get(ETAG) == Some(etag),
+        (None, Some(at)) => last_modified(headers) == Some(at),
+        (None, None) => false,
+    };
+    if !same_validator {
         return false;
     }
     let expected = format!("bytes {from}-{}/{}", repr.total - 1, repr.total);
@@ -124,14 +142,23 @@ fn is_strong_etag(value: &HeaderValue) -> bool {
     bytes.len() >= 2 && bytes[0] == b'"' && bytes[bytes.len() - 1] == b'"'
 }
 
-/// The `Last-Modified`, when it is at least one second older than `Date` (RFC 9110
-/// §8.8.2.2: then it is a strong validator).
-fn strong_last_modified(headers: &HeaderMap) -> Option<HeaderValue> {
-    let value = headers.get(LAST_MODIFIED)?;
-    let modified = httpdate::parse_http_date(value.to_str().ok()?).ok()?;
+/// How much older than `Date` a `Last-Modified` must be for a client to use it as a strong
+/// validator (RFC 9110 §8.8.2.2).
+const STRONG_LAST_MODIFIED_AGE: Duration = Duration::from_secs(60);
+
+/// The `Last-Modified` (as sent, and as a time), when it is at least
+/// [`STRONG_LAST_MODIFIED_AGE`] older than `Date`: then a client may use it as a strong
+/// validator.
+fn strong_last_modified(headers: &HeaderMap) -> Option<(HeaderValue, SystemTime)> {
+    let modified = last_modified(headers)?;
     let date = httpdate::parse_http_date(headers.get(DATE)?.to_str().ok()?).ok()?;
     let age = date.duration_since(modified).ok()?;
-    (age >= std::time::Duration::from_secs(1)).then(|| value.clone())
+    (age >= STRONG_LAST_MODIFIED_AGE).then(|| (headers[LAST_MODIFIED].clone(), modified))
+}
+
+/// The `Last-Modified`, parsed.
+fn last_modified(headers: &HeaderMap) -> Option<SystemTime> {
+    httpdate::parse_http_date(headers.get(LAST_MODIFIED)?.to_str().ok()?).ok()
 }
 
 #[cfg(test)]
@@ -218,17 +245,56 @@ mod tests {
     }
 
     #[test]
-    fn last_modified_is_strong_only_a_second_before_date() {
+    fn last_modified_is_strong_only_a_minute_before_date() {
         let mut pairs = vec![("accept-ranges", "bytes"), ("content-length", "100")];
         pairs.push(("last-modified", "Tue, 01 Dec 2026 10:00:00 GMT"));
-        pairs.push(("date", "Tue, 01 Dec 2026 10:00:01 GMT"));
+        pairs.push(("date", "Tue, 01 Dec 2026 10:01:00 GMT"));
         let repr = check(&pairs).unwrap();
         assert_eq!(repr.validator, "Tue, 01 Dec 2026 10:00:00 GMT");
         assert_eq!(repr.etag, None);
+        // One second is the origin server's rule; a client needs 60 (RFC 9110 §8.8.2.2).
+        pairs[3] = ("date", "Tue, 01 Dec 2026 10:00:59 GMT");
+        assert_eq!(check(&pairs), None, "modified 59 s before it was sent");
         pairs[3] = ("date", "Tue, 01 Dec 2026 10:00:00 GMT");
         assert_eq!(check(&pairs), None, "modified in the same second as sent");
         pairs.pop();
         assert_eq!(check(&pairs), None, "no Date to compare with");
+        // A weak ETag beside a strong date: If-Range may carry neither (§13.1.5).
+        pairs.push(("date", "Tue, 01 Dec 2026 11:00:00 GMT"));
+        pairs.push(("etag", "W/\"v1\""));
+        assert_eq!(check(&pairs), None, "a weak ETag and a date");
+    }
+
+    #[test]
+    fn a_206_validated_by_date_continues_only_with_the_same_last_modified() {
+        let repr = check(&[
+            ("accept-ranges", "bytes"),
+            ("content-length", "100"),
+            ("last-modified", "Tue, 01 Dec 2026 10:00:00 GMT"),
+            ("date", "Tue, 01 Dec 2026 11:00:00 GMT"),
+        ])
+        .unwrap();
+        let range = |last_modified: Option<&'static str>| {
+            let mut pairs = vec![("content-range", "bytes 40-99/100")];
+            pairs.extend(last_modified.map(|lm| ("last-modified", lm)));
+            headers(&pairs)
+        };
+        let same = range(Some("Tue, 01 Dec 2026 10:00:00 GMT"));
+        assert!(continues(&repr, 40, StatusCode::PARTIAL_CONTENT, &same));
+        // The same instant in another of the three date forms is the same validator.
+        let asctime = range(Some("Tue Dec  1 10:00:00 2026"));
+        assert!(continues(&repr, 40, StatusCode::PARTIAL_CONTENT, &asctime));
+        // A server that ignored If-Range: a range of the changed representation.
+        let later = range(Some("Tue, 01 Dec 2026 10:30:00 GMT"));
+        assert!(!continues(&repr, 40, StatusCode::PARTIAL_CONTENT, &later));
+        assert!(!continues(
+            &repr,
+            40,
+            StatusCode::PARTIAL_CONTENT,
+            &range(None)
+        ));
+        let garbage = range(Some("yesterday"));
+        assert!(!continues(&repr, 40, StatusCode::PARTIAL_CONTENT, &garbage));
     }
 
     #[test]

@@ -481,6 +481,20 @@ impl LoopState {
         self.retries + self.not_processed_retries + self.hedges
     }
 
+    /// Counts a retry taken for `reason` after `delay`: one taken at once ([`at_once`])
+    /// against the not-processed cap, outside the retry count and the backoff's
+    /// progression; every other against `max_retries`. The one place both the loop and a
+    /// later pass (`continued`) count, so that the cap a retry was checked against
+    /// (`Config::count_allows`) is the count it spends.
+    pub(super) fn count_retry(&mut self, reason: RetryReason, delay: Duration) {
+        if at_once(reason) {
+            self.not_processed_retries += 1;
+        } else {
+            self.previous_delay = Some(delay);
+            self.retries += 1;
+        }
+    }
+
     /// Whether another retry may still be taken (so the request must be kept for it).
     fn retry_possible(&self, max_not_processed_retries: u32) -> bool {
         self.retries < self.max_retries
@@ -1022,13 +1036,7 @@ impl<'a> RequestRun<'a> {
         let mut unspent = Unspent(self.config.budget.as_ref().zip(retry.withdrawal));
         wait.await;
         unspent.0 = None;
-        if at_once(retry.reason) {
-            // Outside the retry count and the backoff's progression.
-            self.state.not_processed_retries += 1;
-        } else {
-            self.state.previous_delay = Some(retry.delay);
-            self.state.retries += 1;
-        }
+        self.state.count_retry(retry.reason, retry.delay);
     }
 
     /// The request's result, with its [`RetryOutcome`].

@@ -668,8 +668,10 @@ impl Resilience {
     }
 
     /// Turns on coalesced identical GETs (off by default), outermost: concurrent GET and
-    /// HEAD requests for the same thing share one logical request, retried, admitted and
-    /// counted once. See [`coalesce`](crate::coalesce).
+    /// HEAD requests of this stack identical in every header share one logical request,
+    /// retried, admitted and counted once. See [`coalesce`](crate::coalesce). With
+    /// [`per_attempt`](Self::per_attempt) middlewares the build fails
+    /// ([`StackError::CoalesceWithPerAttempt`]): the stage cannot see what they add.
     ///
     /// ```
     /// use reqwest_resilience::Resilience;
@@ -900,6 +902,12 @@ impl Resilience {
         self,
         client: Option<reqwest::Client>,
     ) -> Result<Vec<Arc<M>>, ResilienceError> {
+        // (`into_middleware`, the other way to `assemble`, refuses per-attempt ones.)
+        if self.coalesce.is_some() && !self.per_attempt.is_empty() {
+            return Err(ResilienceError::InvalidStack(
+                StackError::CoalesceWithPerAttempt,
+            ));
+        }
         let per_attempt = self
             .per_attempt
             .iter()
@@ -963,12 +971,13 @@ impl Resilience {
                 StackError::ResumeWithoutClient,
             ));
         }
-        let breaker = build_breaker(self.breaker, self.on_breaker_transition)?;
         let limit = self.concurrency_limit.map(LimitChoice::build).transpose()?;
         let rate = self
             .rate_limit
             .map(crate::rate::RateChoice::build)
             .transpose()?;
+        let breaker = build_breaker(self.breaker, self.on_breaker_transition)?
+            .map(|breaker| beside_rate_limit(breaker, rate.as_ref()));
 
         // One middleware for the stages, one boxed future per request; a user's
         // per-attempt middleware runs between `BearerAuth` and the transport step, which
@@ -1357,6 +1366,19 @@ impl astral_reqwest_middleware::Middleware for ResilienceMiddleware {
         Self: 'async_trait,
     {
         astral_reqwest_middleware::Middleware::handle(&*self.stack, req, extensions, next)
+    }
+}
+
+/// The breaker as it runs outside `rate`: a learning rate limit applies the servers'
+/// rate-limit fields under its own bounds, and the breaker leaves them to it (one bound on
+/// how long they hold a caller: `crate::rate`, "How long a server's fields hold a caller").
+fn beside_rate_limit(
+    breaker: CircuitBreakerMiddleware,
+    rate: Option<&crate::rate::RateLimit>,
+) -> CircuitBreakerMiddleware {
+    match rate {
+        Some(rate) if rate.registry().config().learn => breaker.leaving_rate_limit_fields(),
+        _ => breaker,
     }
 }
 

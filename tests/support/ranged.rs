@@ -34,10 +34,14 @@ pub enum Fault {
     ChangeEtag(String),
     /// An empty answer with this status.
     Status(u16),
+    /// The representation is this one from now on, and the server ignores `If-Range`
+    /// (as servers that do not implement it do): a `Range` is answered `206` from the new
+    /// representation, whatever `If-Range` says.
+    ChangeIgnoringIfRange(Representation),
 }
 
 /// The representation: its bytes and the headers that describe it.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Representation {
     /// Shared, so an answer costs no copy of a large body.
     pub body: Arc<Vec<u8>>,
@@ -159,9 +163,13 @@ async fn serve(mut stream: TcpStream, conn: usize, state: Arc<State>, script: Ar
             state.seen.fetch_add(1, Ordering::SeqCst)
         };
         let fault = script(index, &req);
-        if let Fault::ChangeEtag(etag) = &fault {
-            let mut repr = state.repr.lock().unwrap();
-            *repr = repr.clone().header("etag", etag);
+        match &fault {
+            Fault::ChangeEtag(etag) => {
+                let mut repr = state.repr.lock().unwrap();
+                *repr = repr.clone().header("etag", etag);
+            }
+            Fault::ChangeIgnoringIfRange(new) => *state.repr.lock().unwrap() = new.clone(),
+            _ => {}
         }
         let repr = state.repr.lock().unwrap().clone();
         if !answer(&mut stream, &req, &repr, &fault, &state).await {
@@ -185,7 +193,8 @@ async fn answer(
     let len = repr.body.len();
     let start = match fault {
         Fault::IgnoreRange(_) => None,
-        _ => range_start(req, repr).filter(|s| *s < len),
+        Fault::ChangeIgnoringIfRange(_) => range_start(req, None).filter(|s| *s < len),
+        _ => range_start(req, Some(repr)).filter(|s| *s < len),
     };
     let mut head = match start {
         Some(s) => format!(
@@ -236,15 +245,16 @@ async fn answer(
     }
 }
 
-/// `N` of a `Range: bytes=N-` whose `If-Range` (if any) matches the representation.
-fn range_start(req: &RecordedRequest, repr: &Representation) -> Option<usize> {
+/// `N` of a `Range: bytes=N-` whose `If-Range` (if any) matches the representation
+/// (`None`: `If-Range` is ignored).
+fn range_start(req: &RecordedRequest, repr: Option<&Representation>) -> Option<usize> {
     let range = req.header("range")?;
     let start = range
         .strip_prefix("bytes=")?
         .strip_suffix('-')?
         .parse()
         .ok()?;
-    if let Some(if_range) = req.header("if-range") {
+    if let (Some(if_range), Some(repr)) = (req.header("if-range"), repr) {
         let current = |name: &str| {
             repr.headers
                 .iter()

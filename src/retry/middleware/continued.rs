@@ -154,12 +154,14 @@ impl RetryMiddleware {
         tokio::time::sleep(retry.delay).await;
         unspent.0 = None;
         let mut spent = continued.lock();
-        if retry.reason == RetryReason::NotProcessed {
-            spent.not_processed_retries += 1;
-        } else {
-            spent.previous_delay = Some(retry.delay);
-            spent.retries += 1;
-        }
+        // Counted as the loop counts (a `GOAWAY` rotation against the not-processed cap
+        // it was allowed under, not the retry count): counted elsewhere, a rotation on
+        // every stream never reached either cap.
+        let mut state = loop_state(&self.config, &spent);
+        state.count_retry(retry.reason, retry.delay);
+        spent.retries = state.retries;
+        spent.not_processed_retries = state.not_processed_retries;
+        spent.previous_delay = state.previous_delay;
     }
 
     /// Fixes what the passes of `continued` share before the first one: the retry limit

@@ -51,6 +51,7 @@ pub mod held_port;
 pub mod nginx;
 pub mod nginx_files;
 pub mod ranged;
+pub mod servers;
 pub mod tls;
 pub mod tls_faults;
 

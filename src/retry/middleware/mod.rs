@@ -2,7 +2,6 @@
 //! ([`RetryStrategy`](crate::retry::RetryStrategy)) and the arithmetic
 //! ([`Backoff`](crate::Backoff), [`RetryBudget`](crate::retry::RetryBudget)).
 
-use std::error::Error as StdError;
 use std::time::{Duration, SystemTime};
 
 use crate::stage::{Handover, RestOfStack, Stage, standalone_middleware};
@@ -11,24 +10,19 @@ use reqwest::{Request, Response};
 use tokio::time::Instant;
 
 use super::attempt_timeout::{self, attempt_cut};
-use super::fallback::fallback_evidence;
 use super::hedge::{Hedging, RoundSpec};
-use super::notice::RetryNotice;
-use super::{
-    AttemptContext, Idempotent, MaxRetries, ResponseHead, Verdict, Withdrawal, is_idempotent,
-    unsafe_retry,
-};
-use crate::error::ResilienceError;
-use crate::misconfig::{self, Misconfiguration};
+use super::{Idempotent, MaxRetries, Verdict, Withdrawal, is_idempotent};
 use crate::origin::Origin;
 use crate::record::Continuation;
 use crate::record::{
     AttemptHistory, AttemptScope, Deadline, Inward, RequestEvidence, RetryReason, StopReason,
 };
 
+mod after_attempt;
 mod config;
 mod plan;
 mod report;
+use after_attempt::{Decision, Question};
 use config::Config;
 pub(in crate::retry) use config::Delays;
 pub use config::{RetryAfterPolicy, RetryMiddleware, RetryMiddlewareBuilder};
@@ -436,183 +430,10 @@ fn hand_on_deadline(config: &Config, extensions: &mut Extensions) -> bool {
     handed_on.is_some()
 }
 
-/// What the strategy is asked with about a request, besides the attempt itself.
-#[derive(Clone, Copy)]
-struct Question<'a> {
-    config: &'a Config,
-    method: &'a http::Method,
-    /// The request's URL (`None` only when it could not be kept: see `RequestRun::last_url`).
-    url: Option<&'a url::Url>,
-    idempotent: bool,
-    not_processed_retries: u32,
-}
-
-impl Question<'_> {
-    /// The strategy's verdict on an attempt, a retry that could repeat a request that may
-    /// have been processed turned into a stop ([`unsafe_retry`]): the promise holds for
-    /// every strategy.
-    #[inline]
-    fn verdict(
-        &self,
-        evidence: &RequestEvidence,
-        result: &reqwest_middleware::Result<Response>,
-        attempt: u32,
-    ) -> Verdict {
-        let ctx = AttemptContext {
-            evidence,
-            method: self.method,
-            url: self.url,
-            idempotent: self.idempotent,
-            attempt,
-            not_processed_retries: self.not_processed_retries,
-            max_not_processed_retries: self.config.max_not_processed_retries,
-            error: result
-                .as_ref()
-                .err()
-                .map(|e| e as &(dyn StdError + 'static)),
-            response: result
-                .as_ref()
-                .ok()
-                .map(|r| ResponseHead::new(r.status(), r.headers())),
-        };
-        let verdict = self.config.strategy.decide(&ctx);
-        match verdict {
-            Verdict::Retry(_) | Verdict::RetryAfter(..) => {
-                unsafe_retry(&ctx).map_or(verdict, Verdict::Stop)
-            }
-            Verdict::Stop(_) => verdict,
-        }
-    }
-}
-
-/// What the decision after an attempt needs besides the attempt itself.
-struct Decision<'a> {
-    question: Question<'a>,
-    /// The history's length before the attempt.
-    recorded_before: usize,
-    /// Whether the stack installed the transport step (then an attempt without evidence
-    /// was answered by a per-attempt middleware, e.g. a cache: nothing to report).
-    transport_installed: bool,
-}
-
-impl Decision<'_> {
-    /// The step after attempt number `attempt`, written into the history (and the
-    /// metrics): the attempt's evidence (the transport step's, or one made up when nothing
-    /// inside left a record), the strategy's verdict, and for a retry its delay and the
-    /// budget's withdrawal.
-    // Inlined: one call per attempt, and as a call it costs every request about 70
-    // instructions of argument passing (`benches/instructions.rs`).
-    #[inline(always)]
-    fn decide(
-        &self,
-        result: &reqwest_middleware::Result<Response>,
-        extensions: &mut Extensions,
-        attempt: u32,
-        can_replay: bool,
-        state: &LoopState,
-    ) -> Step {
-        let c = self.question.config;
-        // An attempt timeout's cut is an ordinary failed attempt; the deadline's is the end.
-        let timed_out = state.deadline.is_some_and(|d| cut_inside(result, d));
-        let evidence = attempt_evidence(result, extensions, attempt, self.transport_installed);
-        // A local rejection (breaker, pause) or a missing transport step leaves no
-        // record: add one, so the decision below lands on this attempt.
-        let history = extensions.get_or_insert_default::<AttemptHistory>();
-        if history.len() == self.recorded_before {
-            history.push(evidence.clone());
-        }
-        let verdict = self.question.verdict(&evidence, result, attempt);
-        let (reason, requested) = match verdict {
-            // The deadline passed during the attempt: no time is left for another.
-            _ if timed_out => (Err(StopReason::DeadlineExceeded), None),
-            Verdict::Retry(reason) => (Ok(reason), None),
-            Verdict::RetryAfter(reason, delay) => (Ok(reason), Some(delay)),
-            Verdict::Stop(reason) => (Err(reason), None),
-        };
-        let step = match reason {
-            Err(reason) => Step::Stop(reason),
-            Ok(reason) => c.plan_requested(
-                reason,
-                requested,
-                &evidence,
-                retry_in(result),
-                can_replay,
-                state,
-                Instant::now(),
-            ),
-        };
-        let method = self.question.method;
-        record(extensions, &step, attempt, method, evidence.origin.as_ref());
-        if let Step::Retry { delay, reason, .. } = step {
-            let notice = RetryNotice {
-                attempt,
-                evidence: &evidence,
-                error: result
-                    .as_ref()
-                    .err()
-                    .map(|e| e as &(dyn StdError + 'static)),
-                status: evidence.status(),
-                delay,
-                reason,
-                method,
-                url: self.question.url,
-            };
-            announce(c, &notice);
-        }
-        step
-    }
-}
-
-/// The attempt's evidence: the transport step's, or one made up when nothing inside left
-/// a record.
-#[inline]
-fn attempt_evidence(
-    result: &reqwest_middleware::Result<Response>,
-    extensions: &Extensions,
-    attempt: u32,
-    transport_installed: bool,
-) -> RequestEvidence {
-    match extensions.get::<RequestEvidence>() {
-        Some(e) => e.clone(),
-        None => {
-            // A response or a reqwest error without evidence means no transport step,
-            // unless the stack installed one (a per-attempt middleware answered itself);
-            // a middleware error may just come from one inside (a token).
-            if !transport_installed
-                && !matches!(result, Err(reqwest_middleware::Error::Middleware(_)))
-            {
-                misconfig::report_once(Misconfiguration::NoTransportEvidence);
-            }
-            fallback_evidence(result, attempt)
-        }
-    }
-}
-
-/// The "retry in" an error from inside (the breaker's rejection) carries.
-fn retry_in(result: &reqwest_middleware::Result<Response>) -> Option<Duration> {
-    result
-        .as_ref()
-        .err()
-        .and_then(ResilienceError::from_middleware_error)
-        .and_then(ResilienceError::retry_in)
-}
-
 /// Whether `req` can be copied (what `Request::try_clone` needs: no streamed body),
 /// without copying it.
 fn replayable(req: &Request) -> bool {
     req.body().is_none_or(|body| body.as_bytes().is_some())
-}
-
-/// Whether a middleware inside (the circuit breaker) cut the attempt at this same
-/// deadline. It fires first when both timers are due, being polled inside this one's
-/// future, and then leaves what this middleware's own cut would: the `Unknown`/`Timeout`
-/// evidence and an [`Elapsed`](tokio::time::error::Elapsed) error.
-fn cut_inside(result: &reqwest_middleware::Result<Response>, deadline: Instant) -> bool {
-    matches!(
-        result,
-        Err(reqwest_middleware::Error::Middleware(e))
-            if e.is::<tokio::time::error::Elapsed>()
-    ) && Instant::now() >= deadline
 }
 
 /// Sleeps `delay`, draining `response` meanwhile.

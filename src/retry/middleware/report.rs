@@ -8,8 +8,8 @@ use std::error::Error as StdError;
 use http::Extensions;
 use reqwest::Response;
 
-use super::Config;
-use super::Step;
+use super::config::Config;
+use super::plan::Step;
 use crate::error::{ResilienceError, RetryError};
 use crate::origin::Origin;
 use crate::record::{AttemptDecision, AttemptHistory, Inward, RetryOutcome, StopReason};

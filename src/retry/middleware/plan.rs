@@ -1,8 +1,14 @@
 //! The retry's delay planner: after a `Retry` verdict, the wait before the retry (the
 //! backoff, a server's `Retry-After` under its cap, an open breaker's "retry in", the
 //! token manager's next fetch), or why it cannot be taken (the retry counts, the
-//! deadline, the budget). The clock is handed in (`now`): the planner reads none of its
-//! own for a backoff.
+//! deadline, the budget); and the retry counts it checks, kept in [`LoopState`].
+//!
+//! The planner (`Config::delay_before_retry`) is pure: the clock is handed in (`now`), the
+//! jitter's random source comes with the configuration
+//! ([`SeededRandom`](crate::backoff::SeededRandom) in a test), and nothing is spent. The
+//! budget's withdrawal comes after it, last, so that a refused retry costs nothing. One
+//! exception: an external policy (the `retry_policies` adapter) reads the wall clock
+//! itself.
 
 use std::time::{Duration, SystemTime};
 
@@ -92,8 +98,8 @@ impl Config {
     }
 
     /// Turns a `Retry` verdict (with the delay the strategy `requested`, if any) into a
-    /// delay, or the reason it cannot be taken. Pure except for the budget withdrawal,
-    /// which comes last so that a refused retry costs nothing.
+    /// step: the [`delay_before_retry`](Self::delay_before_retry), then the budget's
+    /// withdrawal, last, so that a refused retry costs nothing.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn plan_requested(
         &self,
@@ -105,38 +111,63 @@ impl Config {
         state: &LoopState,
         now: Instant,
     ) -> Step {
-        if let Err(stop) = self.count_allows(reason, state) {
-            return Step::Stop(stop);
-        }
+        self.delay_before_retry(
+            reason, requested, evidence, retry_in, can_replay, state, now,
+        )
+        .and_then(|delay| {
+            let withdrawal = self.withdraw(reason)?;
+            Ok(Step::Retry {
+                delay,
+                reason,
+                withdrawal,
+            })
+        })
+        .unwrap_or_else(Step::Stop)
+    }
+
+    /// The wait before a retry for `reason`, or why it cannot be taken: the retry counts
+    /// ([`count_allows`](Self::count_allows)), a body that cannot be sent again, the
+    /// wait itself ([`delay_for`](Self::delay_for)), and the deadline (a wake exactly at
+    /// it is allowed). Pure: `now` is handed in and nothing is spent.
+    #[allow(clippy::too_many_arguments)]
+    fn delay_before_retry(
+        &self,
+        reason: RetryReason,
+        requested: Option<Duration>,
+        evidence: &RequestEvidence,
+        retry_in: Option<Duration>,
+        can_replay: bool,
+        state: &LoopState,
+        now: Instant,
+    ) -> Result<Duration, StopReason> {
+        self.count_allows(reason, state)?;
         if !can_replay {
-            return Step::Stop(StopReason::BodyNotClonable);
+            return Err(StopReason::BodyNotClonable);
         }
-        let delay = match self.delay_for(reason, requested, evidence, retry_in, state) {
-            Ok(d) => d,
-            Err(stop) => return Step::Stop(stop),
-        };
+        let delay = self.delay_for(reason, requested, evidence, retry_in, state)?;
         if let Some(deadline) = state.deadline
             && now.checked_add(delay).is_none_or(|wake| wake > deadline)
         {
-            return Step::Stop(StopReason::DeadlineExceeded);
+            return Err(StopReason::DeadlineExceeded);
         }
-        let withdrawal = match &self.budget {
+        Ok(delay)
+    }
+
+    /// The retry's withdrawal from the budget (`None`: no budget, or a retry free of it),
+    /// or [`StopReason::BudgetExhausted`].
+    fn withdraw(&self, reason: RetryReason) -> Result<Option<Withdrawal>, StopReason> {
+        match &self.budget {
             // A `GOAWAY` is a connection rotation: the retry goes to a new connection and
             // adds no work the request would not have cost anyway, so only the per-request
             // cap bounds it (a burst meets one rotation per
             // `keepalive_requests` requests, more than any budget's 20 %). A
             // `REFUSED_STREAM` is the server's stream limit, a load signal: budgeted.
-            Some(_) if free_of_budget(reason) => None,
-            Some(budget) => match budget.withdraw() {
-                Some(w) => Some(w),
-                None => return Step::Stop(StopReason::BudgetExhausted),
-            },
-            None => None,
-        };
-        Step::Retry {
-            delay,
-            reason,
-            withdrawal,
+            Some(_) if free_of_budget(reason) => Ok(None),
+            Some(budget) => budget
+                .withdraw()
+                .map(Some)
+                .ok_or(StopReason::BudgetExhausted),
+            None => Ok(None),
         }
     }
 
@@ -462,6 +493,165 @@ mod tests {
         assert_eq!(
             delay_of(c.plan(S503, &ev, None, true, &st, now)),
             Err(StopReason::BudgetExhausted)
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_backoff_doubles_from_1_s_to_its_30_s_cap() {
+        let c = config(no_jitter());
+        let ev = response(503, None);
+        let now = Instant::now();
+        let got: Vec<_> = (0..7)
+            .map(|n| delay_of(c.plan(S503, &ev, None, true, &state(n, 10, None), now)))
+            .collect();
+        let s = Duration::from_secs;
+        assert_eq!(
+            got,
+            [
+                Ok(s(1)),
+                Ok(s(2)),
+                Ok(s(4)),
+                Ok(s(8)),
+                Ok(s(16)),
+                Ok(s(30)),
+                Ok(s(30))
+            ]
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_retry_after_counts_only_after_a_status() {
+        let c = config(no_jitter());
+        let now = Instant::now();
+        let st = state(1, 3, None);
+        let s = Duration::from_secs;
+        let mut refused = RequestEvidence::new(Transmission::NotSent, None, 2);
+        refused.retry_after = Some(s(7));
+        assert_eq!(
+            delay_of(c.plan(RetryReason::NotSent, &refused, None, true, &st, now)),
+            Ok(s(2)),
+            "the backoff's second delay"
+        );
+        assert_eq!(
+            delay_of(c.plan(S503, &response(503, Some(s(7))), None, true, &st, now)),
+            Ok(s(7))
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_wake_exactly_at_the_deadline_is_taken_and_one_past_it_is_not() {
+        let c = config(no_jitter());
+        let now = Instant::now();
+        let at = |deadline, ev: &RequestEvidence| {
+            delay_of(c.plan(S503, ev, None, true, &state(0, 3, Some(deadline)), now))
+        };
+        let s = Duration::from_secs;
+        let ms = Duration::from_millis;
+        assert_eq!(at(now + s(1), &response(503, None)), Ok(s(1)));
+        assert_eq!(
+            at(now + ms(999), &response(503, None)),
+            Err(StopReason::DeadlineExceeded)
+        );
+        // A `Retry-After` under the cap but past the deadline stops as well.
+        assert_eq!(
+            at(now + s(10), &response(503, Some(s(11)))),
+            Err(StopReason::DeadlineExceeded)
+        );
+        assert_eq!(at(now + s(10), &response(503, Some(s(10)))), Ok(s(10)));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_breakers_retry_in_comes_from_its_error_else_from_its_evidence() {
+        let c = config(no_jitter());
+        let now = Instant::now();
+        let st = state(0, 3, None);
+        let s = Duration::from_secs;
+        let mut ev = RequestEvidence::rejected_locally(FailureKind::BreakerOpen, None, 1);
+        ev.retry_after = Some(s(3));
+        let r = RetryReason::BreakerRejected;
+        assert_eq!(delay_of(c.plan(r, &ev, None, true, &st, now)), Ok(s(3)));
+        assert_eq!(
+            delay_of(c.plan(r, &ev, Some(s(5)), true, &st, now)),
+            Ok(s(5))
+        );
+        // Not capped by `retry_after_cap`: the breaker's own wait.
+        assert_eq!(
+            delay_of(c.plan(r, &ev, Some(s(90)), true, &st, now)),
+            Ok(s(90))
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_refused_stream_and_a_rotation_go_at_once_under_a_cap_of_their_own() {
+        let c = config(no_jitter());
+        let now = Instant::now();
+        let ev = RequestEvidence::new(Transmission::SentNoResponse, None, 4);
+        let mut at_the_cap = state(0, 3, None);
+        at_the_cap.not_processed_retries = crate::retry::DEFAULT_MAX_NOT_PROCESSED_RETRIES;
+        for r in [RetryReason::NotProcessed, RetryReason::GoAway] {
+            assert_eq!(
+                delay_of(c.plan(r, &ev, None, true, &state(3, 3, None), now)),
+                Ok(Duration::ZERO),
+                "{r:?}: outside max_retries"
+            );
+            assert_eq!(
+                delay_of(c.plan(r, &ev, None, true, &at_the_cap, now)),
+                Err(StopReason::NotProcessedRetryUsed)
+            );
+            assert_eq!(
+                delay_of(c.plan(r, &ev, None, true, &state(0, 0, None), now)),
+                Err(StopReason::RetriesExhausted),
+                "{r:?}: max_retries 0 disables every retry"
+            );
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_rotation_spends_no_budget_and_a_retry_never_made_gives_its_share_back() {
+        let now = Instant::now();
+        let st = state(0, 3, None);
+        let ev = response(503, None);
+        let budget = RetryBudget::new(Duration::from_secs(1), 1, 0.0).unwrap();
+        let c = config(no_jitter().budget(budget.clone()));
+        assert!(matches!(
+            c.plan(RetryReason::GoAway, &ev, None, true, &st, now),
+            Step::Retry {
+                withdrawal: None,
+                ..
+            }
+        ));
+        assert_eq!(budget.remaining(), 1);
+        let Step::Retry {
+            withdrawal: Some(taken),
+            ..
+        } = c.plan(S503, &ev, None, true, &st, now)
+        else {
+            panic!("the budget's one retry")
+        };
+        assert_eq!(
+            delay_of(c.plan(RetryReason::NotProcessed, &ev, None, true, &st, now)),
+            Err(StopReason::BudgetExhausted),
+            "a refused stream is budgeted"
+        );
+        drop(Unspent(Some((&budget, taken))));
+        assert_eq!(budget.remaining(), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_counted_retry_moves_the_backoff_on_and_one_taken_at_once_does_not() {
+        let c = config(no_jitter());
+        let now = Instant::now();
+        let ev = response(503, None);
+        let mut st = state(0, 3, None);
+        st.count_retry(S503, Duration::from_secs(1));
+        st.count_retry(RetryReason::GoAway, Duration::ZERO);
+        assert_eq!(
+            (st.retries, st.not_processed_retries, st.previous_delay),
+            (1, 1, Some(Duration::from_secs(1)))
+        );
+        assert_eq!(
+            delay_of(c.plan(S503, &ev, None, true, &st, now)),
+            Ok(Duration::from_secs(2))
         );
     }
 }

@@ -57,12 +57,12 @@ pub enum RetryAfterPolicy {
 /// answer as reqwest's do, so existing error handling keeps working. Any other final error
 /// (an open breaker, a pause, no token, the deadline cutting the attempt) is
 /// `reqwest_middleware::Error::Middleware` holding [`ResilienceError::Retry`]
-/// ([`RetryError`](crate::retry::RetryError): attempts, stop reason, the last error as `source()`);
+/// ([`RetryError`]: attempts, stop reason, the last error as `source()`);
 /// [`ResilienceError::find`] reaches the cause in both shapes.
 ///
 /// How many attempts were made and why retrying stopped is always in the caller's
-/// extensions as [`RetryOutcome`](crate::retry::RetryOutcome) (with the whole [`AttemptHistory`](crate::AttemptHistory)), and on a response as
-/// [`RetryOutcome`](crate::retry::RetryOutcome) and [`AttemptHistory::of_response`](crate::AttemptHistory::of_response). A bare `reqwest::Error` cannot carry
+/// extensions as [`RetryOutcome`] (with the whole [`AttemptHistory`]), and on a response as
+/// [`RetryOutcome`] and [`AttemptHistory::of_response`]. A bare `reqwest::Error` cannot carry
 /// it: a caller who wants it beside the error, which stays reqwest's own, sends with
 /// [`send_with_history()`](crate::SendWithHistory) (which also keeps the extensions set
 /// on the request builder); one who wants it *inside* every error opts into
@@ -93,11 +93,17 @@ pub enum RetryAfterPolicy {
 ///
 /// Dropping the future stops the retry loop at once (during an attempt or a sleep). A
 /// retry taken from the budget for a backoff that is dropped is given back. What stays
-/// behind is harmless: the records already in the caller's [`AttemptHistory`](crate::AttemptHistory), and, when
+/// behind is harmless: the records already in the caller's [`AttemptHistory`], and, when
 /// the deadline came from [`total_deadline`](RetryMiddlewareBuilder::total_deadline), the
-/// [`Deadline`](crate::retry::Deadline) it handed to the inner middlewares through the caller's extensions (the
+/// [`Deadline`] it handed to the inner middlewares through the caller's extensions (the
 /// next request through this middleware recognises it and sets its own). With
 /// [hedging](RetryMiddlewareBuilder::hedging), every copy in flight is dropped with it.
+///
+/// [`RetryError`]: crate::retry::RetryError
+/// [`RetryOutcome`]: crate::retry::RetryOutcome
+/// [`AttemptHistory`]: crate::AttemptHistory
+/// [`AttemptHistory::of_response`]: crate::AttemptHistory::of_response
+/// [`Deadline`]: crate::retry::Deadline
 #[derive(Clone)]
 pub struct RetryMiddleware {
     pub(super) config: Arc<Config>,
@@ -116,7 +122,8 @@ pub(super) struct Config {
     pub(super) error_wrapping: ErrorWrapping,
     pub(super) attempt_timeout: Option<Duration>,
     pub(super) hedging: Option<Hedging>,
-    /// The cap on [`RetryReason::NotProcessed`](crate::retry::RetryReason::NotProcessed) retries per request.
+    /// The cap on [`RetryReason::NotProcessed`](crate::retry::RetryReason::NotProcessed)
+    /// retries per request.
     pub(super) max_not_processed_retries: u32,
     /// Called before each retry's wait.
     pub(super) before_sleep: Option<Arc<BeforeSleep>>,
@@ -233,11 +240,13 @@ impl RetryMiddlewareBuilder {
     }
 
     /// The most retries one request takes on the server's proof that it did not process
-    /// an attempt ([`RetryReason::NotProcessed`](crate::retry::RetryReason::NotProcessed): HTTP/2 `REFUSED_STREAM`) and, for an
-    /// idempotent request, after the server's `GOAWAY` ([`RetryReason::GoAway`](crate::retry::RetryReason::GoAway): a
+    /// an attempt ([`RetryReason::NotProcessed`]: HTTP/2 `REFUSED_STREAM`) and, for an
+    /// idempotent request, after the server's `GOAWAY` ([`RetryReason::GoAway`]: a
     /// connection rotation, which through hyper proves nothing for a POST); default
-    /// [`DEFAULT_MAX_NOT_PROCESSED_RETRIES`](crate::retry::DEFAULT_MAX_NOT_PROCESSED_RETRIES) (5),
-    /// 0 turns them off.
+    /// [`DEFAULT_MAX_NOT_PROCESSED_RETRIES`] (5), 0 turns them off.
+    ///
+    /// [`RetryReason::NotProcessed`]: crate::retry::RetryReason::NotProcessed
+    /// [`RetryReason::GoAway`]: crate::retry::RetryReason::GoAway
     ///
     /// A refused stream is as safe to send again as a request never sent, for any method;
     /// both are what a server at its stream limit or rotating its connections (nginx's
@@ -245,8 +254,9 @@ impl RetryMiddlewareBuilder {
     /// counted against [`max_retries`](Self::max_retries) (whose 0 still disables every
     /// retry), but against this cap; a refused stream spends the
     /// [retry budget](Self::budget) like any retry (a rotation does not), so a server that
-    /// refuses everything gets at most `1 + cap` attempts of a request. reqwest retries a refused stream itself too, below this middleware (twice
-    /// by default; `reqwest::ClientBuilder::retry(reqwest::retry::never())` turns that off).
+    /// refuses everything gets at most `1 + cap` attempts of a request. reqwest retries a
+    /// refused stream itself too, below this middleware (twice by default;
+    /// `reqwest::ClientBuilder::retry(reqwest::retry::never())` turns that off).
     pub fn max_not_processed_retries(mut self, cap: u32) -> Self {
         self.config.max_not_processed_retries = cap;
         self
@@ -311,8 +321,8 @@ impl RetryMiddlewareBuilder {
     /// `true`: every final error is wrapped in [`ResilienceError::Retry`]
     /// ([`ErrorWrapping::Always`]); `false`: none is ([`ErrorWrapping::Never`]). Without
     /// this call, all but a `reqwest::Error` are ([`ErrorWrapping::ExceptReqwest`]).
-    pub fn wrap_errors(mut self, poll_as: bool) -> Self {
-        self.config.error_wrapping = if poll_as {
+    pub fn wrap_errors(mut self, wrap: bool) -> Self {
+        self.config.error_wrapping = if wrap {
             ErrorWrapping::Always
         } else {
             ErrorWrapping::Never
@@ -356,8 +366,9 @@ impl RetryMiddlewareBuilder {
     /// Calls `hook` before each retry's wait (also before a retry taken at once, with a zero
     /// delay), with the attempt that failed, its evidence, its error or status, why it is
     /// retried and the delay: to tell a user that a request is being retried while it is,
-    /// not after it ended ([`AttemptHistory`](crate::AttemptHistory) has it all afterwards). The hook runs on the
-    /// request's task, inside the retry loop: keep it short and do not block.
+    /// not after it ended ([`AttemptHistory`](crate::AttemptHistory) has it all afterwards).
+    /// The hook runs on the request's task, inside the retry loop: keep it short and do not
+    /// block.
     ///
     /// ```
     /// use reqwest_resilience::RetryMiddleware;

@@ -2,6 +2,12 @@
 //! hedged round), decide, and either stop or wait and go round again. What each step
 //! does is a call into a piece of its own: the decision (`after_attempt`), the delay
 //! (`plan`), the report (`report`).
+//!
+//! The loop's states are tower's (`retry/future.rs`) and backon's, in the order the
+//! `async` block reads: an attempt running (`Called`: [`RequestRun::prepare`], then
+//! [`RequestRun::start_attempt`] or a hedged round), the wait before a retry (`Waiting`:
+//! [`RequestRun::wait_then_count`]), and the next round (`Retrying`). What lasts across
+//! them is [`RequestRun`], with the retry counts in its [`LoopState`].
 
 use std::time::{Duration, SystemTime};
 

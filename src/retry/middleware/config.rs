@@ -435,6 +435,7 @@ impl RetryMiddlewareBuilder {
 
 impl Config {
     /// The retry limit: the configured one, else the default for the delays chosen.
+    #[inline]
     pub(super) fn max_retries(&self) -> u32 {
         self.max_retries.unwrap_or(match self.delays {
             Delays::Backoff(_) => 3,

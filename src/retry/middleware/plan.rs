@@ -57,6 +57,7 @@ pub(in crate::retry) struct LoopState {
 
 impl LoopState {
     /// Attempts made so far: the first, the retries of either kind and the hedges.
+    #[inline]
     pub(super) fn attempts(&self) -> u32 {
         self.retries + self.not_processed_retries + self.hedges
     }
@@ -76,6 +77,7 @@ impl LoopState {
     }
 
     /// Whether another retry may still be taken (so the request must be kept for it).
+    #[inline]
     pub(super) fn retry_possible(&self, max_not_processed_retries: u32) -> bool {
         self.retries < self.max_retries
             || (self.max_retries > 0 && self.not_processed_retries < max_not_processed_retries)

@@ -19,6 +19,7 @@ use crate::retry::RetryNotice;
 /// extensions (and on a response), a final error wrapped as configured
 /// ([`ErrorWrapping`](crate::retry::ErrorWrapping)), and what this middleware handed
 /// inward ended.
+#[inline]
 pub(super) fn finish(
     c: &Config,
     result: reqwest_middleware::Result<Response>,
@@ -49,6 +50,7 @@ pub(super) fn finish(
 
 /// Writes the decision into the history and the metrics and, with `tracing`, emits the
 /// event of a stop (a retry's is [`announce`]'s).
+#[inline]
 pub(super) fn record(
     extensions: &mut Extensions,
     step: &Step,

@@ -24,7 +24,9 @@ use tokio::time::Instant;
 
 use std::error::Error as StdError;
 
-use super::{Config, LoopState, RetryMiddleware, Step, Unspent, announce, record};
+use super::config::{Config, RetryMiddleware};
+use super::plan::{LoopState, Step, Unspent};
+use super::report::{announce, record};
 use crate::record::{
     AttemptDecision, AttemptHistory, Continuation, Deadline, Inward, PassEnd, RequestEvidence,
     RetryReason, Spent, StopReason,

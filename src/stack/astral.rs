@@ -26,7 +26,9 @@ use std::sync::Arc;
 
 use astral_reqwest_middleware::{ClientBuilder, ClientWithMiddleware, Middleware};
 
-use super::{PerAttempt, Resilience};
+use super::builder::{PerAttempt, Resilience};
+use super::compose::StackMiddleware;
+use super::install::ChainMember;
 use crate::error::ResilienceError;
 
 impl Resilience {
@@ -122,9 +124,9 @@ impl Resilience {
     }
 }
 
-impl super::ChainMember for dyn Middleware {
+impl ChainMember for dyn Middleware {
     const CRATE: &'static str = "astral-reqwest-middleware";
-    fn stack(stack: Arc<dyn super::compose::StackMiddleware>) -> Arc<Self> {
+    fn stack(stack: Arc<dyn StackMiddleware>) -> Arc<Self> {
         stack
     }
     fn transport(transport: crate::evidence::TransportEvidence) -> Arc<Self> {

@@ -6,6 +6,7 @@ use http::Extensions;
 use reqwest::Request;
 use reqwest_middleware::{Middleware, Next};
 
+use super::observer::RequestObserver;
 use crate::stage::{
     Absent, BoxedWhenPresent, Either, Handled, Handover, Nested, RestOfStack, RetrySlot, Stage,
 };
@@ -41,7 +42,7 @@ macro_rules! nested_from_retry {
 /// its future is made, so a future dropped before its first poll has done only that:
 /// nothing was sent, counted or taken.
 pub(crate) struct Composed<T, L> {
-    pub(crate) observer: BoxedWhenPresent<super::RequestObserver>,
+    pub(crate) observer: BoxedWhenPresent<RequestObserver>,
     /// Coalesced identical GETs, outside the retry: one shared request is one logical
     /// request for the retry, the breaker and the limiter.
     pub(crate) coalesce: BoxedWhenPresent<crate::coalesce::CoalesceGets>,
@@ -231,7 +232,7 @@ impl<M: Middleware + astral_reqwest_middleware::Middleware> StackMiddleware for 
 pub(crate) struct ResumeStages<T, L> {
     /// The `on_attempt` hook and the span (feature `tracing`): a range request is an
     /// attempt the hook reports like any other.
-    pub(crate) observer: Option<super::RequestObserver>,
+    pub(crate) observer: Option<RequestObserver>,
     pub(crate) retry: crate::retry::RetryMiddleware,
     pub(crate) token_first: T,
     pub(crate) breaker: Option<crate::breaker::CircuitBreakerMiddleware>,

@@ -1,0 +1,261 @@
+//! The assembly: the stages [`Resilience`] chose, built (the retry middleware from its
+//! settings, the breaker from its registry, the limits from theirs) and nested into the
+//! composed stack of `compose`, with the transport step inside it or after the
+//! per-attempt middlewares.
+
+use std::sync::Arc;
+
+use reqwest::Client;
+
+use super::builder::{BreakerChoice, Resilience, RetryChoice, TransitionHook};
+use super::compose;
+use super::observer::RequestObserver;
+use crate::breaker::{BreakerConfig, BreakerRegistry, CircuitBreakerMiddleware};
+use crate::error::{ResilienceError, StackError, StackPart};
+use crate::evidence::TransportEvidence;
+use crate::limit::LimitChoice;
+use crate::redirect::ClientRedirects;
+use crate::retry::RetryMiddleware;
+
+impl Resilience {
+    /// The stack's parts ([`Assembled`]): the stages as one middleware, and the transport
+    /// step as a middleware of its own when per-attempt middlewares run between
+    /// `BearerAuth` and it or a chaos layer runs after it. `client` is the
+    /// `reqwest::Client` below the stack when it is known (resumed bodies send their range
+    /// requests over it).
+    pub(super) fn assemble(self, client: Option<Client>) -> Result<Assembled, ResilienceError> {
+        let retry = self.build_retry()?;
+        if self.resume_bodies && retry.is_none() {
+            return Err(ResilienceError::InvalidStack(StackError::Conflict {
+                part: StackPart::Retry,
+                setting: "resume_bodies",
+            }));
+        }
+        if self.resume_bodies && client.is_none() {
+            return Err(ResilienceError::InvalidStack(
+                StackError::ResumeWithoutClient,
+            ));
+        }
+        let limit = self.concurrency_limit.map(LimitChoice::build).transpose()?;
+        let rate = self
+            .rate_limit
+            .map(crate::rate::RateChoice::build)
+            .transpose()?;
+        let breaker = build_breaker(self.breaker, self.on_breaker_transition)?
+            .map(|breaker| beside_rate_limit(breaker, rate.as_ref()));
+
+        // One middleware for the stages, one boxed future per request; a user's
+        // per-attempt middleware runs between `BearerAuth` and the transport step, which
+        // then follows it as a middleware of its own.
+        let transport = TransportEvidence::with_client_redirects(
+            self.client_redirects.unwrap_or(ClientRedirects::Unobserved),
+        );
+        // A resumed body's range requests go through the stages over the client itself.
+        let resume = client.map(|client| ResumeSetup {
+            by_default: self.resume_bodies,
+            client,
+            transport: transport.clone(),
+        });
+        #[cfg(feature = "chaos")]
+        let chaos = self.chaos;
+        #[cfg(not(feature = "chaos"))]
+        let chaos: Option<std::convert::Infallible> = None;
+        let (inner_transport, outer_transport) = if self.per_attempt.is_empty() && chaos.is_none() {
+            (Some(transport), None)
+        } else {
+            (None, Some(transport))
+        };
+        let composed = compose::Composed {
+            observer: crate::stage::BoxedWhenPresent(RequestObserver::new(
+                self.on_attempt,
+                self.span_url_query,
+            )),
+            coalesce: crate::stage::BoxedWhenPresent(self.coalesce),
+            retry: crate::stage::RetrySlot(retry),
+            token_first: crate::stage::Absent,
+            breaker,
+            rate,
+            limit: crate::stage::Absent,
+            bearer: self.bearer.clone(),
+            transport: inner_transport,
+            resume: None,
+        };
+        // Each optional stage whose future is large is there by type only when the stack
+        // has it (see `Composed`).
+        let stack: Arc<dyn compose::StackMiddleware> = match (self.bearer, limit) {
+            (Some(bearer), Some(limit)) => Arc::new(ResumeSetup::onto(
+                resume,
+                composed
+                    .with_token_first(crate::auth::TokenFirst(bearer))
+                    .with_limit(limit),
+            )),
+            (Some(bearer), None) => Arc::new(ResumeSetup::onto(
+                resume,
+                composed.with_token_first(crate::auth::TokenFirst(bearer)),
+            )),
+            (None, Some(limit)) => Arc::new(ResumeSetup::onto(resume, composed.with_limit(limit))),
+            (None, None) => Arc::new(ResumeSetup::onto(resume, composed)),
+        };
+        Ok(Assembled {
+            stack,
+            transport: outer_transport,
+            #[cfg(feature = "chaos")]
+            chaos,
+        })
+    }
+
+    fn build_retry(&self) -> Result<Option<RetryMiddleware>, ResilienceError> {
+        let s = &self.retry_settings;
+        // The settings configure the default middleware only.
+        if !matches!(self.retry, RetryChoice::Default)
+            && let Some(setting) = s.first_set()
+        {
+            return Err(ResilienceError::InvalidStack(StackError::Conflict {
+                part: StackPart::Retry,
+                setting,
+            }));
+        }
+        match &self.retry {
+            RetryChoice::Prebuilt(retry) => Ok(Some(retry.clone())),
+            RetryChoice::Off => Ok(None),
+            RetryChoice::Default => {
+                let backoff = s.backoff.unwrap_or_default();
+                let mut b = RetryMiddleware::builder().backoff(backoff);
+                if let Some(n) = s.max_retries {
+                    b = b.max_retries(n);
+                }
+                if let Some(cap) = s.max_not_processed_retries {
+                    b = b.max_not_processed_retries(cap);
+                }
+                if let Some(total) = s.total_deadline {
+                    // The smallest delay the jitter can draw before the first retry.
+                    let first_delay = backoff.jitter().apply(backoff.base_delay(0), 0.0);
+                    if total.is_zero() || total < first_delay {
+                        return Err(ResilienceError::InvalidStack(
+                            StackError::DeadlineBeforeFirstRetry {
+                                total_deadline: total,
+                                first_delay,
+                            },
+                        ));
+                    }
+                    b = b.total_deadline(total);
+                }
+                match &s.budget {
+                    Some(Some(budget)) => b = b.budget(budget.clone()),
+                    Some(None) => b = b.no_budget(),
+                    None => {}
+                }
+                if let Some((cap, policy)) = s.retry_after_cap {
+                    b = b.retry_after_cap(cap, policy);
+                }
+                if let Some(wrapping) = s.error_wrapping {
+                    b = b.error_wrapping(wrapping);
+                }
+                if let Some(timeout) = s.attempt_timeout {
+                    b = b.attempt_timeout(timeout);
+                }
+                if let Some(hedging) = &s.hedging {
+                    b = b.hedging(hedging.clone());
+                }
+                s.apply_decision_and_observers(b).build().map(Some)
+            }
+        }
+    }
+}
+
+/// The stack as [`Resilience::assemble`] builds it for a builder.
+pub(super) struct Assembled {
+    /// The stages, one middleware.
+    pub(super) stack: Arc<dyn compose::StackMiddleware>,
+    /// The transport step as a middleware of its own, after the per-attempt ones.
+    pub(super) transport: Option<TransportEvidence>,
+    /// Seeded faults, innermost: after the transport step, where the network is.
+    #[cfg(feature = "chaos")]
+    pub(super) chaos: Option<crate::chaos::Chaos>,
+}
+
+/// What a composed stack needs to resume bodies (`crate::resume`).
+struct ResumeSetup {
+    by_default: bool,
+    client: Client,
+    transport: TransportEvidence,
+}
+
+impl ResumeSetup {
+    /// `composed`, able to resume bodies (when the client is known and the stack has a
+    /// retry stage, whose limit the resumes count against), by default or per request.
+    fn onto<T, L>(
+        setup: Option<Self>,
+        mut composed: compose::Composed<T, L>,
+    ) -> compose::Composed<T, L>
+    where
+        T: crate::stage::Stage + Clone + 'static,
+        L: crate::stage::Stage + Clone + 'static,
+    {
+        let (Some(setup), Some(retry)) = (setup, composed.retry.0.clone()) else {
+            return composed;
+        };
+        let stages = compose::ResumeStages {
+            observer: composed.observer.0.clone(),
+            retry: retry.clone(),
+            token_first: composed.token_first.clone(),
+            breaker: composed.breaker.clone(),
+            limit: composed.limit.clone(),
+            rate: composed.rate.clone(),
+            bearer: composed.bearer.clone(),
+            transport: setup.transport,
+            client: setup.client,
+        };
+        composed.resume = Some(crate::resume::Resumer {
+            by_default: setup.by_default,
+            retry,
+            stack: Arc::new(stages),
+        });
+        composed
+    }
+}
+
+/// The breaker as it runs outside `rate`: a learning rate limit applies the servers'
+/// rate-limit fields under its own bounds, and the breaker leaves them to it (one bound on
+/// how long they hold a caller: `crate::rate`, "How long a server's fields hold a caller").
+fn beside_rate_limit(
+    breaker: CircuitBreakerMiddleware,
+    rate: Option<&crate::rate::RateLimit>,
+) -> CircuitBreakerMiddleware {
+    match rate {
+        Some(rate) if rate.registry().config().learn => breaker.leaving_rate_limit_fields(),
+        _ => breaker,
+    }
+}
+
+fn build_breaker(
+    choice: BreakerChoice,
+    on_transition: Option<TransitionHook>,
+) -> Result<Option<CircuitBreakerMiddleware>, ResilienceError> {
+    let config = match choice {
+        // The hook is installed on a registry this builder makes.
+        BreakerChoice::Off | BreakerChoice::Registry(_) | BreakerChoice::Middleware(_)
+            if on_transition.is_some() =>
+        {
+            return Err(ResilienceError::InvalidStack(StackError::Conflict {
+                part: StackPart::Breaker,
+                setting: "on_breaker_transition",
+            }));
+        }
+        BreakerChoice::Off => return Ok(None),
+        BreakerChoice::Registry(registry) => {
+            return Ok(Some(CircuitBreakerMiddleware::new(registry)));
+        }
+        BreakerChoice::Middleware(breaker) => return Ok(Some(breaker)),
+        BreakerChoice::Default => BreakerConfig::default(),
+        BreakerChoice::Config(config) => config,
+    };
+    if config.half_open_probes == 0 {
+        return Err(ResilienceError::InvalidStack(StackError::NoHalfOpenProbes));
+    }
+    let registry = match on_transition {
+        Some(hook) => BreakerRegistry::with_listener(config, move |event| hook(event))?,
+        None => BreakerRegistry::new(config)?,
+    };
+    Ok(Some(CircuitBreakerMiddleware::new(registry)))
+}

@@ -1,4 +1,4 @@
-//! A graceful reload under load, on loopback: `cargo run --release --example reload_burst`
+//! A graceful reload under load, on loopback: `cargo bench --bench reload_burst` (figures in BENCHMARKS.md)
 //!
 //! A keep-alive HTTP/1.1 server on 127.0.0.1 answers every GET `200` after a few
 //! milliseconds. Twice during a burst of 300 GETs at concurrency 50 (after its 100th and

@@ -277,7 +277,8 @@ struct ShardMap {
     victims: Vec<(u64, Origin)>,
 }
 
-struct RestOfStack {
+/// What every clone of a [`BreakerRegistry`] shares: its config, shards and counts.
+struct RegistryState {
     config: BreakerConfig,
     // The origin of the entries' `last_used` stamps.
     epoch: Instant,
@@ -360,7 +361,7 @@ struct RestOfStack {
 /// ```
 #[derive(Clone)]
 pub struct BreakerRegistry {
-    inner: Arc<RestOfStack>,
+    inner: Arc<RegistryState>,
 }
 
 impl fmt::Debug for BreakerRegistry {
@@ -414,7 +415,7 @@ impl BreakerRegistry {
         let shards = (config.max_origins / 256).clamp(1, MAX_SHARDS);
         let shards = (0..shards).map(|_| RwLock::default()).collect();
         BreakerRegistry {
-            inner: Arc::new(RestOfStack {
+            inner: Arc::new(RegistryState {
                 config,
                 epoch: Instant::now(),
                 shards,

@@ -236,7 +236,8 @@ const OVERFLOW_LABEL: &str = "_overflow";
 
 type Shard = RwLock<OriginMap<Arc<Entry>>>;
 
-struct RestOfStack {
+/// What every clone of a [`LimiterRegistry`] shares: its config, shards and counts.
+struct RegistryState {
     config: LimiterConfig,
     shards: Box<[Shard]>,
     /// Origins with a limit of their own, in every shard: the bound is the registry's.
@@ -292,7 +293,7 @@ struct RestOfStack {
 /// ```
 #[derive(Clone)]
 pub struct LimiterRegistry {
-    inner: Arc<RestOfStack>,
+    inner: Arc<RegistryState>,
 }
 
 impl fmt::Debug for LimiterRegistry {
@@ -330,7 +331,7 @@ impl LimiterRegistry {
         let shards = (config.max_origins / 256).clamp(1, MAX_SHARDS);
         let overflow = Arc::new(Entry::new(None, &config));
         LimiterRegistry {
-            inner: Arc::new(RestOfStack {
+            inner: Arc::new(RegistryState {
                 shards: (0..shards).map(|_| RwLock::default()).collect(),
                 len: AtomicUsize::new(0),
                 overflow,

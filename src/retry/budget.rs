@@ -44,10 +44,11 @@ const SLOTS: usize = 10;
 /// same service.
 #[derive(Clone)]
 pub struct RetryBudget {
-    inner: Arc<RestOfStack>,
+    inner: Arc<BudgetState>,
 }
 
-struct RestOfStack {
+/// What every clone of a [`RetryBudget`] shares: its ratio, floor and window.
+struct BudgetState {
     ratio: f64,
     floor: u64,
     slot_len: Duration,
@@ -96,7 +97,7 @@ impl RetryBudget {
         }
         let floor = (u64::from(min_retries_per_sec) as f64 * window.as_secs_f64()) as u64;
         Ok(RetryBudget {
-            inner: Arc::new(RestOfStack {
+            inner: Arc::new(BudgetState {
                 ratio: retry_ratio,
                 floor,
                 slot_len: window / SLOTS as u32,

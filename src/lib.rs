@@ -141,11 +141,13 @@
 //!   `internal`, the logical call: the `client` spans per wire request come from
 //!   reqwest-tracing installed per attempt (see [`stack`]).
 //! - Feature `metrics`: the instruments listed in [`metrics`].
-//! - Before each retry's wait: [`Resilience::before_sleep`] (attempt, evidence, error or
-//!   status, reason, delay); with `tracing`, a `WARN` event with the error's text and its
-//!   `Caused by:` chain ([`Resilience::retry_event_level`] changes the level).
-//! - Without `tracing`: [`Resilience::on_attempt`] and
-//!   [`Resilience::on_breaker_transition`] hooks, e.g. to feed metrics.
+//! - Before each retry's wait: [`RetryMiddlewareBuilder::before_sleep`](retry::RetryMiddlewareBuilder::before_sleep)
+//!   (attempt, evidence, error or status, reason, delay); with `tracing`, a `WARN` event
+//!   with the error's text and its `Caused by:` chain
+//!   ([`RetryMiddlewareBuilder::retry_event_level`](retry::RetryMiddlewareBuilder::retry_event_level)
+//!   changes the level).
+//! - Without `tracing`: the [`Resilience::on_attempt`] hook and a breaker registry's
+//!   listener ([`BreakerRegistry::with_listener`]), e.g. to feed metrics.
 //!
 //! # Modules
 //!
@@ -210,7 +212,7 @@
 //! | `tracing` | spans and events (optional dependency `tracing`) |
 //! | `retry-policies` | `RetryMiddleware::new_with_policy` takes a `retry_policies::RetryPolicy`, for a one-line migration from reqwest-retry |
 //! | `oauth2` | `auth::OAuth2Source`: OAuth 2.0 client-credentials and refresh-token grants |
-//! | `astral` | every middleware and the composed stack also implement `astral-reqwest-middleware`'s `Middleware` (the fork uv, rattler and pixi use): [`Resilience::install_astral`], `build_astral`, `build_from_astral`, `into_middlewares_astral`, `per_attempt_astral`, [`ResilienceError::find_astral`]; additive (both traits in one build) |
+//! | `astral` | every middleware and the composed stack also implement `astral-reqwest-middleware`'s `Middleware` (the fork uv, rattler and pixi use): [`stack::astral::AstralResilience`] (`install_astral`, `build_astral`, `build_from_astral`, `into_middlewares_astral`, `per_attempt_astral`), [`ResilienceError::find_astral`]; additive (both traits in one build) |
 //! | `metrics` | per-attempt `http.client.request.duration` and counters for retries, stops, breakers, pauses, budget and tokens through the `metrics` facade (see [`metrics`]) |
 //! | `chaos` | `chaos::Chaos`: seeded fault injection on loopback sockets of its own (turns on reqwest's `http2`, tokio's `net` and `io-util`) |
 //!

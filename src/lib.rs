@@ -51,7 +51,7 @@
 //! limit ([`rate`], set by hand or learned from the servers' rate-limit fields) between
 //! the breaker and the concurrency limit ([`Resilience::rate_limit`]).
 //! Your own middleware goes around the stack ([`Resilience::install`]) or per attempt
-//! ([`Resilience::per_attempt`], [`Resilience::per_attempt_arc`]); see [`stack`]. For a
+//! ([`Resilience::per_attempt`]); see [`stack`]. For a
 //! client builder made later, [`Resilience::into_middleware`] is the whole stack as one
 //! middleware. Coming from reqwest-retry: [`Resilience::like_reqwest_retry`].
 //!

@@ -108,10 +108,9 @@ impl fmt::Display for StackError {
                  redirect policy and declares it, and a prebuilt client has its redirect \
                  policy from its own builder"
             ),
-            StackError::Conflict { part, setting } => write!(
-                f,
-                "`{setting}` cannot apply: the {part:?} part is removed"
-            ),
+            StackError::Conflict { part, setting } => {
+                write!(f, "`{setting}` cannot apply: the {part:?} part is removed")
+            }
             StackError::PerAttemptOtherTrait { builder } => write!(
                 f,
                 "a per-attempt middleware implements the other crate's Middleware trait than \

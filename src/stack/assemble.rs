@@ -41,8 +41,8 @@ impl Resilience {
             .rate_limit
             .map(crate::rate::RateChoice::build)
             .transpose()?;
-        let breaker = build_breaker(self.breaker)?
-            .map(|breaker| beside_rate_limit(breaker, rate.as_ref()));
+        let breaker =
+            build_breaker(self.breaker)?.map(|breaker| beside_rate_limit(breaker, rate.as_ref()));
 
         // One middleware for the stages, one boxed future per request; a user's
         // per-attempt middleware runs between `BearerAuth` and the transport step, which

@@ -63,8 +63,7 @@ pub trait AstralResilience: sealed::Sealed + Sized {
     /// requests over: [`resume_bodies`](Resilience::resume_bodies) is a
     /// [`StackError::ResumeWithoutClient`](crate::StackError::ResumeWithoutClient) here
     /// (take [`build_astral`](Self::build_astral)).
-    fn install_astral(self, builder: ClientBuilder)
-    -> Result<AstralStackBuilder, ResilienceError>;
+    fn install_astral(self, builder: ClientBuilder) -> Result<AstralStackBuilder, ResilienceError>;
 
     /// [`into_middlewares`](Resilience::into_middlewares) for the astral fork: the stages,
     /// the per-attempt middlewares and the transport step, for the fork's
@@ -101,10 +100,7 @@ impl AstralResilience for Resilience {
         self
     }
 
-    fn install_astral(
-        self,
-        builder: ClientBuilder,
-    ) -> Result<AstralStackBuilder, ResilienceError> {
+    fn install_astral(self, builder: ClientBuilder) -> Result<AstralStackBuilder, ResilienceError> {
         // The fork's builder does not hand out its client: no resumed bodies here.
         install_astral_over(self, builder, None)
     }

@@ -430,6 +430,7 @@ impl AdaptiveLimit {
     }
 
     /// Whether the limit is halved to re-measure the no-load latency.
+    #[cfg(test)]
     pub fn is_probing(&self) -> bool {
         self.probe.is_some()
     }

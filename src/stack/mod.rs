@@ -83,4 +83,4 @@ pub use builder::{
 };
 pub use install::{ResilienceMiddleware, StackBuilder};
 
-pub use crate::error::{StackError, StackPart};
+pub use crate::error::stack::{StackError, StackPart};

@@ -24,8 +24,9 @@ use crate::retry::{RetryMiddleware, RetryMiddlewareBuilder};
 
 /// Which retry middleware the stack installs.
 pub(super) enum RetryKind {
-    /// Built from this builder when the stack is built.
-    Builder(RetryMiddlewareBuilder),
+    /// Built from this builder when the stack is built (boxed: it is large, and the
+    /// other choices small).
+    Builder(Box<RetryMiddlewareBuilder>),
     Prebuilt(RetryMiddleware),
     Off,
 }
@@ -48,7 +49,7 @@ pub struct RetryChoice(pub(super) RetryKind);
 
 impl From<RetryMiddlewareBuilder> for RetryChoice {
     fn from(builder: RetryMiddlewareBuilder) -> Self {
-        RetryChoice(RetryKind::Builder(builder))
+        RetryChoice(RetryKind::Builder(Box::new(builder)))
     }
 }
 
@@ -283,7 +284,7 @@ impl Resilience {
     /// The full stack with the defaults (see the table above).
     pub fn new() -> Self {
         Resilience {
-            retry: RetryKind::Builder(RetryMiddleware::builder()),
+            retry: RetryKind::Builder(Box::new(RetryMiddleware::builder())),
             breaker: BreakerKind::Default,
             bearer: None,
             per_attempt: Vec::new(),

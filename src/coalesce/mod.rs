@@ -123,7 +123,7 @@
 //! // In the stack:
 //! let client = Resilience::new()
 //!     .coalesce_gets(CoalesceGets::new())
-//!     .build(reqwest::Client::new())?;
+//!     .build_from(reqwest::Client::builder())?;
 //! // Two clients of one service account (the same default headers) that share:
 //! let one = CoalesceGets::new().identity("service-account");
 //! let (a, b) = (one.clone(), one);

@@ -39,7 +39,7 @@
 //! # fn main() -> Result<(), reqwest_resilience::ResilienceError> {
 //! let client = Resilience::new()
 //!     .concurrency_limit(LimiterConfig::default()) // adaptive, fail fast
-//!     .build(reqwest::Client::new())?;
+//!     .build_from(reqwest::Client::builder())?;
 //! # drop(client); Ok(()) }
 //! ```
 //!

@@ -67,7 +67,7 @@
 //! # fn main() -> Result<(), reqwest_resilience::ResilienceError> {
 //! let client = Resilience::new()
 //!     .rate_limit(RateLimitConfig::default()) // learned from the servers
-//!     .build(reqwest::Client::new())?;
+//!     .build_from(reqwest::Client::builder())?;
 //! # drop(client); Ok(()) }
 //! ```
 //!

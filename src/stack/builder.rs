@@ -156,7 +156,7 @@ impl RetrySettings {
 ///     .on_attempt(|evidence, decision| {
 ///         eprintln!("attempt {} {:?} -> {:?}", evidence.attempt, evidence.transmission, decision);
 ///     })
-///     .build(reqwest::Client::new())?;
+///     .build_from(reqwest::Client::builder())?;
 /// # drop(client); Ok(()) }
 /// ```
 ///
@@ -310,7 +310,7 @@ impl Resilience {
     /// use reqwest_resilience::Resilience;
     ///
     /// # fn main() -> Result<(), reqwest_resilience::ResilienceError> {
-    /// let client = Resilience::new().resume_bodies(true).build(reqwest::Client::new())?;
+    /// let client = Resilience::new().resume_bodies(true).build_from(reqwest::Client::builder())?;
     /// // client.get(url).send().await?.bytes().await: one body, however often it broke.
     /// # drop(client); Ok(()) }
     /// ```
@@ -454,7 +454,7 @@ impl Resilience {
     /// # fn main() -> Result<(), reqwest_resilience::ResilienceError> {
     /// let client = Resilience::new()
     ///     .hedging(Hedging::adaptive(0.95))
-    ///     .build(reqwest::Client::new())?;
+    ///     .build_from(reqwest::Client::builder())?;
     /// # drop(client); Ok(()) }
     /// ```
     pub fn hedging(mut self, hedging: Hedging) -> Self {
@@ -530,7 +530,7 @@ impl Resilience {
     /// let stack = extra
     ///     .iter()
     ///     .fold(Resilience::new(), |stack, m| stack.per_attempt_arc(m.clone()));
-    /// let client = stack.build(reqwest::Client::new())?;
+    /// let client = stack.build_from(reqwest::Client::builder())?;
     /// # drop(client); let _ = TransportEvidence::new(); Ok(()) }
     /// ```
     pub fn per_attempt_arc(mut self, middleware: Arc<dyn Middleware>) -> Self {
@@ -590,7 +590,7 @@ impl Resilience {
     /// # fn main() -> Result<(), reqwest_resilience::ResilienceError> {
     /// let client = Resilience::new()
     ///     .concurrency_limit(LimiterConfig::default()) // adaptive, fail fast
-    ///     .build(reqwest::Client::new())?;
+    ///     .build_from(reqwest::Client::builder())?;
     /// # drop(client); Ok(()) }
     /// ```
     pub fn concurrency_limit(mut self, config: LimiterConfig) -> Self {
@@ -618,7 +618,7 @@ impl Resilience {
     /// # fn main() -> Result<(), reqwest_resilience::ResilienceError> {
     /// let client = Resilience::new()
     ///     .coalesce_gets(CoalesceGets::new().max_body(256 * 1024))
-    ///     .build(reqwest::Client::new())?;
+    ///     .build_from(reqwest::Client::builder())?;
     /// # drop(client); Ok(()) }
     /// ```
     pub fn coalesce_gets(mut self, coalesce: crate::coalesce::CoalesceGets) -> Self {
@@ -650,7 +650,7 @@ impl Resilience {
     /// # fn main() -> Result<(), reqwest_resilience::ResilienceError> {
     /// let client = Resilience::new()
     ///     .rate_limit(RateLimitConfig::default().rate(Rate::per_second(20)))
-    ///     .build(reqwest::Client::new())?;
+    ///     .build_from(reqwest::Client::builder())?;
     /// # drop(client); Ok(()) }
     /// ```
     pub fn rate_limit(mut self, config: crate::rate::RateLimitConfig) -> Self {

@@ -23,13 +23,9 @@
 //!
 //! # Place in the stack
 //!
-//! ```text
-//! Retry → CircuitBreaker → ConcurrencyLimit → BearerAuth → TransportEvidence
-//! ```
-//!
 //! Inside the breaker, so an open breaker rejects before a permit is taken; inside the
 //! retry, so a limit counts wire attempts (every retry takes a permit of its own), which
-//! is what loads the server. Off by default in [`Resilience`](crate::Resilience); one
+//! is what loads the server (the whole order: [`guide::stack`](crate::guide::stack)). Off by default in [`Resilience`](crate::Resilience); one
 //! call turns it on:
 //!
 //! ```

@@ -54,9 +54,8 @@
 //!
 //! # Place in the stack
 //!
-//! ```text
-//! Retry → CircuitBreaker → RateLimit → ConcurrencyLimit → BearerAuth → TransportEvidence
-//! ```
+//! Between the breaker and the concurrency limit (the whole order:
+//! [`guide::stack`](crate::guide::stack)).
 //!
 //! Off by default in [`Resilience`](crate::Resilience); one call turns it on:
 //!

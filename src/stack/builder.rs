@@ -110,28 +110,10 @@ impl RetrySettings {
     }
 }
 
-/// Builds the whole resilience stack on a `reqwest_middleware::ClientBuilder`:
-///
-/// ```text
-/// RetryMiddleware → CircuitBreakerMiddleware → BearerAuth → TransportEvidence → reqwest::Client
-/// ```
-///
-/// See the [module docs](crate::stack) for why this order and where your own middleware goes.
-///
-/// # Defaults (from the design)
-///
-/// | part | default |
-/// |---|---|
-/// | retry | 3 retries; backoff 1 s × 2 capped at 30 s with ±10 % jitter; `Retry-After` honoured up to 60 s (clamped); [`RetryBudget::default`] (20 % of requests, at least 10 retries/s); no deadline |
-/// | breaker | a new [`BreakerRegistry`] per built stack: open after 5 consecutive failures, 30 s open, 1 half-open probe, server pauses (`Retry-After`, rate-limit fields with nothing remaining) up to 60 s waited out |
-/// | bearer | none (it needs your [`TokenManager`](crate::TokenManager)) |
-/// | attempt timeout | none ([`attempt_timeout`](Self::attempt_timeout)) |
-/// | hedging | off ([`hedging`](Self::hedging)) |
-/// | transport | [`TransportEvidence`], always |
-/// | concurrency limit | off ([`concurrency_limit`](Self::concurrency_limit) turns it on) |
-/// | coalesced GETs | off ([`coalesce_gets`](Self::coalesce_gets) turns it on) |
-/// | rate limit | off ([`rate_limit`](Self::rate_limit) turns it on) |
-/// | hooks | none |
+/// Builds the whole resilience stack on a `reqwest_middleware::ClientBuilder`: the stages,
+/// their order and why in [`guide::stack`](crate::guide::stack), every default and where it
+/// comes from in [`guide::defaults`](crate::guide::defaults). A new [`BreakerRegistry`] per
+/// built stack unless one is given; [`TransportEvidence`] always.
 ///
 /// Each part can be replaced by a prebuilt one ([`retry`](Self::retry),
 /// [`breaker`](Self::breaker), [`breaker_middleware`](Self::breaker_middleware)) or
@@ -261,7 +243,7 @@ impl Resilience {
     /// [`Jitter::Bounded`](crate::Jitter::Bounded), every `5xx`, 408 and 429 retried for
     /// an idempotent request ([`AnyServerError`](crate::retry::AnyServerError)), no
     /// circuit breaker, no retry budget. What still differs from reqwest-retry, and why,
-    /// is README's "Coming from reqwest-retry" table: above all, a request that may have
+    /// is the table of [`guide::migration`](crate::guide::migration): above all, a request that may have
     /// been processed (a `POST` after a reset, a timeout or a `500`) is not sent again,
     /// while one proven unsent (a refused connect) is, whatever its method.
     ///

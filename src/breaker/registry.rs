@@ -569,9 +569,15 @@ impl BreakerRegistry {
     /// `origin`'s breaker; made when new, and then not stored (passing as if Closed) when
     /// every breaker of a full registry matters.
     fn entry(&self, origin: &Origin) -> Arc<Entry> {
-        if let Some(entry) = self.inner.breakers.get(origin) {
-            return entry;
-        }
+        let insert = || self.insert(origin);
+        self.inner.breakers.with(origin, Arc::clone, insert)
+    }
+
+    /// `origin`'s breaker when the registry has none: see [`entry`](Self::entry).
+    // Out of line: the success path (`entry`) stays small.
+    #[cold]
+    #[inline(never)]
+    fn insert(&self, origin: &Origin) -> Arc<Entry> {
         let (config, now) = (&self.inner.config, Instant::now());
         self.inner
             .breakers

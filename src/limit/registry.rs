@@ -502,12 +502,18 @@ impl LimiterRegistry {
     /// `origin`'s limit; made when new, or the shared overflow limit when every origin
     /// of a full registry is busy.
     fn entry(&self, origin: &Origin) -> Arc<Entry> {
-        let limits = &self.inner.limits;
-        if let Some(entry) = limits.get(origin) {
-            return entry;
-        }
+        let insert = || self.insert(origin);
+        self.inner.limits.with(origin, Arc::clone, insert)
+    }
+
+    /// `origin`'s limit when the registry has none: see [`entry`](Self::entry).
+    // Out of line: the success path (`entry`) stays small.
+    #[cold]
+    #[inline(never)]
+    fn insert(&self, origin: &Origin) -> Arc<Entry> {
         let config = &self.inner.config;
-        limits
+        self.inner
+            .limits
             .insert(origin, (), || Entry::new(Some(origin.clone()), config))
             .unwrap_or_else(|| self.inner.overflow.clone())
     }

@@ -365,13 +365,13 @@ impl RateLimitRegistry {
     /// known origin, so the common case clones no `Arc`.
     #[inline]
     fn with_entry<R>(&self, origin: &Origin, f: impl FnOnce(&Arc<Entry>) -> R) -> R {
-        match self.inner.rates.with(origin, f) {
-            Ok(r) => r,
-            Err(f) => f(&self.insert(origin)),
-        }
+        self.inner.rates.with(origin, f, || self.insert(origin))
     }
 
     /// `origin`'s entry, made (or the overflow's) when the registry has none.
+    // Out of line: the success path (`entry`) stays small.
+    #[cold]
+    #[inline(never)]
     fn insert(&self, origin: &Origin) -> Arc<Entry> {
         let (config, now) = (&self.inner.config, Instant::now());
         self.inner

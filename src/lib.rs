@@ -126,6 +126,7 @@ pub mod limit;
 pub mod metrics;
 pub mod misconfig;
 pub mod origin;
+mod origin_map;
 pub mod rate;
 pub mod ratelimit_fields;
 pub(crate) mod record;

@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use common::{FlakyServer, Reply};
 use reqwest_middleware::ClientBuilder;
+use reqwest_resilience::redirect::{self, ClientRedirects};
 use reqwest_resilience::{AccessToken, BearerAuth, Origin, TokenManager, TransportEvidence};
 
 #[tokio::main]
@@ -31,9 +32,16 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         .origin(Origin::parse(&server.url("/"))?)
         .allow_http_on_loopback() // plain http is refused unless opted in (loopback only here)
         .build()?;
-    let client = ClientBuilder::new(reqwest::Client::new())
+    // The client records its redirects and the transport step is told so: the whole
+    // decision table (see `reqwest_resilience::redirect`).
+    let recorded = reqwest::Client::builder()
+        .redirect(redirect::recorded(reqwest::redirect::Policy::default()))
+        .build()?;
+    let client = ClientBuilder::new(recorded)
         .with(auth)
-        .with(TransportEvidence::new())
+        .with(TransportEvidence::with_client_redirects(
+            ClientRedirects::Recorded,
+        ))
         .build();
 
     let response = client.get(server.url("/me")).send().await?;

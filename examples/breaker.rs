@@ -13,6 +13,7 @@ use std::time::Duration;
 use common::{FlakyServer, Reply};
 use reqwest_middleware::ClientBuilder;
 use reqwest_resilience::breaker::{BreakerConfig, BreakerRegistry, CircuitBreakerMiddleware};
+use reqwest_resilience::redirect::{self, ClientRedirects};
 use reqwest_resilience::{ResilienceError, TransportEvidence};
 
 #[tokio::main]
@@ -31,9 +32,16 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         BreakerConfig::default().open_duration(Duration::from_millis(200)),
         |event| println!("   [{}] {:?} → {:?}", event.origin, event.from, event.to),
     )?;
-    let client = ClientBuilder::new(reqwest::Client::new())
+    // The client records its redirects and the transport step is told so: the whole
+    // decision table (see `reqwest_resilience::redirect`).
+    let recorded = reqwest::Client::builder()
+        .redirect(redirect::recorded(reqwest::redirect::Policy::default()))
+        .build()?;
+    let client = ClientBuilder::new(recorded)
         .with(CircuitBreakerMiddleware::new(registry.clone()))
-        .with(TransportEvidence::new())
+        .with(TransportEvidence::with_client_redirects(
+            ClientRedirects::Recorded,
+        ))
         .build();
 
     for n in 1..=6 {

@@ -11,6 +11,7 @@ use std::time::Duration;
 use common::{FlakyServer, Reply};
 use http::Extensions;
 use reqwest_middleware::ClientBuilder;
+use reqwest_resilience::redirect::{self, ClientRedirects};
 use reqwest_resilience::retry::{Idempotent, RetryOutcome};
 use reqwest_resilience::{
     AttemptDecision, AttemptHistory, Backoff, RetryMiddleware, TransportEvidence,
@@ -31,9 +32,16 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         .max_retries(3)
         .backoff(Backoff::builder().base(Duration::from_millis(20)).build()?)
         .build()?;
-    let client = ClientBuilder::new(reqwest::Client::new())
+    // The client records its redirects and the transport step is told so: the whole
+    // decision table (see `reqwest_resilience::redirect`).
+    let recorded = reqwest::Client::builder()
+        .redirect(redirect::recorded(reqwest::redirect::Policy::default()))
+        .build()?;
+    let client = ClientBuilder::new(recorded)
         .with(retry)
-        .with(TransportEvidence::new())
+        .with(TransportEvidence::with_client_redirects(
+            ClientRedirects::Recorded,
+        ))
         .build();
 
     let cases = [

@@ -241,7 +241,7 @@ async fn retry_after(tour: &mut Tour) -> Result<(), BoxError> {
         }
     })
     .await?;
-    let client = demo_stack()?.build(reqwest::Client::new())?;
+    let client = demo_stack()?.build_from(reqwest::Client::builder())?;
     let (result, history) =
         send(&client, client.get(server.url("/data")), Extensions::new()).await?;
     print_history(&history);
@@ -263,7 +263,9 @@ async fn retry_after(tour: &mut Tour) -> Result<(), BoxError> {
 async fn post_not_retried(tour: &mut Tour) -> Result<(), BoxError> {
     println!("\n3. A POST correctly not retried (the server reads it, then hangs up)");
     let server = FlakyServer::start(|_, _| Reply::HangUp).await?;
-    let client = demo_stack()?.no_breaker().build(reqwest::Client::new())?;
+    let client = demo_stack()?
+        .no_breaker()
+        .build_from(reqwest::Client::builder())?;
     let (result, history) = send(
         &client,
         client
@@ -322,7 +324,7 @@ async fn breaker(tour: &mut Tour) -> Result<(), BoxError> {
     )?;
     let client = demo_stack()?
         .breaker(registry.clone())
-        .build(reqwest::Client::new())?;
+        .build_from(reqwest::Client::builder())?;
     let no_retry = || {
         let mut e = Extensions::new();
         e.insert(MaxRetries(0)); // one attempt each, to count the breaker's failures
@@ -387,10 +389,10 @@ async fn shared_pause(tour: &mut Tour) -> Result<(), BoxError> {
     let registry = BreakerRegistry::new(BreakerConfig::default())?;
     let client_a = demo_stack()?
         .breaker(registry.clone())
-        .build(reqwest::Client::new())?;
+        .build_from(reqwest::Client::builder())?;
     let client_b = demo_stack()?
         .breaker(registry.clone())
-        .build(reqwest::Client::new())?;
+        .build_from(reqwest::Client::builder())?;
     let mut once = Extensions::new();
     once.insert(MaxRetries(0));
     let (result, _) = send(&client_a, client_a.get(server.url("/a")), once).await?;
@@ -461,7 +463,7 @@ async fn token_storm(tour: &mut Tour) -> Result<(), BoxError> {
     let fetches = Arc::new(AtomicUsize::new(0));
     let client = demo_stack()?
         .bearer(bearer_for(&server, counting_tokens(fetches.clone()))?)
-        .build(reqwest::Client::new())?;
+        .build_from(reqwest::Client::builder())?;
     let outcomes = run_concurrently(&client, &server.url("/me"), 50).await?;
     let ok = outcomes.iter().filter(|o| *o == "200").count();
     println!(
@@ -492,7 +494,7 @@ async fn healed_401(tour: &mut Tour) -> Result<(), BoxError> {
     let client = demo_stack()?
         .breaker(registry.clone())
         .bearer(bearer_for(&server, tokens)?)
-        .build(reqwest::Client::new())?;
+        .build_from(reqwest::Client::builder())?;
     let outcomes = run_concurrently(&client, &server.url("/me"), 20).await?;
     let ok = outcomes.iter().filter(|o| *o == "200").count();
     let origin = Origin::parse(&server.url("/"))?;
@@ -535,7 +537,7 @@ async fn budget(tour: &mut Tour) -> Result<(), BoxError> {
         } else {
             stack.retry(demo_retry()?.no_budget())
         };
-        let client = stack.build(reqwest::Client::new())?;
+        let client = stack.build_from(reqwest::Client::builder())?;
         run_concurrently(&client, &server.url("/report"), 50).await?;
         println!(
             "   {}: the server received {} requests",
@@ -609,7 +611,7 @@ async fn metrics_scene(tour: &mut Tour) -> Result<(), BoxError> {
         }
     })
     .await?;
-    let client = demo_stack()?.build(reqwest::Client::new())?;
+    let client = demo_stack()?.build_from(reqwest::Client::builder())?;
     client.get(server.url("/m")).send().await?;
     let (mut attempts, mut retries) = (0, 0);
     let mut lines = Vec::new();
@@ -678,7 +680,7 @@ async fn overload(tour: &mut Tour) -> Result<(), BoxError> {
             LimiterRegistry::new(LimiterConfig::fixed(4).queue(queue, Duration::from_secs(1)))?;
         let client = demo_stack()?
             .concurrency_limit(limits.clone())
-            .build(reqwest::Client::new())?;
+            .build_from(reqwest::Client::builder())?;
         let mut tasks = tokio::task::JoinSet::new();
         for _ in 0..12 {
             let (client, url) = (client.clone(), server.url("/work"));
@@ -742,7 +744,7 @@ async fn hedging(tour: &mut Tour) -> Result<(), BoxError> {
     .await?;
     let client = demo_stack()?
         .retry(demo_retry()?.hedging(Hedging::fixed(Duration::from_millis(100))))
-        .build(reqwest::Client::new())?;
+        .build_from(reqwest::Client::builder())?;
     let t0 = Instant::now();
     let (result, history) = send(
         &client,
@@ -779,7 +781,7 @@ async fn attempt_timeout(tour: &mut Tour) -> Result<(), BoxError> {
     let client = demo_stack()?
         .no_breaker()
         .retry(demo_retry()?.attempt_timeout(Duration::from_millis(200)))
-        .build(reqwest::Client::new())?;
+        .build_from(reqwest::Client::builder())?;
     let (_, history) = send(&client, client.get(server.url("/slow")), Extensions::new()).await?;
     print_history(&history);
     let at_server = server.requests();
@@ -832,7 +834,7 @@ async fn hedging_safe_methods(tour: &mut Tour) -> Result<(), BoxError> {
     .await?;
     let client = demo_stack()?
         .retry(demo_retry()?.hedging(Hedging::fixed(Duration::from_millis(50))))
-        .build(reqwest::Client::new())?;
+        .build_from(reqwest::Client::builder())?;
     let keyed = client
         .post(server.url("/payments"))
         .header("idempotency-key", "order-7")
@@ -920,7 +922,7 @@ async fn coalesced_gets(tour: &mut Tour) -> Result<(), BoxError> {
     .await?;
     let client = demo_stack()?
         .coalesce_gets(CoalesceGets::new())
-        .build(reqwest::Client::new())?;
+        .build_from(reqwest::Client::builder())?;
     let url = server.url("/catalogue");
     let calls = (0..100).map(|_| {
         let (client, url) = (client.clone(), url.clone());
@@ -978,7 +980,7 @@ async fn slow_call_trip(tour: &mut Tour) -> Result<(), BoxError> {
     let client = Resilience::new()
         .no_retry()
         .breaker(registry.clone())
-        .build(reqwest::Client::new())?;
+        .build_from(reqwest::Client::builder())?;
     let url = server.url("/report");
     for _ in 0..4 {
         client.get(&url).send().await?;
@@ -1026,7 +1028,7 @@ async fn chaos_scene(tour: &mut Tour) -> Result<(), BoxError> {
     let client = demo_stack()?
         .no_breaker()
         .chaos(chaos.clone())
-        .build(reqwest::Client::new())?;
+        .build_from(reqwest::Client::builder())?;
     let (mut ok, mut failed_attempts) = (0, 0);
     for _ in 0..20 {
         let (result, history) =
@@ -1078,10 +1080,10 @@ async fn rate_limit_fields(tour: &mut Tour) -> Result<(), BoxError> {
     let registry = BreakerRegistry::new(BreakerConfig::default())?;
     let a = demo_stack()?
         .breaker(registry.clone())
-        .build(reqwest::Client::new())?;
+        .build_from(reqwest::Client::builder())?;
     let b = demo_stack()?
         .breaker(registry.clone())
-        .build(reqwest::Client::new())?;
+        .build_from(reqwest::Client::builder())?;
     a.get(server.url("/quota")).send().await?;
     let paused = registry.snapshot()[0].paused_for;
     let t0 = Instant::now();
@@ -1118,7 +1120,7 @@ async fn rate_limit_fields(tour: &mut Tour) -> Result<(), BoxError> {
     let client = Resilience::new()
         .no_retry()
         .rate_limit(RateLimitConfig::default())
-        .build(reqwest::Client::new())?;
+        .build_from(reqwest::Client::builder())?;
     let t0 = Instant::now();
     let mut tasks = tokio::task::JoinSet::new();
     for _ in 0..20 {
@@ -1225,7 +1227,7 @@ async fn resumed_download(tour: &mut Tour) -> Result<(), BoxError> {
     .await?;
     let client = demo_stack()?
         .resume_bodies(true)
-        .build(reqwest::Client::new())?;
+        .build_from(reqwest::Client::builder())?;
     let body = client
         .get(server.url("/dist/wheel.whl"))
         .send()

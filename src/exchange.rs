@@ -16,7 +16,7 @@
 //! use reqwest_resilience::{Resilience, SendWithHistory};
 //! use reqwest_resilience::retry::Deadline;
 //!
-//! let client = Resilience::new().build(reqwest::Client::new())?;
+//! let client = Resilience::new().build_from(reqwest::Client::builder())?;
 //! let exchange = client
 //!     .get("http://127.0.0.1:8080/simple/")
 //!     .with_extension(Deadline::after(Duration::from_secs(10)))

@@ -51,7 +51,8 @@ use crate::token::AccessToken;
 /// ```
 /// use std::time::Duration;
 /// use reqwest_middleware::ClientBuilder;
-/// use reqwest_resilience::{AccessToken, BearerAuth, Origin, TokenManager};
+/// use reqwest_resilience::{AccessToken, BearerAuth, Origin, TokenManager, TransportEvidence};
+/// use reqwest_resilience::redirect::{self, ClientRedirects};
 ///
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// let tokens = TokenManager::new(|| async {
@@ -60,7 +61,11 @@ use crate::token::AccessToken;
 /// let auth = BearerAuth::builder(tokens)
 ///     .origin(Origin::parse("https://api.example.com")?)
 ///     .build()?;
-/// let client = ClientBuilder::new(reqwest::Client::new()).with(auth).build();
+/// let recorded = redirect::recorded(reqwest::redirect::Policy::default()); // every hop seen
+/// let client = ClientBuilder::new(reqwest::Client::builder().redirect(recorded).build()?)
+///     .with(auth)
+///     .with(TransportEvidence::with_client_redirects(ClientRedirects::Recorded))
+///     .build();
 /// # drop(client);
 /// # Ok(()) }
 /// ```

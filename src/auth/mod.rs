@@ -18,7 +18,8 @@
 //! ```
 //! use std::time::Duration;
 //! use reqwest_middleware::ClientBuilder;
-//! use reqwest_resilience::{AccessToken, BearerAuth, Origin, TokenManager};
+//! use reqwest_resilience::{AccessToken, BearerAuth, Origin, TokenManager, TransportEvidence};
+//! use reqwest_resilience::redirect::{self, ClientRedirects};
 //!
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let tokens = TokenManager::builder(|| async {
@@ -28,12 +29,14 @@
 //! .fetch_timeout(Duration::from_secs(10))
 //! .build();
 //!
-//! let client = ClientBuilder::new(reqwest::Client::new())
+//! let recorded = redirect::recorded(reqwest::redirect::Policy::default()); // every hop seen
+//! let client = ClientBuilder::new(reqwest::Client::builder().redirect(recorded).build()?)
 //!     .with(
 //!         BearerAuth::builder(tokens.clone())
 //!             .origin(Origin::parse("https://api.example.com")?)
 //!             .build()?,
 //!     )
+//!     .with(TransportEvidence::with_client_redirects(ClientRedirects::Recorded))
 //!     .build();
 //! # drop(client);
 //! # Ok(()) }

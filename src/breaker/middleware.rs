@@ -101,13 +101,15 @@ use crate::stage::CutAt;
 /// use reqwest_middleware::ClientBuilder;
 /// use reqwest_resilience::TransportEvidence;
 /// use reqwest_resilience::breaker::{BreakerConfig, BreakerRegistry, CircuitBreakerMiddleware};
+/// use reqwest_resilience::redirect::{self, ClientRedirects};
 ///
-/// # fn main() -> Result<(), reqwest_resilience::ResilienceError> {
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// let registry = BreakerRegistry::new(BreakerConfig::default())?;
 /// // Clients built with clones of one registry share their breakers.
-/// let client = ClientBuilder::new(reqwest::Client::new())
+/// let recorded = redirect::recorded(reqwest::redirect::Policy::default()); // every hop seen
+/// let client = ClientBuilder::new(reqwest::Client::builder().redirect(recorded).build()?)
 ///     .with(CircuitBreakerMiddleware::new(registry.clone()))
-///     .with(TransportEvidence::new())
+///     .with(TransportEvidence::with_client_redirects(ClientRedirects::Recorded))
 ///     .build();
 /// # drop(client); Ok(()) }
 /// ```

@@ -83,17 +83,19 @@
 //! use reqwest_resilience::breaker::{
 //!     BreakerConfig, BreakerRegistry, CircuitBreakerMiddleware, TripPolicy,
 //! };
+//! use reqwest_resilience::redirect::{self, ClientRedirects};
 //!
-//! # fn main() -> Result<(), reqwest_resilience::ResilienceError> {
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let registry = BreakerRegistry::with_listener(
 //!     BreakerConfig::default()
 //!         .policy(TripPolicy::failure_ratio(0.5, Duration::from_secs(30), 20))
 //!         .open_duration(Duration::from_secs(10)),
 //!     |event| eprintln!("{} {:?} -> {:?}", event.origin, event.from, event.to),
 //! )?;
-//! let client = ClientBuilder::new(reqwest::Client::new())
+//! let recorded = redirect::recorded(reqwest::redirect::Policy::default()); // every hop seen
+//! let client = ClientBuilder::new(reqwest::Client::builder().redirect(recorded).build()?)
 //!     .with(CircuitBreakerMiddleware::new(registry.clone()))
-//!     .with(TransportEvidence::new())
+//!     .with(TransportEvidence::with_client_redirects(ClientRedirects::Recorded))
 //!     .build();
 //! for breaker in registry.snapshot() {
 //!     println!("{} {:?} for {:?}", breaker.origin, breaker.state, breaker.time_in_state);

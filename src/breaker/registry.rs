@@ -1,11 +1,11 @@
 //! [`BreakerRegistry`]: one breaker per [`Origin`], shared by every client handed the same
 //! registry.
 
-use crate::sync::{lock, read, write};
+use crate::sync::lock;
 use std::fmt;
 use std::ops::{Deref, DerefMut};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering, fence};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -14,9 +14,8 @@ use super::config::BreakerConfig;
 use super::policy::Outcome;
 use super::state::{Breaker, LOSS_BITS, Ticket, Transition, TripCause};
 use crate::error::{BreakerState, RejectReason, ResilienceError};
-use crate::origin::{Origin, OriginMap};
-
-const MAX_SHARDS: usize = 16;
+use crate::origin::Origin;
+use crate::origin_map::{BoundedOriginMap, Evict};
 
 type Listener = Arc<dyn Fn(&BreakerEvent) + Send + Sync>;
 
@@ -236,6 +235,19 @@ impl Entry {
     }
 }
 
+/// The map forgets a breaker only when [`Breaker::is_evictable`] (Closed, or Open with its
+/// period over, not paused), ordered by its last use, locked and lock-free.
+impl Evict for Entry {
+    type Stamp = u64;
+    /// The time, and the registry's `epoch` (the origin of the stamps).
+    type Now = (Instant, Instant);
+
+    fn idle_since(&self, (now, epoch): (Instant, Instant)) -> Option<u64> {
+        let b = self.breaker.try_lock().ok()?;
+        b.is_evictable(now).then(|| self.last_used(&b, epoch))
+    }
+}
+
 /// An [`Entry`]'s breaker, locked. Dropped (also when unwinding), it republishes the
 /// breaker's [`fast_word`] before the mutex is let go.
 struct Locked<'a> {
@@ -267,24 +279,12 @@ impl Drop for Locked<'_> {
     }
 }
 
-type Shard = RwLock<ShardMap>;
-
-#[derive(Default)]
-struct ShardMap {
-    map: OriginMap<Arc<Entry>>,
-    // The next breakers to forget, oldest last, with their `last_used` when chosen: one
-    // scan of the shard finds an eighth of it, so finding a victim is amortised O(1).
-    victims: Vec<(u64, Origin)>,
-}
-
-/// What every clone of a [`BreakerRegistry`] shares: its config, shards and counts.
+/// What every clone of a [`BreakerRegistry`] shares: its config and breakers.
 struct RegistryState {
     config: BreakerConfig,
     // The origin of the entries' `last_used` stamps.
     epoch: Instant,
-    shards: Box<[Shard]>,
-    len: AtomicUsize,
-    overflowed: AtomicU64,
+    breakers: BoundedOriginMap<Entry>,
     listener: Option<Listener>,
 }
 
@@ -410,17 +410,11 @@ impl BreakerRegistry {
     }
 
     fn build(config: BreakerConfig, listener: Option<Listener>) -> Self {
-        // Shards of a few hundred origins at least, so a shard rarely runs out of
-        // breakers it can forget while another has plenty.
-        let shards = (config.max_origins / 256).clamp(1, MAX_SHARDS);
-        let shards = (0..shards).map(|_| RwLock::default()).collect();
         BreakerRegistry {
             inner: Arc::new(RegistryState {
+                breakers: BoundedOriginMap::new(config.max_origins),
                 config,
                 epoch: Instant::now(),
-                shards,
-                len: AtomicUsize::new(0),
-                overflowed: AtomicU64::new(0),
                 listener,
             }),
         }
@@ -515,40 +509,33 @@ impl BreakerRegistry {
     /// Every tracked breaker, sorted by origin.
     pub fn snapshot(&self) -> Vec<BreakerSnapshot> {
         let now = Instant::now();
-        let mut out = Vec::with_capacity(self.len());
-        for shard in self.inner.shards.iter() {
-            let entries: Vec<(Origin, Arc<Entry>)> = read(shard)
-                .map
-                .iter()
-                .map(|(o, e)| (o.clone(), e.clone()))
-                .collect();
-            for (origin, entry) in entries {
-                let b = lock(&entry.breaker);
-                let state = effective_state(&b, now);
-                let (window_attempts, window_failures) = b.window_counts(&self.inner.config, now);
-                let (slow_window_calls, slow_window_slow) =
-                    b.slow_call_counts(&self.inner.config, now);
-                let since = if state == b.state() {
-                    b.since()
-                } else {
-                    b.open_until()
-                };
-                out.push(BreakerSnapshot {
-                    origin,
-                    state,
-                    time_in_state: now.saturating_duration_since(since),
-                    consecutive_failures: b.consecutive_failures(),
-                    window_attempts,
-                    window_failures,
-                    slow_window_calls,
-                    slow_window_slow,
-                    trips: b.trips(),
-                    probes_in_flight: b.probes_in_flight(),
-                    rejections: b.rejections(),
-                    probe_in: (state == BreakerState::Open).then(|| b.open_until() - now),
-                    paused_for: b.paused_until().filter(|&p| p > now).map(|p| p - now),
-                });
-            }
+        let entries = self.inner.breakers.entries();
+        let mut out = Vec::with_capacity(entries.len());
+        for (origin, entry) in entries {
+            let b = lock(&entry.breaker);
+            let state = effective_state(&b, now);
+            let (window_attempts, window_failures) = b.window_counts(&self.inner.config, now);
+            let (slow_window_calls, slow_window_slow) = b.slow_call_counts(&self.inner.config, now);
+            let since = if state == b.state() {
+                b.since()
+            } else {
+                b.open_until()
+            };
+            out.push(BreakerSnapshot {
+                origin,
+                state,
+                time_in_state: now.saturating_duration_since(since),
+                consecutive_failures: b.consecutive_failures(),
+                window_attempts,
+                window_failures,
+                slow_window_calls,
+                slow_window_slow,
+                trips: b.trips(),
+                probes_in_flight: b.probes_in_flight(),
+                rejections: b.rejections(),
+                probe_in: (state == BreakerState::Open).then(|| b.open_until() - now),
+                paused_for: b.paused_until().filter(|&p| p > now).map(|p| p - now),
+            });
         }
         out.sort_by(|a, b| a.origin.cmp(&b.origin));
         out
@@ -556,7 +543,7 @@ impl BreakerRegistry {
 
     /// The number of origins tracked.
     pub fn len(&self) -> usize {
-        self.inner.len.load(Ordering::Relaxed)
+        self.inner.breakers.len()
     }
 
     /// Whether no origin is tracked.
@@ -567,7 +554,7 @@ impl BreakerRegistry {
     /// How many times a new origin found its shard full of breakers that could not be
     /// forgotten, and was served by an untracked breaker.
     pub fn overflowed(&self) -> u64 {
-        self.inner.overflowed.load(Ordering::Relaxed)
+        self.inner.breakers.overflowed()
     }
 
     /// A pause clamped to [`BreakerConfig::max_pause`]; `None` when nothing is left of it.
@@ -575,62 +562,27 @@ impl BreakerRegistry {
         Some(pause.min(self.inner.config.max_pause)).filter(|p| !p.is_zero())
     }
 
-    fn shard_index(&self, origin: &Origin) -> usize {
-        // The origin's keyed hash, computed once with it; its high half, because the map
-        // inside the shard places entries by the low bits of the same hash.
-        ((origin.keyed_hash() >> 32) % self.inner.shards.len() as u64) as usize
-    }
-
     fn peek(&self, origin: &Origin) -> Option<Arc<Entry>> {
-        read(&self.inner.shards[self.shard_index(origin)])
-            .map
-            .get(origin)
-            .cloned()
+        self.inner.breakers.get(origin)
     }
 
+    /// `origin`'s breaker; made when new, and then not stored (passing as if Closed) when
+    /// every breaker of a full registry matters.
     fn entry(&self, origin: &Origin) -> Arc<Entry> {
-        let index = self.shard_index(origin);
-        let shard = &self.inner.shards[index];
-        if let Some(e) = read(shard).map.get(origin) {
-            return e.clone();
-        }
-        let now = Instant::now();
-        let mut sm = write(shard);
-        if let Some(e) = sm.map.get(origin) {
-            return e.clone();
-        }
-        let max = self.inner.config.max_origins;
-        // Reserving the slot in the global count keeps the bound exact under races.
-        let room = self
-            .inner
-            .len
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |l| {
-                (l < max).then_some(l + 1)
-            })
-            .is_ok()
-            || evict_one(&mut sm, now, self.inner.epoch)
-            || self.evict_elsewhere(index, now);
-        let entry = Arc::new(Entry::new(&self.inner.config, now));
-        if room {
-            sm.map.insert(origin.clone(), entry.clone());
-        } else {
-            self.inner.overflowed.fetch_add(1, Ordering::Relaxed);
-        }
-        entry
+        let insert = || self.insert(origin);
+        self.inner.breakers.with(origin, Arc::clone, insert)
     }
 
-    /// Frees a slot in another shard when this one holds nothing to forget. `try_write`
-    /// only: waiting for a second shard while holding one could deadlock.
-    fn evict_elsewhere(&self, skip: usize, now: Instant) -> bool {
+    /// `origin`'s breaker when the registry has none: see [`entry`](Self::entry).
+    // Out of line: the success path (`entry`) stays small.
+    #[cold]
+    #[inline(never)]
+    fn insert(&self, origin: &Origin) -> Arc<Entry> {
+        let (config, now) = (&self.inner.config, Instant::now());
         self.inner
-            .shards
-            .iter()
-            .enumerate()
-            .filter(|&(i, _)| i != skip)
-            .any(|(_, shard)| match shard.try_write() {
-                Ok(mut sm) => evict_one(&mut sm, now, self.inner.epoch),
-                Err(_) => false,
-            })
+            .breakers
+            .insert(origin, (now, self.inner.epoch), || Entry::new(config, now))
+            .unwrap_or_else(|| Arc::new(Entry::new(config, now)))
     }
 
     fn emit(&self, origin: &Origin, transition: Option<Transition>) {
@@ -659,11 +611,7 @@ impl BreakerRegistry {
 
     #[cfg(test)]
     fn map_capacity(&self) -> usize {
-        self.inner
-            .shards
-            .iter()
-            .map(|s| read(s).map.capacity())
-            .sum()
+        self.inner.breakers.capacity()
     }
 }
 
@@ -772,60 +720,6 @@ fn effective_state(b: &Breaker, now: Instant) -> BreakerState {
     } else {
         b.state()
     }
-}
-
-/// Whether nothing depends on `entry` at `now`: no request holds it (our write lock keeps
-/// new clones out, so one holder is the map) and its breaker may be forgotten. Returns
-/// its last use.
-fn evictable(entry: &Arc<Entry>, now: Instant, epoch: Instant) -> Option<u64> {
-    if Arc::strong_count(entry) != 1 {
-        return None;
-    }
-    // Pairs with the release decrement of the last permit's `Arc`: that permit's
-    // `last_used` store, made before it, is seen below.
-    fence(Ordering::Acquire);
-    let b = entry.breaker.try_lock().ok()?;
-    b.is_evictable(now).then(|| entry.last_used(&b, epoch))
-}
-
-/// Forgets the least recently used breaker of the shard that nothing depends on.
-fn evict_one(sm: &mut ShardMap, now: Instant, epoch: Instant) -> bool {
-    let mut refilled = false;
-    loop {
-        let Some((seen, origin)) = sm.victims.pop() else {
-            if refilled {
-                return false;
-            }
-            refill_victims(sm, now, epoch);
-            refilled = true;
-            continue;
-        };
-        let gone = match sm.map.get(&origin) {
-            // Used since it was chosen: no longer among the least recently used.
-            Some(entry) => evictable(entry, now, epoch).is_some_and(|last| last <= seen),
-            None => false,
-        };
-        if gone {
-            sm.map.remove(&origin);
-            return true;
-        }
-    }
-}
-
-fn refill_victims(sm: &mut ShardMap, now: Instant, epoch: Instant) {
-    let target = (sm.map.len() / 8).max(1);
-    let mut candidates: Vec<(u64, Origin)> = sm
-        .map
-        .iter()
-        .filter_map(|(origin, entry)| Some((evictable(entry, now, epoch)?, origin.clone())))
-        .collect();
-    if candidates.len() > target {
-        candidates.select_nth_unstable_by_key(target, |c| c.0);
-        candidates.truncate(target);
-    }
-    // Oldest last, for `pop`.
-    candidates.sort_unstable_by_key(|c| std::cmp::Reverse(c.0));
-    sm.victims = candidates;
 }
 
 #[cfg_attr(not(feature = "tracing"), allow(unused_variables))]

@@ -67,7 +67,7 @@
 //!     .fault(Fault::Unavailable, 0.10)
 //!     .latency(0.2, Duration::from_millis(50), Duration::from_millis(200))
 //!     .build()?;
-//! let client = Resilience::new().chaos(chaos).build(reqwest::Client::new())?;
+//! let client = Resilience::new().chaos(chaos).build_from(reqwest::Client::builder())?;
 //! # drop(client); Ok(()) }
 //! ```
 //!

@@ -80,11 +80,8 @@
 //!
 //! # Where it sits in the stack
 //!
-//! Outermost in [`Resilience`](crate::Resilience), outside the retry:
-//!
-//! ```text
-//! CoalesceGets → Retry → CircuitBreaker → [ConcurrencyLimit] → BearerAuth → TransportEvidence
-//! ```
+//! Outermost in [`Resilience`](crate::Resilience), outside the retry (the whole order:
+//! [`guide::stack`](crate::guide::stack)).
 //!
 //! The shared request is one logical request: it is retried, admitted by the breaker and
 //! the limiter, and counted by them, once for all its callers (inside them, each caller
@@ -118,19 +115,21 @@
 //! use reqwest_middleware::ClientBuilder;
 //! use reqwest_resilience::coalesce::CoalesceGets;
 //! use reqwest_resilience::{Resilience, TransportEvidence};
+//! use reqwest_resilience::redirect::{self, ClientRedirects};
 //!
-//! # fn main() -> Result<(), reqwest_resilience::ResilienceError> {
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! // In the stack:
 //! let client = Resilience::new()
 //!     .coalesce_gets(CoalesceGets::new())
-//!     .build(reqwest::Client::new())?;
+//!     .build_from(reqwest::Client::builder())?;
 //! // Two clients of one service account (the same default headers) that share:
 //! let one = CoalesceGets::new().identity("service-account");
 //! let (a, b) = (one.clone(), one);
 //! // Alone:
-//! let alone = ClientBuilder::new(reqwest::Client::new())
+//! let recorded = redirect::recorded(reqwest::redirect::Policy::default()); // every hop seen
+//! let alone = ClientBuilder::new(reqwest::Client::builder().redirect(recorded).build()?)
 //!     .with(CoalesceGets::new())
-//!     .with(TransportEvidence::new())
+//!     .with(TransportEvidence::with_client_redirects(ClientRedirects::Recorded))
 //!     .build();
 //! # drop((client, alone, a, b)); Ok(()) }
 //! ```

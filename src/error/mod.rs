@@ -41,7 +41,7 @@ use crate::origin::Origin;
 /// use reqwest_resilience::{Resilience, ResilienceError};
 ///
 /// # async fn run() -> Result<(), ResilienceError> {
-/// let client = Resilience::new().build(reqwest::Client::new())?;
+/// let client = Resilience::new().build_from(reqwest::Client::builder())?;
 /// match client.get("http://127.0.0.1:8080/items").send().await {
 ///     Ok(response) => println!("{}", response.status()),
 ///     // reqwest's own answers, as without the stack.

@@ -53,11 +53,14 @@ use crate::stage::{Handover, RestOfStack, Stage, standalone_middleware};
 /// ```
 /// use reqwest_middleware::ClientBuilder;
 /// use reqwest_resilience::TransportEvidence;
+/// use reqwest_resilience::redirect::{self, ClientRedirects};
 ///
-/// let client = ClientBuilder::new(reqwest::Client::new())
-///     .with(TransportEvidence::new())
+/// # fn main() -> Result<(), reqwest::Error> {
+/// let recorded = redirect::recorded(reqwest::redirect::Policy::default()); // every hop seen
+/// let client = ClientBuilder::new(reqwest::Client::builder().redirect(recorded).build()?)
+///     .with(TransportEvidence::with_client_redirects(ClientRedirects::Recorded))
 ///     .build();
-/// # drop(client);
+/// # drop(client); Ok(()) }
 /// ```
 #[derive(Debug, Clone, Default)]
 pub struct TransportEvidence {

@@ -19,7 +19,7 @@ use tokio::time::Instant;
 ///   attempt admitted in a stretch of time while none of ours waited at the server. A
 ///   minimum makes a mix look like queueing: an origin answering in 5 ms or 50 ms at
 ///   random, independently of load, has a window mean 5.5 times its fastest answer, and
-///   the limit collapsed to its floor (issue 21). Against a mean, a window is slower only
+///   against a minimum the limit falls to its floor. Against a mean, a window is slower only
 ///   when answers wait longer, which is what queueing does, whatever the mix. The mean
 ///   counts every attempt *admitted* in its stretch, slow and fast, waiting for the slow
 ///   ones after it: the first answers after any instant are the fast ones.

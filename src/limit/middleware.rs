@@ -57,12 +57,14 @@ use crate::stage::CutAt;
 /// use reqwest_middleware::ClientBuilder;
 /// use reqwest_resilience::TransportEvidence;
 /// use reqwest_resilience::limit::{ConcurrencyLimit, LimiterConfig, LimiterRegistry};
+/// use reqwest_resilience::redirect::{self, ClientRedirects};
 ///
-/// # fn main() -> Result<(), reqwest_resilience::ResilienceError> {
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// let registry = LimiterRegistry::new(LimiterConfig::fixed(16))?;
-/// let client = ClientBuilder::new(reqwest::Client::new())
+/// let recorded = redirect::recorded(reqwest::redirect::Policy::default()); // every hop seen
+/// let client = ClientBuilder::new(reqwest::Client::builder().redirect(recorded).build()?)
 ///     .with(ConcurrencyLimit::new(registry.clone()))
-///     .with(TransportEvidence::new())
+///     .with(TransportEvidence::with_client_redirects(ClientRedirects::Recorded))
 ///     .build();
 /// for limit in registry.snapshot() {
 ///     println!("{}: {} of {} in flight", limit.origin, limit.in_flight, limit.limit);

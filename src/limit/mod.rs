@@ -23,13 +23,9 @@
 //!
 //! # Place in the stack
 //!
-//! ```text
-//! Retry → CircuitBreaker → ConcurrencyLimit → BearerAuth → TransportEvidence
-//! ```
-//!
 //! Inside the breaker, so an open breaker rejects before a permit is taken; inside the
 //! retry, so a limit counts wire attempts (every retry takes a permit of its own), which
-//! is what loads the server. Off by default in [`Resilience`](crate::Resilience); one
+//! is what loads the server (the whole order: [`guide::stack`](crate::guide::stack)). Off by default in [`Resilience`](crate::Resilience); one
 //! call turns it on:
 //!
 //! ```
@@ -39,7 +35,7 @@
 //! # fn main() -> Result<(), reqwest_resilience::ResilienceError> {
 //! let client = Resilience::new()
 //!     .concurrency_limit(LimiterConfig::default()) // adaptive, fail fast
-//!     .build(reqwest::Client::new())?;
+//!     .build_from(reqwest::Client::builder())?;
 //! # drop(client); Ok(()) }
 //! ```
 //!

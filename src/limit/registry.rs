@@ -1,12 +1,11 @@
 //! [`LimiterRegistry`]: one concurrency limit per [`Origin`], shared by every client handed
 //! the same registry, and the RAII [`LimitPermit`].
 
-use crate::origin::OriginMap;
-use crate::sync::{lock, read, write};
+use crate::origin_map::{BoundedOriginMap, Evict};
+use crate::sync::lock;
 use std::collections::VecDeque;
 use std::fmt;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::oneshot;
@@ -17,8 +16,6 @@ use super::gradient::{AdaptiveLimit, Sample};
 use crate::error::ResilienceError;
 use crate::origin::Origin;
 use crate::record::AttemptClock;
-
-const MAX_SHARDS: usize = 16;
 
 /// One origin's limit as seen by [`LimiterRegistry::snapshot`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -231,19 +228,27 @@ impl Entry {
     }
 }
 
+/// The map forgets an origin's limit only with nothing in flight and nobody waiting,
+/// ordered by its last admission.
+impl Evict for Entry {
+    type Stamp = Instant;
+    type Now = ();
+
+    fn idle_since(&self, (): ()) -> Option<Instant> {
+        let st = self.state.try_lock().ok()?;
+        (st.in_flight == 0 && st.waiters.is_empty()).then_some(st.last_used)
+    }
+}
+
 /// The label of the overflow entry's instruments and events.
 const OVERFLOW_LABEL: &str = "_overflow";
 
-type Shard = RwLock<OriginMap<Arc<Entry>>>;
-
-/// What every clone of a [`LimiterRegistry`] shares: its config, shards and counts.
+/// What every clone of a [`LimiterRegistry`] shares: its config and limits.
 struct RegistryState {
     config: LimiterConfig,
-    shards: Box<[Shard]>,
-    /// Origins with a limit of their own, in every shard: the bound is the registry's.
-    len: AtomicUsize,
+    /// The origins with a limit of their own (the bound is the registry's).
+    limits: BoundedOriginMap<Entry>,
     overflow: Arc<Entry>,
-    overflowed: AtomicU64,
 }
 
 /// One concurrency limit per [`Origin`], shared by every client given a clone of it.
@@ -272,7 +277,9 @@ struct RegistryState {
 /// origin in another shard. When no origin can be forgotten (every one is busy), the new
 /// origin shares the registry's one *overflow* limit with every other such origin
 /// (counted by [`overflowed`](Self::overflowed)), so a flood of origins stays bounded in
-/// memory and in concurrency alike.
+/// memory and in concurrency alike. Victims are chosen an eighth of a shard per scan, so
+/// a steady stream of new origins costs amortised O(1) each (the breaker registry's
+/// scheme; the three registries share one per-origin map).
 ///
 /// # Example
 ///
@@ -327,15 +334,11 @@ impl LimiterRegistry {
     }
 
     fn build(config: LimiterConfig) -> Self {
-        // Shards for concurrency only: any shard may hold any share of the bound.
-        let shards = (config.max_origins / 256).clamp(1, MAX_SHARDS);
         let overflow = Arc::new(Entry::new(None, &config));
         LimiterRegistry {
             inner: Arc::new(RegistryState {
-                shards: (0..shards).map(|_| RwLock::default()).collect(),
-                len: AtomicUsize::new(0),
+                limits: BoundedOriginMap::new(config.max_origins),
                 overflow,
-                overflowed: AtomicU64::new(0),
                 config,
             }),
         }
@@ -469,27 +472,21 @@ impl LimiterRegistry {
 
     /// `origin`'s limit and counts, if it has a limit of its own.
     pub fn get(&self, origin: &Origin) -> Option<LimitSnapshot> {
-        let entry = read(self.shard(origin)).get(origin).cloned()?;
+        let entry = self.inner.limits.get(origin)?;
         Some(snapshot_of(origin.clone(), &entry))
     }
 
     /// Every origin with a limit of its own, sorted by origin.
     pub fn snapshot(&self) -> Vec<LimitSnapshot> {
-        let mut out = Vec::new();
-        for shard in self.inner.shards.iter() {
-            let entries: Vec<(Origin, Arc<Entry>)> = read(shard)
-                .iter()
-                .map(|(o, e)| (o.clone(), e.clone()))
-                .collect();
-            out.extend(entries.into_iter().map(|(o, e)| snapshot_of(o, &e)));
-        }
+        let entries = self.inner.limits.entries().into_iter();
+        let mut out: Vec<LimitSnapshot> = entries.map(|(o, e)| snapshot_of(o, &e)).collect();
         out.sort_by(|a, b| a.origin.cmp(&b.origin));
         out
     }
 
     /// The number of origins with a limit of their own.
     pub fn len(&self) -> usize {
-        self.inner.len.load(Ordering::Relaxed)
+        self.inner.limits.len()
     }
 
     /// Whether no origin has a limit of its own yet.
@@ -500,63 +497,26 @@ impl LimiterRegistry {
     /// How many times a new origin found the registry full of busy origins and was served
     /// by the shared overflow limit.
     pub fn overflowed(&self) -> u64 {
-        self.inner.overflowed.load(Ordering::Relaxed)
+        self.inner.limits.overflowed()
     }
 
-    fn shard_index(&self, origin: &Origin) -> usize {
-        let shards = self.inner.shards.len();
-        if shards == 1 {
-            return 0;
-        }
-        // The high half of the origin's keyed hash: the map inside places entries by the
-        // low bits of the same hash.
-        ((origin.keyed_hash() >> 32) % shards as u64) as usize
-    }
-
-    fn shard(&self, origin: &Origin) -> &Shard {
-        &self.inner.shards[self.shard_index(origin)]
-    }
-
+    /// `origin`'s limit; made when new, or the shared overflow limit when every origin
+    /// of a full registry is busy.
     fn entry(&self, origin: &Origin) -> Arc<Entry> {
-        let index = self.shard_index(origin);
-        let shard = &self.inner.shards[index];
-        if let Some(entry) = read(shard).get(origin) {
-            return entry.clone();
-        }
-        let mut map = write(shard);
-        if let Some(entry) = map.get(origin) {
-            return entry.clone();
-        }
-        let max = self.inner.config.max_origins;
-        // A slot reserved in the registry's count keeps the bound exact under races; a
-        // full registry makes room in this shard, else in another.
-        let room = self
-            .inner
-            .len
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |l| {
-                (l < max).then_some(l + 1)
-            })
-            .is_ok()
-            || evict_one(&mut map)
-            || self.evict_elsewhere(index);
-        if !room {
-            self.inner.overflowed.fetch_add(1, Ordering::Relaxed);
-            return self.inner.overflow.clone();
-        }
-        let entry = Arc::new(Entry::new(Some(origin.clone()), &self.inner.config));
-        map.insert(origin.clone(), entry.clone());
-        entry
+        let insert = || self.insert(origin);
+        self.inner.limits.with(origin, Arc::clone, insert)
     }
 
-    /// Frees a slot in another shard when this one holds nothing to forget. `try_write`
-    /// only: waiting for a second shard while holding one could deadlock.
-    fn evict_elsewhere(&self, skip: usize) -> bool {
+    /// `origin`'s limit when the registry has none: see [`entry`](Self::entry).
+    // Out of line: the success path (`entry`) stays small.
+    #[cold]
+    #[inline(never)]
+    fn insert(&self, origin: &Origin) -> Arc<Entry> {
+        let config = &self.inner.config;
         self.inner
-            .shards
-            .iter()
-            .enumerate()
-            .filter(|&(i, _)| i != skip)
-            .any(|(_, shard)| shard.try_write().is_ok_and(|mut map| evict_one(&mut map)))
+            .limits
+            .insert(origin, (), || Entry::new(Some(origin.clone()), config))
+            .unwrap_or_else(|| self.inner.overflow.clone())
     }
 }
 
@@ -592,24 +552,6 @@ fn snapshot_of(origin: Origin, entry: &Entry) -> LimitSnapshot {
             Limit::Adaptive(a) => a.no_load_latency(),
             Limit::Fixed(_) => None,
         },
-    }
-}
-
-/// Forgets the least recently used origin of the shard that nothing holds (our write
-/// lock keeps new clones out, so the map is the one holder), with nothing in flight and
-/// nobody waiting.
-fn evict_one(map: &mut OriginMap<Arc<Entry>>) -> bool {
-    let victim = map
-        .iter()
-        .filter(|(_, e)| Arc::strong_count(e) == 1)
-        .filter_map(|(o, e)| {
-            let st = e.state.try_lock().ok()?;
-            (st.in_flight == 0 && st.waiters.is_empty()).then(|| (st.last_used, o.clone()))
-        })
-        .min_by_key(|(used, _)| *used);
-    match victim {
-        Some((_, origin)) => map.remove(&origin).is_some(),
-        None => false,
     }
 }
 
@@ -885,7 +827,7 @@ mod tests {
         // Regression (issue 21): 16 shards of 625 each put 153 of a burst of 10 000
         // distinct origins on the overflow limit, with the registry holding 9 847.
         let r = LimiterRegistry::default();
-        assert_eq!(r.inner.shards.len(), 16);
+        assert_eq!(r.inner.limits.shard_count(), 16);
         let held: Vec<_> = (0..10_000)
             .map(|i| r.try_acquire(&origin(i)).expect("admitted"))
             .collect();

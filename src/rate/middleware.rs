@@ -40,12 +40,14 @@ use crate::record::{Deadline, FailureKind, Inward, record_rejected_locally};
 /// use reqwest_middleware::ClientBuilder;
 /// use reqwest_resilience::TransportEvidence;
 /// use reqwest_resilience::rate::{Rate, RateLimit, RateLimitConfig, RateLimitRegistry};
+/// use reqwest_resilience::redirect::{self, ClientRedirects};
 ///
-/// # fn main() -> Result<(), reqwest_resilience::ResilienceError> {
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// let registry = RateLimitRegistry::new(RateLimitConfig::default().rate(Rate::per_second(10)))?;
-/// let client = ClientBuilder::new(reqwest::Client::new())
+/// let recorded = redirect::recorded(reqwest::redirect::Policy::default()); // every hop seen
+/// let client = ClientBuilder::new(reqwest::Client::builder().redirect(recorded).build()?)
 ///     .with(RateLimit::new(registry.clone()))
-///     .with(TransportEvidence::new())
+///     .with(TransportEvidence::with_client_redirects(ClientRedirects::Recorded))
 ///     .build();
 /// # drop(client); Ok(()) }
 /// ```

@@ -54,9 +54,8 @@
 //!
 //! # Place in the stack
 //!
-//! ```text
-//! Retry → CircuitBreaker → RateLimit → ConcurrencyLimit → BearerAuth → TransportEvidence
-//! ```
+//! Between the breaker and the concurrency limit (the whole order:
+//! [`guide::stack`](crate::guide::stack)).
 //!
 //! Off by default in [`Resilience`](crate::Resilience); one call turns it on:
 //!
@@ -67,7 +66,7 @@
 //! # fn main() -> Result<(), reqwest_resilience::ResilienceError> {
 //! let client = Resilience::new()
 //!     .rate_limit(RateLimitConfig::default()) // learned from the servers
-//!     .build(reqwest::Client::new())?;
+//!     .build_from(reqwest::Client::builder())?;
 //! # drop(client); Ok(()) }
 //! ```
 //!

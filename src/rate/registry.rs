@@ -3,8 +3,7 @@
 
 use std::fmt;
 use std::pin::pin;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use tokio::sync::Notify;
@@ -13,10 +12,9 @@ use tokio::time::Instant;
 use super::config::RateLimitConfig;
 use super::schedule::{Pace, Schedule, Slot, Verdict};
 use crate::error::ResilienceError;
-use crate::origin::{Origin, OriginMap};
-use crate::sync::{lock, read, write};
-
-const MAX_SHARDS: usize = 16;
+use crate::origin::Origin;
+use crate::origin_map::{BoundedOriginMap, Evict};
+use crate::sync::lock;
 
 /// One origin's rate limit as seen by [`RateLimitRegistry::get`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -94,17 +92,25 @@ impl Entry {
     }
 }
 
-type Shard = RwLock<OriginMap<Arc<Entry>>>;
+/// The map forgets an origin's rate only with nothing pending
+/// ([`Schedule::is_idle`]), ordered by its last admission.
+impl Evict for Entry {
+    type Stamp = Instant;
+    type Now = Instant;
+
+    fn idle_since(&self, now: Instant) -> Option<Instant> {
+        let st = self.state.try_lock().ok()?;
+        st.schedule.is_idle(now).then_some(st.last_used)
+    }
+}
 
 struct Inner {
     config: RateLimitConfig,
-    shards: Box<[Shard]>,
-    /// Origins with a rate of their own, in every shard: the bound is the registry's.
-    len: AtomicUsize,
+    /// The origins with a rate of their own (the bound is the registry's).
+    rates: BoundedOriginMap<Entry>,
     /// The rate of the origins that found the registry full of busy ones (hand-set only:
     /// what one server says is not another's rate).
     overflow: Arc<Entry>,
-    overflowed: AtomicU64,
 }
 
 /// One rate limit per [`Origin`], shared by every client given a clone of it.
@@ -120,6 +126,8 @@ struct Inner {
 /// no probe out: forgetting it loses only what its next answer teaches again), in its
 /// shard or another; when every origin is busy it shares the registry's one *overflow*
 /// rate (the hand-set rate, never learned; counted by [`overflowed`](Self::overflowed)).
+/// Victims are chosen an eighth of a shard per scan, so a steady stream of new origins
+/// costs amortised O(1) each.
 ///
 /// ```
 /// use reqwest_resilience::Origin;
@@ -174,14 +182,11 @@ impl RateLimitRegistry {
     /// [`ResilienceError::InvalidConfig`].
     pub fn new(config: RateLimitConfig) -> Result<Self, ResilienceError> {
         config.validate()?;
-        let shards = (config.max_origins / 256).clamp(1, MAX_SHARDS);
         let overflow = Arc::new(Entry::new(&config, false, Instant::now()));
         Ok(RateLimitRegistry {
             inner: Arc::new(Inner {
-                shards: (0..shards).map(|_| RwLock::default()).collect(),
-                len: AtomicUsize::new(0),
+                rates: BoundedOriginMap::new(config.max_origins),
                 overflow,
-                overflowed: AtomicU64::new(0),
                 config,
             }),
         })
@@ -199,7 +204,7 @@ impl RateLimitRegistry {
 
     /// How many origins have a rate of their own.
     pub fn len(&self) -> usize {
-        self.inner.len.load(Ordering::Acquire)
+        self.inner.rates.len()
     }
 
     /// Whether no origin has a rate of its own yet.
@@ -209,14 +214,12 @@ impl RateLimitRegistry {
 
     /// How often a new origin found the registry full and shared the overflow rate.
     pub fn overflowed(&self) -> u64 {
-        self.inner.overflowed.load(Ordering::Relaxed)
+        self.inner.rates.overflowed()
     }
 
     /// `origin`'s rate, if the registry holds one for it.
     pub fn get(&self, origin: &Origin) -> Option<RateSnapshot> {
-        let entry = read(&self.inner.shards[self.shard_index(origin)])
-            .get(origin)?
-            .clone();
+        let entry = self.inner.rates.get(origin)?;
         let now = Instant::now();
         let st = lock(&entry.state);
         Some(RateSnapshot {
@@ -360,78 +363,24 @@ impl RateLimitRegistry {
         }
     }
 
-    fn shard_index(&self, origin: &Origin) -> usize {
-        let shards = self.inner.shards.len();
-        // The high half of the keyed hash: the map inside places entries by the low bits.
-        ((origin.keyed_hash() >> 32) % shards as u64) as usize
-    }
-
     /// Runs `f` on `origin`'s entry (made when new): under the shard's read lock for a
     /// known origin, so the common case clones no `Arc`.
     #[inline]
     fn with_entry<R>(&self, origin: &Origin, f: impl FnOnce(&Arc<Entry>) -> R) -> R {
-        if let Some(entry) = read(&self.inner.shards[self.shard_index(origin)]).get(origin) {
-            return f(entry);
-        }
-        f(&self.insert(origin))
+        self.inner.rates.with(origin, f, || self.insert(origin))
     }
 
     /// `origin`'s entry, made (or the overflow's) when the registry has none.
+    // Out of line: the success path (`entry`) stays small.
+    #[cold]
+    #[inline(never)]
     fn insert(&self, origin: &Origin) -> Arc<Entry> {
-        let index = self.shard_index(origin);
-        let mut map = write(&self.inner.shards[index]);
-        if let Some(entry) = map.get(origin) {
-            return entry.clone();
-        }
-        let max = self.inner.config.max_origins;
-        let now = Instant::now();
-        // A place reserved in the registry's count keeps the bound exact under races.
-        let room = self
-            .inner
-            .len
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |l| {
-                (l < max).then_some(l + 1)
-            })
-            .is_ok()
-            || evict_one(&mut map, now)
-            || self.evict_elsewhere(index, now);
-        if !room {
-            self.inner.overflowed.fetch_add(1, Ordering::Relaxed);
-            return self.inner.overflow.clone();
-        }
-        let entry = Arc::new(Entry::new(&self.inner.config, self.inner.config.learn, now));
-        map.insert(origin.clone(), entry.clone());
-        entry
-    }
-
-    /// Frees a place in another shard. `try_write` only: waiting for a second shard while
-    /// holding one could deadlock.
-    fn evict_elsewhere(&self, skip: usize, now: Instant) -> bool {
+        let (config, now) = (&self.inner.config, Instant::now());
         self.inner
-            .shards
-            .iter()
-            .enumerate()
-            .filter(|&(i, _)| i != skip)
-            .any(|(_, shard)| {
-                shard
-                    .try_write()
-                    .is_ok_and(|mut map| evict_one(&mut map, now))
-            })
+            .rates
+            .insert(origin, now, || Entry::new(config, config.learn, now))
+            .unwrap_or_else(|| self.inner.overflow.clone())
     }
-}
-
-/// Forgets the least recently used origin of `map` with nothing pending and no request
-/// holding it.
-fn evict_one(map: &mut OriginMap<Arc<Entry>>, now: Instant) -> bool {
-    let victim = map
-        .iter()
-        .filter(|(_, e)| Arc::strong_count(e) == 1)
-        .filter_map(|(o, e)| {
-            let st = e.state.try_lock().ok()?;
-            st.schedule.is_idle(now).then(|| (st.last_used, o.clone()))
-        })
-        .min_by_key(|(used, _)| *used);
-    victim.is_some_and(|(_, origin)| map.remove(&origin).is_some())
 }
 
 /// A slot taken ahead: given back if dropped before it comes.

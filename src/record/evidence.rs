@@ -172,7 +172,7 @@ impl Redirects {
 /// use reqwest_resilience::{RequestEvidence, Resilience, Transmission};
 ///
 /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
-/// let client = Resilience::new().build(reqwest::Client::new())?;
+/// let client = Resilience::new().build_from(reqwest::Client::builder())?;
 /// let response = client.post("http://127.0.0.1:8080/orders").body("{}").send().await?;
 /// if let Some(evidence) = response.extensions().get::<RequestEvidence>() {
 ///     // The last attempt: its status, its origin, how long it took.

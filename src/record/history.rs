@@ -30,7 +30,7 @@ pub struct AttemptRecord {
 /// use reqwest_resilience::{AttemptDecision, AttemptHistory, Resilience};
 ///
 /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
-/// let client = Resilience::new().build(reqwest::Client::new())?;
+/// let client = Resilience::new().build_from(reqwest::Client::builder())?;
 /// let response = client.get("http://127.0.0.1:8080/items").send().await?;
 /// let history = AttemptHistory::of_response(&response).expect("the stack records it");
 /// for record in history.attempts() {

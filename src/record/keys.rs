@@ -87,12 +87,13 @@ impl Deadline {
     /// use std::time::Duration;
     /// use reqwest_resilience::retry::Deadline;
     ///
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
-    /// let client = reqwest_middleware::ClientWithMiddleware::from(reqwest::Client::new());
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), reqwest_resilience::ResilienceError> {
+    /// let client = reqwest_resilience::Resilience::new().build_from(reqwest::Client::builder())?;
     /// let request = client
     ///     .get("http://127.0.0.1:8080/report")
     ///     .with_extension(Deadline::after(Duration::from_secs(5)));
-    /// # drop(request); }
+    /// # drop(request); Ok(()) }
     /// ```
     pub fn after(total: Duration) -> Self {
         let now = Instant::now();

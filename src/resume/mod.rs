@@ -70,11 +70,12 @@ use crate::retry::RetryMiddleware;
 /// ```
 /// use reqwest_resilience::resume::ResumeBody;
 ///
-/// let client = reqwest_middleware::ClientWithMiddleware::from(reqwest::Client::new());
+/// # fn main() -> Result<(), reqwest_resilience::ResilienceError> {
+/// let client = reqwest_resilience::Resilience::new().build_from(reqwest::Client::builder())?;
 /// let request = client
 ///     .get("http://127.0.0.1:8080/files/dataset.parquet")
 ///     .with_extension(ResumeBody(true));
-/// # drop(request);
+/// # drop(request); Ok(()) }
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ResumeBody(pub bool);

@@ -30,12 +30,13 @@ use crate::record::{AttemptClock, AttemptScope, Deadline, Inward, RequestEvidenc
 /// use std::time::Duration;
 /// use reqwest_resilience::retry::AttemptTimeout;
 ///
-/// let client = reqwest_middleware::ClientWithMiddleware::from(reqwest::Client::new());
+/// # fn main() -> Result<(), reqwest_resilience::ResilienceError> {
+/// let client = reqwest_resilience::Resilience::new().build_from(reqwest::Client::builder())?;
 /// // This endpoint streams a long completion: give its first byte two minutes.
 /// let request = client
 ///     .post("http://127.0.0.1:8080/v1/completions")
 ///     .with_extension(AttemptTimeout(Duration::from_secs(120)));
-/// # drop(request);
+/// # drop(request); Ok(()) }
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AttemptTimeout(pub Duration);

@@ -268,22 +268,16 @@ impl<S: RetryStrategy + ?Sized> RetryStrategy for std::sync::Arc<S> {
     }
 }
 
-/// The decision table of the design:
-///
-/// | evidence | idempotent | non-idempotent |
-/// |---|---|---|
-/// | `NotSent`, transient kind | retry | retry |
-/// | `NotSent`, no bearer token ([`FailureKind::TokenUnavailable`]) | retry | retry |
-/// | `NotSent`, over the concurrency limit ([`FailureKind::ConcurrencyLimited`]) | no | no |
-/// | `NotSent`, over the origin's rate ([`FailureKind::RateLimited`]) | no | no |
-/// | sent, server proved not processed ([`RequestEvidence::not_processed`]) | retry at once | retry at once |
-/// | `SentNoResponse` / `Unknown` | retry | never |
-/// | 408, 500, 502, 503, 504 | retry | only with `Retry-After` |
-/// | 429 | retry | retry |
-/// | other statuses | no | no |
-/// | body cut after the head ([`FailureKind::BodyInterrupted`]) | retry (run the operation again, or resume) | never |
-/// | anything after a followed redirect ([`Redirects::Followed`]) | as the last hop's row says | never ([`StopReason::RedirectFollowed`]) |
-/// | certificate, builder, redirect, decode, permanent connect | no | no |
+/// The decision table: [`guide::retries`](crate::guide::retries) gives it whole, row by
+/// row. In short, a `NotSent` attempt is retried whatever its method (not one over the
+/// concurrency limit, [`FailureKind::ConcurrencyLimited`], or over the origin's rate,
+/// [`FailureKind::RateLimited`]: their wait is their own); a request the server proved it
+/// did not process ([`RequestEvidence::not_processed`]) is sent again at once; anything
+/// that may have been processed (`SentNoResponse`, `Unknown`, a body cut after the head,
+/// [`FailureKind::BodyInterrupted`], anything after a followed redirect,
+/// [`Redirects::Followed`]) only when the request is idempotent; 408, 500, 502, 503, 504
+/// when idempotent or with `Retry-After`; 429 always; certificate, builder, redirect and
+/// decode errors never.
 ///
 /// A request that got no bearer token was not sent, so it is retried like any `NotSent`
 /// attempt, whatever its method and whatever [`TokenErrorKind`](crate::auth::TokenErrorKind)

@@ -12,10 +12,14 @@
 //! use reqwest_middleware::ClientBuilder;
 //! use reqwest_resilience::{RetryMiddleware, TransportEvidence};
 //! use reqwest_resilience::retry::{Idempotent, MaxRetries};
+//! use reqwest_resilience::redirect::{self, ClientRedirects};
 //!
-//! let client = ClientBuilder::new(reqwest::Client::new())
+//! # fn main() -> Result<(), reqwest::Error> {
+//! let recorded = redirect::recorded(reqwest::redirect::Policy::default()); // every hop seen
+//! let client = ClientBuilder::new(reqwest::Client::builder().redirect(recorded).build()?)
 //!     .with(RetryMiddleware::new())
-//!     .with(TransportEvidence::new()) // innermost: the evidence the retry decides from
+//!     // innermost: the evidence the retry decides from
+//!     .with(TransportEvidence::with_client_redirects(ClientRedirects::Recorded))
 //!     .build();
 //!
 //! // Per request: this POST is safe to repeat, and one retry is enough.
@@ -23,7 +27,7 @@
 //!     .post("http://127.0.0.1:8080/jobs")
 //!     .with_extension(Idempotent(true))
 //!     .with_extension(MaxRetries(1));
-//! # drop(request);
+//! # drop(request); Ok(()) }
 //! ```
 //!
 //! Per-request overrides are extensions: [`MaxRetries`] (0 disables retrying),

@@ -28,7 +28,7 @@ use crate::record::{Continuation, OperationAttempt, PassEnd};
 ///
 /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 /// let retry = RetryMiddleware::new();
-/// let client = Resilience::new().retry(retry.clone()).build(reqwest::Client::new())?;
+/// let client = Resilience::new().retry(retry.clone()).build_from(reqwest::Client::builder())?;
 /// let url = "http://127.0.0.1:8080/simple/flask/flask-3.1.0.whl";
 /// let client = &client;
 /// let wheel = retry

@@ -171,28 +171,10 @@ impl From<RateLimitRegistry> for RateLimitChoice {
     }
 }
 
-/// Builds the whole resilience stack on a `reqwest_middleware::ClientBuilder`:
-///
-/// ```text
-/// RetryMiddleware → CircuitBreakerMiddleware → BearerAuth → TransportEvidence → reqwest::Client
-/// ```
-///
-/// See the [module docs](crate::stack) for why this order and where your own middleware goes.
-///
-/// # Defaults (from the design)
-///
-/// | part | default |
-/// |---|---|
-/// | retry | 3 retries; backoff 1 s × 2 capped at 30 s with ±10 % jitter; `Retry-After` honoured up to 60 s (clamped); [`RetryBudget::default`] (20 % of requests, at least 10 retries/s); no deadline |
-/// | breaker | a new [`BreakerRegistry`] per built stack: open after 5 consecutive failures, 30 s open, 1 half-open probe, server pauses (`Retry-After`, rate-limit fields with nothing remaining) up to 60 s waited out |
-/// | bearer | none (it needs your [`TokenManager`](crate::TokenManager)) |
-/// | attempt timeout | none ([`RetryMiddlewareBuilder::attempt_timeout`]) |
-/// | hedging | off ([`RetryMiddlewareBuilder::hedging`]) |
-/// | transport | [`TransportEvidence`], always |
-/// | concurrency limit | off ([`concurrency_limit`](Self::concurrency_limit) turns it on) |
-/// | coalesced GETs | off ([`coalesce_gets`](Self::coalesce_gets) turns it on) |
-/// | rate limit | off ([`rate_limit`](Self::rate_limit) turns it on) |
-/// | hooks | none |
+/// Builds the whole resilience stack on a `reqwest_middleware::ClientBuilder`: the stages,
+/// their order and why in [`guide::stack`](crate::guide::stack), every default and where it
+/// comes from in [`guide::defaults`](crate::guide::defaults). A new [`BreakerRegistry`] per
+/// built stack unless one is given; [`TransportEvidence`] always.
 ///
 /// Each part is set in one place: the retry by [`retry`](Self::retry), from a
 /// [`RetryMiddleware::builder()`](RetryMiddleware::builder) (every retry setting is
@@ -224,7 +206,7 @@ impl From<RateLimitRegistry> for RateLimitChoice {
 ///     .on_attempt(|evidence, decision| {
 ///         eprintln!("attempt {} {:?} -> {:?}", evidence.attempt, evidence.transmission, decision);
 ///     })
-///     .build(reqwest::Client::new())?;
+///     .build_from(reqwest::Client::builder())?;
 /// # drop(client); Ok(()) }
 /// ```
 ///
@@ -308,7 +290,7 @@ impl Resilience {
     /// [`Jitter::Bounded`](crate::Jitter::Bounded), every `5xx`, 408 and 429 retried for
     /// an idempotent request ([`AnyServerError`](crate::retry::AnyServerError)), no
     /// circuit breaker, no retry budget. What still differs from reqwest-retry, and why,
-    /// is README's "Coming from reqwest-retry" table: above all, a request that may have
+    /// is the table of [`guide::migration`](crate::guide::migration): above all, a request that may have
     /// been processed (a `POST` after a reset, a timeout or a `500`) is not sent again,
     /// while one proven unsent (a refused connect) is, whatever its method.
     ///
@@ -354,7 +336,7 @@ impl Resilience {
     /// use reqwest_resilience::Resilience;
     ///
     /// # fn main() -> Result<(), reqwest_resilience::ResilienceError> {
-    /// let client = Resilience::new().resume_bodies(true).build(reqwest::Client::new())?;
+    /// let client = Resilience::new().resume_bodies(true).build_from(reqwest::Client::builder())?;
     /// // client.get(url).send().await?.bytes().await: one body, however often it broke.
     /// # drop(client); Ok(()) }
     /// ```
@@ -479,7 +461,7 @@ impl Resilience {
     /// let stack = extra
     ///     .iter()
     ///     .fold(Resilience::new(), |stack, m| stack.per_attempt(m.clone()));
-    /// let client = stack.build(reqwest::Client::new())?;
+    /// let client = stack.build_from(reqwest::Client::builder())?;
     /// # drop(client); let _ = TransportEvidence::new(); Ok(()) }
     /// ```
     pub fn per_attempt(mut self, middleware: Arc<dyn Middleware>) -> Self {
@@ -527,7 +509,7 @@ impl Resilience {
     /// # fn main() -> Result<(), reqwest_resilience::ResilienceError> {
     /// let client = Resilience::new()
     ///     .concurrency_limit(LimiterConfig::default()) // adaptive, fail fast
-    ///     .build(reqwest::Client::new())?;
+    ///     .build_from(reqwest::Client::builder())?;
     /// # drop(client); Ok(()) }
     /// ```
     pub fn concurrency_limit(mut self, limit: impl Into<ConcurrencyLimitChoice>) -> Self {
@@ -548,7 +530,7 @@ impl Resilience {
     /// # fn main() -> Result<(), reqwest_resilience::ResilienceError> {
     /// let client = Resilience::new()
     ///     .coalesce_gets(CoalesceGets::new().max_body(256 * 1024))
-    ///     .build(reqwest::Client::new())?;
+    ///     .build_from(reqwest::Client::builder())?;
     /// # drop(client); Ok(()) }
     /// ```
     pub fn coalesce_gets(mut self, coalesce: crate::coalesce::CoalesceGets) -> Self {
@@ -580,7 +562,7 @@ impl Resilience {
     /// # fn main() -> Result<(), reqwest_resilience::ResilienceError> {
     /// let client = Resilience::new()
     ///     .rate_limit(RateLimitConfig::default().rate(Rate::per_second(20)))
-    ///     .build(reqwest::Client::new())?;
+    ///     .build_from(reqwest::Client::builder())?;
     /// # drop(client); Ok(()) }
     /// ```
     pub fn rate_limit(mut self, rate: impl Into<RateLimitChoice>) -> Self {

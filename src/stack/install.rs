@@ -66,10 +66,16 @@ impl Resilience {
     /// ```
     /// use reqwest_middleware::ClientBuilder;
     /// use reqwest_resilience::Resilience;
+    /// use reqwest_resilience::redirect::{self, ClientRedirects};
     ///
-    /// # fn main() -> Result<(), reqwest_resilience::ResilienceError> {
-    /// let outer = ClientBuilder::new(reqwest::Client::new()); // .with(TracingMiddleware::default())
-    /// let client = Resilience::new().install(outer)?.build();
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let recorded = redirect::recorded(reqwest::redirect::Policy::default()); // every hop seen
+    /// let reqwest_client = reqwest::Client::builder().redirect(recorded).build()?;
+    /// let outer = ClientBuilder::new(reqwest_client); // .with(TracingMiddleware::default())
+    /// let client = Resilience::new()
+    ///     .client_redirects(ClientRedirects::Recorded)
+    ///     .install(outer)?
+    ///     .build();
     /// # drop(client); Ok(()) }
     /// ```
     ///
@@ -98,14 +104,18 @@ impl Resilience {
     /// use std::sync::Arc;
     /// use reqwest_middleware::Middleware;
     /// use reqwest_resilience::Resilience;
+    /// use reqwest_resilience::redirect::{self, ClientRedirects};
     ///
-    /// # fn main() -> Result<(), reqwest_resilience::ResilienceError> {
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let stack = Resilience::new().client_redirects(ClientRedirects::Recorded);
     /// let mut middlewares: Vec<Arc<dyn Middleware>> = Vec::new();
-    /// middlewares.push(Arc::new(Resilience::new().into_middleware()?));
-    /// // Later, when the client is first needed:
+    /// middlewares.push(Arc::new(stack.into_middleware()?));
+    /// // Later, when the client is first needed (recording its redirects, as declared):
+    /// let recorded = redirect::recorded(reqwest::redirect::Policy::default());
+    /// let reqwest_client = reqwest::Client::builder().redirect(recorded).build()?;
     /// let client = middlewares
     ///     .iter()
-    ///     .fold(reqwest_middleware::ClientBuilder::new(reqwest::Client::new()), |b, m| {
+    ///     .fold(reqwest_middleware::ClientBuilder::new(reqwest_client), |b, m| {
     ///         b.with_arc(m.clone())
     ///     })
     ///     .build();
@@ -151,7 +161,8 @@ impl Resilience {
     /// ```
     /// use std::sync::Arc;
     /// use reqwest_middleware::{ClientWithMiddleware, Middleware};
-    /// use reqwest_resilience::{Resilience, TransportEvidence};
+    /// use reqwest_resilience::Resilience;
+    /// use reqwest_resilience::redirect::{self, ClientRedirects};
     ///
     /// # struct Mirror; // rewrites each attempt's URL to a mirror
     /// # #[reqwest_resilience::async_trait]
@@ -161,13 +172,16 @@ impl Resilience {
     /// #         next.run(req, ext).await
     /// #     }
     /// # }
-    /// # fn main() -> Result<(), reqwest_resilience::ResilienceError> {
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// let middlewares: Vec<Arc<dyn Middleware>> = Resilience::like_reqwest_retry()
+    ///     .client_redirects(ClientRedirects::Recorded) // the client below records its redirects
     ///     .per_attempt(Arc::new(Mirror))
     ///     .into_middlewares()?;
     /// assert_eq!(middlewares.len(), 3); // the stages, Mirror, the transport step
     /// // Later:
-    /// let client = ClientWithMiddleware::new(reqwest::Client::new(), middlewares);
+    /// let recorded = redirect::recorded(reqwest::redirect::Policy::default());
+    /// let reqwest_client = reqwest::Client::builder().redirect(recorded).build()?;
+    /// let client = ClientWithMiddleware::new(reqwest_client, middlewares);
     /// # drop(client); Ok(()) }
     /// ```
     ///
@@ -283,11 +297,16 @@ impl StackBuilder {
     /// use reqwest_middleware::Extension;
     /// use reqwest_resilience::Resilience;
     /// use reqwest_resilience::retry::MaxRetries;
+    /// use reqwest_resilience::redirect::{self, ClientRedirects};
     ///
-    /// # fn main() -> Result<(), reqwest_resilience::ResilienceError> {
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let recorded = redirect::recorded(reqwest::redirect::Policy::default()); // every hop seen
     /// // Every request of this client gets one retry at most.
     /// let client = Resilience::new()
-    ///     .install(reqwest_middleware::ClientBuilder::new(reqwest::Client::new()))?
+    ///     .client_redirects(ClientRedirects::Recorded)
+    ///     .install(reqwest_middleware::ClientBuilder::new(
+    ///         reqwest::Client::builder().redirect(recorded).build()?,
+    ///     ))?
     ///     .with_init(Extension(MaxRetries(1)))
     ///     .build();
     /// # drop(client); Ok(()) }

@@ -20,8 +20,8 @@
 //!
 //! # Cost rules
 //!
-//! Every request moves every stage's future, so their size is paid per request (why each
-//! rule pays, measured, is in BENCHMARKS.md, "With the static composition"). The stages
+//! Every request moves every stage's future, so their size is paid per request (each
+//! rule was measured with `cargo bench --bench instructions`). The stages
 //! refer here rather than repeat them:
 //!
 //! 1. A stage's `serve` returns an `async move` block instead of being an `async fn`

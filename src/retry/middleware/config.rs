@@ -75,10 +75,12 @@ pub enum RetryAfterPolicy {
 /// use http::Extensions;
 /// use reqwest_resilience::retry::RetryOutcome;
 /// use reqwest_resilience::{RetryMiddleware, TransportEvidence};
+/// use reqwest_resilience::redirect::{self, ClientRedirects};
 ///
-/// let client = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
+/// let recorded = redirect::recorded(reqwest::redirect::Policy::default()); // every hop seen
+/// let client = reqwest_middleware::ClientBuilder::new(reqwest::Client::builder().redirect(recorded).build()?)
 ///     .with(RetryMiddleware::new())
-///     .with(TransportEvidence::new())
+///     .with(TransportEvidence::with_client_redirects(ClientRedirects::Recorded))
 ///     .build();
 /// let request = client.get("http://127.0.0.1:1/").build()?;
 /// let mut extensions = Extensions::new();

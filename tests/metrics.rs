@@ -71,6 +71,7 @@ fn reqwest_client() -> reqwest::Client {
 
 #[test]
 fn a_scripted_scenario_reports_exact_counts_for_every_instrument() {
+    support::label_every_origin();
     let recorder = DebuggingRecorder::new();
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -276,6 +277,7 @@ async fn scenario() -> (Origin, String) {
 
 #[test]
 fn a_hedge_winning_is_counted_as_sent_and_won_and_a_spent_budget_as_skipped() {
+    support::label_every_origin();
     let recorder = DebuggingRecorder::new();
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -336,6 +338,7 @@ fn a_hedge_winning_is_counted_as_sent_and_won_and_a_spent_budget_as_skipped() {
 
 #[test]
 fn a_shared_get_counts_its_sender_once_and_each_caller_that_joined() {
+    support::label_every_origin();
     let recorder = DebuggingRecorder::new();
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -378,6 +381,7 @@ fn a_shared_get_counts_its_sender_once_and_each_caller_that_joined() {
 
 #[test]
 fn a_resumed_body_is_a_retry_for_body_interrupted_and_its_range_request_an_attempt() {
+    support::label_every_origin();
     use support::ranged::{Fault, RangedServer, Representation};
     let recorder = DebuggingRecorder::new();
     let runtime = tokio::runtime::Builder::new_current_thread()

@@ -624,6 +624,7 @@ mod recorder {
 #[cfg(feature = "metrics")]
 #[tokio::test(start_paused = true)]
 async fn metrics_gauges_follow_limit_and_in_flight_and_rejections_are_counted_per_origin() {
+    support::label_every_origin();
     let captured = recorder::Captured::default();
     let registry = LimiterRegistry::new(LimiterConfig::fixed(2)).unwrap();
     let origin = Origin::parse("http://metrics.example:8080").unwrap();

@@ -72,6 +72,7 @@ fn reqwest_client() -> reqwest::Client {
 
 #[test]
 fn a_scripted_scenario_reports_exact_counts_for_every_instrument() {
+    support::label_every_origin();
     let recorder = DebuggingRecorder::new();
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -279,6 +280,7 @@ async fn scenario() -> (Origin, String) {
 
 #[test]
 fn a_hedge_winning_is_counted_as_sent_and_won_and_a_spent_budget_as_skipped() {
+    support::label_every_origin();
     let recorder = DebuggingRecorder::new();
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -339,6 +341,7 @@ fn a_hedge_winning_is_counted_as_sent_and_won_and_a_spent_budget_as_skipped() {
 
 #[test]
 fn a_shared_get_counts_its_sender_once_and_each_caller_that_joined() {
+    support::label_every_origin();
     let recorder = DebuggingRecorder::new();
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -381,6 +384,7 @@ fn a_shared_get_counts_its_sender_once_and_each_caller_that_joined() {
 
 #[test]
 fn a_resumed_body_is_a_retry_for_body_interrupted_and_its_range_request_an_attempt() {
+    support::label_every_origin();
     use support::ranged::{Fault, RangedServer, Representation};
     let recorder = DebuggingRecorder::new();
     let runtime = tokio::runtime::Builder::new_current_thread()

@@ -578,6 +578,7 @@ async fn an_answer_from_another_origin_after_a_redirect_teaches_the_first_nothin
 #[cfg(feature = "metrics")]
 #[test]
 fn each_rejection_is_counted_in_the_rate_rejections_metric() {
+    support::label_every_origin();
     use metrics_util::debugging::{DebugValue, DebuggingRecorder};
     let recorder = DebuggingRecorder::new();
     let rt = tokio::runtime::Builder::new_current_thread()

@@ -1093,11 +1093,10 @@ async fn a_retry_policies_policy_drives_the_delays_and_the_limit() {
     assert_eq!(res.unwrap().status(), 503);
     assert_eq!(server.requests_seen(), 3);
     assert_eq!(outcome(&ext).stop, StopReason::RetriesExhausted);
-    // The policy computes from the wall clock, so each delay is at most its 1 s.
-    assert!(
-        took <= S(2) && took > Duration::from_millis(1900),
-        "{took:?}"
-    );
+    // The policy computes from the wall clock, so each delay is at most its 1 s, less the
+    // wall-clock time between the policy's answer and the sleep (on a loaded machine that
+    // can be tens of milliseconds: the lower bound only says both delays were slept).
+    assert!(took <= S(2) && took > S(1), "{took:?}");
 }
 
 #[tokio::test(start_paused = true)]

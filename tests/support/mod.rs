@@ -352,6 +352,15 @@ impl FaultServer {
     }
 }
 
+/// Lets every origin have a metrics label of its own from now on, in this process. The
+/// bound on labelled origins (1 000 by default) is process-wide, and in the shared test
+/// binary (`tests/it`) the other tests' loopback origins can use it up before a test that
+/// asserts its own origin's label runs (that origin would then be labelled `other`).
+#[cfg(feature = "metrics")]
+pub fn label_every_origin() {
+    reqwest_resilience::metrics::set_max_origin_labels(usize::MAX);
+}
+
 /// A loopback port with no listener: connecting to it is refused.
 ///
 /// Binds a listener on an ephemeral port and drops it; the kernel does not hand that port

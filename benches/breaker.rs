@@ -19,7 +19,7 @@ use http::Extensions;
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware};
 use reqwest_resilience::Origin;
 use reqwest_resilience::breaker::{
-    Breaker, BreakerConfig, BreakerRegistry, CircuitBreakerMiddleware, Outcome,
+    BreakerConfig, BreakerRegistry, CircuitBreakerMiddleware, Outcome,
 };
 
 const OPS: u32 = 2_000_000;
@@ -117,9 +117,10 @@ fn main() {
             "on"
         }
     );
+    // (The breaker's own size, 248 bytes, is asserted by the crate's unit tests: the
+    // breaker state is not public.)
     println!(
-        "sizes: Breaker {} bytes; fixed memory per tracked origin {} bytes + origin text",
-        Breaker::SIZE,
+        "sizes: fixed memory per tracked origin {} bytes + origin text",
         BreakerRegistry::BYTES_PER_ORIGIN
     );
 

@@ -80,7 +80,7 @@ const ROWS: &[Row] = &[
         name: "`Resilience::new()`",
         stacking: Stacking::Layers(|client, _| {
             Resilience::new()
-                .client_builder(client)
+                .install(reqwest_middleware::ClientBuilder::new(client))
                 .expect("stack")
                 // The no-I/O mode adds `Answer200` innermost, a test double for the wire.
                 .inside_transport_step()
@@ -91,7 +91,7 @@ const ROWS: &[Row] = &[
         stacking: Stacking::Layers(|client, _| {
             Resilience::new()
                 .rate_limit(reqwest_resilience::rate::RateLimitConfig::default())
-                .client_builder(client)
+                .install(reqwest_middleware::ClientBuilder::new(client))
                 .expect("stack")
                 .inside_transport_step()
         }),
@@ -101,7 +101,7 @@ const ROWS: &[Row] = &[
         stacking: Stacking::Layers(|client, url| {
             Resilience::new()
                 .bearer(bearer(url))
-                .client_builder(client)
+                .install(reqwest_middleware::ClientBuilder::new(client))
                 .expect("stack")
                 .inside_transport_step()
         }),
@@ -111,8 +111,8 @@ const ROWS: &[Row] = &[
         stacking: Stacking::Layers(|client, url| {
             Resilience::new()
                 .bearer(bearer(url))
-                .per_attempt(Passthrough)
-                .client_builder(client)
+                .per_attempt(std::sync::Arc::new(Passthrough))
+                .install(reqwest_middleware::ClientBuilder::new(client))
                 .expect("stack")
                 .inside_transport_step()
         }),

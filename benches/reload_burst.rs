@@ -112,7 +112,7 @@ async fn burst_stack(
     })?;
     let stack = Resilience::new().breaker(registry);
     let stack = match deadline {
-        Some(d) => stack.total_deadline(d),
+        Some(d) => stack.retry(reqwest_resilience::RetryMiddleware::builder().total_deadline(d)),
         None => stack,
     };
     let client = stack.build_from(reqwest::Client::builder().no_proxy())?;

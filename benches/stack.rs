@@ -154,7 +154,7 @@ async fn cpu_cost(client: &reqwest::Client, url: &str, bearer: BearerAuth) {
     // where adding middleware after the stack makes sense).
     let full = Resilience::new()
         .bearer(bearer)
-        .client_builder(client.clone())
+        .install(reqwest_middleware::ClientBuilder::new(client.clone()))
         .expect("stack")
         .inside_transport_step()
         .with(Answer200)

@@ -17,11 +17,12 @@ use std::time::{Duration, Instant};
 use common::{FlakyServer, Reply, refused_url};
 use http::Extensions;
 use reqwest_middleware::ClientWithMiddleware;
+use reqwest_resilience::RetryMiddleware;
 use reqwest_resilience::breaker::{
     BreakerConfig, BreakerRegistry, BreakerState, SlowCalls, TripPolicy,
 };
 use reqwest_resilience::coalesce::CoalesceGets;
-use reqwest_resilience::retry::{Hedge, Hedging, MaxRetries};
+use reqwest_resilience::retry::{Hedge, Hedging, MaxRetries, RetryMiddlewareBuilder};
 use reqwest_resilience::{
     AccessToken, AttemptDecision, AttemptHistory, AttemptRecord, Backoff, BearerAuth, Origin,
     Redirects, Resilience, ResilienceError, RetryBudget, TokenManager, Transmission,
@@ -39,7 +40,12 @@ fn demo_backoff() -> Result<Backoff, BoxError> {
 
 /// The stack every scene starts from: the defaults, with the demo's short backoff.
 fn demo_stack() -> Result<Resilience, BoxError> {
-    Ok(Resilience::new().backoff(demo_backoff()?))
+    Ok(Resilience::new().retry(demo_retry()?))
+}
+
+/// The demo stack's retry, to change one of its settings (`.retry(demo_retry()?.…)`).
+fn demo_retry() -> Result<RetryMiddlewareBuilder, BoxError> {
+    Ok(RetryMiddleware::builder().backoff(demo_backoff()?))
 }
 
 /// One line of the summary table.
@@ -527,9 +533,9 @@ async fn budget(tour: &mut Tour) -> Result<(), BoxError> {
         let stack = if with_budget {
             // 20 % of requests, as the default; the default's floor of 10 retries/s is
             // set to 0 so that this small demo shows the ratio.
-            stack.retry_budget(RetryBudget::new(Duration::from_secs(10), 0, 0.2)?)
+            stack.retry(demo_retry()?.budget(RetryBudget::new(Duration::from_secs(10), 0, 0.2)?))
         } else {
-            stack.no_retry_budget()
+            stack.retry(demo_retry()?.no_budget())
         };
         let client = stack.build_from(reqwest::Client::builder())?;
         run_concurrently(&client, &server.url("/report"), 50).await?;
@@ -673,7 +679,7 @@ async fn overload(tour: &mut Tour) -> Result<(), BoxError> {
         let limits =
             LimiterRegistry::new(LimiterConfig::fixed(4).queue(queue, Duration::from_secs(1)))?;
         let client = demo_stack()?
-            .concurrency_limiter(limits.clone())
+            .concurrency_limit(limits.clone())
             .build_from(reqwest::Client::builder())?;
         let mut tasks = tokio::task::JoinSet::new();
         for _ in 0..12 {
@@ -737,7 +743,7 @@ async fn hedging(tour: &mut Tour) -> Result<(), BoxError> {
     })
     .await?;
     let client = demo_stack()?
-        .hedging(Hedging::fixed(Duration::from_millis(100)))
+        .retry(demo_retry()?.hedging(Hedging::fixed(Duration::from_millis(100))))
         .build_from(reqwest::Client::builder())?;
     let t0 = Instant::now();
     let (result, history) = send(
@@ -774,7 +780,7 @@ async fn attempt_timeout(tour: &mut Tour) -> Result<(), BoxError> {
     .await?;
     let client = demo_stack()?
         .no_breaker()
-        .attempt_timeout(Duration::from_millis(200))
+        .retry(demo_retry()?.attempt_timeout(Duration::from_millis(200)))
         .build_from(reqwest::Client::builder())?;
     let (_, history) = send(&client, client.get(server.url("/slow")), Extensions::new()).await?;
     print_history(&history);
@@ -827,7 +833,7 @@ async fn hedging_safe_methods(tour: &mut Tour) -> Result<(), BoxError> {
     })
     .await?;
     let client = demo_stack()?
-        .hedging(Hedging::fixed(Duration::from_millis(50)))
+        .retry(demo_retry()?.hedging(Hedging::fixed(Duration::from_millis(50))))
         .build_from(reqwest::Client::builder())?;
     let keyed = client
         .post(server.url("/payments"))
@@ -878,8 +884,7 @@ async fn visible_retries_with_uvs_rules(tour: &mut Tour) -> Result<(), BoxError>
     .await?;
     let notices = Arc::new(AtomicUsize::new(0));
     let client = demo_stack()?
-        .retry_strategy(uv_transient())
-        .before_sleep({
+        .retry(demo_retry()?.strategy(uv_transient()).before_sleep({
             let notices = notices.clone();
             move |n| {
                 notices.fetch_add(1, Ordering::SeqCst);
@@ -891,7 +896,7 @@ async fn visible_retries_with_uvs_rules(tour: &mut Tour) -> Result<(), BoxError>
                     n.attempt, n.delay
                 );
             }
-        })
+        }))
         .build_from(reqwest::Client::builder())?;
     let exchange = client.get(server.url("/simple/")).send_with_history().await;
     print_history(&exchange.history);
@@ -1154,7 +1159,7 @@ async fn like_reqwest_retry(tour: &mut Tour) -> Result<(), BoxError> {
     })
     .await?;
     let client = Resilience::like_reqwest_retry()
-        .backoff(demo_backoff()?)
+        .retry(RetryMiddleware::like_reqwest_retry().backoff(demo_backoff()?))
         .build_from(reqwest::Client::builder())?;
     let (get, history) = send(
         &client,

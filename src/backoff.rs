@@ -296,7 +296,7 @@ pub trait RandomSource: Send + Sync + fmt::Debug {
 
 /// The thread-local generator of `rand` (the default).
 #[derive(Debug, Clone, Copy, Default)]
-pub struct ThreadRandom;
+pub(crate) struct ThreadRandom;
 
 impl RandomSource for ThreadRandom {
     fn next_unit(&self) -> f64 {

@@ -31,9 +31,9 @@ use std::io;
 
 /// How deep [`links`] walks: no connector or client builds a chain deeper than this, and a
 /// cyclic `source()` (a bug, but reachable through user types) must not loop forever.
-pub const MAX_DEPTH: usize = 32;
+pub(crate) const MAX_DEPTH: usize = 32;
 
-/// Every error of `err`'s chain, `err` first, at most [`MAX_DEPTH`] of them; descends into
+/// Every error of `err`'s chain, `err` first, at most 32 of them; descends into
 /// the error an `io::Error` or a `reqwest_middleware::Error` wraps (see the module docs).
 pub fn links<'a>(
     err: &'a (dyn StdError + 'static),

@@ -111,7 +111,7 @@ async fn retry_with_the_transport_step_adds_fifteen_allocations_per_request() {
 #[tokio::test]
 async fn the_quick_start_stack_adds_fifteen_allocations_per_request() {
     let client = Resilience::new()
-        .client_builder(reqwest_client())
+        .install(reqwest_middleware::ClientBuilder::new(reqwest_client()))
         .unwrap()
         .inside_transport_step()
         .with(Answer200)
@@ -130,7 +130,7 @@ async fn the_quick_start_stack_adds_fifteen_allocations_per_request() {
 async fn the_full_stack_with_bearer_adds_seventeen_allocations_per_request() {
     let client = Resilience::new()
         .bearer(bearer())
-        .client_builder(reqwest_client())
+        .install(reqwest_middleware::ClientBuilder::new(reqwest_client()))
         .unwrap()
         .inside_transport_step()
         .with(Answer200)
@@ -149,7 +149,7 @@ async fn the_full_stack_with_bearer_adds_seventeen_allocations_per_request() {
 async fn the_quick_start_stack_with_a_concurrency_limit_adds_fifteen_allocations_per_request() {
     let client = Resilience::new()
         .concurrency_limit(reqwest_resilience::limit::LimiterConfig::default())
-        .client_builder(reqwest_client())
+        .install(reqwest_middleware::ClientBuilder::new(reqwest_client()))
         .unwrap()
         .inside_transport_step()
         .with(Answer200)

@@ -15,10 +15,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use astral_reqwest_middleware as fork;
 use http::Extensions;
+use reqwest_resilience::RetryMiddleware;
 use reqwest_resilience::breaker::{BreakerConfig, BreakerRegistry};
 use reqwest_resilience::redirect::ClientRedirects;
 use reqwest_resilience::retry::{RetryOutcome, StopReason};
 use reqwest_resilience::stack::StackPart;
+use reqwest_resilience::stack::astral::AstralResilience;
 use reqwest_resilience::{
     AttemptHistory, Backoff, BreakerState, CircuitBreakerMiddleware, FailureKind, Jitter, Origin,
     Resilience, ResilienceError, StackError, Transmission, TransportEvidence,
@@ -49,7 +51,11 @@ fn exact_backoff() -> Backoff {
 
 /// The stack with exact delays and no budget, for exact counts.
 fn exact_stack() -> Resilience {
-    Resilience::new().backoff(exact_backoff()).no_retry_budget()
+    Resilience::new().retry(
+        RetryMiddleware::builder()
+            .backoff(exact_backoff())
+            .no_budget(),
+    )
 }
 
 /// The fork client with each middleware used alone, in the order `Resilience` uses.
@@ -246,7 +252,7 @@ async fn a_fork_middleware_per_attempt_sees_every_attempt_and_the_evidence_stays
     let seen = Arc::new(AtomicUsize::new(0));
     let shared: Arc<dyn fork::Middleware> = Arc::new(Counting(seen.clone()));
     let client = exact_stack()
-        .per_attempt_astral_arc(shared)
+        .per_attempt_astral(shared)
         .build_from_astral(loopback_builder())
         .unwrap();
     assert_refused_post_retried(&client).await;
@@ -266,7 +272,7 @@ async fn the_stack_as_one_middleware_serves_a_fork_builder_made_later() {
 fn a_per_attempt_middleware_of_the_other_trait_is_refused_at_build_time() {
     let seen = Arc::new(AtomicUsize::new(0));
     let err = Resilience::new()
-        .per_attempt_astral(Counting(seen))
+        .per_attempt_astral(Arc::new(Counting(seen)))
         .build(no_redirects())
         .unwrap_err();
     assert!(matches!(
@@ -276,7 +282,7 @@ fn a_per_attempt_middleware_of_the_other_trait_is_refused_at_build_time() {
         })
     ));
     let err = Resilience::new()
-        .per_attempt(TransportEvidence::new())
+        .per_attempt(Arc::new(TransportEvidence::new()))
         .build_astral(no_redirects())
         .unwrap_err();
     assert!(matches!(
@@ -351,7 +357,7 @@ async fn the_stack_as_a_fork_middleware_list_serves_a_client_built_later() {
     let seen = Arc::new(AtomicUsize::new(0));
     let middlewares = exact_stack()
         .client_redirects(ClientRedirects::Off)
-        .per_attempt_astral(Counting(seen.clone()))
+        .per_attempt_astral(Arc::new(Counting(seen.clone())))
         .into_middlewares_astral()
         .unwrap();
     assert_eq!(

@@ -829,7 +829,7 @@ async fn under_a_limit_of_one_the_cut_body_gives_its_permit_back_and_each_resume
     let client = Resilience::new()
         .retry(retry(3))
         .no_breaker()
-        .concurrency_limiter(registry.clone())
+        .concurrency_limit(registry.clone())
         .resume_bodies(true)
         .build(support::loopback_client())
         .unwrap();

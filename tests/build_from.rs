@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use http::Extensions;
 use reqwest_middleware::ClientWithMiddleware;
+use reqwest_resilience::RetryMiddleware;
 use reqwest_resilience::breaker::{BreakerConfig, BreakerRegistry};
 use reqwest_resilience::misconfig::Misconfiguration;
 use reqwest_resilience::redirect::ClientRedirects;
@@ -39,9 +40,11 @@ fn unrecorded_client() -> reqwest::Client {
 }
 
 fn exact_stack() -> Resilience {
-    Resilience::new()
-        .backoff(Backoff::builder().jitter(Jitter::None).build().unwrap())
-        .no_retry_budget()
+    Resilience::new().retry(
+        RetryMiddleware::builder()
+            .backoff(Backoff::builder().jitter(Jitter::None).build().unwrap())
+            .no_budget(),
+    )
 }
 
 async fn execute(
@@ -344,7 +347,7 @@ async fn a_shared_per_attempt_middleware_sees_every_attempt() {
         vec![Arc::new(Counting(seen.clone()))];
     let client = extra
         .iter()
-        .fold(exact_stack(), |stack, m| stack.per_attempt_arc(m.clone()))
+        .fold(exact_stack(), |stack, m| stack.per_attempt(m.clone()))
         .build_from(loopback_builder())
         .unwrap();
     let dead = HeldRefusedPort::new();
@@ -410,7 +413,7 @@ async fn the_stack_as_one_middleware_serves_a_client_built_later() {
 #[test]
 fn one_middleware_cannot_hold_per_attempt_middlewares() {
     let err = Resilience::new()
-        .per_attempt(Counting(Arc::default()))
+        .per_attempt(Arc::new(Counting(Arc::default())))
         .into_middleware()
         .unwrap_err();
     assert!(matches!(
@@ -429,7 +432,7 @@ async fn the_stack_as_a_middleware_list_serves_a_lazily_built_client_with_per_at
     middlewares.extend(
         exact_stack()
             .client_redirects(ClientRedirects::Recorded)
-            .per_attempt(Counting(per_attempt.clone()))
+            .per_attempt(Arc::new(Counting(per_attempt.clone())))
             .into_middlewares()
             .unwrap(),
     );

@@ -472,7 +472,9 @@ async fn dropping_a_composed_stack_request_during_its_401_replay_frees_the_probe
             let client = Resilience::new()
                 .breaker(registry.clone())
                 .bearer(auth)
-                .client_builder(reqwest::Client::new())
+                .install(reqwest_middleware::ClientBuilder::new(
+                    reqwest::Client::new(),
+                ))
                 .unwrap()
                 .inside_transport_step()
                 .with(transport)

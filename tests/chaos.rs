@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use http::Extensions;
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware};
+use reqwest_resilience::RetryMiddleware;
 use reqwest_resilience::chaos::{Chaos, Fault, Injection};
 use reqwest_resilience::redirect::ClientRedirects;
 use reqwest_resilience::{
@@ -46,7 +47,7 @@ fn client(chaos: &Chaos) -> ClientWithMiddleware {
 
 fn stack(chaos: &Chaos, max_retries: u32) -> ClientWithMiddleware {
     Resilience::new()
-        .max_retries(max_retries)
+        .retry(RetryMiddleware::builder().max_retries(max_retries))
         .client_redirects(ClientRedirects::Off)
         .chaos(chaos.clone())
         .build(reqwest_client())

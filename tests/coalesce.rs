@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use http::Extensions;
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware, Middleware, Next};
+use reqwest_resilience::RetryMiddleware;
 use reqwest_resilience::breaker::{BreakerConfig, BreakerRegistry, BreakerState, TripPolicy};
 use reqwest_resilience::coalesce::CoalesceGets;
 use reqwest_resilience::evidence::{Shared, SharedRole};
@@ -485,12 +486,14 @@ async fn in_the_stack_the_shared_request_is_retried_once_for_every_caller() {
     let server =
         FaultServer::sequence(vec![slow(Action::status(503))], slow(Action::ok("ok"))).await;
     let client = Resilience::new()
-        .backoff(
-            reqwest_resilience::Backoff::builder()
-                .base(Duration::from_millis(10))
-                .jitter(reqwest_resilience::Jitter::None)
-                .build()
-                .unwrap(),
+        .retry(
+            RetryMiddleware::builder().backoff(
+                reqwest_resilience::Backoff::builder()
+                    .base(Duration::from_millis(10))
+                    .jitter(reqwest_resilience::Jitter::None)
+                    .build()
+                    .unwrap(),
+            ),
         )
         .coalesce_gets(CoalesceGets::new())
         .build(support::loopback_client())
@@ -785,14 +788,14 @@ fn coalescing_with_a_per_attempt_middleware_is_refused_at_build() {
     let stack = || {
         Resilience::new()
             .coalesce_gets(CoalesceGets::new())
-            .per_attempt(TenantKey)
+            .per_attempt(Arc::new(TenantKey))
     };
     assert!(refused(stack().build(support::loopback_client()).map(drop)));
     assert!(refused(stack().into_middlewares().map(drop)));
     // Without coalescing the per-attempt middleware is fine.
     assert!(
         Resilience::new()
-            .per_attempt(TenantKey)
+            .per_attempt(Arc::new(TenantKey))
             .build(support::loopback_client())
             .is_ok()
     );

@@ -16,7 +16,9 @@ use reqwest_middleware::{ClientBuilder, ClientWithMiddleware, Middleware, Next};
 use reqwest_resilience::breaker::{BreakerConfig, BreakerRegistry, BreakerState, TripPolicy};
 use reqwest_resilience::misconfig::Misconfiguration;
 use reqwest_resilience::redirect::{self, ClientRedirects};
-use reqwest_resilience::retry::{ErrorWrapping, RetryError, RetryOutcome, StopReason};
+use reqwest_resilience::retry::{
+    ErrorWrapping, RetryError, RetryMiddlewareBuilder, RetryOutcome, StopReason,
+};
 use reqwest_resilience::{
     AccessToken, AttemptDecision, AttemptHistory, Backoff, BearerAuth, CircuitBreakerMiddleware,
     FailureKind, Jitter, Origin, Resilience, ResilienceError, RetryMiddleware, TokenManager,
@@ -47,7 +49,12 @@ fn recorded_client() -> reqwest::Client {
 
 /// 1 s, 2 s, 4 s without jitter.
 fn exact() -> Resilience {
-    Resilience::new().backoff(Backoff::builder().jitter(Jitter::None).build().unwrap())
+    Resilience::new().retry(exact_retry())
+}
+
+/// [`exact`]'s retry, to change one of its settings.
+fn exact_retry() -> RetryMiddlewareBuilder {
+    RetryMiddleware::builder().backoff(Backoff::builder().jitter(Jitter::None).build().unwrap())
 }
 
 async fn execute(
@@ -136,7 +143,10 @@ async fn through_resilience_new_a_reqwest_timeout_answers_is_timeout() {
         .timeout(S(2))
         .build()
         .unwrap();
-    let client = exact().max_retries(1).build(http).unwrap();
+    let client = Resilience::new()
+        .retry(exact_retry().max_retries(1))
+        .build(http)
+        .unwrap();
     let url = server.url("/slow");
     let (result, ext, _) = execute(&client, client.get(&url)).await;
     let err = result.unwrap_err();
@@ -152,8 +162,8 @@ async fn through_resilience_new_a_reqwest_timeout_answers_is_timeout() {
 
 #[tokio::test(start_paused = true)]
 async fn error_wrapping_always_is_the_opt_in_to_the_count_on_the_error() {
-    let client = exact()
-        .error_wrapping(ErrorWrapping::Always)
+    let client = Resilience::new()
+        .retry(exact_retry().error_wrapping(ErrorWrapping::Always))
         .build(reqwest_client())
         .unwrap();
     let url = format!("http://127.0.0.1:{}/", refused_port());
@@ -191,8 +201,8 @@ async fn a_breaker_rejection_is_found_by_find_with_retry_on_and_off_and_retry_er
         .breaker(registry.clone())
         .build(reqwest_client())
         .unwrap();
-    let with_retry = exact()
-        .total_deadline(S(5))
+    let with_retry = Resilience::new()
+        .retry(exact_retry().total_deadline(S(5)))
         .breaker(registry.clone())
         .build(reqwest_client())
         .unwrap();
@@ -260,9 +270,12 @@ async fn a_breaker_rejection_is_found_by_find_with_retry_on_and_off_and_retry_er
 #[tokio::test(start_paused = true)]
 async fn an_open_breaker_is_named_with_its_origin_in_the_top_level_message() {
     let server = FaultServer::always(Action::status(503)).await;
-    let client = exact()
-        .max_retries(0)
-        .error_wrapping(ErrorWrapping::Always)
+    let client = Resilience::new()
+        .retry(
+            exact_retry()
+                .max_retries(0)
+                .error_wrapping(ErrorWrapping::Always),
+        )
         .breaker(trip_on_first_failure())
         .build(reqwest_client())
         .unwrap();
@@ -528,7 +541,7 @@ async fn each_middleware_of_this_crate_added_after_the_transport_step_is_refused
             "RetryMiddleware",
             Resilience::new()
                 .no_breaker()
-                .client_builder(reqwest_client())
+                .install(reqwest_middleware::ClientBuilder::new(reqwest_client()))
                 .unwrap()
                 .inside_transport_step()
                 .with(RetryMiddleware::new())
@@ -592,10 +605,10 @@ async fn a_request_made_by_another_resilient_client_inside_a_request_is_not_a_mi
     let server = FaultServer::always(Action::ok("ok")).await;
     let side = Resilience::new().build(reqwest_client()).unwrap();
     let client = Resilience::new()
-        .per_attempt(SideRequest {
+        .per_attempt(Arc::new(SideRequest {
             client: side,
             url: server.url("/side"),
-        })
+        }))
         .build(reqwest_client())
         .unwrap();
     let response = client.get(server.url("/main")).send().await.unwrap();
@@ -630,9 +643,12 @@ async fn a_missing_transport_step_is_reported_once_per_process_and_the_request_s
 async fn error_wrapping_never_returns_a_breaker_rejection_bare_with_retry_on() {
     let server = FaultServer::always(Action::status(503)).await;
     let registry = trip_on_first_failure();
-    let client = exact()
-        .max_retries(0)
-        .error_wrapping(ErrorWrapping::Never)
+    let client = Resilience::new()
+        .retry(
+            exact_retry()
+                .max_retries(0)
+                .error_wrapping(ErrorWrapping::Never),
+        )
         .breaker(registry)
         .build(reqwest_client())
         .unwrap();
@@ -651,21 +667,21 @@ async fn error_wrapping_never_returns_a_breaker_rejection_bare_with_retry_on() {
     assert_eq!(server.requests_seen(), 1);
 }
 
-#[test]
-fn error_wrapping_for_a_prebuilt_retry_is_a_conflict() {
-    let err = Resilience::new()
+/// What was a conflict (`error_wrapping` beside a prebuilt retry, refused) cannot be
+/// written: the wrapping is set on the retry, and a later `.retry(..)` replaces an
+/// earlier prebuilt one whole, so it applies.
+#[tokio::test(start_paused = true)]
+async fn error_wrapping_is_set_on_the_retry_which_replaces_a_prebuilt_one() {
+    let client = Resilience::new()
         .retry(RetryMiddleware::new())
-        .error_wrapping(ErrorWrapping::Always)
+        .retry(exact_retry().error_wrapping(ErrorWrapping::Always))
         .build(reqwest_client())
-        .unwrap_err();
-    assert!(
-        matches!(
-            err,
-            ResilienceError::InvalidStack(reqwest_resilience::StackError::Conflict {
-                part: reqwest_resilience::stack::StackPart::Retry,
-                setting: "error_wrapping",
-            })
-        ),
-        "{err:?}"
-    );
+        .unwrap();
+    let url = format!("http://127.0.0.1:{}/", refused_port());
+    let err = client.get(&url).send().await.unwrap_err();
+    assert!(!err.is_connect(), "wrapped: reqwest's answers are inside");
+    assert!(matches!(
+        ResilienceError::find(&err),
+        Some(ResilienceError::Retry(_))
+    ));
 }

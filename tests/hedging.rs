@@ -454,7 +454,7 @@ async fn the_adaptive_delay_learns_the_origins_percentile() {
     );
     let c = Resilience::new()
         .breaker(reg.clone())
-        .hedging(hedging.clone())
+        .retry(RetryMiddleware::builder().hedging(hedging.clone()))
         .build(loopback_client())
         .unwrap();
     let origin = Origin::parse(&server.url("/")).unwrap();
@@ -712,7 +712,7 @@ async fn a_hedge_refused_by_the_limiter_leaves_the_race_to_the_first_copy() {
     let c = Resilience::new()
         .breaker(reg.clone())
         .concurrency_limit(LimiterConfig::fixed(1))
-        .hedging(Hedging::fixed(MS(50)).budget(budget.clone()))
+        .retry(RetryMiddleware::builder().hedging(Hedging::fixed(MS(50)).budget(budget.clone())))
         .build(loopback_client())
         .unwrap();
     let sent = send(&c, c.get(server.url("/slow"))).await;

@@ -14,8 +14,11 @@ use std::time::Duration;
 
 use http::Extensions;
 use reqwest_middleware::ClientWithMiddleware;
+use reqwest_resilience::RetryMiddleware;
 use reqwest_resilience::breaker::{BreakerConfig, BreakerRegistry};
-use reqwest_resilience::retry::{RetryAfterPolicy, RetryOutcome, StopReason};
+use reqwest_resilience::retry::{
+    RetryAfterPolicy, RetryMiddlewareBuilder, RetryOutcome, StopReason,
+};
 use reqwest_resilience::{
     AccessToken, AttemptHistory, Backoff, BearerAuth, FailureKind, Jitter, Origin, Resilience,
     ResilienceError, TokenManager, Transmission,
@@ -39,12 +42,16 @@ fn plain_client() -> reqwest::Client {
     reqwest::Client::builder().no_proxy().build().unwrap()
 }
 
-fn stack(resilience: Resilience, client: reqwest::Client) -> ClientWithMiddleware {
-    resilience
+/// The retry of every stack here: fast backoff, no budget.
+fn retry() -> RetryMiddlewareBuilder {
+    RetryMiddleware::builder()
         .backoff(fast_backoff())
-        .no_retry_budget()
-        .build(client)
-        .unwrap()
+        .no_budget()
+}
+
+/// `resilience` (its retry from [`retry`]) over `client`.
+fn stack(resilience: Resilience, client: reqwest::Client) -> ClientWithMiddleware {
+    resilience.build(client).unwrap()
 }
 
 async fn send(
@@ -102,7 +109,10 @@ async fn a_one_mebibyte_response_header_is_a_protocol_failure_and_a_post_is_not_
     bounded(async {
         let big = "x".repeat(1024 * 1024);
         let server = FaultServer::always(Action::ok("hi").header("x-big", &big)).await;
-        let client = stack(Resilience::new().max_retries(2), plain_client());
+        let client = stack(
+            Resilience::new().retry(retry().max_retries(2)),
+            plain_client(),
+        );
 
         let (get, ext) = send(&client, client.get(server.url("/get"))).await;
         assert!(get.is_err());
@@ -131,7 +141,10 @@ async fn ten_thousand_response_headers_are_a_protocol_failure_not_a_hang() {
             action = action.header(&format!("x-h{i}"), "v");
         }
         let server = FaultServer::always(action).await;
-        let client = stack(Resilience::new().max_retries(1), plain_client());
+        let client = stack(
+            Resilience::new().retry(retry().max_retries(1)),
+            plain_client(),
+        );
         let (result, ext) = send(&client, client.get(server.url("/"))).await;
         assert!(result.is_err());
         assert_protocol_failures(&ext, 2);
@@ -148,7 +161,9 @@ async fn retry_after_of_twenty_nines_is_ignored_and_the_backoff_applies() {
                 .await;
         let registry = BreakerRegistry::default();
         let client = stack(
-            Resilience::new().max_retries(2).breaker(registry.clone()),
+            Resilience::new()
+                .retry(retry().max_retries(2))
+                .breaker(registry.clone()),
             plain_client(),
         );
         let (result, ext) = send(&client, client.get(server.url("/"))).await;
@@ -177,8 +192,11 @@ async fn a_huge_valid_retry_after_is_capped_for_the_retry_and_the_shared_pause()
         let registry = BreakerRegistry::new(BreakerConfig::default().max_pause(max_pause)).unwrap();
         let client = stack(
             Resilience::new()
-                .max_retries(3)
-                .retry_after_cap(Duration::from_secs(60), RetryAfterPolicy::GiveUp)
+                .retry(
+                    retry()
+                        .max_retries(3)
+                        .retry_after_cap(Duration::from_secs(60), RetryAfterPolicy::GiveUp),
+                )
                 .breaker(registry.clone()),
             plain_client(),
         );
@@ -208,7 +226,7 @@ async fn ten_thousand_redirects_stop_at_the_redirect_limit_and_are_not_retried()
             }
         })
         .await;
-        let client = stack(Resilience::new(), plain_client());
+        let client = stack(Resilience::new().retry(retry()), plain_client());
         let (result, ext) = send(&client, client.get(server.url("/hop/0"))).await;
         let err = result.unwrap_err();
         assert_eq!(
@@ -325,7 +343,7 @@ async fn a_slowloris_head_ends_in_the_client_timeout_and_only_idempotent_request
             .timeout(Duration::from_millis(300))
             .build()
             .unwrap();
-        let client = stack(Resilience::new().max_retries(2), http);
+        let client = stack(Resilience::new().retry(retry().max_retries(2)), http);
 
         let (result, ext) = send(&client, client.get(server.url())).await;
         let err = result.unwrap_err();
@@ -358,7 +376,7 @@ async fn a_slowloris_body_ends_in_the_client_timeout_while_reading() {
             .timeout(Duration::from_millis(300))
             .build()
             .unwrap();
-        let client = stack(Resilience::new(), http);
+        let client = stack(Resilience::new().retry(retry()), http);
         let (result, ext) = send(&client, client.get(server.url())).await;
         // The head came in time: one attempt, returned as is.
         let response = result.unwrap();
@@ -376,7 +394,7 @@ async fn a_slowloris_head_ends_at_the_total_deadline_without_a_client_timeout() 
         let server = Slowloris::start(SlowPart::Head, Duration::from_millis(50)).await;
         // No reqwest timeout at all: only the stack's deadline bounds the request.
         let client = stack(
-            Resilience::new().total_deadline(Duration::from_millis(400)),
+            Resilience::new().retry(retry().total_deadline(Duration::from_millis(400))),
             plain_client(),
         );
         let (result, ext) = send(&client, client.get(server.url())).await;
@@ -397,7 +415,7 @@ async fn endless_interim_responses_end_at_the_total_deadline() {
     bounded(async {
         let server = Slowloris::start(SlowPart::Informational, Duration::from_millis(5)).await;
         let client = stack(
-            Resilience::new().total_deadline(Duration::from_millis(300)),
+            Resilience::new().retry(retry().total_deadline(Duration::from_millis(300))),
             plain_client(),
         );
         let (result, ext) = send(&client, client.get(server.url())).await;
@@ -437,7 +455,10 @@ async fn a_401_loop_is_replayed_once_then_returned() {
             .allow_http_on_loopback()
             .build()
             .unwrap();
-        let client = stack(Resilience::new().bearer(auth), plain_client());
+        let client = stack(
+            Resilience::new().retry(retry()).bearer(auth),
+            plain_client(),
+        );
         let (result, ext) = send(&client, client.get(server.url("/"))).await;
         assert_eq!(result.unwrap().status(), 401);
         assert_eq!(outcome(&ext).attempts, 1, "a 401 is final for the retry");
@@ -478,7 +499,10 @@ async fn a_cross_origin_redirect_after_a_401_never_carries_the_token() {
             .allow_http_on_loopback()
             .build()
             .unwrap();
-        let client = stack(Resilience::new().bearer(auth), plain_client());
+        let client = stack(
+            Resilience::new().retry(retry()).bearer(auth),
+            plain_client(),
+        );
         let (result, _) = send(&client, client.post(covered.url("/pay")).body("x")).await;
         assert_eq!(result.unwrap().text().await.unwrap(), "elsewhere");
         let covered_seen: Vec<_> = covered
@@ -564,7 +588,10 @@ async fn a_401_after_a_redirect_to_another_covered_origin_does_not_refresh_the_t
             .allow_http_on_loopback()
             .build()
             .unwrap();
-        let client = stack(Resilience::new().bearer(auth), plain_client());
+        let client = stack(
+            Resilience::new().retry(retry()).bearer(auth),
+            plain_client(),
+        );
         for _ in 0..3 {
             let (result, _) = send(&client, client.get(first.url("/start"))).await;
             assert_eq!(result.unwrap().status(), 401);
@@ -610,8 +637,9 @@ async fn a_host_longer_than_any_dns_name_is_kept_by_no_registry() {
         .unwrap();
     let client = stack(
         Resilience::new()
+            .retry(retry())
             .breaker(breakers.clone())
-            .concurrency_limiter(limits.clone())
+            .concurrency_limit(limits.clone())
             .bearer(auth),
         client,
     );

@@ -21,6 +21,7 @@ use std::time::Duration;
 
 use http::Extensions;
 use reqwest_middleware::ClientWithMiddleware;
+use reqwest_resilience::RetryMiddleware;
 use reqwest_resilience::retry::RetryOutcome;
 use reqwest_resilience::{AttemptHistory, FailureKind, Resilience, Transmission};
 use support::{Action, FaultServer};
@@ -31,15 +32,18 @@ use tokio::net::TcpListener;
 fn pooled_stack() -> ClientWithMiddleware {
     let client = reqwest::Client::builder().no_proxy().build().unwrap();
     Resilience::new()
-        .backoff(
-            reqwest_resilience::Backoff::builder()
-                .base(Duration::from_millis(1))
-                .max_delay(Duration::from_millis(1))
-                .jitter(reqwest_resilience::Jitter::None)
-                .build()
-                .unwrap(),
+        .retry(
+            RetryMiddleware::builder()
+                .backoff(
+                    reqwest_resilience::Backoff::builder()
+                        .base(Duration::from_millis(1))
+                        .max_delay(Duration::from_millis(1))
+                        .jitter(reqwest_resilience::Jitter::None)
+                        .build()
+                        .unwrap(),
+                )
+                .no_budget(),
         )
-        .no_retry_budget()
         .build(client)
         .unwrap()
 }

@@ -172,19 +172,52 @@ async fn the_difference_kept_a_post_that_may_have_been_processed_is_not_sent_aga
     assert_eq!(ext.get::<RetryOutcome>().unwrap().attempts, 4);
 }
 
-#[test]
-fn the_preset_configures_the_default_retry_so_a_prebuilt_one_conflicts() {
-    let err = Resilience::like_reqwest_retry()
-        .retry(reqwest_resilience::RetryMiddleware::new())
+/// What was a conflict (a prebuilt retry over the preset, refused) is now how a
+/// preset's retry is changed: `.retry(..)` replaces it whole, and starting from
+/// `RetryMiddleware::like_reqwest_retry()` keeps the rest of the preset.
+#[tokio::test(start_paused = true)]
+async fn the_preset_s_retry_is_changed_by_handing_over_its_builder_with_the_change() {
+    use reqwest_resilience::RetryMiddleware;
+    let client = Resilience::like_reqwest_retry()
+        .retry(RetryMiddleware::like_reqwest_retry().max_retries(5))
         .build_from(loopback_builder())
+        .unwrap();
+    // reqwest-retry's statuses still retried (a 507: the preset's table, not the default).
+    let server = status_then_ok(507).await;
+    assert_eq!(
+        client
+            .get(server.url("/foo"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    assert_eq!(server.requests_seen(), 2);
+    // 5 retries: six attempts of a refused GET; still no breaker in the way.
+    let dead = HeldRefusedPort::new();
+    let (client, request) = client.get(dead.url("/")).build_split();
+    let mut ext = Extensions::new();
+    let err = client
+        .execute_with_extensions(request.unwrap(), &mut ext)
+        .await
         .unwrap_err();
-    assert!(matches!(
-        err,
-        reqwest_resilience::ResilienceError::InvalidStack(
-            reqwest_resilience::StackError::Conflict {
-                part: reqwest_resilience::stack::StackPart::Retry,
-                setting: "like_reqwest_retry"
-            }
-        )
-    ));
+    assert!(err.is_connect());
+    assert_eq!(ext.get::<RetryOutcome>().unwrap().attempts, 6);
+    // A prebuilt retry replaces the preset's: it builds, with the default table.
+    let prebuilt = Resilience::like_reqwest_retry()
+        .retry(RetryMiddleware::new())
+        .build_from(loopback_builder())
+        .unwrap();
+    let server = status_then_ok(507).await;
+    assert_eq!(
+        prebuilt
+            .get(server.url("/foo"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        507
+    );
+    assert_eq!(server.requests_seen(), 1);
 }

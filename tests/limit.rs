@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use http::Extensions;
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware};
+use reqwest_resilience::RetryMiddleware;
 use reqwest_resilience::breaker::{BreakerConfig, BreakerRegistry, BreakerState, Deadline};
 use reqwest_resilience::limit::{
     ConcurrencyLimit, Gradient, LimiterConfig, LimiterRegistry, Sample,
@@ -107,8 +108,8 @@ async fn static_limit_n_with_n_plus_5_requests_server_sees_n_and_5_fail_at_once(
     let registry = LimiterRegistry::new(LimiterConfig::fixed(N)).unwrap();
     // The whole stack: the retry must stop at once on a rejection.
     let client = Resilience::new()
-        .concurrency_limiter(registry.clone())
-        .client_builder(reqwest_client())
+        .concurrency_limit(registry.clone())
+        .install(reqwest_middleware::ClientBuilder::new(reqwest_client()))
         .unwrap()
         .build();
     let t0 = Instant::now();
@@ -355,8 +356,8 @@ async fn an_open_breaker_rejects_before_a_permit_and_a_limit_rejection_is_breake
     let limits = LimiterRegistry::new(LimiterConfig::fixed(1)).unwrap();
     let client = Resilience::new()
         .breaker(breakers.clone())
-        .concurrency_limiter(limits.clone())
-        .client_builder(reqwest_client())
+        .concurrency_limit(limits.clone())
+        .install(reqwest_middleware::ClientBuilder::new(reqwest_client()))
         .unwrap()
         .build();
     // Isolated: rejected by the breaker, the limiter never sees the origin.
@@ -508,9 +509,9 @@ async fn a_retry_takes_a_permit_of_its_own_and_none_is_held_during_the_backoff()
         .build()
         .unwrap();
     let client = Resilience::new()
-        .backoff(backoff)
-        .concurrency_limiter(limits.clone())
-        .client_builder(reqwest_client())
+        .retry(RetryMiddleware::builder().backoff(backoff))
+        .concurrency_limit(limits.clone())
+        .install(reqwest_middleware::ClientBuilder::new(reqwest_client()))
         .unwrap()
         .build();
     let url = server.url("/");
@@ -655,9 +656,9 @@ async fn an_attempt_cut_at_its_deadline_by_the_breaker_is_an_overload_signal_for
         .min_window_samples(1);
     let limits = LimiterRegistry::new(LimiterConfig::adaptive(g)).unwrap();
     let client = Resilience::new()
-        .total_deadline(Duration::from_secs(2))
-        .concurrency_limiter(limits.clone())
-        .client_builder(reqwest_client())
+        .retry(RetryMiddleware::builder().total_deadline(Duration::from_secs(2)))
+        .concurrency_limit(limits.clone())
+        .install(reqwest_middleware::ClientBuilder::new(reqwest_client()))
         .unwrap()
         .build();
     let mut set = JoinSet::new();
@@ -692,10 +693,10 @@ async fn a_wait_in_the_queue_until_the_deadline_ends_unsent_and_is_not_charged_t
     let limits =
         LimiterRegistry::new(LimiterConfig::fixed(1).queue(1, Duration::from_secs(3600))).unwrap();
     let client = Resilience::new()
-        .total_deadline(Duration::from_secs(2))
+        .retry(RetryMiddleware::builder().total_deadline(Duration::from_secs(2)))
         .breaker(breakers.clone())
-        .concurrency_limiter(limits.clone())
-        .client_builder(reqwest_client())
+        .concurrency_limit(limits.clone())
+        .install(reqwest_middleware::ClientBuilder::new(reqwest_client()))
         .unwrap()
         .build();
     let url = server.url("/");
@@ -916,10 +917,10 @@ async fn the_attempt_timeout_starts_at_the_permit_a_wait_in_the_queue_ends_unsen
     let limits =
         LimiterRegistry::new(LimiterConfig::fixed(1).queue(1, Duration::from_secs(3))).unwrap();
     let client = Resilience::new()
-        .attempt_timeout(Duration::from_secs(1))
+        .retry(RetryMiddleware::builder().attempt_timeout(Duration::from_secs(1)))
         .breaker(breakers.clone())
-        .concurrency_limiter(limits.clone())
-        .client_builder(reqwest_client())
+        .concurrency_limit(limits.clone())
+        .install(reqwest_middleware::ClientBuilder::new(reqwest_client()))
         .unwrap()
         .build();
     // The holder keeps the permit (no attempt timeout of its own) until it is aborted.

@@ -13,6 +13,7 @@ use std::time::Duration;
 use metrics::Unit;
 use metrics_util::MetricKind;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+use reqwest_resilience::RetryMiddleware;
 use reqwest_resilience::breaker::{BreakerConfig, BreakerRegistry, TripPolicy};
 use reqwest_resilience::{
     AccessToken, Backoff, BearerAuth, Jitter, Origin, Resilience, RetryBudget, TokenManager,
@@ -245,8 +246,7 @@ async fn scenario() -> (Origin, String) {
     )
     .unwrap();
     let client = Resilience::new()
-        .backoff(exact())
-        .no_retry_budget()
+        .retry(RetryMiddleware::builder().backoff(exact()).no_budget())
         .breaker(registry)
         .bearer(bearer)
         .build(reqwest_client())
@@ -262,8 +262,11 @@ async fn scenario() -> (Origin, String) {
     assert_eq!(status(client.get(server.url("/busy")).send().await), 200);
     // A budget that allows no retry.
     let thrifty = Resilience::new()
-        .backoff(exact())
-        .retry_budget(RetryBudget::new(Duration::from_secs(10), 0, 0.0).unwrap())
+        .retry(
+            RetryMiddleware::builder()
+                .backoff(exact())
+                .budget(RetryBudget::new(Duration::from_secs(10), 0, 0.0).unwrap()),
+        )
         .no_breaker()
         .build(reqwest_client())
         .unwrap();
@@ -304,7 +307,7 @@ fn a_hedge_winning_is_counted_as_sent_and_won_and_a_spent_budget_as_skipped() {
             ] {
                 let client = Resilience::new()
                     .no_breaker()
-                    .hedging(hedging)
+                    .retry(RetryMiddleware::builder().hedging(hedging))
                     .build(reqwest_client())
                     .unwrap();
                 let response = client.get(server.url("/h")).send().await.unwrap();

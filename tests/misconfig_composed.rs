@@ -39,7 +39,7 @@ impl Middleware for Cache {
 async fn a_per_attempt_middleware_answering_itself_is_not_reported_as_a_missing_transport_step() {
     let server = FaultServer::always(Action::ok("from the server")).await;
     let client = Resilience::new()
-        .per_attempt(Cache)
+        .per_attempt(std::sync::Arc::new(Cache))
         .build(loopback_client())
         .unwrap();
     for _ in 0..2 {

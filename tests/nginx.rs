@@ -24,6 +24,7 @@ use std::time::Duration;
 
 use http::{Extensions, Method};
 use reqwest_middleware::{ClientWithMiddleware, Middleware, Next};
+use reqwest_resilience::RetryMiddleware;
 use reqwest_resilience::breaker::{BreakerConfig, BreakerRegistry, BreakerState};
 use reqwest_resilience::redirect::{self, ClientRedirects};
 use reqwest_resilience::retry::RetryOutcome;
@@ -112,19 +113,23 @@ fn stack(
         .build()
         .unwrap();
     let stack = Resilience::new()
-        .per_attempt(errors)
+        .per_attempt(Arc::new(errors))
         .client_redirects(ClientRedirects::Recorded)
-        .backoff(backoff)
-        .total_deadline(Duration::from_secs(20))
-        .max_not_processed_retries(max_not_processed_retries)
-        // A GET that waited for a stream slot when a rotation came is lost by hyper
-        // (`DispatchGone`, see `lost_at_rotation`) and retried as any unanswered GET,
-        // counted: under 20 rotations per burst one GET can meet several.
-        .max_retries(if max_not_processed_retries > DEFAULT_CAP {
-            10
-        } else {
-            3
-        })
+        .retry(
+            RetryMiddleware::builder()
+                .backoff(backoff)
+                .total_deadline(Duration::from_secs(20))
+                .max_not_processed_retries(max_not_processed_retries)
+                // A GET that waited for a stream slot when a rotation came is lost by
+                // hyper (`DispatchGone`, see `lost_at_rotation`) and retried as any
+                // unanswered GET, counted: under 20 rotations per burst one GET can meet
+                // several.
+                .max_retries(if max_not_processed_retries > DEFAULT_CAP {
+                    10
+                } else {
+                    3
+                }),
+        )
         .breaker(registry.clone())
         .build(client)
         .unwrap();

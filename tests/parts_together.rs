@@ -199,6 +199,7 @@ async fn a_chaos_layer_is_the_last_of_the_middlewares_and_cannot_be_one_middlewa
 #[cfg(feature = "astral")]
 #[tokio::test(start_paused = true)]
 async fn the_fork_client_built_over_a_client_resumes_and_the_forks_builder_refuses_resuming() {
+    use reqwest_resilience::stack::astral::AstralResilience;
     let server = cut_once().await;
     let client = Resilience::new()
         .retry(retry())

@@ -13,6 +13,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use http::Extensions;
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware};
+use reqwest_resilience::RetryMiddleware;
 use reqwest_resilience::breaker::{BreakerConfig, BreakerRegistry, CircuitBreakerMiddleware};
 use reqwest_resilience::rate::{Rate, RateLimit, RateLimitConfig, RateLimitRegistry};
 use reqwest_resilience::retry::{Deadline, StopReason};
@@ -268,7 +269,7 @@ async fn a_server_publishing_10_per_second_sees_at_most_10_a_second_from_100_cal
     let registry = RateLimitRegistry::new(RateLimitConfig::default()).unwrap();
     let build = || {
         Resilience::new()
-            .rate_limiter(registry.clone())
+            .rate_limit(registry.clone())
             .build(loopback_client())
             .unwrap()
     };
@@ -641,15 +642,17 @@ async fn with_a_concurrency_limit_too_every_attempt_takes_a_slot_and_a_permit() 
     .unwrap();
     let limits = LimiterRegistry::new(LimiterConfig::fixed(1)).unwrap();
     let client = Resilience::new()
-        .backoff(
-            reqwest_resilience::Backoff::builder()
-                .base(MS)
-                .jitter(reqwest_resilience::Jitter::None)
-                .build()
-                .unwrap(),
+        .retry(
+            RetryMiddleware::builder().backoff(
+                reqwest_resilience::Backoff::builder()
+                    .base(MS)
+                    .jitter(reqwest_resilience::Jitter::None)
+                    .build()
+                    .unwrap(),
+            ),
         )
-        .rate_limiter(rates.clone())
-        .concurrency_limiter(limits.clone())
+        .rate_limit(rates.clone())
+        .concurrency_limit(limits.clone())
         .build(loopback_client())
         .unwrap();
     let t0 = Instant::now();
@@ -677,7 +680,7 @@ async fn an_absurd_learned_quota_paces_one_request_per_max_server_wait_and_shuts
             .await;
     let registry = RateLimitRegistry::new(RateLimitConfig::default().max_server_wait(S)).unwrap();
     let c = Resilience::new()
-        .rate_limiter(registry.clone())
+        .rate_limit(registry.clone())
         .build(loopback_client())
         .unwrap();
     let url = server.url("/");
@@ -735,7 +738,7 @@ async fn in_the_stack_rate_limit_fields_hold_a_caller_only_within_the_rate_limit
     .unwrap();
     let c = Resilience::new()
         .breaker(breakers.clone())
-        .rate_limiter(registry.clone())
+        .rate_limit(registry.clone())
         .build(loopback_client())
         .unwrap();
     let url = server.url("/");
@@ -770,7 +773,7 @@ async fn in_the_stack_rate_limit_fields_hold_a_caller_only_within_the_rate_limit
     let registry = RateLimitRegistry::new(RateLimitConfig::default().max_server_wait(S)).unwrap();
     let patient = Resilience::new()
         .breaker(breakers.clone())
-        .rate_limiter(registry)
+        .rate_limit(registry)
         .build(loopback_client())
         .unwrap();
     assert_eq!(status(&patient, &url).await, 200);

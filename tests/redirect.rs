@@ -19,6 +19,7 @@ use std::time::Duration;
 
 use http::{Extensions, StatusCode};
 use reqwest_middleware::ClientWithMiddleware;
+use reqwest_resilience::RetryMiddleware;
 use reqwest_resilience::breaker::{BreakerConfig, BreakerRegistry, PauseMode};
 use reqwest_resilience::redirect::{self, ClientRedirects};
 use reqwest_resilience::retry::{RetryOutcome, RetryReason, StopReason};
@@ -49,10 +50,20 @@ fn client_with(policy_recorded: bool) -> reqwest::Client {
 
 /// The default stack, with an exact backoff and no budget, over a client whose redirects
 /// are recorded or not.
+fn retry() -> reqwest_resilience::retry::RetryMiddlewareBuilder {
+    RetryMiddleware::builder()
+        .backoff(Backoff::builder().jitter(Jitter::None).build().unwrap())
+        .no_budget()
+}
+
+/// [`stack`] with `max_retries`.
+fn stack_retrying(recorded: bool, max_retries: u32) -> Resilience {
+    stack(recorded).retry(retry().max_retries(max_retries))
+}
+
 fn stack(recorded: bool) -> Resilience {
     Resilience::new()
-        .backoff(Backoff::builder().jitter(Jitter::None).build().unwrap())
-        .no_retry_budget()
+        .retry(retry())
         .client_redirects(if recorded {
             ClientRedirects::Recorded
         } else {
@@ -187,7 +198,7 @@ async fn post_303_to_a_refused_port_is_executed_once_with_an_unobserved_client()
 #[tokio::test(start_paused = true)]
 async fn get_to_a_refused_port_is_still_retried_with_an_unobserved_client() {
     let url = format!("http://127.0.0.1:{}/items", refused_port());
-    let client = build(stack(false).max_retries(2), false);
+    let client = build(stack_retrying(false, 2), false);
     let (result, history, outcome) = send(client.get(url)).await;
     assert!(result.is_err());
     assert_eq!(
@@ -239,8 +250,11 @@ async fn get_to_a_refused_port_is_still_retried_with_an_unobserved_client() {
 async fn post_to_a_refused_port_is_retried_when_the_client_follows_no_redirects() {
     let port = refused_port();
     let client = Resilience::new()
-        .backoff(Backoff::builder().jitter(Jitter::None).build().unwrap())
-        .max_retries(2)
+        .retry(
+            RetryMiddleware::builder()
+                .backoff(Backoff::builder().jitter(Jitter::None).build().unwrap())
+                .max_retries(2),
+        )
         .client_redirects(ClientRedirects::Off)
         .build(
             reqwest::Client::builder()
@@ -477,7 +491,7 @@ async fn two_hops_to_a_dead_end() -> (FaultServer, String) {
 #[tokio::test(start_paused = true)]
 async fn a_three_hop_chain_ending_refused_executes_a_post_once_and_replays_a_get() {
     let (server, dead) = two_hops_to_a_dead_end().await;
-    let client = build(stack(true).max_retries(2), true);
+    let client = build(stack_retrying(true, 2), true);
 
     let (result, history, outcome) = send(client.post(server.url("/1")).body("x")).await;
     assert!(result.is_err());
@@ -554,7 +568,7 @@ async fn a_redirect_back_to_the_same_url_is_seen_only_by_the_recorded_policy() {
     // The documented limit: unobserved, the chain cannot be told from a plain 429, and
     // the "throttled, not processed" rule replays the POST.
     let unobserved = orders().await;
-    let client = build(stack(false).max_retries(1), false);
+    let client = build(stack_retrying(false, 1), false);
     let (_, history, _) = send(client.post(unobserved.url("/orders")).body("x")).await;
     assert_eq!(history.attempts()[0].evidence.redirects, Redirects::None);
     assert_eq!(saw(&unobserved, "POST", "/orders"), 2);

@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use http::Extensions;
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware};
+use reqwest_resilience::RetryMiddleware;
 use reqwest_resilience::breaker::{
     BreakerConfig, BreakerEvent, BreakerRegistry, BreakerState, CircuitBreakerMiddleware,
     TripCause, TripPolicy,
@@ -251,8 +252,7 @@ async fn the_stack_rides_through_a_reload_every_get_delivered_once_more_on_a_new
         .unwrap();
     let c = reqwest_resilience::Resilience::new()
         .breaker(reg.clone())
-        .backoff(backoff)
-        .no_retry_budget()
+        .retry(RetryMiddleware::builder().backoff(backoff).no_budget())
         .build(pooling_client())
         .unwrap();
     warm_up(&c, &server).await;

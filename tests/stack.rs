@@ -21,7 +21,6 @@ use reqwest_resilience::redirect::{self, ClientRedirects};
 use reqwest_resilience::retry::{
     MaxRetries, RetryAfterPolicy, RetryError, RetryOutcome, RetryReason, StopReason,
 };
-use reqwest_resilience::stack::StackPart;
 use reqwest_resilience::{
     AccessToken, AttemptDecision, AttemptHistory, Backoff, BearerAuth, FailureKind, Jitter, Origin,
     RequestEvidence, Resilience, ResilienceError, RetryMiddleware, StackError, TokenManager,
@@ -132,7 +131,7 @@ fn bearer(server: &FaultServer, tokens: TokenManager) -> BearerAuth {
 async fn full_stack_503_then_200_leaves_two_attempts_with_their_evidence_and_decisions() {
     let server = FaultServer::sequence(vec![Action::status(503)], Action::ok("done")).await;
     let client = Resilience::new()
-        .backoff(exact_backoff())
+        .retry(RetryMiddleware::builder().backoff(exact_backoff()))
         .build(reqwest_client())
         .unwrap();
 
@@ -173,12 +172,15 @@ async fn default_stack_retries_three_times_with_jittered_1_2_4_s_then_the_fifth_
     let server = FaultServer::always(Action::status(503)).await;
     let events = Arc::new(Mutex::new(Vec::new()));
     let e = events.clone();
+    // The default breaker's configuration, in a registry with a listener.
+    let registry = BreakerRegistry::with_listener(BreakerConfig::default(), move |event| {
+        e.lock()
+            .unwrap()
+            .push((event.from, event.to, event.open_for));
+    })
+    .unwrap();
     let client = Resilience::new()
-        .on_breaker_transition(move |event| {
-            e.lock()
-                .unwrap()
-                .push((event.from, event.to, event.open_for));
-        })
+        .breaker(registry)
         .build(reqwest_client())
         .unwrap();
 
@@ -238,7 +240,7 @@ async fn retry_is_outside_the_breaker_so_a_rejection_is_retried_after_the_open_p
     )
     .unwrap();
     let client = Resilience::new()
-        .backoff(exact_backoff())
+        .retry(RetryMiddleware::builder().backoff(exact_backoff()))
         .breaker(registry.clone())
         .build(reqwest_client())
         .unwrap();
@@ -407,9 +409,9 @@ async fn install_keeps_outer_middleware_around_the_stack_and_per_attempt_inside_
     let outer = OuterProbe::default();
     let per_attempt = PerAttemptProbe::default();
     let client = Resilience::new()
-        .backoff(exact_backoff())
+        .retry(RetryMiddleware::builder().backoff(exact_backoff()))
         .bearer(bearer(&server, tokens))
-        .per_attempt(per_attempt.clone())
+        .per_attempt(Arc::new(per_attempt.clone()))
         .install(ClientBuilder::new(reqwest_client()).with(outer.clone()))
         .unwrap()
         .build();
@@ -481,7 +483,7 @@ async fn a_prebuilt_retry_and_breaker_middleware_are_installed_as_given() {
                 .build()
                 .unwrap(),
         )
-        .breaker_middleware(CircuitBreakerMiddleware::new(registry.clone()))
+        .breaker(CircuitBreakerMiddleware::new(registry.clone()))
         .build(reqwest_client())
         .unwrap();
 
@@ -505,7 +507,7 @@ async fn on_attempt_hook_sees_every_attempt_in_order_with_its_decision() {
     let seen: Arc<Mutex<Seen>> = Arc::default();
     let s = seen.clone();
     let client = Resilience::new()
-        .backoff(exact_backoff())
+        .retry(RetryMiddleware::builder().backoff(exact_backoff()))
         .on_attempt(move |evidence, decision| {
             s.lock()
                 .unwrap()
@@ -537,8 +539,11 @@ async fn on_attempt_hook_reports_a_refused_connection_as_not_sent_for_each_attem
     let seen: Shared<(u32, Transmission, Option<FailureKind>)> = Arc::default();
     let s = seen.clone();
     let client = Resilience::new()
-        .max_retries(1)
-        .backoff(exact_backoff())
+        .retry(
+            RetryMiddleware::builder()
+                .max_retries(1)
+                .backoff(exact_backoff()),
+        )
         .client_redirects(ClientRedirects::Recorded)
         .on_attempt(move |e, _| {
             s.lock()
@@ -579,7 +584,7 @@ fn a_deadline_shorter_than_the_shortest_first_delay_is_rejected() {
     // Default jitter ±10 %: the first delay is at least 900 ms.
     let err = stack_error(
         Resilience::new()
-            .total_deadline(Duration::from_millis(500))
+            .retry(RetryMiddleware::builder().total_deadline(Duration::from_millis(500)))
             .build(reqwest::Client::new()),
     );
     assert_eq!(
@@ -591,8 +596,11 @@ fn a_deadline_shorter_than_the_shortest_first_delay_is_rejected() {
     );
     let err = stack_error(
         Resilience::new()
-            .backoff(exact_backoff())
-            .total_deadline(Duration::from_millis(999))
+            .retry(
+                RetryMiddleware::builder()
+                    .backoff(exact_backoff())
+                    .total_deadline(Duration::from_millis(999)),
+            )
             .build(reqwest::Client::new()),
     );
     assert!(
@@ -600,8 +608,11 @@ fn a_deadline_shorter_than_the_shortest_first_delay_is_rejected() {
     );
     let err = stack_error(
         Resilience::new()
-            .backoff(Backoff::builder().jitter(Jitter::Full).build().unwrap())
-            .total_deadline(Duration::ZERO)
+            .retry(
+                RetryMiddleware::builder()
+                    .backoff(Backoff::builder().jitter(Jitter::Full).build().unwrap())
+                    .total_deadline(Duration::ZERO),
+            )
             .build(reqwest::Client::new()),
     );
     assert!(
@@ -610,8 +621,11 @@ fn a_deadline_shorter_than_the_shortest_first_delay_is_rejected() {
     // Exactly the first delay leaves room for it.
     assert!(
         Resilience::new()
-            .backoff(exact_backoff())
-            .total_deadline(S(1))
+            .retry(
+                RetryMiddleware::builder()
+                    .backoff(exact_backoff())
+                    .total_deadline(S(1))
+            )
             .build(reqwest::Client::new())
             .is_ok()
     );
@@ -621,79 +635,77 @@ fn a_deadline_shorter_than_the_shortest_first_delay_is_rejected() {
 fn zero_half_open_probes_is_rejected() {
     let err = stack_error(
         Resilience::new()
-            .breaker_config(BreakerConfig::default().half_open_probes(0))
+            .breaker(BreakerConfig::default().half_open_probes(0))
             .build(reqwest::Client::new()),
     );
     assert_eq!(err, StackError::NoHalfOpenProbes);
 }
 
-#[test]
-fn settings_for_a_replaced_or_removed_part_are_conflicts_not_silently_ignored() {
-    let err = stack_error(
-        Resilience::new()
-            .retry(RetryMiddleware::new())
-            .max_retries(2)
-            .build(reqwest::Client::new()),
-    );
-    assert_eq!(
-        err,
-        StackError::Conflict {
-            part: StackPart::Retry,
-            setting: "max_retries"
-        }
-    );
-    let err = stack_error(
-        Resilience::new()
-            .no_retry()
-            .total_deadline(S(10))
-            .build(reqwest::Client::new()),
-    );
-    assert_eq!(
-        err,
-        StackError::Conflict {
-            part: StackPart::Retry,
-            setting: "total_deadline"
-        }
-    );
-    let err = stack_error(
-        Resilience::new()
-            .breaker(BreakerRegistry::default())
-            .on_breaker_transition(|_| {})
-            .build(reqwest::Client::new()),
-    );
-    assert_eq!(
-        err,
-        StackError::Conflict {
-            part: StackPart::Breaker,
-            setting: "on_breaker_transition"
-        }
-    );
-    let err = stack_error(
-        Resilience::new()
-            .no_breaker()
-            .on_breaker_transition(|_| {})
-            .build(reqwest::Client::new()),
-    );
-    assert!(matches!(
-        err,
-        StackError::Conflict {
-            part: StackPart::Breaker,
-            ..
-        }
-    ));
+/// What were conflicts (a retry setting beside a prebuilt or removed retry, a breaker
+/// hook beside a shared registry or no breaker, refused) cannot be written: each part is
+/// set in one place, and a later call replaces an earlier one whole.
+#[tokio::test(start_paused = true)]
+async fn each_part_is_set_in_one_place_and_a_later_call_replaces_it_whole() {
+    let server = FaultServer::always(Action::status(503)).await;
+    // The retry limit on the retry that replaces a prebuilt one: 2 retries.
+    let client = Resilience::new()
+        .retry(RetryMiddleware::new())
+        .retry(
+            RetryMiddleware::builder()
+                .max_retries(2)
+                .backoff(exact_backoff()),
+        )
+        .no_breaker()
+        .build(reqwest_client())
+        .unwrap();
+    let (result, _, _) = get(&client, &server.url("/"), Extensions::new()).await;
+    assert_eq!(result.unwrap().status(), 503);
+    assert_eq!(server.requests_seen(), 3);
+    // A retry after `no_retry` turns it back on, with its deadline.
+    let client = Resilience::new()
+        .no_retry()
+        .retry(
+            RetryMiddleware::builder()
+                .max_retries(1)
+                .backoff(exact_backoff())
+                .total_deadline(S(10)),
+        )
+        .no_breaker()
+        .build(reqwest_client())
+        .unwrap();
+    let (result, _, _) = get(&client, &server.url("/"), Extensions::new()).await;
+    assert_eq!(result.unwrap().status(), 503);
+    assert_eq!(server.requests_seen(), 5);
+    // The breaker's listener is its registry's: `no_breaker` after it removes both.
+    let events = Arc::new(Mutex::new(0));
+    let e = events.clone();
+    let registry = BreakerRegistry::with_listener(
+        BreakerConfig::default().policy(TripPolicy::consecutive_failures(1)),
+        move |_| *e.lock().unwrap() += 1,
+    )
+    .unwrap();
+    let client = Resilience::new()
+        .no_retry()
+        .breaker(registry)
+        .no_breaker()
+        .build(reqwest_client())
+        .unwrap();
+    let (result, _, _) = get(&client, &server.url("/"), Extensions::new()).await;
+    assert_eq!(result.unwrap().status(), 503);
+    assert_eq!(*events.lock().unwrap(), 0);
 }
 
 #[test]
 fn a_part_s_own_invalid_config_keeps_its_invalid_config_error() {
     let result = Resilience::new()
-        .breaker_config(BreakerConfig::default().open_duration(Duration::ZERO))
+        .breaker(BreakerConfig::default().open_duration(Duration::ZERO))
         .build(reqwest::Client::new());
     assert!(
         matches!(&result, Err(ResilienceError::InvalidConfig(why)) if why.contains("open_duration")),
         "{result:?}"
     );
     let result = Resilience::new()
-        .retry_after_cap(S(2 * 24 * 3600), Default::default())
+        .retry(RetryMiddleware::builder().retry_after_cap(S(2 * 24 * 3600), Default::default()))
         .build(reqwest::Client::new());
     assert!(
         matches!(result, Err(ResilienceError::InvalidConfig(_))),
@@ -806,8 +818,11 @@ async fn a_hanging_server_cut_at_the_total_deadline_trips_nothing_and_three_atte
         BreakerRegistry::new(BreakerConfig::default().policy(TripPolicy::consecutive_failures(3)))
             .unwrap();
     let client = Resilience::new()
-        .max_retries(0)
-        .total_deadline(S(2))
+        .retry(
+            RetryMiddleware::builder()
+                .max_retries(0)
+                .total_deadline(S(2)),
+        )
         .breaker(registry.clone())
         .build(reqwest_client())
         .unwrap();
@@ -846,9 +861,12 @@ async fn a_hanging_server_cut_at_the_total_deadline_trips_nothing_and_three_atte
 
     // An attempt timeout is the server's verdict: three cuts open the breaker.
     let client = Resilience::new()
-        .max_retries(0)
-        .total_deadline(S(10))
-        .attempt_timeout(S(2))
+        .retry(
+            RetryMiddleware::builder()
+                .max_retries(0)
+                .total_deadline(S(10))
+                .attempt_timeout(S(2)),
+        )
         .breaker(registry.clone())
         .build(reqwest_client())
         .unwrap();
@@ -903,7 +921,7 @@ async fn with_retries_left_a_hanging_attempt_cut_by_the_breaker_still_stops_at_t
         BreakerRegistry::new(BreakerConfig::default().policy(TripPolicy::consecutive_failures(1)))
             .unwrap();
     let client = Resilience::new()
-        .backoff(exact_backoff())
+        .retry(RetryMiddleware::builder().backoff(exact_backoff()))
         .breaker(registry.clone())
         .build(reqwest_client())
         .unwrap();
@@ -968,7 +986,7 @@ async fn post_whose_first_token_fetch_fails_is_retried_and_reaches_the_server_ex
     let server = FaultServer::always(Action::ok("created")).await;
     let (fetches, source) = tokens_failing_first(1);
     let client = Resilience::new()
-        .backoff(exact_backoff())
+        .retry(RetryMiddleware::builder().backoff(exact_backoff()))
         .bearer(bearer(&server, TokenManager::new(source)))
         .build(reqwest_client())
         .unwrap();
@@ -1033,7 +1051,7 @@ async fn post_after_a_token_failure_waits_for_the_token_managers_next_fetch_not_
     // The manager will not fetch again for 5 s; a retry after the 1 s backoff would get
     // the same error back and spend a retry for nothing.
     let (result, ext, took, fetches, seen) =
-        post_after_a_token_failure(Resilience::new().max_retries(1), S(5)).await;
+        post_after_a_token_failure(RetryMiddleware::builder().max_retries(1), S(5)).await;
 
     assert_eq!(result.unwrap().status(), 200);
     assert_eq!(took, S(5));
@@ -1056,11 +1074,11 @@ async fn post_after_a_token_failure_waits_for_the_token_managers_next_fetch_not_
     );
 }
 
-/// A POST through `stack` whose first token fetch fails, the manager holding off for
+/// A POST through the stack with `retry` whose first token fetch fails, the manager holding off for
 /// `backoff` after it: the outcome, the extensions, the time taken, the token fetches and
 /// the requests the server saw.
 async fn post_after_a_token_failure(
-    stack: Resilience,
+    retry: reqwest_resilience::retry::RetryMiddlewareBuilder,
     backoff: Duration,
 ) -> (
     reqwest_middleware::Result<reqwest::Response>,
@@ -1074,8 +1092,8 @@ async fn post_after_a_token_failure(
     let tokens = TokenManager::builder(source)
         .failure_backoff(backoff, backoff)
         .build();
-    let client = stack
-        .backoff(exact_backoff())
+    let client = Resilience::new()
+        .retry(retry.backoff(exact_backoff()))
         .bearer(bearer(&server, tokens))
         .build(reqwest_client())
         .unwrap();
@@ -1099,9 +1117,9 @@ async fn a_token_manager_held_off_beyond_the_cap_fails_the_request_at_once() {
     // policy, the token error comes back at once after one attempt, and nothing was sent.
     for backoff in [S(3600), Duration::MAX] {
         for policy in [RetryAfterPolicy::Clamp, RetryAfterPolicy::GiveUp] {
-            let stack = Resilience::new().retry_after_cap(S(60), policy);
+            let retry = RetryMiddleware::builder().retry_after_cap(S(60), policy);
             let (result, ext, took, fetches, seen) =
-                post_after_a_token_failure(stack, backoff).await;
+                post_after_a_token_failure(retry, backoff).await;
             assert_eq!(
                 (took, fetches, seen),
                 (Duration::ZERO, 1, 0),
@@ -1130,7 +1148,7 @@ async fn a_token_manager_held_off_beyond_the_cap_fails_the_request_at_once() {
 async fn a_token_managers_next_fetch_within_the_cap_is_waited_for() {
     // 30 s of backoff, under the 60 s cap: one retry, when the manager fetches again.
     let (result, ext, took, fetches, seen) =
-        post_after_a_token_failure(Resilience::new().max_retries(1), S(30)).await;
+        post_after_a_token_failure(RetryMiddleware::builder().max_retries(1), S(30)).await;
     assert_eq!(result.unwrap().status(), 200);
     assert_eq!((took, fetches, seen), (S(30), 2, 1));
     assert_eq!(history(&ext)[0].2, retry(S(30), RetryReason::NotSent));
@@ -1337,7 +1355,7 @@ async fn a_half_open_probe_gets_its_token_first_so_a_fetch_from_the_same_origin_
     .unwrap();
     // The token source fetches from the API's own origin, through the same registry.
     let token_client = Resilience::new()
-        .max_retries(0)
+        .retry(RetryMiddleware::builder().max_retries(0))
         .breaker(registry.clone())
         .build(support::loopback_client())
         .unwrap();
@@ -1355,8 +1373,11 @@ async fn a_half_open_probe_gets_its_token_first_so_a_fetch_from_the_same_origin_
         }
     });
     let client = Resilience::new()
-        .backoff(exact_backoff())
-        .max_retries(3)
+        .retry(
+            RetryMiddleware::builder()
+                .backoff(exact_backoff())
+                .max_retries(3),
+        )
         .breaker(registry.clone())
         .bearer(bearer(&server, tokens))
         .build(support::loopback_client())
@@ -1398,8 +1419,8 @@ async fn a_request_waiting_for_its_token_holds_no_limiter_permit() {
         Ok::<_, std::io::Error>(AccessToken::new("slow"))
     });
     let client = Resilience::new()
-        .max_retries(0)
-        .concurrency_limiter(limiter.clone())
+        .retry(RetryMiddleware::builder().max_retries(0))
+        .concurrency_limit(limiter.clone())
         .bearer(bearer(&server, tokens))
         .build(support::loopback_client())
         .unwrap();

@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use reqwest_resilience::RetryMiddleware;
 use reqwest_resilience::{Backoff, Jitter, Resilience};
 use support::{Action, FaultServer};
 use tracing::field::{Field, Visit};
@@ -80,7 +81,10 @@ async fn one_span_per_logical_request_with_otel_fields_and_one_event_per_attempt
     let _guard = tracing::subscriber::set_default(capture.clone());
     let server = FaultServer::sequence(vec![Action::status(503)], Action::ok("done")).await;
     let client = Resilience::new()
-        .backoff(Backoff::builder().jitter(Jitter::None).build().unwrap())
+        .retry(
+            RetryMiddleware::builder()
+                .backoff(Backoff::builder().jitter(Jitter::None).build().unwrap()),
+        )
         .build(
             reqwest::Client::builder()
                 .no_proxy()

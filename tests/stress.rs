@@ -28,6 +28,7 @@ use std::time::Duration;
 use http::Extensions;
 use reqwest::{Request, Response};
 use reqwest_middleware::{Middleware, Next};
+use reqwest_resilience::RetryMiddleware;
 use reqwest_resilience::breaker::{BreakerConfig, BreakerRegistry};
 use reqwest_resilience::retry::RetryOutcome;
 use reqwest_resilience::{
@@ -197,19 +198,22 @@ async fn round(requests: usize) -> Round {
         .build()
         .unwrap();
     let client = Resilience::new()
-        .backoff(
-            Backoff::builder()
-                .base(Duration::from_millis(5))
-                .max_delay(Duration::from_millis(50))
-                .jitter(Jitter::Full)
-                .build()
-                .unwrap(),
+        .retry(
+            RetryMiddleware::builder()
+                .backoff(
+                    Backoff::builder()
+                        .base(Duration::from_millis(5))
+                        .max_delay(Duration::from_millis(50))
+                        .jitter(Jitter::Full)
+                        .build()
+                        .unwrap(),
+                )
+                .budget(budget.clone())
+                .total_deadline(Duration::from_secs(5)),
         )
-        .retry_budget(budget.clone())
-        .total_deadline(Duration::from_secs(5))
         .breaker(registry.clone())
         .bearer(auth)
-        .per_attempt(WireLimit(tokio::sync::Semaphore::new(1_000)))
+        .per_attempt(Arc::new(WireLimit(tokio::sync::Semaphore::new(1_000))))
         .build(http)
         .unwrap();
 

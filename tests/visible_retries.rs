@@ -197,18 +197,21 @@ async fn a_deadline_set_with_with_extension_is_honoured_by_send_with_history() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn the_composed_stack_takes_a_strategy_and_a_hook_and_refuses_them_over_a_prebuilt_retry() {
+async fn the_composed_stack_takes_a_strategy_and_a_hook_on_its_retry_which_replaces_a_prebuilt_one()
+{
     use reqwest_resilience::retry::strategies::uv_transient;
-    use reqwest_resilience::stack::{StackError, StackPart};
-    use reqwest_resilience::{Backoff, Jitter, Resilience, ResilienceError, RetryMiddleware};
+    use reqwest_resilience::{Backoff, Jitter, Resilience, RetryMiddleware};
 
     let calls = Arc::new(Mutex::new(Vec::new()));
     let c = calls.clone();
     let client = Resilience::new()
-        .backoff(Backoff::builder().jitter(Jitter::None).build().unwrap())
-        .no_retry_budget()
-        .retry_strategy(uv_transient())
-        .before_sleep(move |n| c.lock().unwrap().push((n.attempt, n.status, n.delay)))
+        .retry(
+            RetryMiddleware::builder()
+                .backoff(Backoff::builder().jitter(Jitter::None).build().unwrap())
+                .no_budget()
+                .strategy(uv_transient())
+                .before_sleep(move |n| c.lock().unwrap().push((n.attempt, n.status, n.delay))),
+        )
         .build(support::loopback_client())
         .unwrap();
     // uv's rules retry a 507, which the default table does not.
@@ -225,15 +228,21 @@ async fn the_composed_stack_takes_a_strategy_and_a_hook_and_refuses_them_over_a_
     );
     assert_eq!(exchange.outcome.map(|o| o.attempts), Some(2));
 
-    let conflict = Resilience::new()
+    // What was a conflict (a strategy beside a prebuilt retry, refused) cannot be
+    // written: the strategy is set on the retry, and a later `.retry(..)` replaces an
+    // earlier prebuilt one whole, so the strategy applies.
+    let replaced = Resilience::new()
         .retry(RetryMiddleware::new())
-        .retry_strategy(uv_transient())
-        .build(support::loopback_client());
-    assert!(matches!(
-        conflict,
-        Err(ResilienceError::InvalidStack(StackError::Conflict {
-            part: StackPart::Retry,
-            setting: "retry_strategy"
-        }))
-    ));
+        .retry(
+            RetryMiddleware::builder()
+                .backoff(Backoff::builder().jitter(Jitter::None).build().unwrap())
+                .no_budget()
+                .strategy(uv_transient()),
+        )
+        .build(support::loopback_client())
+        .unwrap();
+    let server = FaultServer::sequence(vec![Action::status(507)], Action::ok("ok")).await;
+    let exchange = replaced.get(server.url("/")).send_with_history().await;
+    assert_eq!(exchange.result.unwrap().status(), 200);
+    assert_eq!(exchange.outcome.map(|o| o.attempts), Some(2));
 }

@@ -89,8 +89,7 @@ pub struct SlowCalls {
     pub duration_threshold: Duration,
     /// The slow share that trips the breaker, in `(0, 1]`.
     pub rate: f64,
-    /// How far back timed calls are counted (at least 10 ms), in
-    /// [`WINDOW_BUCKETS`](super::WINDOW_BUCKETS) buckets.
+    /// How far back timed calls are counted (at least 10 ms), in 10 buckets.
     pub sampling_window: Duration,
     /// Timed calls the window must hold before the share may trip it (at least 1).
     pub minimum_throughput: u32,

@@ -1,6 +1,6 @@
 //! Per-origin circuit breakers, with server-directed pauses shared by every caller.
 //!
-//! - [`Breaker`] (`state.rs`): the pure state machine of one origin, Closed → Open →
+//! - `Breaker` (`state.rs`): the pure state machine of one origin, Closed → Open →
 //!   HalfOpen → Closed | Open, driven by `tokio::time::Instant` (so a paused test clock
 //!   drives it), plus manual isolation and a `Retry-After` pause.
 //! - [`TripPolicy`] (`policy.rs`): consecutive failures (default 5) or a failure ratio
@@ -45,7 +45,7 @@
 //! per event**: a connection loss counts only when its attempt was admitted after the
 //! last connection loss the origin's breaker counted; the attempts in flight at that
 //! moment were struck by the same event and are neutral. The order is the breaker's own
-//! (a count of losses carried by each [`Ticket`]), not the clock's, so attempts admitted
+//! (a count of losses carried by each `Ticket`), not the clock's, so attempts admitted
 //! in the same instant are told apart. Everything else counts as before: refused
 //! connects, DNS, TLS, 5xx, 401, 429, timeouts and slow calls count every attempt, so a
 //! server that is down trips the breaker as fast as ever, and one that resets every
@@ -113,11 +113,11 @@ use std::time::Duration;
 
 pub use config::{BreakerConfig, OpenGrowth, PauseMode, SlowCalls};
 pub use middleware::CircuitBreakerMiddleware;
-pub use policy::{AttemptClassifier, DefaultClassifier, Outcome, TripPolicy, WINDOW_BUCKETS};
+pub use policy::{AttemptClassifier, DefaultClassifier, Outcome, TripPolicy};
 pub use registry::{
     BreakerEvent, BreakerPermit, BreakerRegistry, BreakerRejection, BreakerSnapshot,
 };
-pub use state::{Breaker, BreakerState, RejectReason, Rejection, Ticket, Transition, TripCause};
+pub use state::{BreakerState, RejectReason, TripCause};
 
 pub use crate::record::{Deadline, RetryIn};
 

@@ -46,7 +46,7 @@ pub enum TripPolicy {
     /// were counted and the share of failures among them reached `ratio` (Polly's
     /// advanced circuit breaker, resilience4j's time-based sliding window).
     ///
-    /// The window is kept as [`WINDOW_BUCKETS`] buckets of `sampling_window / 10` each, so
+    /// The window is kept as 10 buckets of `sampling_window / 10` each, so
     /// memory is fixed whatever the traffic; attempts leave the window a bucket at a time.
     FailureRatio {
         /// The failure share that trips the breaker, in `(0, 1]`.
@@ -123,7 +123,7 @@ impl Default for TripPolicy {
 }
 
 /// The number of buckets a [`TripPolicy::FailureRatio`] window is cut into.
-pub const WINDOW_BUCKETS: usize = 10;
+pub(crate) const WINDOW_BUCKETS: usize = 10;
 
 // Slot numbers at or past this restart the window's epoch (49 days of 1 ms buckets).
 const SLOT_LIMIT: u32 = u32::MAX - 1;

@@ -299,12 +299,12 @@ struct RegistryState {
 /// `RwLock<HashMap<Origin, Arc<Entry>>>`. The hot path picks the shard by the origin's
 /// keyed hash (SipHash with a per-process random key, computed once when the origin is,
 /// and used as it is by the map), takes that shard's read lock to clone the entry's `Arc`,
-/// then reads an atomic word the origin's [`Breaker`] publishes: while it is Closed and
+/// then reads an atomic word the origin's `Breaker` publishes: while it is Closed and
 /// not paused the attempt is admitted from that word, and its success or neutral outcome
 /// is recorded the same way when there is nothing to count (the consecutive-failures
 /// policy with no failure counted), so the common request takes no mutex. Anything else
 /// (a failure, a pause, a probe, an Open or Isolated breaker, the failure-ratio policy's
-/// successes) takes that origin's own mutex to ask its [`Breaker`], which stays the one
+/// successes) takes that origin's own mutex to ask its `Breaker`, which stays the one
 /// source of truth. A [`BreakerPermit`] borrows the registry instead of cloning it, so no
 /// reference count is shared by all requests. No lock covers the whole registry, two
 /// origins only meet on a shard's read lock (shared, never held across an await), and a
@@ -326,7 +326,7 @@ struct RegistryState {
 /// can be forgotten, the new origin gets a breaker that is not stored (its requests pass
 /// as if Closed) and [`BreakerRegistry::overflowed`] counts it.
 ///
-/// Memory per origin: one [`Breaker`] ([`Breaker::SIZE`] = 248 bytes on 64-bit targets,
+/// Memory per origin: one breaker's state (248 bytes on 64-bit targets,
 /// nothing on the heap; with [`slow_calls`](BreakerConfig::slow_calls), its slow-call
 /// window of 136 bytes besides, made on the first timed call) in an `Arc<Mutex<_>>` beside two atomic words (the lock-free
 /// summary and the last use), plus the map slot (the [`Origin`] key and the `Arc`) and
@@ -385,7 +385,7 @@ const _: () = assert!(BreakerRegistry::BYTES_PER_ORIGIN <= 336);
 
 impl BreakerRegistry {
     /// The fixed memory of one tracked origin, in bytes: the `Arc<Entry>` allocation
-    /// (counts + mutex + [`Breaker`] + two atomic words) and the map slot (key, value, control byte). The
+    /// (counts + mutex + `Breaker` + two atomic words) and the map slot (key, value, control byte). The
     /// origin's text (about 16 bytes plus its length) comes on top.
     pub const BYTES_PER_ORIGIN: usize = 2 * std::mem::size_of::<usize>()
         + std::mem::size_of::<Entry>()

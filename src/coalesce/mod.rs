@@ -152,7 +152,7 @@ use key::Partition;
 use landing::{Landing, Record, SharedResponse};
 
 /// The default bound on a shared body: 1 MiB.
-pub const DEFAULT_MAX_BODY: usize = 1 << 20;
+pub(crate) const DEFAULT_MAX_BODY: usize = 1 << 20;
 
 /// Coalesced identical GETs: see the [module docs](self).
 ///
@@ -199,7 +199,7 @@ impl Default for CoalesceGets {
 }
 
 impl CoalesceGets {
-    /// Coalesces bodies up to [`DEFAULT_MAX_BODY`], as an identity of its own.
+    /// Coalesces bodies up to 1 MiB, as an identity of its own.
     pub fn new() -> Self {
         CoalesceGets {
             flights: Arc::default(),
@@ -238,7 +238,7 @@ impl CoalesceGets {
         Ok(self)
     }
 
-    /// The largest body shared (default [`DEFAULT_MAX_BODY`]); see the [module
+    /// The largest body shared (default 1 MiB); see the [module
     /// docs](self#when-the-body-is-not-shared) for a larger one.
     pub fn max_body(mut self, bytes: usize) -> Self {
         self.max_body = bytes;

@@ -6,16 +6,20 @@
 //! outermost one (e.g. the [`ResilienceError::Retry`] that wraps it).
 
 mod body;
-mod breaker;
-mod retry;
-mod stack;
-mod token;
+pub(crate) mod breaker;
+pub(crate) mod retry;
+pub(crate) mod stack;
+pub(crate) mod token;
 
 pub use body::BodyIncomplete;
-pub use breaker::{BreakerState, RejectReason};
-pub use retry::{RetryError, find_reqwest_error};
-pub use stack::{StackError, StackPart};
-pub use token::{SharedSourceError, TokenError, TokenErrorKind};
+// Each error has one public path, in the module of the part it is about:
+// `breaker::{BreakerState, RejectReason}`, `retry::{RetryError, find_reqwest_error}`,
+// `stack::{StackError, StackPart}`, `auth::{SharedSourceError, TokenError,
+// TokenErrorKind}` (and the crate root's `BreakerState`, `StackError`).
+pub(crate) use breaker::{BreakerState, RejectReason};
+pub(crate) use retry::RetryError;
+pub(crate) use stack::{StackError, StackPart};
+pub(crate) use token::{SharedSourceError, TokenError, TokenErrorKind};
 
 use std::fmt;
 

@@ -10,8 +10,6 @@ use std::time::Duration;
 pub enum StackPart {
     /// The retry middleware.
     Retry,
-    /// The circuit breaker.
-    Breaker,
     /// The `reqwest::Client` below the stack: prebuilt by the caller (a
     /// [`redirect_policy`](crate::Resilience::redirect_policy) cannot apply to it), or
     /// built by [`build_from`](crate::Resilience::build_from), which declares its
@@ -41,8 +39,12 @@ pub enum StackError {
     /// `BreakerConfig::half_open_probes` is 0: a HalfOpen breaker would admit no probe
     /// and could never close again.
     NoHalfOpenProbes,
-    /// A setting was given for a part that is replaced by a prebuilt one or removed, so
-    /// it would be silently ignored.
+    /// A setting was given for a part that is removed or built elsewhere, so it would be
+    /// silently ignored: [`resume_bodies`](crate::Resilience::resume_bodies) with
+    /// [`no_retry`](crate::Resilience::no_retry), a
+    /// [`redirect_policy`](crate::Resilience::redirect_policy) for a prebuilt client, a
+    /// [`client_redirects`](crate::Resilience::client_redirects) declaration with
+    /// [`build_from`](crate::Resilience::build_from).
     Conflict {
         /// The part.
         part: StackPart,
@@ -106,11 +108,9 @@ impl fmt::Display for StackError {
                  redirect policy and declares it, and a prebuilt client has its redirect \
                  policy from its own builder"
             ),
-            StackError::Conflict { part, setting } => write!(
-                f,
-                "`{setting}` cannot apply: the {part:?} part is prebuilt or removed; \
-                 configure the prebuilt part itself"
-            ),
+            StackError::Conflict { part, setting } => {
+                write!(f, "`{setting}` cannot apply: the {part:?} part is removed")
+            }
             StackError::PerAttemptOtherTrait { builder } => write!(
                 f,
                 "a per-attempt middleware implements the other crate's Middleware trait than \

@@ -254,23 +254,8 @@ pub enum Sample {
 }
 
 /// The state of one origin's adaptive limit: [`Gradient`] applied to the samples it is
-/// fed. Pure: the clock is an argument.
-///
-/// ```
-/// use std::time::Duration;
-/// use reqwest_resilience::limit::{AdaptiveLimit, Gradient, Sample};
-///
-/// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
-/// let now = tokio::time::Instant::now();
-/// let mut limit = AdaptiveLimit::new(Gradient::default());
-/// assert_eq!(limit.limit(), 20);
-/// // A saturated client (20 in flight) whose server answers in 5 ms throughout: it grows.
-/// for _ in 0..100 {
-///     limit.sample(now, Sample::Latency(Duration::from_millis(5)), 20);
-/// }
-/// assert!(limit.limit() > 20);
-/// # }
-/// ```
+/// fed. Pure: the clock is an argument (see the test
+/// `a_saturated_client_whose_server_answers_fast_grows_its_limit`).
 #[derive(Debug, Clone)]
 pub struct AdaptiveLimit {
     params: Gradient,
@@ -430,6 +415,7 @@ impl AdaptiveLimit {
     }
 
     /// Whether the limit is halved to re-measure the no-load latency.
+    #[cfg(test)]
     pub fn is_probing(&self) -> bool {
         self.probe.is_some()
     }
@@ -565,6 +551,18 @@ impl AdaptiveLimit {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_saturated_client_whose_server_answers_fast_grows_its_limit() {
+        let now = tokio::time::Instant::now();
+        let mut limit = AdaptiveLimit::new(Gradient::default());
+        assert_eq!(limit.limit(), 20);
+        // A saturated client (20 in flight) whose server answers in 5 ms throughout.
+        for _ in 0..100 {
+            limit.sample(now, Sample::Latency(Duration::from_millis(5)), 20);
+        }
+        assert!(limit.limit() > 20);
+    }
 
     #[tokio::test(start_paused = true)]
     async fn parameters_the_registry_refuses_never_panic_the_limit() {

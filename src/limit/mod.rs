@@ -11,7 +11,7 @@
 //! - [`LimitPolicy`] (`config.rs`): [`LimitPolicy::Fixed`] (a bulkhead: Polly's
 //!   concurrency limiter, resilience4j's bulkhead, Envoy's `max_requests`) or
 //!   [`LimitPolicy::Adaptive`] with [`Gradient`] parameters (the default).
-//! - [`AdaptiveLimit`] (`gradient.rs`): the pure arithmetic of the adaptive limit, after
+//! - `AdaptiveLimit` (`gradient.rs`): the pure arithmetic of the adaptive limit, after
 //!   Netflix concurrency-limits' gradient limit; see [`Gradient`] for the algorithm, its
 //!   parameters and their defaults.
 //! - [`LimiterConfig`]: the policy, a bounded wait queue with its own timeout (default:
@@ -74,7 +74,7 @@ mod registry;
 use std::time::Duration;
 
 pub use config::{LimitPolicy, LimiterConfig};
-pub use gradient::{AdaptiveLimit, Gradient, Sample};
+pub use gradient::{Gradient, Sample};
 pub use middleware::ConcurrencyLimit;
 pub(crate) use middleware::LimitChoice;
 pub use registry::{LimitPermit, LimitRejection, LimitSnapshot, LimiterRegistry};

@@ -39,4 +39,4 @@ impl ErrorWrapping {
     }
 }
 
-pub use crate::error::{RetryError, find_reqwest_error};
+pub use crate::error::retry::{RetryError, find_reqwest_error};

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use reqwest::Client;
 
-use super::builder::{BreakerChoice, Resilience, RetryChoice, TransitionHook};
+use super::builder::{BreakerKind, Resilience, RetryKind};
 use super::compose;
 use super::observer::RequestObserver;
 use crate::breaker::{BreakerConfig, BreakerRegistry, CircuitBreakerMiddleware};
@@ -24,7 +24,7 @@ impl Resilience {
     /// `reqwest::Client` below the stack when it is known (resumed bodies send their range
     /// requests over it).
     pub(super) fn assemble(self, client: Option<Client>) -> Result<Assembled, ResilienceError> {
-        let retry = self.build_retry()?;
+        let retry = build_retry(self.retry)?;
         if self.resume_bodies && retry.is_none() {
             return Err(ResilienceError::InvalidStack(StackError::Conflict {
                 part: StackPart::Retry,
@@ -41,8 +41,8 @@ impl Resilience {
             .rate_limit
             .map(crate::rate::RateChoice::build)
             .transpose()?;
-        let breaker = build_breaker(self.breaker, self.on_breaker_transition)?
-            .map(|breaker| beside_rate_limit(breaker, rate.as_ref()));
+        let breaker =
+            build_breaker(self.breaker)?.map(|breaker| beside_rate_limit(breaker, rate.as_ref()));
 
         // One middleware for the stages, one boxed future per request; a user's
         // per-attempt middleware runs between `BearerAuth` and the transport step, which
@@ -103,62 +103,22 @@ impl Resilience {
             chaos,
         })
     }
+}
 
-    fn build_retry(&self) -> Result<Option<RetryMiddleware>, ResilienceError> {
-        let s = &self.retry_settings;
-        // The settings configure the default middleware only.
-        if !matches!(self.retry, RetryChoice::Default)
-            && let Some(setting) = s.first_set()
-        {
-            return Err(ResilienceError::InvalidStack(StackError::Conflict {
-                part: StackPart::Retry,
-                setting,
-            }));
-        }
-        match &self.retry {
-            RetryChoice::Prebuilt(retry) => Ok(Some(retry.clone())),
-            RetryChoice::Off => Ok(None),
-            RetryChoice::Default => {
-                let backoff = s.backoff.unwrap_or_default();
-                let mut b = RetryMiddleware::builder().backoff(backoff);
-                if let Some(n) = s.max_retries {
-                    b = b.max_retries(n);
-                }
-                if let Some(cap) = s.max_not_processed_retries {
-                    b = b.max_not_processed_retries(cap);
-                }
-                if let Some(total) = s.total_deadline {
-                    // The smallest delay the jitter can draw before the first retry.
-                    let first_delay = backoff.jitter().apply(backoff.base_delay(0), 0.0);
-                    if total.is_zero() || total < first_delay {
-                        return Err(ResilienceError::InvalidStack(
-                            StackError::DeadlineBeforeFirstRetry {
-                                total_deadline: total,
-                                first_delay,
-                            },
-                        ));
-                    }
-                    b = b.total_deadline(total);
-                }
-                match &s.budget {
-                    Some(Some(budget)) => b = b.budget(budget.clone()),
-                    Some(None) => b = b.no_budget(),
-                    None => {}
-                }
-                if let Some((cap, policy)) = s.retry_after_cap {
-                    b = b.retry_after_cap(cap, policy);
-                }
-                if let Some(wrapping) = s.error_wrapping {
-                    b = b.error_wrapping(wrapping);
-                }
-                if let Some(timeout) = s.attempt_timeout {
-                    b = b.attempt_timeout(timeout);
-                }
-                if let Some(hedging) = &s.hedging {
-                    b = b.hedging(hedging.clone());
-                }
-                s.apply_decision_and_observers(b).build().map(Some)
+fn build_retry(choice: RetryKind) -> Result<Option<RetryMiddleware>, ResilienceError> {
+    match choice {
+        RetryKind::Prebuilt(retry) => Ok(Some(retry)),
+        RetryKind::Off => Ok(None),
+        RetryKind::Builder(builder) => {
+            if let Some((total_deadline, first_delay)) = builder.deadline_before_first_retry() {
+                return Err(ResilienceError::InvalidStack(
+                    StackError::DeadlineBeforeFirstRetry {
+                        total_deadline,
+                        first_delay,
+                    },
+                ));
             }
+            builder.build().map(Some)
         }
     }
 }
@@ -228,34 +188,20 @@ fn beside_rate_limit(
     }
 }
 
-fn build_breaker(
-    choice: BreakerChoice,
-    on_transition: Option<TransitionHook>,
-) -> Result<Option<CircuitBreakerMiddleware>, ResilienceError> {
+fn build_breaker(choice: BreakerKind) -> Result<Option<CircuitBreakerMiddleware>, ResilienceError> {
     let config = match choice {
-        // The hook is installed on a registry this builder makes.
-        BreakerChoice::Off | BreakerChoice::Registry(_) | BreakerChoice::Middleware(_)
-            if on_transition.is_some() =>
-        {
-            return Err(ResilienceError::InvalidStack(StackError::Conflict {
-                part: StackPart::Breaker,
-                setting: "on_breaker_transition",
-            }));
-        }
-        BreakerChoice::Off => return Ok(None),
-        BreakerChoice::Registry(registry) => {
+        BreakerKind::Off => return Ok(None),
+        BreakerKind::Registry(registry) => {
             return Ok(Some(CircuitBreakerMiddleware::new(registry)));
         }
-        BreakerChoice::Middleware(breaker) => return Ok(Some(breaker)),
-        BreakerChoice::Default => BreakerConfig::default(),
-        BreakerChoice::Config(config) => config,
+        BreakerKind::Middleware(breaker) => return Ok(Some(breaker)),
+        BreakerKind::Default => BreakerConfig::default(),
+        BreakerKind::Config(config) => config,
     };
     if config.half_open_probes == 0 {
         return Err(ResilienceError::InvalidStack(StackError::NoHalfOpenProbes));
     }
-    let registry = match on_transition {
-        Some(hook) => BreakerRegistry::with_listener(config, move |event| hook(event))?,
-        None => BreakerRegistry::new(config)?,
-    };
-    Ok(Some(CircuitBreakerMiddleware::new(registry)))
+    Ok(Some(CircuitBreakerMiddleware::new(BreakerRegistry::new(
+        config,
+    )?)))
 }

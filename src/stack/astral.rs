@@ -1,10 +1,12 @@
-//! The stack in the astral fork's client (feature `astral`): [`Resilience::install_astral`]
-//! and its kin, the same stack as [`Resilience::install`] builds, in an
+//! The stack in the astral fork's client (feature `astral`): the [`AstralResilience`]
+//! methods of [`Resilience`] build the same stack as [`Resilience::install`] does, in an
 //! `astral_reqwest_middleware::ClientBuilder` (uv, rattler and pixi name that crate
-//! `reqwest_middleware` in their code).
+//! `reqwest_middleware` in their code). Bring the trait into scope:
+//! `use reqwest_resilience::stack::astral::AstralResilience;`.
 //!
 //! ```
 //! use reqwest_resilience::redirect::{self, ClientRedirects};
+//! use reqwest_resilience::stack::astral::AstralResilience;
 //! use reqwest_resilience::{Resilience, ResilienceError};
 //!
 //! # fn main() -> Result<(), ResilienceError> {
@@ -31,97 +33,110 @@ use super::compose::StackMiddleware;
 use super::install::ChainMember;
 use crate::error::ResilienceError;
 
-impl Resilience {
-    /// [`per_attempt`](Self::per_attempt) for a middleware of the astral fork: the stack
-    /// must then be installed into the fork's builder
-    /// ([`install_astral`](Self::install_astral)).
-    #[cfg_attr(docsrs, doc(cfg(feature = "astral")))]
-    pub fn per_attempt_astral(mut self, middleware: impl Middleware) -> Self {
-        self.per_attempt
-            .push(PerAttempt::Astral(Arc::new(middleware)));
-        self
-    }
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for super::Resilience {}
+}
 
-    /// [`per_attempt_astral`](Self::per_attempt_astral) for a middleware already shared
-    /// (uv's `ExtraMiddleware(Vec<Arc<dyn Middleware>>)`).
-    #[cfg_attr(docsrs, doc(cfg(feature = "astral")))]
-    pub fn per_attempt_astral_arc(mut self, middleware: Arc<dyn Middleware>) -> Self {
-        self.per_attempt.push(PerAttempt::Astral(middleware));
-        self
-    }
+/// [`Resilience`]'s ways to build for the astral fork (feature `astral`): the fork's
+/// counterparts of [`per_attempt`](Resilience::per_attempt),
+/// [`install`](Resilience::install), [`into_middlewares`](Resilience::into_middlewares),
+/// [`build`](Resilience::build) and [`build_from`](Resilience::build_from). Implemented for
+/// [`Resilience`] only. ([`Resilience::into_middleware`]'s one middleware is a middleware of
+/// the fork as well.)
+#[cfg_attr(docsrs, doc(cfg(feature = "astral")))]
+pub trait AstralResilience: sealed::Sealed + Sized {
+    /// [`per_attempt`](Resilience::per_attempt) for a middleware of the astral fork, shared
+    /// (uv's `ExtraMiddleware(Vec<Arc<dyn Middleware>>)`): the stack must then be
+    /// installed into the fork's builder ([`install_astral`](Self::install_astral)).
+    fn per_attempt_astral(self, middleware: Arc<dyn Middleware>) -> Self;
 
-    /// [`install`](Self::install) into the astral fork's `ClientBuilder`, inside whatever
-    /// middleware it holds.
+    /// [`install`](Resilience::install) into the astral fork's `ClientBuilder`, inside
+    /// whatever middleware it holds.
     ///
     /// # Errors
     ///
-    /// As [`install`](Self::install); a per-attempt middleware of reqwest-middleware's
-    /// trait is a [`StackError::PerAttemptOtherTrait`](crate::StackError::PerAttemptOtherTrait). The fork's builder does not hand
-    /// out its client, which resumed bodies send their range requests over:
-    /// [`resume_bodies`](Self::resume_bodies) is a [`StackError::ResumeWithoutClient`](crate::StackError::ResumeWithoutClient)
-    /// here (take [`build_astral`](Self::build_astral)).
-    #[cfg_attr(docsrs, doc(cfg(feature = "astral")))]
-    pub fn install_astral(
-        self,
-        builder: ClientBuilder,
-    ) -> Result<AstralStackBuilder, ResilienceError> {
-        // The fork's builder does not hand out its client: no resumed bodies here.
-        self.install_astral_over(builder, None)
-    }
+    /// As [`install`](Resilience::install); a per-attempt middleware of
+    /// reqwest-middleware's trait is a
+    /// [`StackError::PerAttemptOtherTrait`](crate::StackError::PerAttemptOtherTrait). The
+    /// fork's builder does not hand out its client, which resumed bodies send their range
+    /// requests over: [`resume_bodies`](Resilience::resume_bodies) is a
+    /// [`StackError::ResumeWithoutClient`](crate::StackError::ResumeWithoutClient) here
+    /// (take [`build_astral`](Self::build_astral)).
+    fn install_astral(self, builder: ClientBuilder) -> Result<AstralStackBuilder, ResilienceError>;
 
-    /// [`install_astral`](Self::install_astral), `client` being the one under `builder`
-    /// (resumed bodies send their range requests over it).
-    fn install_astral_over(
-        self,
-        builder: ClientBuilder,
-        client: Option<reqwest::Client>,
-    ) -> Result<AstralStackBuilder, ResilienceError> {
-        let chain: Vec<Arc<dyn Middleware>> = self.chain(client)?;
-        Ok(AstralStackBuilder {
-            builder: chain.into_iter().fold(builder, ClientBuilder::with_arc),
-        })
-    }
-
-    /// [`into_middlewares`](Self::into_middlewares) for the astral fork: the stages, the
-    /// per-attempt middlewares and the transport step, for the fork's
+    /// [`into_middlewares`](Resilience::into_middlewares) for the astral fork: the stages,
+    /// the per-attempt middlewares and the transport step, for the fork's
     /// `ClientWithMiddleware::new(client, middlewares)` later (rattler's `LazyClient`).
     ///
     /// # Errors
     ///
     /// As [`install_astral`](Self::install_astral).
-    #[cfg_attr(docsrs, doc(cfg(feature = "astral")))]
-    pub fn into_middlewares_astral(self) -> Result<Vec<Arc<dyn Middleware>>, ResilienceError> {
-        self.chain(None)
-    }
+    fn into_middlewares_astral(self) -> Result<Vec<Arc<dyn Middleware>>, ResilienceError>;
 
-    /// [`build`](Self::build) for the astral fork: `client` wrapped in the stack.
+    /// [`build`](Resilience::build) for the astral fork: `client` wrapped in the stack.
     ///
     /// # Errors
     ///
     /// As [`install_astral`](Self::install_astral).
-    #[cfg_attr(docsrs, doc(cfg(feature = "astral")))]
-    pub fn build_astral(
-        self,
-        client: reqwest::Client,
-    ) -> Result<ClientWithMiddleware, ResilienceError> {
-        let builder = ClientBuilder::new(client.clone());
-        Ok(self.install_astral_over(builder, Some(client))?.build())
-    }
+    fn build_astral(self, client: reqwest::Client)
+    -> Result<ClientWithMiddleware, ResilienceError>;
 
-    /// [`build_from`](Self::build_from) for the astral fork: the client built with the
+    /// [`build_from`](Resilience::build_from) for the astral fork: the client built with the
     /// recorded redirect policy, declared, and wrapped in the stack.
     ///
     /// # Errors
     ///
-    /// As [`build_from`](Self::build_from) and [`install_astral`](Self::install_astral).
-    #[cfg_attr(docsrs, doc(cfg(feature = "astral")))]
-    pub fn build_from_astral(
+    /// As [`build_from`](Resilience::build_from) and [`install_astral`](Self::install_astral).
+    fn build_from_astral(
+        self,
+        builder: reqwest::ClientBuilder,
+    ) -> Result<ClientWithMiddleware, ResilienceError>;
+}
+
+impl AstralResilience for Resilience {
+    fn per_attempt_astral(mut self, middleware: Arc<dyn Middleware>) -> Self {
+        self.per_attempt.push(PerAttempt::Astral(middleware));
+        self
+    }
+
+    fn install_astral(self, builder: ClientBuilder) -> Result<AstralStackBuilder, ResilienceError> {
+        // The fork's builder does not hand out its client: no resumed bodies here.
+        install_astral_over(self, builder, None)
+    }
+
+    fn into_middlewares_astral(self) -> Result<Vec<Arc<dyn Middleware>>, ResilienceError> {
+        self.chain(None)
+    }
+
+    fn build_astral(
+        self,
+        client: reqwest::Client,
+    ) -> Result<ClientWithMiddleware, ResilienceError> {
+        let builder = ClientBuilder::new(client.clone());
+        Ok(install_astral_over(self, builder, Some(client))?.build())
+    }
+
+    fn build_from_astral(
         self,
         builder: reqwest::ClientBuilder,
     ) -> Result<ClientWithMiddleware, ResilienceError> {
         let (stack, client) = self.precise_client(builder)?;
         stack.build_astral(client)
     }
+}
+
+/// [`AstralResilience::install_astral`], `client` being the one under `builder` (resumed
+/// bodies send their range requests over it).
+fn install_astral_over(
+    stack: Resilience,
+    builder: ClientBuilder,
+    client: Option<reqwest::Client>,
+) -> Result<AstralStackBuilder, ResilienceError> {
+    let chain: Vec<Arc<dyn Middleware>> = stack.chain(client)?;
+    Ok(AstralStackBuilder {
+        builder: chain.into_iter().fold(builder, ClientBuilder::with_arc),
+    })
 }
 
 impl ChainMember for dyn Middleware {
@@ -144,7 +159,8 @@ impl ChainMember for dyn Middleware {
     }
 }
 
-/// The astral fork's `ClientBuilder` ending in the stack ([`Resilience::install_astral`]):
+/// The astral fork's `ClientBuilder` ending in the stack
+/// ([`AstralResilience::install_astral`]):
 /// add request initialisers, then [`build`](Self::build). Like
 /// [`StackBuilder`](super::StackBuilder) it has no `.with()`: a middleware added after
 /// the stack would run inside the transport step.

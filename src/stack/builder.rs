@@ -4,37 +4,35 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::time::Duration;
 
 use reqwest_middleware::Middleware;
 
 use super::observer::AttemptHook;
 use crate::auth::BearerAuth;
-use crate::backoff::Backoff;
-use crate::breaker::{BreakerConfig, BreakerEvent, BreakerRegistry, CircuitBreakerMiddleware};
+use crate::breaker::{BreakerConfig, BreakerRegistry, CircuitBreakerMiddleware};
 #[cfg(doc)]
 use crate::error::{ResilienceError, StackError};
 #[cfg(doc)]
 use crate::evidence::TransportEvidence;
 use crate::limit::{LimitChoice, LimiterConfig, LimiterRegistry};
+use crate::rate::{RateChoice, RateLimitConfig, RateLimitRegistry};
 use crate::record::{AttemptDecision, RequestEvidence};
 use crate::redirect::ClientRedirects;
-use crate::retry::{
-    BeforeSleep, ErrorWrapping, Hedging, RetryAfterPolicy, RetryBudget, RetryMiddleware,
-    RetryMiddlewareBuilder, RetryNotice, RetryStrategy,
-};
-
-pub(super) type TransitionHook = Arc<dyn Fn(&BreakerEvent) + Send + Sync>;
+#[cfg(doc)]
+use crate::retry::RetryBudget;
+use crate::retry::{RetryMiddleware, RetryMiddlewareBuilder};
 
 /// Which retry middleware the stack installs.
-pub(super) enum RetryChoice {
-    Default,
+pub(super) enum RetryKind {
+    /// Built from this builder when the stack is built (boxed: it is large, and the
+    /// other choices small).
+    Builder(Box<RetryMiddlewareBuilder>),
     Prebuilt(RetryMiddleware),
     Off,
 }
 
 /// Which breaker the stack installs.
-pub(super) enum BreakerChoice {
+pub(super) enum BreakerKind {
     Default,
     Config(BreakerConfig),
     Registry(BreakerRegistry),
@@ -42,71 +40,134 @@ pub(super) enum BreakerChoice {
     Off,
 }
 
-/// Settings applied to the default retry middleware; `None` keeps its default.
-#[derive(Default)]
-pub(super) struct RetrySettings {
-    pub(super) max_retries: Option<u32>,
-    pub(super) backoff: Option<Backoff>,
-    pub(super) total_deadline: Option<Duration>,
-    pub(super) budget: Option<Option<RetryBudget>>,
-    pub(super) retry_after_cap: Option<(Duration, RetryAfterPolicy)>,
-    pub(super) error_wrapping: Option<ErrorWrapping>,
-    pub(super) attempt_timeout: Option<Duration>,
-    pub(super) hedging: Option<Hedging>,
-    pub(super) max_not_processed_retries: Option<u32>,
-    pub(super) strategy: Option<Arc<dyn RetryStrategy>>,
-    pub(super) before_sleep: Option<Arc<BeforeSleep>>,
-    #[cfg(feature = "tracing")]
-    pub(super) retry_event_level: Option<tracing::Level>,
-    /// Set by [`Resilience::like_reqwest_retry`] (the settings above it made), to name it
-    /// in a conflict.
-    pub(super) like_reqwest_retry: bool,
+/// What [`Resilience::retry`] takes: a [`RetryMiddlewareBuilder`] (built with the stack,
+/// its errors those of [building the stack](Resilience#errors-at-build-time)) or a
+/// prebuilt [`RetryMiddleware`] (one whose clone you keep, e.g. for its
+/// [`operation`](RetryMiddleware::operation)s or its [budget](RetryMiddleware::budget)).
+/// You never name it: pass either to `.retry(..)`.
+pub struct RetryChoice(pub(super) RetryKind);
+
+impl From<RetryMiddlewareBuilder> for RetryChoice {
+    fn from(builder: RetryMiddlewareBuilder) -> Self {
+        RetryChoice(RetryKind::Builder(Box::new(builder)))
+    }
 }
 
-impl RetrySettings {
-    /// The strategy, the `before_sleep` hook and the retry event's level, where set.
-    pub(super) fn apply_decision_and_observers(
-        &self,
-        mut b: RetryMiddlewareBuilder,
-    ) -> RetryMiddlewareBuilder {
-        if let Some(strategy) = &self.strategy {
-            b = b.strategy(strategy.clone());
-        }
-        if let Some(hook) = &self.before_sleep {
-            let hook = hook.clone();
-            b = b.before_sleep(move |notice| hook(notice));
-        }
-        #[cfg(feature = "tracing")]
-        if let Some(level) = self.retry_event_level {
-            b = b.retry_event_level(level);
-        }
-        b
+impl From<RetryMiddleware> for RetryChoice {
+    fn from(retry: RetryMiddleware) -> Self {
+        RetryChoice(RetryKind::Prebuilt(retry))
     }
+}
 
-    /// The first setting made, for a conflict report.
-    pub(super) fn first_set(&self) -> Option<&'static str> {
-        [
-            // The preset sets several; it is the setting the user made.
-            (self.like_reqwest_retry, "like_reqwest_retry"),
-            (self.max_retries.is_some(), "max_retries"),
-            (self.backoff.is_some(), "backoff"),
-            (self.total_deadline.is_some(), "total_deadline"),
-            (self.budget.is_some(), "retry_budget"),
-            (self.retry_after_cap.is_some(), "retry_after_cap"),
-            (self.error_wrapping.is_some(), "error_wrapping"),
-            (self.attempt_timeout.is_some(), "attempt_timeout"),
-            (self.hedging.is_some(), "hedging"),
-            (
-                self.max_not_processed_retries.is_some(),
-                "max_not_processed_retries",
-            ),
-            (self.strategy.is_some(), "retry_strategy"),
-            (self.before_sleep.is_some(), "before_sleep"),
-            #[cfg(feature = "tracing")]
-            (self.retry_event_level.is_some(), "retry_event_level"),
-        ]
-        .into_iter()
-        .find_map(|(set, name)| set.then_some(name))
+impl fmt::Debug for RetryChoice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.0.name())
+    }
+}
+
+impl RetryKind {
+    fn name(&self) -> &'static str {
+        match self {
+            RetryKind::Builder(_) => "builder",
+            RetryKind::Prebuilt(_) => "prebuilt",
+            RetryKind::Off => "off",
+        }
+    }
+}
+
+/// What [`Resilience::breaker`] takes: a [`BreakerConfig`] (a new registry per built
+/// stack, checked at build time), a shared [`BreakerRegistry`] (clients built with clones
+/// of one registry share their breakers and pauses; its listener is the one of
+/// [`BreakerRegistry::with_listener`]) or a prebuilt [`CircuitBreakerMiddleware`] (e.g.
+/// one with its own [`AttemptClassifier`](crate::breaker::AttemptClassifier)). You never
+/// name it: pass any of them to `.breaker(..)`.
+pub struct BreakerChoice(pub(super) BreakerKind);
+
+impl From<BreakerConfig> for BreakerChoice {
+    fn from(config: BreakerConfig) -> Self {
+        BreakerChoice(BreakerKind::Config(config))
+    }
+}
+
+impl From<BreakerRegistry> for BreakerChoice {
+    fn from(registry: BreakerRegistry) -> Self {
+        BreakerChoice(BreakerKind::Registry(registry))
+    }
+}
+
+impl From<CircuitBreakerMiddleware> for BreakerChoice {
+    fn from(breaker: CircuitBreakerMiddleware) -> Self {
+        BreakerChoice(BreakerKind::Middleware(breaker))
+    }
+}
+
+impl fmt::Debug for BreakerChoice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.0.name())
+    }
+}
+
+impl BreakerKind {
+    fn name(&self) -> &'static str {
+        match self {
+            BreakerKind::Default => "default",
+            BreakerKind::Config(_) => "config",
+            BreakerKind::Registry(_) => "shared registry",
+            BreakerKind::Middleware(_) => "prebuilt",
+            BreakerKind::Off => "off",
+        }
+    }
+}
+
+/// What [`Resilience::concurrency_limit`] takes: a [`LimiterConfig`] (a new registry per
+/// built stack, checked at build time) or a shared [`LimiterRegistry`] (clients built with
+/// clones of one registry share their limits). You never name it.
+pub struct ConcurrencyLimitChoice(pub(super) LimitChoice);
+
+impl fmt::Debug for ConcurrencyLimitChoice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self.0 {
+            LimitChoice::Config(_) => "config",
+            LimitChoice::Registry(_) => "shared registry",
+        })
+    }
+}
+
+impl From<LimiterConfig> for ConcurrencyLimitChoice {
+    fn from(config: LimiterConfig) -> Self {
+        ConcurrencyLimitChoice(LimitChoice::Config(config))
+    }
+}
+
+impl From<LimiterRegistry> for ConcurrencyLimitChoice {
+    fn from(registry: LimiterRegistry) -> Self {
+        ConcurrencyLimitChoice(LimitChoice::Registry(registry))
+    }
+}
+
+/// What [`Resilience::rate_limit`] takes: a [`RateLimitConfig`] (a new registry per built
+/// stack, checked at build time) or a shared [`RateLimitRegistry`] (clients built with
+/// clones of one registry spend the same quotas). You never name it.
+pub struct RateLimitChoice(pub(super) RateChoice);
+
+impl fmt::Debug for RateLimitChoice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self.0 {
+            RateChoice::Config(_) => "config",
+            RateChoice::Registry(_) => "shared registry",
+        })
+    }
+}
+
+impl From<RateLimitConfig> for RateLimitChoice {
+    fn from(config: RateLimitConfig) -> Self {
+        RateLimitChoice(RateChoice::Config(config))
+    }
+}
+
+impl From<RateLimitRegistry> for RateLimitChoice {
+    fn from(registry: RateLimitRegistry) -> Self {
+        RateLimitChoice(RateChoice::Registry(registry))
     }
 }
 
@@ -115,25 +176,32 @@ impl RetrySettings {
 /// comes from in [`guide::defaults`](crate::guide::defaults). A new [`BreakerRegistry`] per
 /// built stack unless one is given; [`TransportEvidence`] always.
 ///
-/// Each part can be replaced by a prebuilt one ([`retry`](Self::retry),
-/// [`breaker`](Self::breaker), [`breaker_middleware`](Self::breaker_middleware)) or
-/// removed ([`no_retry`](Self::no_retry), [`no_breaker`](Self::no_breaker)). To share
-/// breakers and a retry budget between clients, hand each stack a clone of one
-/// [`BreakerRegistry`] and one [`RetryBudget`].
+/// Each part is set in one place: the retry by [`retry`](Self::retry), from a
+/// [`RetryMiddleware::builder()`](RetryMiddleware::builder) (every retry setting is
+/// there) or a prebuilt [`RetryMiddleware`]; the breaker by [`breaker`](Self::breaker),
+/// from a [`BreakerConfig`], a shared [`BreakerRegistry`] or a prebuilt
+/// [`CircuitBreakerMiddleware`]; the limits by [`concurrency_limit`](Self::concurrency_limit)
+/// and [`rate_limit`](Self::rate_limit), from a configuration or a shared registry. A part
+/// is removed with [`no_retry`](Self::no_retry) or [`no_breaker`](Self::no_breaker). A
+/// later call replaces an earlier one. To share breakers and a retry budget between
+/// clients, hand each stack a clone of one [`BreakerRegistry`] and one [`RetryBudget`].
 ///
 /// ```
 /// use std::time::Duration;
 /// use reqwest_resilience::breaker::{BreakerConfig, BreakerRegistry};
-/// use reqwest_resilience::{Backoff, Resilience, RetryBudget};
+/// use reqwest_resilience::{Backoff, Resilience, RetryBudget, RetryMiddleware};
 ///
 /// # fn main() -> Result<(), reqwest_resilience::ResilienceError> {
 /// let registry = BreakerRegistry::new(BreakerConfig::default())?;
 /// let budget = RetryBudget::default();
 /// let client = Resilience::new()
-///     .max_retries(2)
-///     .backoff(Backoff::builder().base(Duration::from_millis(100)).build()?)
-///     .total_deadline(Duration::from_secs(5))
-///     .retry_budget(budget.clone())
+///     .retry(
+///         RetryMiddleware::builder()
+///             .max_retries(2)
+///             .backoff(Backoff::builder().base(Duration::from_millis(100)).build()?)
+///             .total_deadline(Duration::from_secs(5))
+///             .budget(budget.clone()),
+///     )
 ///     .breaker(registry.clone())
 ///     .on_attempt(|evidence, decision| {
 ///         eprintln!("attempt {} {:?} -> {:?}", evidence.attempt, evidence.transmission, decision);
@@ -144,22 +212,19 @@ impl RetrySettings {
 ///
 /// # Errors at build time
 ///
-/// [`build`](Self::build), [`build_from`](Self::build_from),
-/// [`client_builder`](Self::client_builder), [`install`](Self::install),
+/// [`build`](Self::build), [`build_from`](Self::build_from), [`install`](Self::install),
 /// [`into_middleware`](Self::into_middleware) and
 /// [`into_middlewares`](Self::into_middlewares) (and with feature `astral` their fork
-/// counterparts) check the whole configuration and return
+/// counterparts, [`stack::astral`](crate::stack::astral)) check the whole configuration and return
 /// [`ResilienceError::InvalidStack`] ([`StackError`]) for a combination that cannot work,
 /// or a part's own [`ResilienceError::InvalidConfig`].
 #[must_use = "a Resilience does nothing until it is built onto a client"]
 pub struct Resilience {
-    pub(super) retry: RetryChoice,
-    pub(super) retry_settings: RetrySettings,
-    pub(super) breaker: BreakerChoice,
+    pub(super) retry: RetryKind,
+    pub(super) breaker: BreakerKind,
     pub(super) bearer: Option<BearerAuth>,
     pub(super) per_attempt: Vec<PerAttempt>,
     pub(super) on_attempt: Option<AttemptHook>,
-    pub(super) on_breaker_transition: Option<TransitionHook>,
     /// `None`: not declared (`Unobserved`, unless `build_from` builds the client).
     pub(super) client_redirects: Option<ClientRedirects>,
     /// The policy `build_from` wraps in `redirect::recorded` (`None`: reqwest's default).
@@ -169,7 +234,7 @@ pub struct Resilience {
     pub(super) coalesce: Option<crate::coalesce::CoalesceGets>,
     #[cfg(feature = "chaos")]
     pub(super) chaos: Option<crate::chaos::Chaos>,
-    pub(super) rate_limit: Option<crate::rate::RateChoice>,
+    pub(super) rate_limit: Option<RateChoice>,
     pub(super) resume_bodies: bool,
 }
 
@@ -181,30 +246,14 @@ impl Default for Resilience {
 
 impl fmt::Debug for Resilience {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let retry = match &self.retry {
-            RetryChoice::Default => "default",
-            RetryChoice::Prebuilt(_) => "prebuilt",
-            RetryChoice::Off => "off",
-        };
-        let breaker = match &self.breaker {
-            BreakerChoice::Default => "default",
-            BreakerChoice::Config(_) => "config",
-            BreakerChoice::Registry(_) => "shared registry",
-            BreakerChoice::Middleware(_) => "prebuilt",
-            BreakerChoice::Off => "off",
-        };
         f.debug_struct("Resilience")
-            .field("retry", &retry)
-            .field("breaker", &breaker)
+            .field("retry", &self.retry.name())
+            .field("breaker", &self.breaker.name())
             // BearerAuth's Debug never shows the token.
             .field("bearer", &self.bearer)
             .field("per_attempt", &self.per_attempt.len())
             .field("client_redirects", &self.client_redirects)
             .field("on_attempt", &self.on_attempt.is_some())
-            .field(
-                "on_breaker_transition",
-                &self.on_breaker_transition.is_some(),
-            )
             .field("concurrency_limit", &self.concurrency_limit.is_some())
             .field("coalesce", &self.coalesce)
             .field("rate_limit", &self.rate_limit.is_some())
@@ -217,13 +266,11 @@ impl Resilience {
     /// The full stack with the defaults (see the table above).
     pub fn new() -> Self {
         Resilience {
-            retry: RetryChoice::Default,
-            retry_settings: RetrySettings::default(),
-            breaker: BreakerChoice::Default,
+            retry: RetryKind::Builder(Box::new(RetryMiddleware::builder())),
+            breaker: BreakerKind::Default,
             bearer: None,
             per_attempt: Vec::new(),
             on_attempt: None,
-            on_breaker_transition: None,
             client_redirects: None,
             redirect_policy: None,
             span_url_query: false,
@@ -247,30 +294,27 @@ impl Resilience {
     /// been processed (a `POST` after a reset, a timeout or a `500`) is not sent again,
     /// while one proven unsent (a refused connect) is, whatever its method.
     ///
-    /// Every setting of this builder still applies on top (`.max_retries(5)`,
-    /// `.breaker_config(..)`, …).
+    /// Its retry is [`RetryMiddleware::like_reqwest_retry`]; to change a retry setting,
+    /// hand [`retry`](Self::retry) that builder with the change (a later `.retry(..)`
+    /// replaces the whole retry part, so start from the preset's builder to keep the rest
+    /// of it). The other parts are set as on [`new`](Self::new) (`.breaker(..)` turns a
+    /// breaker back on).
     ///
     /// ```
-    /// use reqwest_resilience::Resilience;
+    /// use reqwest_resilience::{Resilience, RetryMiddleware};
     ///
     /// # fn main() -> Result<(), reqwest_resilience::ResilienceError> {
     /// let client = Resilience::like_reqwest_retry().build_from(reqwest::Client::builder())?;
-    /// # drop(client); Ok(()) }
+    /// // The same, with 5 retries:
+    /// let five = Resilience::like_reqwest_retry()
+    ///     .retry(RetryMiddleware::like_reqwest_retry().max_retries(5))
+    ///     .build_from(reqwest::Client::builder())?;
+    /// # drop((client, five)); Ok(()) }
     /// ```
     pub fn like_reqwest_retry() -> Self {
-        let backoff = Backoff::builder()
-            .base(Duration::from_secs(1))
-            .factor(2.0)
-            .max_delay(Duration::from_secs(30 * 60))
-            .jitter(crate::backoff::Jitter::Bounded)
-            .build()
-            .expect("reqwest-retry's bounds are valid");
-        let mut stack = Resilience::new().no_breaker().no_retry_budget();
-        stack.retry_settings.max_retries = Some(3);
-        stack.retry_settings.backoff = Some(backoff);
-        stack.retry_settings.strategy = Some(Arc::new(crate::retry::AnyServerError));
-        stack.retry_settings.like_reqwest_retry = true;
-        stack
+        Resilience::new()
+            .retry(RetryMiddleware::like_reqwest_retry())
+            .no_breaker()
     }
 
     /// Resumes response bodies that break mid-stream (default off: it wraps the body of
@@ -328,159 +372,69 @@ impl Resilience {
         self
     }
 
-    /// Retries after the first attempt (default 3; 0 keeps the middleware but never
-    /// retries).
-    pub fn max_retries(mut self, max_retries: u32) -> Self {
-        self.retry_settings.max_retries = Some(max_retries);
-        self
-    }
-
-    /// The backoff between attempts (default [`Backoff::default`]).
-    pub fn backoff(mut self, backoff: Backoff) -> Self {
-        self.retry_settings.backoff = Some(backoff);
-        self
-    }
-
-    /// The most retries one request takes, at once and outside
-    /// [`max_retries`](Self::max_retries), on the server's proof that it did not process an
-    /// attempt (HTTP/2 `REFUSED_STREAM`) or, for an idempotent request, after a `GOAWAY` (a
-    /// server rotating its connections); default 5, 0 turns them off. See
-    /// [`RetryMiddlewareBuilder::max_not_processed_retries`](crate::retry::RetryMiddlewareBuilder::max_not_processed_retries).
-    pub fn max_not_processed_retries(mut self, cap: u32) -> Self {
-        self.retry_settings.max_not_processed_retries = Some(cap);
-        self
-    }
-
-    /// A total deadline per logical request (default none): no retry whose delay would
-    /// end past it. Must leave room for the first retry.
-    pub fn total_deadline(mut self, total: Duration) -> Self {
-        self.retry_settings.total_deadline = Some(total);
-        self
-    }
-
-    /// The retry budget (default a new [`RetryBudget::default`] per built stack). Pass
-    /// clones of one budget to share it between clients.
-    pub fn retry_budget(mut self, budget: RetryBudget) -> Self {
-        self.retry_settings.budget = Some(Some(budget));
-        self
-    }
-
-    /// No retry budget: every retry the decision table allows is taken. A failing server
-    /// then receives up to `1 + max_retries` times the load.
-    pub fn no_retry_budget(mut self) -> Self {
-        self.retry_settings.budget = Some(None);
-        self
-    }
-
-    /// The longest `Retry-After` honoured (default 60 s) and what to do beyond it
-    /// (default: clamp to the cap).
-    pub fn retry_after_cap(mut self, cap: Duration, policy: RetryAfterPolicy) -> Self {
-        self.retry_settings.retry_after_cap = Some((cap, policy));
-        self
-    }
-
-    /// Replaces the retry decision table (default
-    /// [`DefaultStrategy`](crate::retry::DefaultStrategy)), e.g. with uv's rules,
-    /// [`retry::strategies::uv_transient`](crate::retry::strategies::uv_transient). The
-    /// promise holds for any strategy: a request that may have been processed is sent
-    /// again only when that is harmless ([`unsafe_retry`](crate::retry::unsafe_retry)).
-    pub fn retry_strategy(mut self, strategy: impl RetryStrategy) -> Self {
-        self.retry_settings.strategy = Some(Arc::new(strategy));
-        self
-    }
-
-    /// Calls `hook` before each retry's wait
-    /// ([`RetryMiddlewareBuilder::before_sleep`]).
-    pub fn before_sleep(mut self, hook: impl Fn(&RetryNotice<'_>) + Send + Sync + 'static) -> Self {
-        self.retry_settings.before_sleep = Some(Arc::new(hook));
-        self
-    }
-
-    /// The level of the `tracing` event before each retry (default `WARN`;
-    /// [`RetryMiddlewareBuilder::retry_event_level`]).
-    #[cfg(feature = "tracing")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "tracing")))]
-    pub fn retry_event_level(mut self, level: tracing::Level) -> Self {
-        self.retry_settings.retry_event_level = Some(level);
-        self
-    }
-
-    /// Which final errors the retry middleware wraps in [`ResilienceError::Retry`]
-    /// (default [`ErrorWrapping::ExceptReqwest`]: a `reqwest::Error` comes back as
-    /// `reqwest_middleware::Error::Reqwest`, as without the stack).
-    /// [`ErrorWrapping::Always`] puts the attempt count and the stop reason on every error.
-    pub fn error_wrapping(mut self, wrapping: ErrorWrapping) -> Self {
-        self.retry_settings.error_wrapping = Some(wrapping);
-        self
-    }
-
-    /// Bounds each attempt's wait for its response head (default: none; see
-    /// [`RetryMiddlewareBuilder::attempt_timeout`](crate::retry::RetryMiddlewareBuilder::attempt_timeout)
-    /// for why it is off by default). A cut attempt is a breaker failure and is retried
-    /// only when the request is idempotent; the total deadline still bounds everything (a
-    /// cut by the deadline alone is neutral for the breaker).
-    pub fn attempt_timeout(mut self, timeout: Duration) -> Self {
-        self.retry_settings.attempt_timeout = Some(timeout);
-        self
-    }
-
-    /// Hedged requests (default: off): after a delay with no response head, a safe
-    /// request (GET, HEAD, OPTIONS, TRACE; PUT, DELETE and `Idempotent(true)` ones on
-    /// opt-in) sends another copy through the breaker and the transport step, and the
-    /// first answer wins. See [`Hedging`] for the delay, the budget and the limits.
+    /// The retry part: a [`RetryMiddlewareBuilder`] (every retry setting: the retry
+    /// limit, the backoff, the deadline, the budget, the `Retry-After` cap, the decision
+    /// table, the attempt timeout, hedging, the hooks; built with the stack) or a prebuilt
+    /// [`RetryMiddleware`] (one whose clone you keep). It replaces the retry part whole,
+    /// the preset's of [`like_reqwest_retry`](Self::like_reqwest_retry) included (start
+    /// from [`RetryMiddleware::like_reqwest_retry`] to change one of its settings). With a
+    /// builder, a [`total_deadline`](RetryMiddlewareBuilder::total_deadline) shorter than
+    /// the shortest first backoff delay fails the build
+    /// ([`StackError::DeadlineBeforeFirstRetry`]).
     ///
     /// ```
-    /// use reqwest_resilience::Resilience;
+    /// use std::time::Duration;
+    /// use reqwest_resilience::{Resilience, RetryMiddleware};
     /// use reqwest_resilience::retry::Hedging;
     ///
     /// # fn main() -> Result<(), reqwest_resilience::ResilienceError> {
     /// let client = Resilience::new()
-    ///     .hedging(Hedging::adaptive(0.95))
+    ///     .retry(
+    ///         RetryMiddleware::builder()
+    ///             .max_retries(5)
+    ///             .total_deadline(Duration::from_secs(30))
+    ///             .hedging(Hedging::adaptive(0.95)),
+    ///     )
     ///     .build_from(reqwest::Client::builder())?;
     /// # drop(client); Ok(()) }
     /// ```
-    pub fn hedging(mut self, hedging: Hedging) -> Self {
-        self.retry_settings.hedging = Some(hedging);
-        self
-    }
-
-    /// Installs this retry middleware instead of the default one (e.g. one with its own
-    /// [`RetryStrategy`]). The retry settings of this builder
-    /// then cannot apply: combining them is a [`StackError::Conflict`].
-    pub fn retry(mut self, retry: RetryMiddleware) -> Self {
-        self.retry = RetryChoice::Prebuilt(retry);
+    pub fn retry(mut self, retry: impl Into<RetryChoice>) -> Self {
+        self.retry = retry.into().0;
         self
     }
 
     /// No retry middleware.
     pub fn no_retry(mut self) -> Self {
-        self.retry = RetryChoice::Off;
+        self.retry = RetryKind::Off;
         self
     }
 
-    /// Uses a shared breaker registry (clients built with clones of one registry share
-    /// their breakers and pauses).
-    pub fn breaker(mut self, registry: BreakerRegistry) -> Self {
-        self.breaker = BreakerChoice::Registry(registry);
-        self
-    }
-
-    /// Builds a new registry with this configuration (checked at build time).
-    pub fn breaker_config(mut self, config: BreakerConfig) -> Self {
-        self.breaker = BreakerChoice::Config(config);
-        self
-    }
-
-    /// Installs this breaker middleware (e.g. one with its own
-    /// [`AttemptClassifier`](crate::breaker::AttemptClassifier)).
-    pub fn breaker_middleware(mut self, breaker: CircuitBreakerMiddleware) -> Self {
-        self.breaker = BreakerChoice::Middleware(breaker);
+    /// The breaker part (default a new registry with [`BreakerConfig::default`] per built
+    /// stack): a [`BreakerConfig`] (a new registry with it, checked at build time), a
+    /// shared [`BreakerRegistry`] (clients built with clones of one registry share their
+    /// breakers and pauses) or a prebuilt [`CircuitBreakerMiddleware`] (e.g. one with its
+    /// own [`AttemptClassifier`](crate::breaker::AttemptClassifier)). To be called on
+    /// every state change, build the registry with [`BreakerRegistry::with_listener`].
+    ///
+    /// ```
+    /// use reqwest_resilience::Resilience;
+    /// use reqwest_resilience::breaker::{BreakerConfig, BreakerRegistry};
+    ///
+    /// # fn main() -> Result<(), reqwest_resilience::ResilienceError> {
+    /// let registry = BreakerRegistry::with_listener(BreakerConfig::default(), |event| {
+    ///     eprintln!("{} is now {:?}", event.origin, event.to);
+    /// })?;
+    /// let client = Resilience::new().breaker(registry).build(reqwest::Client::new())?;
+    /// # drop(client); Ok(()) }
+    /// ```
+    pub fn breaker(mut self, breaker: impl Into<BreakerChoice>) -> Self {
+        self.breaker = breaker.into().0;
         self
     }
 
     /// No circuit breaker.
     pub fn no_breaker(mut self) -> Self {
-        self.breaker = BreakerChoice::Off;
+        self.breaker = BreakerKind::Off;
         self
     }
 
@@ -492,14 +446,9 @@ impl Resilience {
 
     /// Adds a middleware that runs once per request on the wire: inside retry, breaker
     /// and `BearerAuth` (so it sees the `Authorization` header and every `401` replay),
-    /// just outside the transport step. Several run in the order added.
-    pub fn per_attempt(mut self, middleware: impl Middleware) -> Self {
-        self.per_attempt
-            .push(PerAttempt::Reqwest(Arc::new(middleware)));
-        self
-    }
-
-    /// [`per_attempt`](Self::per_attempt) for a middleware already shared, e.g. one of a
+    /// just outside the transport step. Several run in the order added. It takes the
+    /// middleware shared, as `reqwest_middleware::ClientBuilder::with_arc` does:
+    /// `.per_attempt(Arc::new(mine))`, or a clone of one of the
     /// `Vec<Arc<dyn Middleware>>` a codebase keeps its middlewares in.
     ///
     /// ```
@@ -511,11 +460,11 @@ impl Resilience {
     /// let extra: Vec<Arc<dyn Middleware>> = Vec::new(); // e.g. a codebase's own middlewares
     /// let stack = extra
     ///     .iter()
-    ///     .fold(Resilience::new(), |stack, m| stack.per_attempt_arc(m.clone()));
+    ///     .fold(Resilience::new(), |stack, m| stack.per_attempt(m.clone()));
     /// let client = stack.build_from(reqwest::Client::builder())?;
     /// # drop(client); let _ = TransportEvidence::new(); Ok(()) }
     /// ```
-    pub fn per_attempt_arc(mut self, middleware: Arc<dyn Middleware>) -> Self {
+    pub fn per_attempt(mut self, middleware: Arc<dyn Middleware>) -> Self {
         self.per_attempt.push(PerAttempt::Reqwest(middleware));
         self
     }
@@ -534,19 +483,6 @@ impl Resilience {
         self
     }
 
-    /// Calls `hook` on every breaker state change (the registry's listener, called
-    /// outside any lock). Applies to the default breaker or one built from
-    /// [`breaker_config`](Self::breaker_config); a shared registry takes its listener
-    /// from [`BreakerRegistry::with_listener`] (combining them is a
-    /// [`StackError::Conflict`]).
-    pub fn on_breaker_transition<F>(mut self, hook: F) -> Self
-    where
-        F: Fn(&BreakerEvent) + Send + Sync + 'static,
-    {
-        self.on_breaker_transition = Some(Arc::new(hook));
-        self
-    }
-
     /// With feature `tracing`: whether the span's `url.full` keeps the query as it is
     /// (default `false`: every value is `REDACTED`, stricter than OpenTelemetry's
     /// conventions, which redact the values of a few signature keys). Of each
@@ -560,10 +496,11 @@ impl Resilience {
         self
     }
 
-    /// Turns on a per-origin concurrency limit (off by default), in a new
-    /// [`LimiterRegistry`] with this configuration (checked at build time), between the
-    /// breaker and `BearerAuth`: an open breaker rejects before a permit is taken, and
-    /// every retry takes a permit of its own. See [`limit`](crate::limit).
+    /// Turns on a per-origin concurrency limit (off by default), between the breaker and
+    /// `BearerAuth`: an open breaker rejects before a permit is taken, and every retry
+    /// takes a permit of its own. It takes a [`LimiterConfig`] (a new [`LimiterRegistry`]
+    /// with it, checked at build time) or a shared [`LimiterRegistry`] (clients built with
+    /// clones of one registry share their limits). See [`limit`](crate::limit).
     ///
     /// ```
     /// use reqwest_resilience::Resilience;
@@ -575,15 +512,8 @@ impl Resilience {
     ///     .build_from(reqwest::Client::builder())?;
     /// # drop(client); Ok(()) }
     /// ```
-    pub fn concurrency_limit(mut self, config: LimiterConfig) -> Self {
-        self.concurrency_limit = Some(LimitChoice::Config(config));
-        self
-    }
-
-    /// Like [`concurrency_limit`](Self::concurrency_limit), with a shared registry:
-    /// clients built with clones of one registry share their limits.
-    pub fn concurrency_limiter(mut self, registry: LimiterRegistry) -> Self {
-        self.concurrency_limit = Some(LimitChoice::Registry(registry));
+    pub fn concurrency_limit(mut self, limit: impl Into<ConcurrencyLimitChoice>) -> Self {
+        self.concurrency_limit = Some(limit.into().0);
         self
     }
 
@@ -618,12 +548,12 @@ impl Resilience {
         self
     }
 
-    /// Turns on a per-origin rate limit (off by default), in a new
-    /// [`RateLimitRegistry`](crate::rate::RateLimitRegistry) with this configuration
-    /// (checked at build time), between the breaker and the concurrency limit: an open
-    /// breaker turns a request away before it spends a slot, a request waiting for its
-    /// slot holds no concurrency permit, and every retry takes a slot of its own. See
-    /// [`rate`](crate::rate).
+    /// Turns on a per-origin rate limit (off by default), between the breaker and the
+    /// concurrency limit: an open breaker turns a request away before it spends a slot, a
+    /// request waiting for its slot holds no concurrency permit, and every retry takes a
+    /// slot of its own. It takes a [`RateLimitConfig`] (a new [`RateLimitRegistry`] with
+    /// it, checked at build time) or a shared [`RateLimitRegistry`] (clients built with
+    /// clones of one registry spend the same quotas). See [`rate`](crate::rate).
     ///
     /// ```
     /// use reqwest_resilience::Resilience;
@@ -635,15 +565,8 @@ impl Resilience {
     ///     .build_from(reqwest::Client::builder())?;
     /// # drop(client); Ok(()) }
     /// ```
-    pub fn rate_limit(mut self, config: crate::rate::RateLimitConfig) -> Self {
-        self.rate_limit = Some(crate::rate::RateChoice::Config(config));
-        self
-    }
-
-    /// Like [`rate_limit`](Self::rate_limit), with a shared registry: clients built with
-    /// clones of one registry spend the same quotas.
-    pub fn rate_limiter(mut self, registry: crate::rate::RateLimitRegistry) -> Self {
-        self.rate_limit = Some(crate::rate::RateChoice::Registry(registry));
+    pub fn rate_limit(mut self, rate: impl Into<RateLimitChoice>) -> Self {
+        self.rate_limit = Some(rate.into().0);
         self
     }
 }

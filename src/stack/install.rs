@@ -27,7 +27,7 @@ impl Resilience {
     ///
     /// See [Errors at build time](Self#errors-at-build-time).
     pub fn build(self, client: reqwest::Client) -> Result<ClientWithMiddleware, ResilienceError> {
-        Ok(self.client_builder(client)?.build())
+        Ok(self.install(ClientBuilder::new(client))?.build())
     }
 
     /// Builds the client from `builder` with the recorded redirect policy
@@ -58,19 +58,10 @@ impl Resilience {
         stack.build(client)
     }
 
-    /// The stack on a new client builder, for adding initialisers. It has no `.with()`:
-    /// a middleware added after the stack would run inside the transport step (see
-    /// [`StackBuilder`] and [`install`](Self::install)).
-    ///
-    /// # Errors
-    ///
-    /// See [Errors at build time](Self#errors-at-build-time).
-    pub fn client_builder(self, client: reqwest::Client) -> Result<StackBuilder, ResilienceError> {
-        self.install(ClientBuilder::new(client))
-    }
-
     /// Appends the stack to `builder`, inside whatever middleware it already holds: the
-    /// place for middleware that should see each logical request once.
+    /// place for middleware that should see each logical request once, and for request
+    /// initialisers ([`StackBuilder::with_init`]). It has no `.with()`: a middleware added
+    /// after the stack would run inside the transport step (see [`StackBuilder`]).
     ///
     /// ```
     /// use reqwest_middleware::ClientBuilder;
@@ -184,7 +175,7 @@ impl Resilience {
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// let middlewares: Vec<Arc<dyn Middleware>> = Resilience::like_reqwest_retry()
     ///     .client_redirects(ClientRedirects::Recorded) // the client below records its redirects
-    ///     .per_attempt(Mirror)
+    ///     .per_attempt(Arc::new(Mirror))
     ///     .into_middlewares()?;
     /// assert_eq!(middlewares.len(), 3); // the stages, Mirror, the transport step
     /// // Later:
@@ -261,7 +252,7 @@ impl Resilience {
 }
 
 /// A `reqwest_middleware::ClientBuilder` ending in the stack, from
-/// [`Resilience::client_builder`] and [`Resilience::install`]: add request initialisers,
+/// [`Resilience::install`]: add request initialisers,
 /// then [`build`](Self::build).
 ///
 /// It has no `.with()` on purpose. A middleware added after the stack runs *inside* the
@@ -279,7 +270,7 @@ impl Resilience {
 /// #     }
 /// # }
 /// let client = reqwest_resilience::Resilience::new()
-///     .client_builder(reqwest::Client::new())
+///     .install(reqwest_middleware::ClientBuilder::new(reqwest::Client::new()))
 ///     .unwrap()
 ///     .with(Mine) // does not compile: it would run inside the transport step
 ///     .build();
@@ -313,7 +304,9 @@ impl StackBuilder {
     /// // Every request of this client gets one retry at most.
     /// let client = Resilience::new()
     ///     .client_redirects(ClientRedirects::Recorded)
-    ///     .client_builder(reqwest::Client::builder().redirect(recorded).build()?)?
+    ///     .install(reqwest_middleware::ClientBuilder::new(
+    ///         reqwest::Client::builder().redirect(recorded).build()?,
+    ///     ))?
     ///     .with_init(Extension(MaxRetries(1)))
     ///     .build();
     /// # drop(client); Ok(()) }
@@ -357,7 +350,7 @@ impl StackBuilder {
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// let client = reqwest_resilience::Resilience::new()
-    ///     .client_builder(reqwest::Client::new())?
+    ///     .install(reqwest_middleware::ClientBuilder::new(reqwest::Client::new()))?
     ///     .inside_transport_step()
     ///     .with(Canned)
     ///     .build();

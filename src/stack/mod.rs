@@ -33,20 +33,20 @@
 //! | `builder.rs` | [`Resilience`]: the choices for each part, one setter each, and the defaults |
 //! | `assemble.rs` | those choices built into stages and nested (the retry from its settings, the breaker, the limits) |
 //! | `install.rs` | the assembled stack in a `reqwest_middleware::ClientBuilder` ([`StackBuilder`]), as one middleware ([`ResilienceMiddleware`]) or as a list |
-//! | `astral.rs` | the same installation for the astral fork's builder (feature `astral`) |
+//! | `astral.rs` | the same installation for the astral fork's builder ([`astral`], feature `astral`) |
 
 mod assemble;
 #[cfg(feature = "astral")]
-mod astral;
+#[cfg_attr(docsrs, doc(cfg(feature = "astral")))]
+pub mod astral;
 mod builder;
 pub(crate) mod compose;
 mod install;
 mod observer;
 
-#[cfg(feature = "astral")]
-#[cfg_attr(docsrs, doc(cfg(feature = "astral")))]
-pub use astral::AstralStackBuilder;
-pub use builder::Resilience;
+pub use builder::{
+    BreakerChoice, ConcurrencyLimitChoice, RateLimitChoice, Resilience, RetryChoice,
+};
 pub use install::{ResilienceMiddleware, StackBuilder};
 
-pub use crate::error::{StackError, StackPart};
+pub use crate::error::stack::{StackError, StackPart};

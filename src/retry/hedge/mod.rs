@@ -48,8 +48,9 @@ pub enum HedgeDelay {
     },
 }
 
-/// Hedged requests for [`RetryMiddleware`](super::RetryMiddleware) (and
-/// [`Resilience::hedging`](crate::Resilience::hedging)).
+/// Hedged requests for [`RetryMiddleware`](super::RetryMiddleware)
+/// ([`RetryMiddlewareBuilder::hedging`](super::RetryMiddlewareBuilder::hedging), also
+/// the retry handed to [`Resilience::retry`](crate::Resilience::retry)).
 ///
 /// For a request whose body can be cloned and whose method is safe (GET, HEAD, OPTIONS,
 /// TRACE), or, with [`hedge_idempotent(true)`](Self::hedge_idempotent), a PUT, a DELETE

@@ -181,6 +181,37 @@ impl RetryMiddleware {
         }
     }
 
+    /// A builder starting from reqwest-retry's settings, the retry of
+    /// [`Resilience::like_reqwest_retry`](crate::Resilience::like_reqwest_retry): 3
+    /// retries, 1 s × 2 per retry capped at 30 minutes (retry-policies' default bounds),
+    /// [`Jitter::Bounded`](crate::Jitter::Bounded), every `5xx`, 408 and 429 retried for
+    /// an idempotent request ([`AnyServerError`](crate::retry::AnyServerError)), no retry
+    /// budget. Every other setting is the default, and each can be changed on it:
+    ///
+    /// ```
+    /// use reqwest_resilience::{Resilience, RetryMiddleware};
+    ///
+    /// # fn main() -> Result<(), reqwest_resilience::ResilienceError> {
+    /// let client = Resilience::like_reqwest_retry()
+    ///     .retry(RetryMiddleware::like_reqwest_retry().max_retries(5))
+    ///     .build_from(reqwest::Client::builder())?;
+    /// # drop(client); Ok(()) }
+    /// ```
+    pub fn like_reqwest_retry() -> RetryMiddlewareBuilder {
+        let backoff = Backoff::builder()
+            .base(Duration::from_secs(1))
+            .factor(2.0)
+            .max_delay(Duration::from_secs(30 * 60))
+            .jitter(crate::backoff::Jitter::Bounded)
+            .build()
+            .unwrap_or_else(|_| unreachable!("reqwest-retry's bounds are valid"));
+        RetryMiddleware::builder()
+            .max_retries(3)
+            .backoff(backoff)
+            .strategy(crate::retry::AnyServerError)
+            .no_budget()
+    }
+
     /// The budget this middleware spends, shared with its clones.
     pub fn budget(&self) -> Option<&RetryBudget> {
         self.config.budget.as_ref()
@@ -407,6 +438,17 @@ impl RetryMiddlewareBuilder {
     pub fn hedging(mut self, hedging: Hedging) -> Self {
         self.config.hedging = Some(hedging);
         self
+    }
+
+    /// The total deadline and the shortest delay the jitter can draw before the first
+    /// retry, when the deadline leaves no room for that retry (or is zero).
+    pub(crate) fn deadline_before_first_retry(&self) -> Option<(Duration, Duration)> {
+        let total = self.config.deadline?;
+        let Delays::Backoff(backoff) = &self.config.delays else {
+            return None;
+        };
+        let first_delay = backoff.jitter().apply(backoff.base_delay(0), 0.0);
+        (total.is_zero() || total < first_delay).then_some((total, first_delay))
     }
 
     /// Checks the configuration.

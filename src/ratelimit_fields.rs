@@ -27,7 +27,7 @@
 //! A value that is not one of these forms is a [`MalformedField`] naming the field and
 //! the problem; the callers in this crate then ignore every rate-limit field of that
 //! response (a half-understood answer is not a basis for pausing anyone). A value longer
-//! than [`MAX_LEN`] bytes, or with more than [`MAX_MEMBERS`] list members, is refused
+//! than 1 024 bytes, or with more than 16 list members, is refused
 //! without being scanned further.
 //!
 //! ```
@@ -50,14 +50,14 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use http::{HeaderMap, HeaderName};
 
 /// The longest field value (in bytes) this parser looks at.
-pub const MAX_LEN: usize = 1024;
+pub(crate) const MAX_LEN: usize = 1024;
 
 /// The most members of one field's list (or dictionary) this parser reads.
-pub const MAX_MEMBERS: usize = 16;
+pub(crate) const MAX_MEMBERS: usize = 16;
 
 /// An `X-RateLimit-Reset` value of at least this many seconds is a Unix time
 /// (2001-09-09), a smaller one delta-seconds.
-pub const UNIX_TIME_FROM: u64 = 1_000_000_000;
+pub(crate) const UNIX_TIME_FROM: u64 = 1_000_000_000;
 
 /// A server's quota: at most `limit` requests in any `window`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -121,7 +121,7 @@ pub struct MalformedField {
 pub enum Problem {
     /// Not visible ASCII (RFC 9110 allows more, no rate-limit value needs it).
     NotAscii,
-    /// Longer than [`MAX_LEN`] bytes, or more than [`MAX_MEMBERS`] members.
+    /// Longer than 1 024 bytes, or more than 16 members.
     TooLong,
     /// Not a structured field of the expected shape (or, for the `X-` fields, a number).
     Syntax,
@@ -154,7 +154,7 @@ pub fn may_be_present(headers: &HeaderMap) -> bool {
 
 /// Whether `headers` hold any of the rate-limit fields [`parse`] reads (seven lookups of
 /// static names, no clock read): the cheap test for the answers of servers that send none.
-pub fn any_present(headers: &HeaderMap) -> bool {
+pub(crate) fn any_present(headers: &HeaderMap) -> bool {
     [&RATELIMIT, &RATELIMIT_POLICY]
         .into_iter()
         .chain(&LEGACY_IETF)
@@ -245,7 +245,7 @@ fn at(field: &'static HeaderName) -> impl Fn(Problem) -> MalformedField {
     }
 }
 
-/// The field's value as text, if present: visible ASCII, at most [`MAX_LEN`] bytes.
+/// The field's value as text, if present: visible ASCII, at most [`MAX_LEN`] (1 024) bytes.
 /// Several lines of one field are read as the first (servers send these once).
 fn text<'h>(
     headers: &'h HeaderMap,
@@ -369,7 +369,7 @@ fn reset_delta(value: &str) -> Result<Duration, Problem> {
     integer(value).map(Duration::from_secs)
 }
 
-/// `X-RateLimit-Reset`: a Unix time from [`UNIX_TIME_FROM`] on, else delta-seconds; a
+/// `X-RateLimit-Reset`: a Unix time from [`UNIX_TIME_FROM`] (10⁹ s, 2001-09-09) on, else delta-seconds; a
 /// fraction of up to 9 digits kept to the millisecond, rounded up.
 fn reset_x(value: &str, now: SystemTime) -> Result<Duration, Problem> {
     let (whole, fraction) = match value.split_once('.') {

@@ -470,8 +470,7 @@ impl BearerAuth {
         // Nothing to heal, and no refresh to burn.
         let redirected = crate::redirect::without_fragment(sent.url())
             != crate::redirect::without_fragment(response.url())
-            || extensions
-                .get::<RequestEvidence>()
+            || RequestEvidence::of(extensions)
                 .is_some_and(|e| matches!(e.redirects, Redirects::Followed { .. }));
         let origin = match Origin::from_url(response.url()) {
             Ok(origin) if !redirected && self.covers_origin(&origin) => origin,

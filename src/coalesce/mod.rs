@@ -146,7 +146,7 @@ use http::Extensions;
 use reqwest::{Request, Response};
 
 use crate::error::ResilienceError;
-use crate::record::{AttemptHistory, Deadline, RetryOutcome, SharedRole, StopReason};
+use crate::record::{Deadline, RetryOutcome, SharedRole, StopReason};
 use crate::stage::{Handover, RestOfStack, Stage, standalone_middleware};
 use flight::{Flights, Joined, Waited};
 use key::Partition;
@@ -362,9 +362,8 @@ fn stopped_by_its_own_deadline(
     result: &reqwest_middleware::Result<Response>,
     extensions: &Extensions,
 ) -> bool {
-    let stopped = extensions
-        .get::<RetryOutcome>()
-        .is_some_and(|o| o.stop == StopReason::DeadlineExceeded);
+    let stopped =
+        RetryOutcome::of(extensions).is_some_and(|o| o.stop == StopReason::DeadlineExceeded);
     stopped
         || (result.is_err()
             && extensions
@@ -427,12 +426,10 @@ fn follow(
 /// Marks the leader's own history shared, when anyone joined it (and counts it).
 fn mark_shared(extensions: &mut Extensions, record: &Record, callers: u32) {
     if callers > 1 {
-        extensions
-            .get_or_insert_default::<AttemptHistory>()
-            .mark_shared(crate::record::Shared {
-                role: SharedRole::Sent,
-                callers,
-            });
+        crate::record::RequestRecord::history_mut(extensions).mark_shared(crate::record::Shared {
+            role: SharedRole::Sent,
+            callers,
+        });
         crate::metrics::coalesced(record.origin(), "sent");
     }
 }

@@ -6,7 +6,7 @@ use http::Extensions;
 
 use super::decision::AttemptDecision;
 use super::evidence::{FailureKind, RequestEvidence};
-use super::keys::RetryOutcome;
+use super::request_record::RequestRecord;
 use crate::origin::Origin;
 
 /// One attempt: what was observed, and what was decided after it.
@@ -149,13 +149,13 @@ impl AttemptHistory {
     /// from the `RetryOutcome`. `None` when no
     /// [`TransportEvidence`](crate::evidence::TransportEvidence) saw the request.
     pub fn of_response(response: &reqwest::Response) -> Option<AttemptHistory> {
-        let extensions = response.extensions();
-        let outcome = extensions.get::<RetryOutcome>();
-        let mut history = match extensions.get::<AttemptHistory>() {
+        let record = RequestRecord::of(response.extensions())?;
+        let outcome = record.outcome.as_ref();
+        let mut history = match &record.history {
             Some(full) => full.clone(),
             None => {
                 let mut one = AttemptHistory::default();
-                one.push(extensions.get::<RequestEvidence>()?.clone());
+                one.push(record.evidence.clone()?);
                 one
             }
         };
@@ -235,11 +235,12 @@ pub(crate) fn record_rejected_locally(
     origin: Option<Origin>,
     retry_after: Option<Duration>,
 ) {
-    let history = extensions.get_or_insert_default::<AttemptHistory>();
+    let record = RequestRecord::get(extensions);
+    let history = record.history.get_or_insert_with(AttemptHistory::default);
     let mut evidence = RequestEvidence::rejected_locally(kind, origin, next_attempt(history.len()));
     evidence.retry_after = retry_after;
     history.push(evidence.clone());
-    extensions.insert(evidence);
+    record.evidence = Some(evidence);
 }
 
 /// Leaves the evidence of an attempt cut at its deadline or its attempt timeout (by the
@@ -253,7 +254,8 @@ pub(crate) fn record_attempt_cut(
     recorded_before: usize,
     started: tokio::time::Instant,
 ) {
-    let history = extensions.get_or_insert_default::<AttemptHistory>();
+    let record = RequestRecord::get(extensions);
+    let history = record.history.get_or_insert_with(AttemptHistory::default);
     if history.len() != recorded_before {
         // The transport step finished (and left in the extensions) its record, and a
         // middleware between it and this one was still working: that record stands.
@@ -265,7 +267,7 @@ pub(crate) fn record_attempt_cut(
         started,
     );
     history.push(evidence.clone());
-    extensions.insert(evidence);
+    record.evidence = Some(evidence);
 }
 
 impl PartialEq for AttemptHistory {

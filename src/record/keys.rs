@@ -11,6 +11,7 @@ use http::Extensions;
 use tokio::time::Instant;
 
 use super::decision::StopReason;
+use super::request_record::RequestRecord;
 
 /// What the retry middleware did, left in the caller's extensions and the response's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -50,9 +51,9 @@ impl RetryOutcome {
 /// use reqwest_resilience::breaker::RetryIn;
 ///
 /// let mut extensions = http::Extensions::new();
-/// extensions.insert(RetryIn(Duration::from_secs(5)));
+/// RetryIn(Duration::from_secs(5)).insert_into(&mut extensions);
 /// // What a retry middleware does after `next.run`:
-/// let wait = extensions.get::<RetryIn>().map(|r| r.0);
+/// let wait = RetryIn::of(&extensions).map(|r| r.0);
 /// assert_eq!(wait, Some(Duration::from_secs(5)));
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -104,8 +105,8 @@ impl Deadline {
     }
 }
 
-/// The crate-private keys the retry middleware hands the stages inside it, in one
-/// extension (one allocation per request, however many attempts).
+/// The crate-private keys the retry middleware hands the stages inside it, in the
+/// request's [`RequestRecord`] (no allocation of their own, however many attempts).
 #[derive(Clone, Default)]
 pub(crate) struct Inward {
     /// The [`Deadline`] the retry middleware put in the caller's extensions from its
@@ -126,73 +127,64 @@ impl Inward {
     /// Puts `deadline` in the extensions for the stages inside, marked as handed on.
     pub(crate) fn hand_on_deadline(extensions: &mut Extensions, deadline: Deadline) {
         extensions.insert(deadline);
-        extensions.get_or_insert_default::<Inward>().handed_on = Some(deadline);
+        RequestRecord::get(extensions).inward.handed_on = Some(deadline);
     }
 
-    /// Ends what the retry middleware handed inward for its request: the record, and the
-    /// deadline [`hand_on_deadline`](Self::hand_on_deadline) put there.
+    /// Ends what the retry middleware handed inward for its request, and the deadline
+    /// [`hand_on_deadline`](Self::hand_on_deadline) put there.
     pub(crate) fn end(extensions: &mut Extensions) {
-        if extensions
-            .remove::<Inward>()
-            .is_some_and(|inward| inward.handed_on.is_some())
-        {
+        let Some(record) = RequestRecord::of_mut(extensions) else {
+            return;
+        };
+        if std::mem::take(&mut record.inward).handed_on.is_some() {
             extensions.remove::<Deadline>();
         }
     }
 
     /// Hands the next attempt its scope.
     pub(crate) fn set_attempt(extensions: &mut Extensions, scope: AttemptScope) {
-        extensions.get_or_insert_default::<Inward>().attempt = Some(scope);
+        RequestRecord::get(extensions).inward.attempt = Some(scope);
     }
 
-    /// Takes the attempt's scope (the breaker does, so it never outlives the attempt),
-    /// and the record with it when it holds nothing else: nothing is left behind. The
-    /// attempt's clock stays, for the gates further in.
+    /// Takes the attempt's scope (the breaker does, so it never outlives the attempt).
+    /// The attempt's clock stays, for the gates further in.
     pub(crate) fn take_attempt(extensions: &mut Extensions) -> Option<AttemptScope> {
-        let inward = extensions.get_mut::<Inward>()?;
-        let scope = inward.attempt.take();
-        if inward.is_empty() {
-            extensions.remove::<Inward>();
-        }
-        scope
+        RequestRecord::of_mut(extensions)?.inward.attempt.take()
     }
 
     /// Keeps the request's attempt timeout for each of its attempts (`None`: none).
     pub(crate) fn set_attempt_timeout(extensions: &mut Extensions, timeout: Option<Duration>) {
         if let Some(timeout) = timeout {
-            extensions.get_or_insert_default::<Inward>().attempt_timeout = Some(timeout);
+            RequestRecord::get(extensions).inward.attempt_timeout = Some(timeout);
         }
     }
 
     /// The request's attempt timeout, as the retry middleware kept it.
     pub(crate) fn attempt_timeout(extensions: &Extensions) -> Option<Duration> {
-        extensions.get::<Inward>()?.attempt_timeout
+        RequestRecord::of(extensions)?.inward.attempt_timeout
     }
 
     /// Hands the next attempt its timeout clock.
     pub(crate) fn set_clock(extensions: &mut Extensions, clock: AttemptClock) {
-        extensions.get_or_insert_default::<Inward>().clock = Some(clock);
+        RequestRecord::get(extensions).inward.clock = Some(clock);
     }
 
     /// The current attempt's timeout clock, if it has one.
     pub(crate) fn clock(extensions: &Extensions) -> Option<AttemptClock> {
-        extensions.get::<Inward>()?.clock.clone()
+        RequestRecord::of(extensions)?.inward.clock.clone()
     }
 
-    /// Ends the attempt: its scope and its clock, and the record with them when it holds
-    /// nothing else.
+    /// Ends the attempt: its scope and its clock.
     pub(crate) fn end_attempt(extensions: &mut Extensions) {
-        let Some(inward) = extensions.get_mut::<Inward>() else {
-            return;
-        };
-        inward.attempt = None;
-        inward.clock = None;
-        if inward.is_empty() {
-            extensions.remove::<Inward>();
+        if let Some(record) = RequestRecord::of_mut(extensions) {
+            record.inward.attempt = None;
+            record.inward.clock = None;
         }
     }
 
-    fn is_empty(&self) -> bool {
+    /// Whether nothing is handed inward.
+    #[cfg(test)]
+    pub(crate) fn is_empty(&self) -> bool {
         self.handed_on.is_none()
             && self.attempt.is_none()
             && self.attempt_timeout.is_none()
@@ -203,10 +195,13 @@ impl Inward {
     /// owner: the handed-on deadline (when it is still the one in the extensions) and an
     /// attempt's scope.
     pub(super) fn clear(extensions: &mut Extensions) {
-        if let Some(Inward {
+        let Some(record) = RequestRecord::of_mut(extensions) else {
+            return;
+        };
+        if let Inward {
             handed_on: Some(stale),
             ..
-        }) = extensions.remove::<Inward>()
+        } = std::mem::take(&mut record.inward)
             && extensions.get::<Deadline>() == Some(&stale)
         {
             extensions.remove::<Deadline>();

@@ -425,7 +425,7 @@ impl<'a> Sent<'a> {
     fn of(req: &Request, outside: Option<&'a Request>) -> Self {
         match outside {
             Some(spare) => Sent::Outside(spare),
-            None => match req.try_clone() {
+            None => match crate::stage::copy_request(req) {
                 Some(copy) => Sent::Copy(copy),
                 None => Sent::Streamed(req.url().clone()),
             },
@@ -443,7 +443,7 @@ impl<'a> Sent<'a> {
     /// The request to replay, if it can be.
     fn replay(self) -> Option<Request> {
         match self {
-            Sent::Outside(req) => req.try_clone(),
+            Sent::Outside(req) => crate::stage::copy_request(req),
             Sent::Copy(req) => Some(req),
             Sent::Streamed(_) => None,
         }

@@ -366,7 +366,7 @@ impl Hedging {
             next,
             is_final: &is_final,
             // What the hedges are copied from (a body that cannot be copied sends none).
-            template: req.try_clone(),
+            template: crate::stage::copy_request(&req),
             base,
         };
         let outcome = self.race(inputs, req, &mut *extensions).await;

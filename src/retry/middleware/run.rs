@@ -238,7 +238,7 @@ impl<'a> RequestRun<'a> {
                 self.state
                     .retry_possible(self.config.max_not_processed_retries)
             })
-            .and_then(Request::try_clone);
+            .and_then(crate::stage::copy_request);
         let req = match copy {
             Some(copy) => copy,
             None => {

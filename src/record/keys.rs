@@ -7,11 +7,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-use http::Extensions;
 use tokio::time::Instant;
 
 use super::decision::StopReason;
-use super::request_record::RequestRecord;
 
 /// What the retry middleware did, left in the caller's extensions and the response's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -112,101 +110,15 @@ pub(crate) struct Inward {
     /// The [`Deadline`] the retry middleware put in the caller's extensions from its
     /// `total_deadline`, so that one left behind by a dropped request is recognised and
     /// removed by the next request's owner (a caller's own `Deadline` stays).
-    handed_on: Option<Deadline>,
+    pub(super) handed_on: Option<Deadline>,
     /// The current attempt's own cut and role, which the breaker takes.
-    attempt: Option<AttemptScope>,
+    pub(super) attempt: Option<AttemptScope>,
     /// The request's attempt timeout, from which each attempt (each copy of a hedged
     /// round) starts a clock of its own.
-    attempt_timeout: Option<Duration>,
+    pub(super) attempt_timeout: Option<Duration>,
     /// The current attempt's timeout clock, which the gates inside restart when they let
     /// the request go (and stop while it waits locally).
-    clock: Option<AttemptClock>,
-}
-
-impl Inward {
-    /// Puts `deadline` in the extensions for the stages inside, marked as handed on.
-    pub(crate) fn hand_on_deadline(extensions: &mut Extensions, deadline: Deadline) {
-        extensions.insert(deadline);
-        RequestRecord::get(extensions).inward.handed_on = Some(deadline);
-    }
-
-    /// Ends what the retry middleware handed inward for its request, and the deadline
-    /// [`hand_on_deadline`](Self::hand_on_deadline) put there.
-    pub(crate) fn end(extensions: &mut Extensions) {
-        let Some(record) = RequestRecord::of_mut(extensions) else {
-            return;
-        };
-        if std::mem::take(&mut record.inward).handed_on.is_some() {
-            extensions.remove::<Deadline>();
-        }
-    }
-
-    /// Hands the next attempt its scope.
-    pub(crate) fn set_attempt(extensions: &mut Extensions, scope: AttemptScope) {
-        RequestRecord::get(extensions).inward.attempt = Some(scope);
-    }
-
-    /// Takes the attempt's scope (the breaker does, so it never outlives the attempt).
-    /// The attempt's clock stays, for the gates further in.
-    pub(crate) fn take_attempt(extensions: &mut Extensions) -> Option<AttemptScope> {
-        RequestRecord::of_mut(extensions)?.inward.attempt.take()
-    }
-
-    /// Keeps the request's attempt timeout for each of its attempts (`None`: none).
-    pub(crate) fn set_attempt_timeout(extensions: &mut Extensions, timeout: Option<Duration>) {
-        if let Some(timeout) = timeout {
-            RequestRecord::get(extensions).inward.attempt_timeout = Some(timeout);
-        }
-    }
-
-    /// The request's attempt timeout, as the retry middleware kept it.
-    pub(crate) fn attempt_timeout(extensions: &Extensions) -> Option<Duration> {
-        RequestRecord::of(extensions)?.inward.attempt_timeout
-    }
-
-    /// Hands the next attempt its timeout clock.
-    pub(crate) fn set_clock(extensions: &mut Extensions, clock: AttemptClock) {
-        RequestRecord::get(extensions).inward.clock = Some(clock);
-    }
-
-    /// The current attempt's timeout clock, if it has one.
-    pub(crate) fn clock(extensions: &Extensions) -> Option<AttemptClock> {
-        RequestRecord::of(extensions)?.inward.clock.clone()
-    }
-
-    /// Ends the attempt: its scope and its clock.
-    pub(crate) fn end_attempt(extensions: &mut Extensions) {
-        if let Some(record) = RequestRecord::of_mut(extensions) {
-            record.inward.attempt = None;
-            record.inward.clock = None;
-        }
-    }
-
-    /// Whether nothing is handed inward.
-    #[cfg(test)]
-    pub(crate) fn is_empty(&self) -> bool {
-        self.handed_on.is_none()
-            && self.attempt.is_none()
-            && self.attempt_timeout.is_none()
-            && self.clock.is_none()
-    }
-
-    /// Removes what the stack handed inward for the request of an earlier `Extensions`'
-    /// owner: the handed-on deadline (when it is still the one in the extensions) and an
-    /// attempt's scope.
-    pub(super) fn clear(extensions: &mut Extensions) {
-        let Some(record) = RequestRecord::of_mut(extensions) else {
-            return;
-        };
-        if let Inward {
-            handed_on: Some(stale),
-            ..
-        } = std::mem::take(&mut record.inward)
-            && extensions.get::<Deadline>() == Some(&stale)
-        {
-            extensions.remove::<Deadline>();
-        }
-    }
+    pub(super) clock: Option<AttemptClock>,
 }
 
 /// What the retry middleware hands the middlewares inside it for one attempt (in

@@ -50,11 +50,11 @@ pub use continuation::OperationAttempt;
 pub(crate) use continuation::{Continuation, PassEnd, Spent};
 pub use decision::{AttemptDecision, RetryReason, StopReason};
 pub use evidence::{FailureKind, NotProcessedProof, Redirects, RequestEvidence, Transmission};
+pub(crate) use history::next_attempt;
 pub use history::{AttemptHistory, AttemptRecord, Shared, SharedRole};
-pub(crate) use history::{next_attempt, record_attempt_cut, record_rejected_locally};
 pub(crate) use keys::{AttemptClock, AttemptScope, Inward, earlier};
 pub use keys::{Deadline, RetryIn, RetryOutcome};
-pub(crate) use request_record::RequestRecord;
+pub(crate) use request_record::{RequestRecord, record_attempt_cut, record_rejected_locally};
 
 use http::Extensions;
 

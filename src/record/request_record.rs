@@ -3,9 +3,13 @@
 
 use http::Extensions;
 
-use super::evidence::RequestEvidence;
-use super::history::AttemptHistory;
-use super::keys::{Inward, RetryIn, RetryOutcome};
+use std::time::Duration;
+
+use super::decision::AttemptDecision;
+use super::evidence::{FailureKind, RequestEvidence};
+use super::history::{AttemptHistory, next_attempt};
+use super::keys::{AttemptClock, AttemptScope, Deadline, Inward, RetryIn, RetryOutcome};
+use crate::origin::Origin;
 
 /// What the stages of this crate leave in one `http::Extensions` (the caller's, or a
 /// response's) for one request: one extension, read through the public types' `of`
@@ -103,6 +107,38 @@ impl AttemptHistory {
         RequestRecord::get(extensions).history = Some(self);
     }
 
+    /// The history of the logical request that produced `response`, for a caller that
+    /// used `send()` (its extensions were not its own to read).
+    ///
+    /// Cost on the success path: none. A response after one attempt carries its
+    /// [`RequestEvidence`] and [`RetryOutcome`](crate::retry::RetryOutcome) anyway, and
+    /// the one record is rebuilt from them here, on demand. After a retry (or a `401`
+    /// replayed by `BearerAuth`) the transport step puts a copy of the history on each
+    /// response it hands back, a cost of the retry path only; the final decision comes
+    /// from the `RetryOutcome`. `None` when no
+    /// [`TransportEvidence`](crate::evidence::TransportEvidence) saw the request.
+    pub fn of_response(response: &reqwest::Response) -> Option<AttemptHistory> {
+        let record = RequestRecord::of(response.extensions())?;
+        let outcome = record.outcome.as_ref();
+        let mut history = match &record.history {
+            Some(full) => full.clone(),
+            None => {
+                let mut one = AttemptHistory::default();
+                one.push(record.evidence.clone()?);
+                one
+            }
+        };
+        // The retry middleware decided after the last attempt; its outcome says how.
+        if let (Some(outcome), Some(last)) = (outcome, history.last())
+            && last.decision.is_none()
+        {
+            history.decide_last(AttemptDecision::Stop {
+                reason: outcome.stop,
+            });
+        }
+        Some(history)
+    }
+
     /// Removes the history from `extensions`, and returns it.
     pub fn take_from(extensions: &mut Extensions) -> Option<AttemptHistory> {
         RequestRecord::take_history(extensions)
@@ -148,4 +184,135 @@ impl RetryIn {
             record.retry_in = None;
         }
     }
+}
+
+impl Inward {
+    /// Puts `deadline` in the extensions for the stages inside, marked as handed on.
+    pub(crate) fn hand_on_deadline(extensions: &mut Extensions, deadline: Deadline) {
+        extensions.insert(deadline);
+        RequestRecord::get(extensions).inward.handed_on = Some(deadline);
+    }
+
+    /// Ends what the retry middleware handed inward for its request, and the deadline
+    /// [`hand_on_deadline`](Self::hand_on_deadline) put there.
+    pub(crate) fn end(extensions: &mut Extensions) {
+        let Some(record) = RequestRecord::of_mut(extensions) else {
+            return;
+        };
+        if std::mem::take(&mut record.inward).handed_on.is_some() {
+            extensions.remove::<Deadline>();
+        }
+    }
+
+    /// Hands the next attempt its scope.
+    pub(crate) fn set_attempt(extensions: &mut Extensions, scope: AttemptScope) {
+        RequestRecord::get(extensions).inward.attempt = Some(scope);
+    }
+
+    /// Takes the attempt's scope (the breaker does, so it never outlives the attempt).
+    /// The attempt's clock stays, for the gates further in.
+    pub(crate) fn take_attempt(extensions: &mut Extensions) -> Option<AttemptScope> {
+        RequestRecord::of_mut(extensions)?.inward.attempt.take()
+    }
+
+    /// Keeps the request's attempt timeout for each of its attempts (`None`: none).
+    pub(crate) fn set_attempt_timeout(extensions: &mut Extensions, timeout: Option<Duration>) {
+        if let Some(timeout) = timeout {
+            RequestRecord::get(extensions).inward.attempt_timeout = Some(timeout);
+        }
+    }
+
+    /// The request's attempt timeout, as the retry middleware kept it.
+    pub(crate) fn attempt_timeout(extensions: &Extensions) -> Option<Duration> {
+        RequestRecord::of(extensions)?.inward.attempt_timeout
+    }
+
+    /// Hands the next attempt its timeout clock.
+    pub(crate) fn set_clock(extensions: &mut Extensions, clock: AttemptClock) {
+        RequestRecord::get(extensions).inward.clock = Some(clock);
+    }
+
+    /// The current attempt's timeout clock, if it has one.
+    pub(crate) fn clock(extensions: &Extensions) -> Option<AttemptClock> {
+        RequestRecord::of(extensions)?.inward.clock.clone()
+    }
+
+    /// Ends the attempt: its scope and its clock.
+    pub(crate) fn end_attempt(extensions: &mut Extensions) {
+        if let Some(record) = RequestRecord::of_mut(extensions) {
+            record.inward.attempt = None;
+            record.inward.clock = None;
+        }
+    }
+
+    /// Whether nothing is handed inward.
+    #[cfg(test)]
+    pub(crate) fn is_empty(&self) -> bool {
+        self.handed_on.is_none()
+            && self.attempt.is_none()
+            && self.attempt_timeout.is_none()
+            && self.clock.is_none()
+    }
+
+    /// Removes what the stack handed inward for the request of an earlier `Extensions`'
+    /// owner: the handed-on deadline (when it is still the one in the extensions) and an
+    /// attempt's scope.
+    pub(super) fn clear(extensions: &mut Extensions) {
+        let Some(record) = RequestRecord::of_mut(extensions) else {
+            return;
+        };
+        if let Inward {
+            handed_on: Some(stale),
+            ..
+        } = std::mem::take(&mut record.inward)
+            && extensions.get::<Deadline>() == Some(&stale)
+        {
+            extensions.remove::<Deadline>();
+        }
+    }
+}
+
+/// Leaves the `NotSent` evidence of an attempt rejected locally (breaker open, paused, no
+/// bearer token) where the breaker, the retry middleware and the caller look: appended to
+/// the [`AttemptHistory`] and in the extensions. `retry_after` is when another attempt
+/// could be admitted.
+pub(crate) fn record_rejected_locally(
+    extensions: &mut Extensions,
+    kind: FailureKind,
+    origin: Option<Origin>,
+    retry_after: Option<Duration>,
+) {
+    let record = RequestRecord::get(extensions);
+    let history = record.history.get_or_insert_with(AttemptHistory::default);
+    let mut evidence = RequestEvidence::rejected_locally(kind, origin, next_attempt(history.len()));
+    evidence.retry_after = retry_after;
+    history.push(evidence.clone());
+    record.evidence = Some(evidence);
+}
+
+/// Leaves the evidence of an attempt cut at its deadline or its attempt timeout (by the
+/// breaker or the concurrency limit), as the retry middleware writes its own cut:
+/// `Unknown` (the request may have reached the server), `Timeout`. Appended to the
+/// history only when nothing inside recorded this attempt, so it is never counted twice
+/// (a stage outside sees the record and adds none).
+pub(crate) fn record_attempt_cut(
+    extensions: &mut Extensions,
+    origin: &Origin,
+    recorded_before: usize,
+    started: tokio::time::Instant,
+) {
+    let record = RequestRecord::get(extensions);
+    let history = record.history.get_or_insert_with(AttemptHistory::default);
+    if history.len() != recorded_before {
+        // The transport step finished (and left in the extensions) its record, and a
+        // middleware between it and this one was still working: that record stands.
+        return;
+    }
+    let evidence = RequestEvidence::cut_at_deadline(
+        Some(origin.clone()),
+        next_attempt(recorded_before),
+        started,
+    );
+    history.push(evidence.clone());
+    record.evidence = Some(evidence);
 }

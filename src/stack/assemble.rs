@@ -86,14 +86,11 @@ impl Resilience {
         let stack: Arc<dyn compose::StackMiddleware> = match (self.bearer, limit) {
             (Some(bearer), Some(limit)) => Arc::new(ResumeSetup::onto(
                 resume,
-                composed
-                    .with_bearer(crate::auth::TokenFirst(bearer.clone()), bearer)
-                    .with_limit(limit),
+                composed.with_bearer(bearer).with_limit(limit),
             )),
-            (Some(bearer), None) => Arc::new(ResumeSetup::onto(
-                resume,
-                composed.with_bearer(crate::auth::TokenFirst(bearer.clone()), bearer),
-            )),
+            (Some(bearer), None) => {
+                Arc::new(ResumeSetup::onto(resume, composed.with_bearer(bearer)))
+            }
             (None, Some(limit)) => Arc::new(ResumeSetup::onto(resume, composed.with_limit(limit))),
             (None, None) => Arc::new(ResumeSetup::onto(resume, composed)),
         };

@@ -70,14 +70,17 @@ pub(crate) struct Composed<T, B, L> {
 }
 
 impl<L> Composed<Absent, Absent, L> {
-    /// The same stack with `BearerAuth` (`bearer`), its token fetched first by
-    /// `token_first`.
-    pub(crate) fn with_bearer<T, B>(self, token_first: T, bearer: B) -> Composed<T, B, L> {
+    /// The same stack with `bearer`, its token fetched first (before the breaker and the
+    /// limiter).
+    pub(crate) fn with_bearer(
+        self,
+        bearer: crate::auth::BearerAuth,
+    ) -> Composed<crate::auth::TokenFirst, crate::auth::BearerAuth, L> {
         Composed {
             observer: self.observer,
             coalesce: self.coalesce,
             retry: self.retry,
-            token_first,
+            token_first: crate::auth::TokenFirst(bearer.clone()),
             breaker: self.breaker,
             rate: self.rate,
             limit: self.limit,

@@ -41,7 +41,7 @@
 //! others joined, the flight closes at the head (a caller coming after it starts a
 //! request of its own). A response that can be shared has its body read whole and every
 //! caller gets its own [`Response`] with the same status, headers, URL and body bytes
-//! (one copy of the bytes, shared), and in its [`AttemptHistory`] a
+//! (one copy of the bytes, shared), and in its [`AttemptHistory`](crate::AttemptHistory) a
 //! [`Shared`](crate::evidence::Shared) record: whether it [sent](crate::evidence::SharedRole::Sent)
 //! the request or [joined](crate::evidence::SharedRole::Joined) it, and how many callers
 //! shared it. A follower's extensions get the leader's [`RequestEvidence`](crate::RequestEvidence), history and

@@ -97,6 +97,52 @@ const ROWS: &[Row] = &[
         }),
     },
     Row {
+        name: "`Resilience::new()` + hedging that never fires",
+        stacking: Stacking::Layers(|client, _| {
+            let hedging =
+                reqwest_resilience::retry::Hedging::fixed(std::time::Duration::from_secs(60));
+            let retry = RetryMiddleware::builder()
+                .hedging(hedging)
+                .build()
+                .expect("retry");
+            Resilience::new()
+                .retry(retry)
+                .client_builder(client)
+                .expect("stack")
+                .inside_transport_step()
+        }),
+    },
+    Row {
+        name: "`Resilience::new()` + a concurrency limit",
+        stacking: Stacking::Layers(|client, _| {
+            Resilience::new()
+                .concurrency_limit(reqwest_resilience::limit::LimiterConfig::fixed(64))
+                .client_builder(client)
+                .expect("stack")
+                .inside_transport_step()
+        }),
+    },
+    Row {
+        name: "`Resilience::new()` + coalesced GETs",
+        stacking: Stacking::Layers(|client, _| {
+            Resilience::new()
+                .coalesce_gets(reqwest_resilience::coalesce::CoalesceGets::new())
+                .client_builder(client)
+                .expect("stack")
+                .inside_transport_step()
+        }),
+    },
+    Row {
+        name: "`Resilience::new()` + resumed bodies",
+        stacking: Stacking::Layers(|client, _| {
+            Resilience::new()
+                .resume_bodies(true)
+                .client_builder(client)
+                .expect("stack")
+                .inside_transport_step()
+        }),
+    },
+    Row {
         name: "full stack with `BearerAuth`",
         stacking: Stacking::Layers(|client, url| {
             Resilience::new()

@@ -130,7 +130,7 @@ async fn burst_stack(
                     client.execute_with_extensions(req, &mut ext),
                 )
                 .await;
-                let closed = ext.get::<AttemptHistory>().map_or(0, |h| {
+                let closed = AttemptHistory::of(&ext).map_or(0, |h| {
                     h.attempts()
                         .iter()
                         .filter(|a| {
@@ -141,7 +141,7 @@ async fn burst_stack(
                         })
                         .count()
                 });
-                let rejected = ext.get::<AttemptHistory>().map_or(0, |h| {
+                let rejected = AttemptHistory::of(&ext).map_or(0, |h| {
                     h.attempts()
                         .iter()
                         .filter(|a| a.evidence.failure == Some(FailureKind::BreakerOpen))

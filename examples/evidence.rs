@@ -33,7 +33,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
 
     // A response carries its own evidence.
     let response = client.get(server.url("/busy")).send().await?;
-    let evidence = response.extensions().get::<RequestEvidence>().cloned();
+    let evidence = RequestEvidence::of(response.extensions()).cloned();
     if let Some(e) = evidence {
         println!(
             "GET /busy:    {:?}, Retry-After parsed as {:?}, took {:?}",
@@ -51,10 +51,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         let result = client
             .execute_with_extensions(request, &mut extensions)
             .await;
-        let history = extensions
-            .get::<AttemptHistory>()
-            .cloned()
-            .unwrap_or_default();
+        let history = AttemptHistory::of(&extensions).cloned().unwrap_or_default();
         for record in history.attempts() {
             let e = &record.evidence;
             println!(

@@ -62,8 +62,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
             .execute_with_extensions(request.build()?, &mut extensions)
             .await?;
         println!("{what}: {}", response.status());
-        for record in extensions
-            .get::<AttemptHistory>()
+        for record in AttemptHistory::of(&extensions)
             .map(|h| h.attempts())
             .unwrap_or_default()
         {
@@ -79,7 +78,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
                 record.evidence.attempt, record.evidence.transmission
             );
         }
-        if let Some(outcome) = extensions.get::<RetryOutcome>() {
+        if let Some(outcome) = RetryOutcome::of(&extensions) {
             println!("   http.request.resend_count = {}", outcome.resend_count());
         }
     }

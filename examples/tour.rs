@@ -98,7 +98,7 @@ async fn send(
     let result = client
         .execute_with_extensions(request, &mut extensions)
         .await;
-    let history = extensions.remove::<AttemptHistory>().unwrap_or_default();
+    let history = AttemptHistory::take_from(&mut extensions).unwrap_or_default();
     Ok((result, history))
 }
 

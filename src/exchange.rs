@@ -83,8 +83,8 @@ impl SendWithHistory for reqwest_middleware::RequestBuilder {
             };
             Exchange {
                 result,
-                history: extensions.remove::<AttemptHistory>().unwrap_or_default(),
-                outcome: extensions.get::<RetryOutcome>().copied(),
+                history: AttemptHistory::take_from(&mut extensions).unwrap_or_default(),
+                outcome: RetryOutcome::of(&extensions).copied(),
                 extensions,
             }
         }

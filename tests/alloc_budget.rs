@@ -80,54 +80,55 @@ async fn extra_per_request(client: ClientWithMiddleware) -> f64 {
 // the test's own thread, which is what the thread-local counter sees.
 
 #[tokio::test]
-async fn the_transport_step_adds_eight_allocations_per_request() {
+async fn the_transport_step_adds_seven_allocations_per_request() {
     let client = ClientBuilder::new(reqwest_client())
         .with(TransportEvidence::new())
         .with(Answer200)
         .build();
-    // Its boxed future (1); the caller's AttemptHistory (map, table, box: 3);
-    // RequestEvidence in the request's extensions (1) and in the response's, which
-    // `Answer200` leaves empty (map, table, box: 3).
-    assert_eq!(extra_per_request(client).await, 8.0 + METRICS_ATTEMPT);
+    // Its boxed future (1); the per-request record (evidence and history, one
+    // extension: `crate::record`) in the caller's extensions (map, table, box: 3) and in
+    // the response's, which `Answer200` leaves empty (map, table, box: 3).
+    assert_eq!(extra_per_request(client).await, 7.0 + METRICS_ATTEMPT);
 }
 
 #[tokio::test]
-async fn retry_with_the_transport_step_adds_fifteen_allocations_per_request() {
+async fn retry_with_the_transport_step_adds_nine_allocations_per_request() {
     let client = ClientBuilder::new(reqwest_client())
         .with(RetryMiddleware::new())
         .with(TransportEvidence::new())
         .with(Answer200)
         .build();
-    // The transport step's 8; the retry's boxed future (1); `Request::try_clone` for a
-    // possible retry (4: the URL, and reqwest's timeout write into a fresh extensions
-    // map: map, table, box); RetryOutcome in the caller's and the response's
-    // extensions (2).
+    // The transport step's 7; the retry's boxed future (1); the copy of the request
+    // for a possible retry (1: the URL; `crate::stage::copy_request`, not
+    // `Request::try_clone`, which would add reqwest's timeout write into a fresh
+    // extensions map: map, table, box). The RetryOutcome goes into the records the
+    // transport step left (0).
     assert_eq!(
         extra_per_request(client).await,
-        15.0 + METRICS_ATTEMPT + METRICS_RETRY
+        9.0 + METRICS_ATTEMPT + METRICS_RETRY
     );
 }
 
 #[tokio::test]
-async fn the_quick_start_stack_adds_fifteen_allocations_per_request() {
+async fn the_quick_start_stack_adds_nine_allocations_per_request() {
     let client = Resilience::new()
         .install(reqwest_middleware::ClientBuilder::new(reqwest_client()))
         .unwrap()
         .inside_transport_step()
         .with(Answer200)
         .build();
-    // Retry and transport's 15, less the two middlewares' boxed futures (2), and the
+    // Retry and transport's 9, less the two middlewares' boxed futures (2), and the
     // composed stack's (1: one for every stage) and the attempt's below the retry loop
     // (1). The breaker's origin lookup and its registry
     // entry allocate nothing.
     assert_eq!(
         extra_per_request(client).await,
-        15.0 + OBSERVER + METRICS_ATTEMPT + METRICS_RETRY
+        9.0 + OBSERVER + METRICS_ATTEMPT + METRICS_RETRY
     );
 }
 
 #[tokio::test]
-async fn the_full_stack_with_bearer_adds_seventeen_allocations_per_request() {
+async fn the_full_stack_with_bearer_adds_eleven_allocations_per_request() {
     let client = Resilience::new()
         .bearer(bearer())
         .install(reqwest_middleware::ClientBuilder::new(reqwest_client()))
@@ -135,18 +136,18 @@ async fn the_full_stack_with_bearer_adds_seventeen_allocations_per_request() {
         .inside_transport_step()
         .with(Answer200)
         .build();
-    // The quick start's 15, and the header map growing for `Authorization` (2; over the
+    // The quick start's 9, and the header map growing for `Authorization` (2; over the
     // network reqwest would grow it for its default headers anyway). `BearerAuth` boxes
     // no future of its own, and replays a `401` from the retry's spare copy rather than
     // copying the request itself.
     assert_eq!(
         extra_per_request(client).await,
-        17.0 + OBSERVER + METRICS_ATTEMPT + METRICS_RETRY
+        11.0 + OBSERVER + METRICS_ATTEMPT + METRICS_RETRY
     );
 }
 
 #[tokio::test]
-async fn the_quick_start_stack_with_a_concurrency_limit_adds_fifteen_allocations_per_request() {
+async fn the_quick_start_stack_with_a_concurrency_limit_adds_nine_allocations_per_request() {
     let client = Resilience::new()
         .concurrency_limit(reqwest_resilience::limit::LimiterConfig::default())
         .install(reqwest_middleware::ClientBuilder::new(reqwest_client()))
@@ -154,17 +155,17 @@ async fn the_quick_start_stack_with_a_concurrency_limit_adds_fifteen_allocations
         .inside_transport_step()
         .with(Answer200)
         .build();
-    // The quick start's 15: the limiter is a stage of the composed future, and its
+    // The quick start's 9: the limiter is a stage of the composed future, and its
     // origin lookup, its registry entry, the permit and the adaptive limit's sample
     // allocate nothing.
     assert_eq!(
         extra_per_request(client).await,
-        15.0 + OBSERVER + METRICS_ATTEMPT + METRICS_RETRY
+        9.0 + OBSERVER + METRICS_ATTEMPT + METRICS_RETRY
     );
 }
 
 #[tokio::test]
-async fn hedging_an_answer_faster_than_the_delay_adds_ten_allocations_per_request() {
+async fn hedging_an_answer_faster_than_the_delay_adds_six_allocations_per_request() {
     for hedging in [
         reqwest_resilience::retry::Hedging::fixed(std::time::Duration::from_secs(1)),
         reqwest_resilience::retry::Hedging::adaptive(0.95),
@@ -174,14 +175,14 @@ async fn hedging_an_answer_faster_than_the_delay_adds_ten_allocations_per_reques
             .with(TransportEvidence::new())
             .with(Answer200)
             .build();
-        // Retry with the transport step's 15, and the race's own 10: its boxed future and
+        // Retry with the transport step's 9, and the race's own 6: its boxed future and
         // the first copy's, the list of copies, the shared "lost" flag, the hedge timer
-        // (5); the request template to copy hedges from (4); the first copy's scope in the
-        // caller's extensions (1). The first copy runs with the caller's extensions, so
-        // nothing of them is copied unless a hedge goes out.
+        // (5); the request template to copy hedges from (1: the URL). The first copy's scope goes
+        // into the caller's record (0). The first copy runs with the caller's
+        // extensions, so nothing of them is copied unless a hedge goes out.
         assert_eq!(
             extra_per_request(client).await,
-            25.0 + METRICS_ATTEMPT + METRICS_RETRY
+            15.0 + METRICS_ATTEMPT + METRICS_RETRY
         );
     }
 }
@@ -242,11 +243,11 @@ async fn a_request_rejected_by_the_limiter_allocates_less_than_an_admitted_one()
     let open = LimiterRegistry::new(LimiterConfig::fixed(1_000)).unwrap();
     let admitted = extra_per_request(through(&open)).await;
     // Over the bare client's answered request, less the error itself (anyhow's box: 1;
-    // with backtraces on, 5 more for the captured frames): nothing. The limiter's boxed
-    // future (1), the caller's AttemptHistory (map, table, box: 3) and the rejection's
-    // RequestEvidence (1) weigh what the answer's response does in the bare client.
-    assert_eq!(rejected, 0.0);
-    // The transport step's 8 and the limiter's boxed future.
-    assert_eq!(admitted, 9.0 + METRICS_ATTEMPT);
+    // with backtraces on, 5 more for the captured frames): one fewer. The limiter's
+    // boxed future (1) and the caller's record with the rejection's evidence (map,
+    // table, box: 3) weigh one less than the answer's response in the bare client.
+    assert_eq!(rejected, -1.0);
+    // The transport step's 7 and the limiter's boxed future.
+    assert_eq!(admitted, 8.0 + METRICS_ATTEMPT);
     assert!(rejected < admitted);
 }

@@ -80,7 +80,7 @@ async fn execute(request: fork::RequestBuilder) -> (fork::Result<reqwest::Respon
 }
 
 fn transmissions(ext: &Extensions) -> Vec<(Transmission, Option<FailureKind>)> {
-    ext.get::<AttemptHistory>()
+    AttemptHistory::of(ext)
         .unwrap()
         .attempts()
         .iter()
@@ -102,7 +102,7 @@ async fn assert_refused_post_retried(client: &fork::ClientWithMiddleware) {
         transmissions(&ext),
         vec![(Transmission::NotSent, Some(FailureKind::Connect)); 4]
     );
-    let outcome = ext.get::<RetryOutcome>().unwrap();
+    let outcome = RetryOutcome::of(&ext).unwrap();
     assert_eq!(outcome.attempts, 4);
     assert_eq!(outcome.stop, StopReason::RetriesExhausted);
 }

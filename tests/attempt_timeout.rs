@@ -59,7 +59,7 @@ async fn send(
 }
 
 fn history(ext: &Extensions) -> &AttemptHistory {
-    ext.get::<AttemptHistory>().expect("an attempt history")
+    AttemptHistory::of(ext).expect("an attempt history")
 }
 
 /// Every attempt in the history was cut: `Unknown` / `Timeout`, numbered in order.
@@ -130,7 +130,7 @@ async fn a_silent_server_cuts_every_get_attempt_and_the_get_is_retried_max_retri
             }),
         ]
     );
-    let outcome = *ext.get::<RetryOutcome>().unwrap();
+    let outcome = *RetryOutcome::of(&ext).unwrap();
     assert_eq!(
         (outcome.attempts, outcome.stop),
         (3, StopReason::RetriesExhausted)
@@ -387,7 +387,7 @@ async fn a_zero_attempt_timeout_on_a_request_is_refused_before_anything_is_sent(
             "{err:?}"
         );
         assert_eq!(elapsed, Duration::ZERO);
-        assert!(ext.get::<AttemptHistory>().is_none(), "no attempt was made");
+        assert!(AttemptHistory::of(&ext).is_none(), "no attempt was made");
     }
     assert_eq!(server.requests_seen(), 0);
 }

@@ -829,16 +829,14 @@ async fn a_request_without_a_token_leaves_not_sent_token_unavailable_evidence_an
             ResilienceError::from_middleware_error(&err),
             Some(ResilienceError::Token(_))
         ));
-        let evidence = ext
-            .get::<RequestEvidence>()
-            .expect("evidence of the attempt");
+        let evidence = RequestEvidence::of(&ext).expect("evidence of the attempt");
         assert_eq!(evidence.transmission, Transmission::NotSent);
         assert_eq!(evidence.failure, Some(FailureKind::TokenUnavailable));
         assert_eq!(evidence.origin, Some(origin_of(&server)));
         assert_eq!(evidence.attempt, 1);
         // The manager's first failure backoff: when a new fetch can be had.
         assert_eq!(evidence.retry_after, Some(Duration::from_secs(1)));
-        let history = ext.get::<AttemptHistory>().expect("a history");
+        let history = AttemptHistory::of(&ext).expect("a history");
         assert_eq!(history.len(), 1);
         assert_eq!(&history.attempts()[0].evidence, evidence);
         assert_eq!(server.requests_seen(), 0);
@@ -869,8 +867,7 @@ async fn a_failed_refresh_after_a_401_records_the_unsent_replay_as_attempt_2_tok
             ResilienceError::from_middleware_error(&err),
             Some(ResilienceError::Token(_))
         ));
-        let recorded: Vec<_> = ext
-            .get::<AttemptHistory>()
+        let recorded: Vec<_> = AttemptHistory::of(&ext)
             .expect("a history")
             .attempts()
             .iter()

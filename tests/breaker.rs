@@ -77,13 +77,12 @@ fn breaker_error(result: &reqwest_middleware::Result<reqwest::Response>) -> &Res
 
 /// The evidence and "retry in" a rejection leaves, checked to be a local, unsent one.
 fn assert_rejected_locally(ext: &Extensions, kind: FailureKind, retry_in: Option<Duration>) {
-    let evidence = ext.get::<RequestEvidence>().expect("evidence");
+    let evidence = RequestEvidence::of(ext).expect("evidence");
     assert_eq!(evidence.transmission, Transmission::NotSent);
     assert_eq!(evidence.failure, Some(kind));
     assert_eq!(evidence.retry_after, retry_in);
-    assert_eq!(ext.get::<RetryIn>().map(|r| r.0), retry_in);
-    let last = ext
-        .get::<AttemptHistory>()
+    assert_eq!(RetryIn::of(ext).map(|r| r.0), retry_in);
+    let last = AttemptHistory::of(ext)
         .and_then(|h| h.last())
         .expect("history");
     assert_eq!(&last.evidence, evidence);
@@ -154,7 +153,7 @@ async fn dying_server_trips_it_fail_fast_makes_no_connection_and_the_probe_close
     for _ in 0..5 {
         let (result, ext) = get(&c, &url, Extensions::new()).await;
         assert!(matches!(result, Err(reqwest_middleware::Error::Reqwest(_))));
-        let e = ext.get::<RequestEvidence>().unwrap();
+        let e = RequestEvidence::of(&ext).unwrap();
         assert_ne!(e.failure, Some(FailureKind::BreakerOpen));
     }
     let o = Origin::parse(&url).unwrap();
@@ -603,12 +602,12 @@ fn assert_cut_at_deadline(
         }
         other => panic!("not a deadline cut: {other:?}"),
     }
-    let evidence = ext.get::<RequestEvidence>().expect("evidence");
+    let evidence = RequestEvidence::of(ext).expect("evidence");
     assert_eq!(evidence.transmission, Transmission::Unknown);
     assert_eq!(evidence.failure, Some(FailureKind::Timeout));
     assert_eq!(evidence.origin, Some(origin(server)));
     assert_eq!(evidence.elapsed, elapsed);
-    let history = ext.get::<AttemptHistory>().expect("history");
+    let history = AttemptHistory::of(ext).expect("history");
     assert_eq!(history.len(), 1);
     assert_eq!(&history.last().unwrap().evidence, evidence);
 }
@@ -699,7 +698,7 @@ async fn dropped_attempts_in_closed_count_nothing_two_failures_five_drops_two_fa
         let cancelled = tokio::time::timeout(S, c.execute_with_extensions(req, &mut ext)).await;
         assert!(cancelled.is_err(), "the caller's timeout dropped it");
         assert_eq!(server.requests_seen(), 2 + dropped, "it reached the server");
-        assert!(ext.get::<AttemptHistory>().is_none_or(|h| h.is_empty()));
+        assert!(AttemptHistory::of(&ext).is_none_or(|h| h.is_empty()));
         assert_eq!(snapshot(&reg, &server), (BreakerState::Closed, 2, 0));
     }
     for _ in 0..2 {
@@ -726,7 +725,7 @@ async fn drop_at(c: &ClientWithMiddleware, url: &str, deadline: Instant, drop_at
         result = request => panic!("the request must still be running: {result:?}"),
     }
     assert!(
-        ext.get::<AttemptHistory>().is_none_or(|h| h.is_empty()),
+        AttemptHistory::of(&ext).is_none_or(|h| h.is_empty()),
         "a dropped attempt leaves no record of its own"
     );
 }

@@ -59,7 +59,7 @@ async fn execute(
 }
 
 fn attempts(ext: &Extensions) -> Vec<(Transmission, Option<FailureKind>, Redirects)> {
-    ext.get::<AttemptHistory>()
+    AttemptHistory::of(ext)
         .unwrap()
         .attempts()
         .iter()
@@ -101,7 +101,7 @@ async fn the_quick_start_client_retries_a_refused_post_four_times_unsent() {
             4
         ]
     );
-    let outcome = ext.get::<RetryOutcome>().unwrap();
+    let outcome = RetryOutcome::of(&ext).unwrap();
     assert_eq!(
         (outcome.attempts, outcome.stop),
         (4, StopReason::RetriesExhausted)
@@ -241,7 +241,7 @@ async fn assert_downgraded(client: &ClientWithMiddleware, server: &FaultServer) 
         )]
     );
     assert_eq!(
-        ext.get::<RetryOutcome>().unwrap().stop,
+        RetryOutcome::of(&ext).unwrap().stop,
         StopReason::MayHaveBeenProcessed
     );
     // Later requests too: a refused GET (one retry allowed) is retried as `Unknown`

@@ -105,11 +105,12 @@ impl Middleware for FakeTransport {
         }
         let n = self.calls.fetch_add(1, Ordering::SeqCst);
         let status = (self.script)(n, &req);
-        extensions.insert(RequestEvidence::new(
+        RequestEvidence::new(
             Transmission::ResponseReceived(status),
             Origin::from_url(req.url()).ok(),
             1,
-        ));
+        )
+        .insert_into(extensions);
         Ok(Response::from(
             http::Response::builder()
                 .status(status)
@@ -328,7 +329,7 @@ async fn a_dropped_request_leaves_no_stale_deadline_in_the_callers_extensions() 
         .await
         .unwrap();
     assert_eq!(response.status(), 200);
-    assert_eq!(extensions.get::<RetryOutcome>().unwrap().attempts, 3);
+    assert_eq!(RetryOutcome::of(&extensions).unwrap().attempts, 3);
     assert_eq!(calls.load(Ordering::SeqCst), 4);
 }
 

@@ -67,11 +67,7 @@ async fn observe(
         Err(reqwest_middleware::Error::Reqwest(e)) => (e.url().unwrap().to_string(), None),
         Err(e) => panic!("not a reqwest error: {e:?}"),
     };
-    (
-        ext.get::<RequestEvidence>().unwrap().clone(),
-        seen_url,
-        status,
-    )
+    (RequestEvidence::of(&ext).unwrap().clone(), seen_url, status)
 }
 
 /// What a fault's real counterpart leaves: transmission, failure kind, proof, Retry-After.
@@ -283,7 +279,7 @@ async fn in_the_stack_the_retry_acts_on_chaos_faults_as_on_real_ones() {
     let mut ext = Extensions::new();
     let req = client.post(server.url("/pay")).body("x").build().unwrap();
     assert!(client.execute_with_extensions(req, &mut ext).await.is_err());
-    let history = ext.get::<AttemptHistory>().unwrap();
+    let history = AttemptHistory::of(&ext).unwrap();
     assert_eq!(
         history.len(),
         3,
@@ -305,7 +301,7 @@ async fn in_the_stack_the_retry_acts_on_chaos_faults_as_on_real_ones() {
     let mut ext = Extensions::new();
     let req = client.post(server.url("/pay")).body("x").build().unwrap();
     assert!(client.execute_with_extensions(req, &mut ext).await.is_err());
-    assert_eq!(ext.get::<AttemptHistory>().unwrap().len(), 1);
+    assert_eq!(AttemptHistory::of(&ext).unwrap().len(), 1);
     assert_eq!(reset.requests(), 1);
     // A 503 with Retry-After 2 s, then the server: the retry waits exactly 2 s.
     let unavailable = Chaos::builder()

@@ -111,7 +111,7 @@ async fn get(
         .await
         .unwrap();
     let on_response = shared_as(AttemptHistory::of_response(&response));
-    let in_extensions = shared_as(ext.get::<AttemptHistory>().cloned());
+    let in_extensions = shared_as(AttemptHistory::of(&ext).cloned());
     let status = response.status().as_u16();
     let body = response.bytes().await.unwrap().to_vec();
     (status, body, on_response, in_extensions)
@@ -408,10 +408,10 @@ async fn a_failed_request_is_shared_as_a_typed_error_with_its_evidence() {
     for t in tasks {
         let (result, ext) = t.await.unwrap();
         let err = result.unwrap_err();
-        let evidence = ext.get::<reqwest_resilience::RequestEvidence>().unwrap();
+        let evidence = reqwest_resilience::RequestEvidence::of(&ext).unwrap();
         assert_eq!(evidence.transmission, Transmission::SentNoResponse);
         assert_eq!(evidence.failure, Some(FailureKind::Reset));
-        let history = ext.get::<AttemptHistory>().unwrap();
+        let history = AttemptHistory::of(&ext).unwrap();
         assert_eq!(history.len(), 1);
         match ResilienceError::from_middleware_error(&err) {
             Some(ResilienceError::SharedRequestFailed { error }) => {
@@ -1035,7 +1035,7 @@ async fn a_sender_stopped_by_its_own_deadline_hands_the_request_over() {
             let result = client.execute_with_extensions(req, &mut ext).await;
             (
                 result.map(|r| r.status().as_u16()),
-                ext.get::<RetryOutcome>().map(|o| o.stop),
+                RetryOutcome::of(&ext).map(|o| o.stop),
             )
         })
     };

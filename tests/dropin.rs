@@ -77,11 +77,11 @@ async fn execute(
 }
 
 fn outcome(ext: &Extensions) -> RetryOutcome {
-    *ext.get::<RetryOutcome>().expect("a RetryOutcome")
+    *RetryOutcome::of(ext).expect("a RetryOutcome")
 }
 
 fn history(ext: &Extensions) -> Vec<(Transmission, Option<FailureKind>)> {
-    ext.get::<AttemptHistory>()
+    AttemptHistory::of(ext)
         .expect("a history")
         .attempts()
         .iter()
@@ -500,7 +500,7 @@ async fn the_stack_installed_twice_is_refused_on_the_first_request_before_anythi
         [(Transmission::NotSent, Some(FailureKind::Misconfigured))]
     );
     assert_eq!(
-        ext.get::<AttemptHistory>().unwrap().attempts()[0]
+        AttemptHistory::of(&ext).unwrap().attempts()[0]
             .evidence
             .origin,
         Some(Origin::parse(&server.url("/")).unwrap())

@@ -83,8 +83,7 @@ async fn send(
     let result = tokio::time::timeout(BOUND, client.execute_with_extensions(req, &mut ext))
         .await
         .expect("the attempt ended within the bound");
-    let history = ext
-        .get::<AttemptHistory>()
+    let history = AttemptHistory::of(&ext)
         .cloned()
         .expect("TransportEvidence left an attempt history");
     (result, history)
@@ -606,7 +605,7 @@ async fn respond_with(action: Action) -> (RequestEvidence, reqwest::Response, Fa
     assert_eq!(e.not_processed, None);
     assert_eq!(e.attempt, 1);
     // The same evidence rides on the response itself.
-    assert_eq!(response.extensions().get::<RequestEvidence>(), Some(&e));
+    assert_eq!(RequestEvidence::of(response.extensions()), Some(&e));
     assert_eq!(server.requests_seen(), 1);
     (e, response, server)
 }
@@ -686,7 +685,7 @@ async fn each_request_through_reused_extensions_gets_a_history_of_its_own() {
         .await
         .unwrap()
         .unwrap();
-        let history = ext.get::<AttemptHistory>().unwrap();
+        let history = AttemptHistory::of(&ext).unwrap();
         seen.push(
             history
                 .attempts()
@@ -704,8 +703,7 @@ async fn each_request_through_reused_extensions_gets_a_history_of_its_own() {
     );
     // The latest evidence is also left on its own in the extensions.
     assert_eq!(
-        ext.get::<RequestEvidence>()
-            .map(|e| (e.attempt, e.redirects)),
+        RequestEvidence::of(&ext).map(|e| (e.attempt, e.redirects)),
         Some((1, Redirects::None))
     );
     assert_eq!(server.requests_seen(), 2);

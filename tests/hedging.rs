@@ -68,13 +68,11 @@ struct Sent {
 
 impl Sent {
     fn history(&self) -> &AttemptHistory {
-        self.ext
-            .get::<AttemptHistory>()
-            .expect("an attempt history")
+        AttemptHistory::of(&self.ext).expect("an attempt history")
     }
 
     fn outcome(&self) -> RetryOutcome {
-        *self.ext.get::<RetryOutcome>().expect("a retry outcome")
+        *RetryOutcome::of(&self.ext).expect("a retry outcome")
     }
 
     async fn body(self) -> String {
@@ -187,16 +185,13 @@ async fn a_slow_first_attempt_gets_exactly_one_hedge_whose_faster_answer_wins() 
     answered(&h.attempts()[1], 2, MS(10));
     assert_eq!(sent.outcome().attempts, 2);
     let response = sent.result.as_ref().unwrap();
-    let evidence = response
-        .extensions()
-        .get::<reqwest_resilience::RequestEvidence>()
-        .unwrap();
+    let evidence = reqwest_resilience::RequestEvidence::of(response.extensions()).unwrap();
     assert_eq!(
         evidence.attempt, 2,
         "the response's evidence is the winner's"
     );
     assert_eq!(
-        sent.ext.get::<reqwest_resilience::RequestEvidence>(),
+        reqwest_resilience::RequestEvidence::of(&sent.ext),
         Some(evidence)
     );
     assert_eq!(sent.body().await, "fast");

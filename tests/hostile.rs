@@ -67,12 +67,11 @@ async fn send(
 }
 
 fn outcome(extensions: &Extensions) -> RetryOutcome {
-    *extensions.get::<RetryOutcome>().expect("retry outcome")
+    *RetryOutcome::of(extensions).expect("retry outcome")
 }
 
 fn history(extensions: &Extensions) -> Vec<(Transmission, Option<FailureKind>)> {
-    extensions
-        .get::<AttemptHistory>()
+    AttemptHistory::of(extensions)
         .expect("history")
         .attempts()
         .iter()
@@ -169,7 +168,7 @@ async fn retry_after_of_twenty_nines_is_ignored_and_the_backoff_applies() {
         let (result, ext) = send(&client, client.get(server.url("/"))).await;
         assert_eq!(result.unwrap().status(), 503);
         assert_eq!(outcome(&ext).attempts, 3);
-        let records = ext.get::<AttemptHistory>().unwrap().attempts().to_vec();
+        let records = AttemptHistory::of(&ext).unwrap().attempts().to_vec();
         assert!(records.iter().all(|r| r.evidence.retry_after.is_none()));
         // No pause was taken from a value that does not parse.
         let origin = Origin::parse(&server.url("/")).unwrap();
@@ -647,7 +646,7 @@ async fn a_host_longer_than_any_dns_name_is_kept_by_no_registry() {
     assert!(Origin::parse(&url).is_err());
     let (result, ext) = bounded(send(&client, client.get(&url))).await;
     assert_eq!(result.unwrap().status(), 200);
-    let history = ext.get::<AttemptHistory>().unwrap().attempts();
+    let history = AttemptHistory::of(&ext).unwrap().attempts();
     assert_eq!(history.len(), 1);
     assert_eq!(history[0].evidence.origin, None);
     assert!(breakers.snapshot().is_empty());

@@ -63,8 +63,8 @@ async fn run(
     )
     .await
     .expect("bounded");
-    let history = ext.get::<AttemptHistory>().cloned().unwrap_or_default();
-    (result, history, ext.get::<RetryOutcome>().copied())
+    let history = AttemptHistory::of(&ext).cloned().unwrap_or_default();
+    (result, history, RetryOutcome::of(&ext).copied())
 }
 
 /// An HTTP/1.1 server that answers each request `200 ok` (keep-alive: no `Connection:

@@ -114,12 +114,12 @@ async fn three_retries_with_bounded_jitter_then_the_last_answer() {
         .unwrap();
     assert_eq!(response.status(), 503);
     assert_eq!(server.requests_seen(), 4);
-    let outcome = ext.get::<RetryOutcome>().unwrap();
+    let outcome = RetryOutcome::of(&ext).unwrap();
     assert_eq!(
         (outcome.attempts, outcome.stop),
         (4, StopReason::RetriesExhausted)
     );
-    let history = ext.get::<AttemptHistory>().unwrap();
+    let history = AttemptHistory::of(&ext).unwrap();
     for (n, record) in history.attempts()[..3].iter().enumerate() {
         let Some(AttemptDecision::Retry { delay, .. }) = record.decision else {
             panic!("retry {n}: {:?}", record.decision);
@@ -169,7 +169,7 @@ async fn the_difference_kept_a_post_that_may_have_been_processed_is_not_sent_aga
         .await
         .unwrap_err();
     assert!(err.is_connect());
-    assert_eq!(ext.get::<RetryOutcome>().unwrap().attempts, 4);
+    assert_eq!(RetryOutcome::of(&ext).unwrap().attempts, 4);
 }
 
 /// What was a conflict (a prebuilt retry over the preset, refused) is now how a

@@ -175,7 +175,7 @@ async fn a_full_queue_rejects_at_once_and_a_wait_ends_at_its_timeout_unsent() {
             in_flight: N
         }
     );
-    let history = ext.get::<AttemptHistory>().unwrap();
+    let history = AttemptHistory::of(&ext).unwrap();
     assert_eq!(history.len(), 1);
     let e = &history.attempts()[0].evidence;
     assert_eq!(
@@ -388,7 +388,7 @@ async fn an_open_breaker_rejects_before_a_permit_and_a_limit_rejection_is_breake
                 in_flight: 1
             }
         );
-        let outcome = ext.get::<RetryOutcome>().unwrap();
+        let outcome = RetryOutcome::of(&ext).unwrap();
         assert_eq!(
             (outcome.attempts, outcome.stop),
             (1, StopReason::ConcurrencyLimited)
@@ -525,7 +525,7 @@ async fn a_retry_takes_a_permit_of_its_own_and_none_is_held_during_the_backoff()
                 .await
                 .unwrap()
                 .status();
-            (status.as_u16(), ext.get::<RetryOutcome>().unwrap().attempts)
+            (status.as_u16(), RetryOutcome::of(&ext).unwrap().attempts)
         }
     });
     // Half-way through its 1 s backoff the limit of 1 is free: another request gets in.
@@ -669,7 +669,7 @@ async fn an_attempt_cut_at_its_deadline_by_the_breaker_is_an_overload_signal_for
             ext.insert(reqwest_resilience::retry::MaxRetries(0));
             let request = client.get(&url).build().unwrap();
             let result = client.execute_with_extensions(request, &mut ext).await;
-            let e = ext.get::<AttemptHistory>().unwrap().attempts()[0]
+            let e = AttemptHistory::of(&ext).unwrap().attempts()[0]
                 .evidence
                 .clone();
             (result.is_err(), e.transmission, e.failure)
@@ -730,7 +730,7 @@ async fn a_wait_in_the_queue_until_the_deadline_ends_unsent_and_is_not_charged_t
             in_flight: 1
         }
     );
-    let e = &ext.get::<AttemptHistory>().unwrap().attempts()[0].evidence;
+    let e = &AttemptHistory::of(&ext).unwrap().attempts()[0].evidence;
     assert_eq!(
         (e.transmission, e.failure),
         (Transmission::NotSent, Some(FailureKind::ConcurrencyLimited))
@@ -832,7 +832,7 @@ async fn a_limiter_alone_ignores_a_deadline_a_dropped_request_handed_on_in_reuse
         ext.get::<Deadline>().is_none(),
         "the stale deadline was cleared"
     );
-    let history = ext.get::<AttemptHistory>().unwrap().attempts();
+    let history = AttemptHistory::of(&ext).unwrap().attempts();
     assert_eq!(history.len(), 1);
     assert_eq!(
         history[0].evidence.transmission,
@@ -950,7 +950,7 @@ async fn the_attempt_timeout_starts_at_the_permit_a_wait_in_the_queue_ends_unsen
             in_flight: 1
         }
     );
-    let h = ext.get::<AttemptHistory>().unwrap().attempts();
+    let h = AttemptHistory::of(&ext).unwrap().attempts();
     assert_eq!(h.len(), 1);
     assert_eq!(
         (h[0].evidence.transmission, h[0].evidence.failure),
@@ -969,11 +969,7 @@ async fn the_attempt_timeout_starts_at_the_permit_a_wait_in_the_queue_ends_unsen
                 .execute_with_extensions(client.get(url).build().unwrap(), &mut ext)
                 .await;
             let body = result.unwrap().text().await.unwrap();
-            (
-                body,
-                t0.elapsed(),
-                ext.get::<RetryOutcome>().unwrap().attempts,
-            )
+            (body, t0.elapsed(), RetryOutcome::of(&ext).unwrap().attempts)
         }
     });
     tokio::time::sleep(Duration::from_secs(2)).await;
@@ -1019,7 +1015,7 @@ async fn attempts_cut_by_the_attempt_timeout_are_overload_signals_for_the_limit(
             let t0 = Instant::now();
             let request = client.get(&url).build().unwrap();
             let result = client.execute_with_extensions(request, &mut ext).await;
-            let e = ext.get::<AttemptHistory>().unwrap().attempts()[0]
+            let e = AttemptHistory::of(&ext).unwrap().attempts()[0]
                 .evidence
                 .clone();
             (result.is_err(), e.transmission, e.failure, t0.elapsed())
@@ -1086,12 +1082,7 @@ async fn a_permit_is_held_until_the_body_is_read_to_its_end_or_dropped() {
         (200, url.as_str(), Some(4), http::Version::HTTP_11)
     );
     assert_eq!(response.remote_addr(), Some(server.addr()));
-    assert!(
-        response
-            .extensions()
-            .get::<reqwest_resilience::RequestEvidence>()
-            .is_some()
-    );
+    assert!(reqwest_resilience::RequestEvidence::of(response.extensions()).is_some());
     drop(response);
     assert_eq!(limits.get(&origin).unwrap().in_flight, 0);
 }

@@ -51,12 +51,12 @@ async fn a_per_attempt_middleware_answering_itself_is_not_reported_as_a_missing_
             .unwrap();
         assert_eq!(response.status(), 200);
         assert_eq!(response.text().await.unwrap(), "from the cache");
-        let outcome = ext.get::<RetryOutcome>().unwrap();
+        let outcome = RetryOutcome::of(&ext).unwrap();
         assert_eq!(
             (outcome.attempts, outcome.stop),
             (1, StopReason::FinalResponse(http::StatusCode::OK))
         );
-        let history = ext.get::<AttemptHistory>().unwrap().attempts();
+        let history = AttemptHistory::of(&ext).unwrap().attempts();
         assert_eq!(history.len(), 1);
         assert_eq!(
             history[0].evidence.transmission,

@@ -585,8 +585,7 @@ proptest! {
                 let mut extensions = http::Extensions::new();
                 let result = client.execute_with_extensions(request, &mut extensions).await;
                 assert!(result.is_err(), "{text}: nothing can connect");
-                let evidence = extensions
-                    .get::<reqwest_resilience::RequestEvidence>()
+                let evidence = reqwest_resilience::RequestEvidence::of(&extensions)
                     .expect("the transport step recorded the attempt");
                 assert_eq!(evidence.origin, Origin::from_url(&url).ok(), "{text} after {urls:?}");
             }

@@ -156,9 +156,9 @@ async fn burst(nginx: &Nginx, method: Method, n: usize, cap: u32) -> Figures {
             let t0 = Instant::now();
             let result = client.execute_with_extensions(req, &mut ext).await;
             let took = t0.elapsed();
-            let outcome = ext.get::<RetryOutcome>().copied();
+            let outcome = RetryOutcome::of(&ext).copied();
             let ok = matches!(&result, Ok(r) if r.status() == 200);
-            let history = ext.get::<AttemptHistory>().cloned().unwrap_or_default();
+            let history = AttemptHistory::of(&ext).cloned().unwrap_or_default();
             let error = result.err().map(|e| format!("{e:?}"));
             (ok, took, outcome, history, error, id)
         });

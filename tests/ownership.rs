@@ -68,9 +68,9 @@ fn stale_extensions(foreign: RetryOutcome) -> Extensions {
     for attempt in 1..=3 {
         history.push(RequestEvidence::new(Transmission::Unknown, None, attempt));
     }
-    ext.insert(history);
-    ext.insert(RequestEvidence::new(Transmission::Unknown, None, 3));
-    ext.insert(foreign);
+    history.insert_into(&mut ext);
+    RequestEvidence::new(Transmission::Unknown, None, 3).insert_into(&mut ext);
+    foreign.insert_into(&mut ext);
     ext
 }
 
@@ -85,7 +85,7 @@ async fn a_foreign_outcome() -> RetryOutcome {
         .await
         .unwrap();
     assert_eq!(response.status(), 404);
-    let outcome = *ext.get::<RetryOutcome>().unwrap();
+    let outcome = *RetryOutcome::of(&ext).unwrap();
     assert_eq!(
         (outcome.attempts, outcome.stop),
         (1, StopReason::FinalResponse(http::StatusCode::NOT_FOUND))
@@ -119,8 +119,7 @@ async fn every_nesting_of_two_middlewares_owns_the_request_once_and_keeps_its_re
                 if retried { 2 } else { 1 },
                 "{case}"
             );
-            let history: Vec<(u32, Transmission)> = ext
-                .get::<AttemptHistory>()
+            let history: Vec<(u32, Transmission)> = AttemptHistory::of(&ext)
                 .expect("a history")
                 .attempts()
                 .iter()
@@ -136,9 +135,9 @@ async fn every_nesting_of_two_middlewares_owns_the_request_once_and_keeps_its_re
                 history, expected,
                 "{case}: the stale records cleared, none lost"
             );
-            let last = ext.get::<RequestEvidence>().expect("the last evidence");
+            let last = RequestEvidence::of(&ext).expect("the last evidence");
             assert_eq!(last.attempt, expected.len() as u32, "{case}");
-            match ext.get::<RetryOutcome>() {
+            match RetryOutcome::of(&ext) {
                 Some(outcome) if retried => {
                     assert_eq!(
                         (outcome.attempts, outcome.stop),

@@ -180,7 +180,7 @@ async fn a_chaos_layer_is_the_last_of_the_middlewares_and_cannot_be_one_middlewa
         .map(|request| client.execute_with_extensions(request, &mut extensions));
     let outcome = result.unwrap().await;
     assert!(outcome.is_err());
-    let history = extensions.get::<AttemptHistory>().unwrap();
+    let history = AttemptHistory::of(&extensions).unwrap();
     let seen: Vec<_> = history
         .attempts()
         .iter()

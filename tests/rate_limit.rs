@@ -347,11 +347,11 @@ async fn remaining_and_reset_hold_the_requests_until_each_reset_then_one_probes(
 
 /// The `NotSent` evidence a rate rejection leaves.
 fn assert_rate_limited(ext: &Extensions, retry_in: Duration) {
-    let evidence = ext.get::<RequestEvidence>().expect("evidence");
+    let evidence = RequestEvidence::of(ext).expect("evidence");
     assert_eq!(evidence.transmission, Transmission::NotSent);
     assert_eq!(evidence.failure, Some(FailureKind::RateLimited));
     assert_eq!(evidence.retry_after, Some(retry_in));
-    let history = ext.get::<AttemptHistory>().expect("history");
+    let history = AttemptHistory::of(ext).expect("history");
     assert_eq!(history.last().map(|r| &r.evidence), Some(evidence));
 }
 
@@ -658,7 +658,7 @@ async fn with_a_concurrency_limit_too_every_attempt_takes_a_slot_and_a_permit() 
     let t0 = Instant::now();
     let (result, ext) = get(&client, &server.url("/")).await;
     assert_eq!(result.unwrap().status(), 200);
-    assert_eq!(ext.get::<AttemptHistory>().unwrap().len(), 3);
+    assert_eq!(AttemptHistory::of(&ext).unwrap().len(), 3);
     // Backoffs of 1 and 2 ms, but slots 100 ms apart: the third attempt left at 200 ms.
     assert_eq!(Instant::now() - t0, 200 * MS);
     assert_eq!(server.requests_seen(), 3);

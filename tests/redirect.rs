@@ -105,8 +105,8 @@ async fn send(
     RetryOutcome,
 ) {
     let (result, ext) = execute(request).await;
-    let history = ext.get::<AttemptHistory>().cloned().unwrap();
-    (result, history, *ext.get::<RetryOutcome>().unwrap())
+    let history = AttemptHistory::of(&ext).cloned().unwrap();
+    (result, history, *RetryOutcome::of(&ext).unwrap())
 }
 
 /// Sends through a stack without retry: the outcome and the history.
@@ -117,7 +117,7 @@ async fn send_no_retry(
     AttemptHistory,
 ) {
     let (result, ext) = execute(request).await;
-    (result, ext.get::<AttemptHistory>().cloned().unwrap())
+    (result, AttemptHistory::of(&ext).cloned().unwrap())
 }
 
 /// How many requests with `method` and `path` the server saw.

@@ -85,12 +85,11 @@ async fn send(
 }
 
 fn outcome(ext: &Extensions) -> RetryOutcome {
-    *ext.get::<RetryOutcome>()
-        .expect("a RetryOutcome in the caller's extensions")
+    *RetryOutcome::of(ext).expect("a RetryOutcome in the caller's extensions")
 }
 
 fn decisions(ext: &Extensions) -> Vec<AttemptDecision> {
-    ext.get::<AttemptHistory>()
+    AttemptHistory::of(ext)
         .expect("an attempt history")
         .attempts()
         .iter()
@@ -99,7 +98,7 @@ fn decisions(ext: &Extensions) -> Vec<AttemptDecision> {
 }
 
 fn evidence(ext: &Extensions) -> Vec<(Transmission, Option<FailureKind>)> {
-    ext.get::<AttemptHistory>()
+    AttemptHistory::of(ext)
         .expect("an attempt history")
         .attempts()
         .iter()
@@ -160,7 +159,7 @@ async fn get_503_is_retried_after_exactly_1_2_4_seconds_then_the_last_503_is_ret
     assert_eq!(expected.attempts, 4);
     assert_eq!(expected.resend_count(), 3);
     assert_eq!(expected.stop, StopReason::RetriesExhausted);
-    assert_eq!(res.extensions().get::<RetryOutcome>(), Some(&expected));
+    assert_eq!(RetryOutcome::of(res.extensions()), Some(&expected));
 }
 
 #[tokio::test(start_paused = true)]
@@ -187,7 +186,7 @@ async fn success_after_two_503s_reports_three_attempts_on_the_response() {
         .await
         .unwrap()
         .unwrap();
-    let o = *res.extensions().get::<RetryOutcome>().unwrap();
+    let o = *RetryOutcome::of(res.extensions()).unwrap();
     assert_eq!((res.status().as_u16(), o.attempts), (200, 3));
     assert_eq!(o.stop, StopReason::FinalResponse(http::StatusCode::OK));
     assert_eq!(res.text().await.unwrap(), "done");
@@ -823,7 +822,7 @@ impl Middleware for Rejecting {
                 },
             )
         };
-        ext.insert(RequestEvidence::rejected_locally(kind, Some(origin), 1));
+        RequestEvidence::rejected_locally(kind, Some(origin), 1).insert_into(ext);
         Err(reqwest_middleware::Error::middleware(err))
     }
 }
@@ -1138,7 +1137,7 @@ async fn with_the_real_breaker_an_open_circuit_is_waited_out_not_hammered() {
     assert_eq!(took, S(29));
     // The last attempt was the second probe: its 503 is returned as received.
     assert_eq!(res.unwrap().status(), 503);
-    let history = ext.get::<AttemptHistory>().unwrap();
+    let history = AttemptHistory::of(&ext).unwrap();
     assert_eq!(
         history.attempts()[3].evidence.failure,
         Some(FailureKind::BreakerOpen)
@@ -1218,7 +1217,7 @@ async fn concurrent_requests_on_many_threads_share_one_budget_exactly() {
             let (c, url) = (c.clone(), server.url("/"));
             tokio::spawn(async move {
                 let res = c.get(url).send().await.unwrap();
-                *res.extensions().get::<RetryOutcome>().unwrap()
+                *RetryOutcome::of(res.extensions()).unwrap()
             })
         })
         .collect();

@@ -179,7 +179,7 @@ async fn burst(
             };
             (
                 result,
-                ext.get::<AttemptHistory>().cloned().unwrap_or_default(),
+                AttemptHistory::of(&ext).cloned().unwrap_or_default(),
             )
         }
     });
@@ -399,7 +399,7 @@ async fn cut_burst(
             }
             let result = client.execute_with_extensions(req, &mut ext).await;
             assert!(result.is_err(), "cut");
-            ext.get::<AttemptHistory>().cloned().unwrap_or_default()
+            AttemptHistory::of(&ext).cloned().unwrap_or_default()
         }
     });
     tokio::time::timeout(3600 * S, futures_util::future::join_all(requests))

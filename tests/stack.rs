@@ -80,7 +80,7 @@ fn once() -> Extensions {
 }
 
 fn history(ext: &Extensions) -> Vec<(Transmission, Option<FailureKind>, Option<AttemptDecision>)> {
-    ext.get::<AttemptHistory>()
+    AttemptHistory::of(ext)
         .expect("an attempt history")
         .attempts()
         .iter()
@@ -140,7 +140,7 @@ async fn full_stack_503_then_200_leaves_two_attempts_with_their_evidence_and_dec
     assert_eq!(result.unwrap().status(), 200);
     assert_eq!(server.requests_seen(), 2);
     assert_eq!(took, S(1));
-    let records = ext.get::<AttemptHistory>().unwrap().attempts().to_vec();
+    let records = AttemptHistory::of(&ext).unwrap().attempts().to_vec();
     let origin = Origin::parse(&server.url("/")).unwrap();
     assert_eq!(records.len(), 2);
     for (i, r) in records.iter().enumerate() {
@@ -160,8 +160,7 @@ async fn full_stack_503_then_200_leaves_two_attempts_with_their_evidence_and_dec
         ]
     );
     assert_eq!(
-        ext.get::<RetryOutcome>()
-            .map(|o| (o.attempts, o.resend_count())),
+        RetryOutcome::of(&ext).map(|o| (o.attempts, o.resend_count())),
         Some((2, 1))
     );
 }
@@ -371,7 +370,7 @@ impl Middleware for PerAttemptProbe {
     ) -> reqwest_middleware::Result<reqwest::Response> {
         let authorized = req.headers().contains_key(http::header::AUTHORIZATION);
         let result = next.run(req, ext).await;
-        let evidence = ext.get::<RequestEvidence>().map(|e| e.transmission);
+        let evidence = RequestEvidence::of(ext).map(|e| e.transmission);
         self.seen.lock().unwrap().push((authorized, evidence));
         result
     }
@@ -444,7 +443,7 @@ async fn no_retry_sends_once_and_leaves_no_retry_outcome() {
     assert_eq!(result.unwrap().status(), 503);
     assert_eq!(server.requests_seen(), 1);
     assert_eq!(history(&ext), [(status(503), None, None)]);
-    assert!(ext.get::<RetryOutcome>().is_none());
+    assert!(RetryOutcome::of(&ext).is_none());
 }
 
 #[tokio::test(start_paused = true)]
@@ -492,7 +491,7 @@ async fn a_prebuilt_retry_and_breaker_middleware_are_installed_as_given() {
     assert_eq!(result.unwrap().status(), 503);
     assert_eq!(server.requests_seen(), 2);
     assert_eq!(took, S(1));
-    assert_eq!(ext.get::<RetryOutcome>().map(|o| o.attempts), Some(2));
+    assert_eq!(RetryOutcome::of(&ext).map(|o| o.attempts), Some(2));
     assert_eq!(registry.snapshot()[0].consecutive_failures, 2);
 }
 
@@ -836,7 +835,7 @@ async fn a_hanging_server_cut_at_the_total_deadline_trips_nothing_and_three_atte
         assert!(retry.is_timeout());
         assert_eq!(took, S(2), "cut exactly at the deadline (virtual time)");
         assert_eq!(
-            ext.get::<RetryOutcome>().map(|o| (o.attempts, o.stop)),
+            RetryOutcome::of(&ext).map(|o| (o.attempts, o.stop)),
             Some((1, StopReason::DeadlineExceeded))
         );
         // One record, though both the breaker and the retry watch the same deadline.
@@ -848,7 +847,7 @@ async fn a_hanging_server_cut_at_the_total_deadline_trips_nothing_and_three_atte
                 stop(StopReason::DeadlineExceeded)
             )]
         );
-        let evidence = ext.get::<RequestEvidence>().expect("evidence");
+        let evidence = RequestEvidence::of(&ext).expect("evidence");
         assert_eq!(evidence.attempt, 1);
         assert_eq!(evidence.elapsed, S(2));
         assert_eq!(evidence.origin.as_ref(), Some(&origin));
@@ -1030,7 +1029,7 @@ async fn post_whose_first_token_fetch_fails_is_retried_and_reaches_the_server_ex
         ]
     );
     let origin = Origin::parse(&server.url("/")).unwrap();
-    let records = ext.get::<AttemptHistory>().unwrap().attempts().to_vec();
+    let records = AttemptHistory::of(&ext).unwrap().attempts().to_vec();
     let numbered: Vec<_> = records
         .iter()
         .map(|r| (r.evidence.attempt, r.evidence.origin.clone()))
@@ -1040,7 +1039,7 @@ async fn post_whose_first_token_fetch_fails_is_retried_and_reaches_the_server_ex
         [(1, Some(origin.clone())), (2, Some(origin.clone()))]
     );
     assert_eq!(
-        ext.get::<RetryOutcome>().map(|o| o.attempts),
+        RetryOutcome::of(&ext).map(|o| o.attempts),
         Some(2),
         "one retry"
     );
@@ -1135,7 +1134,7 @@ async fn a_token_manager_held_off_beyond_the_cap_fails_the_request_at_once() {
                 )],
                 "{backoff:?} {policy:?}"
             );
-            let outcome = ext.get::<RetryOutcome>().copied().expect("an outcome");
+            let outcome = RetryOutcome::of(&ext).copied().expect("an outcome");
             assert_eq!(
                 (outcome.attempts, outcome.stop),
                 (1, StopReason::RetryAfterTooLong)
@@ -1278,14 +1277,14 @@ async fn post_healed_by_one_replay(mut ext: Extensions) -> Extensions {
 async fn a_401_replay_of_a_post_is_made_from_the_retrys_copy_with_the_body_and_the_fresh_token() {
     let ext = post_healed_by_one_replay(Extensions::new()).await;
     // One attempt of the retry's, healed inside it by the replay.
-    assert_eq!(ext.get::<RetryOutcome>().unwrap().attempts, 1);
+    assert_eq!(RetryOutcome::of(&ext).unwrap().attempts, 1);
 }
 
 #[tokio::test(start_paused = true)]
 async fn on_the_last_attempt_bearer_auth_copies_the_request_itself_and_still_replays_a_401() {
     // No retry left: the retry keeps no copy of the request.
     let ext = post_healed_by_one_replay(once()).await;
-    assert_eq!(ext.get::<RetryOutcome>().unwrap().attempts, 1);
+    assert_eq!(RetryOutcome::of(&ext).unwrap().attempts, 1);
 }
 
 #[tokio::test(start_paused = true)]
@@ -1318,8 +1317,7 @@ async fn a_stack_without_retry_inside_a_retry_middleware_keeps_one_history_acros
             ),
         ]
     );
-    let numbers: Vec<u32> = ext
-        .get::<AttemptHistory>()
+    let numbers: Vec<u32> = AttemptHistory::of(&ext)
         .unwrap()
         .attempts()
         .iter()

@@ -246,7 +246,7 @@ async fn round(requests: usize) -> Round {
             let result = client
                 .execute_with_extensions(request, &mut extensions)
                 .await;
-            let attempts = extensions.get::<RetryOutcome>().map_or(1, |o| o.attempts);
+            let attempts = RetryOutcome::of(&extensions).map_or(1, |o| o.attempts);
             let ok = match result {
                 Ok(response) => response.text().await.is_ok(),
                 Err(e) => {

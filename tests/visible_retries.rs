@@ -185,10 +185,7 @@ async fn a_deadline_set_with_with_extension_is_honoured_by_send_with_history() {
         .await
         .unwrap();
     assert_eq!(response.status(), 503);
-    let outcome = extensions
-        .get::<RetryOutcome>()
-        .copied()
-        .expect("an outcome");
+    let outcome = RetryOutcome::of(&extensions).copied().expect("an outcome");
     assert_eq!(
         (outcome.attempts, outcome.stop),
         (4, StopReason::RetriesExhausted)

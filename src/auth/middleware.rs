@@ -430,7 +430,7 @@ impl<'a> Sent<'a> {
     fn of(req: &Request, outside: Option<&'a Request>) -> Self {
         match outside {
             Some(spare) => Sent::Outside(spare),
-            None => match req.try_clone() {
+            None => match crate::stage::copy_request(req) {
                 Some(copy) => Sent::Copy(copy),
                 None => Sent::Streamed(req.url().clone()),
             },
@@ -448,7 +448,7 @@ impl<'a> Sent<'a> {
     /// The request to replay, if it can be.
     fn replay(self) -> Option<Request> {
         match self {
-            Sent::Outside(req) => req.try_clone(),
+            Sent::Outside(req) => crate::stage::copy_request(req),
             Sent::Copy(req) => Some(req),
             Sent::Streamed(_) => None,
         }
@@ -475,8 +475,7 @@ impl BearerAuth {
         // Nothing to heal, and no refresh to burn.
         let redirected = crate::redirect::without_fragment(sent.url())
             != crate::redirect::without_fragment(response.url())
-            || extensions
-                .get::<RequestEvidence>()
+            || RequestEvidence::of(extensions)
                 .is_some_and(|e| matches!(e.redirects, Redirects::Followed { .. }));
         let origin = match Origin::from_url(response.url()) {
             Ok(origin) if !redirected && self.covers_origin(&origin) => origin,

@@ -243,7 +243,7 @@ fn record_rejection(rejection: &BreakerRejection, extensions: &mut Extensions) {
         rejection.retry_in,
     );
     if let Some(retry_in) = rejection.retry_in {
-        extensions.insert(RetryIn(retry_in));
+        RetryIn(retry_in).insert_into(extensions);
     }
 }
 
@@ -386,7 +386,7 @@ impl Stage for CircuitBreakerMiddleware {
         async move {
             let owner = handover.enter(extensions, "CircuitBreakerMiddleware", false, req.url())?;
             // A "retry in" from an earlier attempt must not be read as this one's.
-            extensions.remove::<RetryIn>();
+            RetryIn::remove_from(extensions);
             let Some(origin) = handover.origin(req.url()) else {
                 // No origin, no breaker: reqwest will reject the URL itself.
                 return owner
@@ -447,7 +447,7 @@ impl CircuitBreakerMiddleware {
         result: &reqwest_middleware::Result<Response>,
         admitted: Option<Instant>,
     ) {
-        let evidence = extensions.get::<RequestEvidence>();
+        let evidence = RequestEvidence::of(extensions);
         let outcome = self.classifier.classify(evidence, result);
         let rate_limits =
             self.registry.config().rate_limit_pauses && !self.fields_left_to_rate_limit;
@@ -506,7 +506,7 @@ impl<'p> Held<'p> {
         // Evidence left by an earlier attempt would otherwise be read as this one's when
         // no transport step runs inside (the composed stack always has one).
         if !composed {
-            extensions.remove::<RequestEvidence>();
+            let _ = crate::record::RequestRecord::take_evidence(extensions);
         }
         let deadline = extensions.get::<Deadline>().map(|d| d.0);
         // Admitted: the attempt's timeout runs from here (a pause waited out is not in it).
@@ -532,7 +532,7 @@ impl<'p> Held<'p> {
             // On a clock with no deadline, the cut is the clock's timeout (`None` only
             // once a gate inside stops it).
             cut => Held::CutAt {
-                recorded_before: extensions.get::<AttemptHistory>().map_or(0, |h| h.len()),
+                recorded_before: AttemptHistory::of(extensions).map_or(0, |h| h.len()),
                 guard: CutAtDeadline {
                     permit: Some(permit),
                     deadline: cut.unwrap_or(now),

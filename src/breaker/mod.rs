@@ -31,7 +31,7 @@
 //! - a [`RetryIn`]: how long until trying again may succeed (absent when the breaker was
 //!   isolated by hand: no probe is scheduled, so retrying is pointless).
 //!
-//! A retry middleware outside it reads `extensions.get::<RetryIn>()` after `next.run`
+//! A retry middleware outside it reads `RetryIn::of(&extensions)` after `next.run`
 //! and retries no sooner than that; the breaker removes a stale `RetryIn` at the start of
 //! every attempt, so one found there belongs to the attempt just made.
 //!

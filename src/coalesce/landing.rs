@@ -38,9 +38,9 @@ impl Record {
     /// What the stages inside left in the leader's extensions.
     pub(crate) fn of(extensions: &Extensions) -> Record {
         Record {
-            evidence: extensions.get::<RequestEvidence>().cloned(),
-            history: extensions.get::<AttemptHistory>().cloned(),
-            outcome: extensions.get::<RetryOutcome>().cloned(),
+            evidence: RequestEvidence::of(extensions).cloned(),
+            history: AttemptHistory::of(extensions).cloned(),
+            outcome: RetryOutcome::of(extensions).cloned(),
         }
     }
 
@@ -52,11 +52,12 @@ impl Record {
     /// Leaves the record in `extensions`, its history saying it was shared (a history
     /// is made when the stages inside left none).
     pub(crate) fn leave(&self, extensions: &mut Extensions, shared: Shared) {
+        let record = crate::record::RequestRecord::get(extensions);
         if let Some(evidence) = &self.evidence {
-            extensions.insert(evidence.clone());
+            record.evidence = Some(evidence.clone());
         }
         if let Some(outcome) = &self.outcome {
-            extensions.insert(*outcome);
+            record.outcome = Some(*outcome);
         }
         let mut history = self.history.clone().unwrap_or_default();
         if history.is_empty()
@@ -65,7 +66,7 @@ impl Record {
             history.push(evidence.clone());
         }
         history.mark_shared(shared);
-        extensions.insert(history);
+        record.history = Some(history);
     }
 }
 

@@ -41,7 +41,7 @@
 //! others joined, the flight closes at the head (a caller coming after it starts a
 //! request of its own). A response that can be shared has its body read whole and every
 //! caller gets its own [`Response`] with the same status, headers, URL and body bytes
-//! (one copy of the bytes, shared), and in its [`AttemptHistory`] a
+//! (one copy of the bytes, shared), and in its [`AttemptHistory`](crate::AttemptHistory) a
 //! [`Shared`](crate::evidence::Shared) record: whether it [sent](crate::evidence::SharedRole::Sent)
 //! the request or [joined](crate::evidence::SharedRole::Joined) it, and how many callers
 //! shared it. A follower's extensions get the leader's [`RequestEvidence`](crate::RequestEvidence), history and
@@ -145,7 +145,7 @@ use http::Extensions;
 use reqwest::{Request, Response};
 
 use crate::error::ResilienceError;
-use crate::record::{AttemptHistory, Deadline, RetryOutcome, SharedRole, StopReason};
+use crate::record::{Deadline, RetryOutcome, SharedRole, StopReason};
 use crate::stage::{Handover, RestOfStack, Stage, standalone_middleware};
 use flight::{Flights, Joined, Waited};
 use key::Partition;
@@ -361,9 +361,8 @@ fn stopped_by_its_own_deadline(
     result: &reqwest_middleware::Result<Response>,
     extensions: &Extensions,
 ) -> bool {
-    let stopped = extensions
-        .get::<RetryOutcome>()
-        .is_some_and(|o| o.stop == StopReason::DeadlineExceeded);
+    let stopped =
+        RetryOutcome::of(extensions).is_some_and(|o| o.stop == StopReason::DeadlineExceeded);
     stopped
         || (result.is_err()
             && extensions
@@ -426,12 +425,10 @@ fn follow(
 /// Marks the leader's own history shared, when anyone joined it (and counts it).
 fn mark_shared(extensions: &mut Extensions, record: &Record, callers: u32) {
     if callers > 1 {
-        extensions
-            .get_or_insert_default::<AttemptHistory>()
-            .mark_shared(crate::record::Shared {
-                role: SharedRole::Sent,
-                callers,
-            });
+        crate::record::RequestRecord::history_mut(extensions).mark_shared(crate::record::Shared {
+            role: SharedRole::Sent,
+            callers,
+        });
         crate::metrics::coalesced(record.origin(), "sent");
     }
 }

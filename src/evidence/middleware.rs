@@ -7,7 +7,8 @@ use super::classify_error;
 use crate::error::ResilienceError;
 use crate::origin::Origin;
 use crate::record::{
-    AttemptHistory, FailureKind, Redirects, RequestEvidence, Transmission, next_attempt,
+    AttemptHistory, FailureKind, Redirects, RequestEvidence, RequestRecord, Transmission,
+    next_attempt,
 };
 use crate::redirect::{ClientRedirects, Declared, HopCount, Recording};
 use crate::stage::{Handover, RestOfStack, Stage, standalone_middleware};
@@ -128,7 +129,7 @@ impl Stage for TransportEvidence {
                 return result;
             }
             let mut evidence = match &result {
-                Ok(response) => RequestEvidence::of_response(response, origin, attempt),
+                Ok(response) => RequestEvidence::from_response(response, origin, attempt),
                 Err(reqwest_middleware::Error::Reqwest(err)) => {
                     let c = classify_error(err);
                     let mut e = RequestEvidence::new(c.transmission, origin, attempt);
@@ -151,20 +152,22 @@ impl Stage for TransportEvidence {
             crate::metrics::attempt(method, &evidence);
             #[cfg(feature = "tracing")]
             trace_attempt(&evidence);
-            let history = extensions.get_or_insert_default::<AttemptHistory>();
+            let record = RequestRecord::get(extensions);
+            let history = record.history.get_or_insert_with(AttemptHistory::default);
             history.push(evidence.clone());
             // After a retry or a `401` replay the response carries a copy of the history (the
             // retry's last decision comes with its `RetryOutcome`); a single record needs no
             // copy: `AttemptHistory::of_response` rebuilds it from the evidence.
             let full = (history.len() > 1).then(|| history.clone());
             let result = result.map(|mut response| {
-                response.extensions_mut().insert(evidence.clone());
-                if let Some(full) = full {
-                    response.extensions_mut().insert(full);
-                }
+                response.extensions_mut().insert(RequestRecord {
+                    evidence: Some(evidence.clone()),
+                    history: full,
+                    ..RequestRecord::default()
+                });
                 response
             });
-            extensions.insert(evidence);
+            record.evidence = Some(evidence);
             result
         }
     }
@@ -219,7 +222,7 @@ fn hand_on<'a, N: RestOfStack + 'a>(
     >,
 ) {
     let origin = handover.origin(req.url());
-    let attempt = next_attempt(extensions.get::<AttemptHistory>().map_or(0, |h| h.len()));
+    let attempt = next_attempt(RequestRecord::attempts_recorded(extensions));
     let key = UrlKey::of(req.url());
     let started = tokio::time::Instant::now();
     let method = crate::metrics::method_label(req.method());

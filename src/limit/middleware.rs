@@ -209,12 +209,12 @@ impl Stage for ConcurrencyLimit {
             // Evidence left by an earlier attempt would otherwise be read as this one's when
             // no transport step runs inside (the composed stack always has one).
             if !handover.composed() {
-                extensions.remove::<RequestEvidence>();
+                let _ = crate::record::RequestRecord::take_evidence(extensions);
             }
             let recorded_before = clock.as_ref().map(|clock| {
                 clock.restart(permit.admitted_at());
                 permit.on_clock(clock.clone());
-                extensions.get::<AttemptHistory>().map_or(0, |h| h.len())
+                AttemptHistory::of(extensions).map_or(0, |h| h.len())
             });
             let sent = owner.poll_as(next, |next| next.run(req, extensions, handover));
             let result = match CutAt::on_clock(sent, None, clock).await {
@@ -230,7 +230,7 @@ impl Stage for ConcurrencyLimit {
                 }
             };
             let elapsed = permit.admitted_at().elapsed();
-            let sample = sample_of(extensions.get::<RequestEvidence>(), &result, elapsed);
+            let sample = sample_of(RequestEvidence::of(extensions), &result, elapsed);
             match result {
                 // Nothing to stream (`Content-Length: 0`, a `204`, a `HEAD`'s answer).
                 Ok(response) if response.content_length() == Some(0) => {

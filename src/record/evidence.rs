@@ -174,7 +174,7 @@ impl Redirects {
 /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 /// let client = Resilience::new().build_from(reqwest::Client::builder())?;
 /// let response = client.post("http://127.0.0.1:8080/orders").body("{}").send().await?;
-/// if let Some(evidence) = response.extensions().get::<RequestEvidence>() {
+/// if let Some(evidence) = RequestEvidence::of_response(&response) {
 ///     // The last attempt: its status, its origin, how long it took.
 ///     assert!(matches!(evidence.transmission, Transmission::ResponseReceived(_)));
 ///     println!("attempt {} to {:?} took {:?}", evidence.attempt, evidence.origin, evidence.elapsed);
@@ -267,7 +267,7 @@ impl RequestEvidence {
 
     /// Evidence of an attempt answered by `response`, with its `Retry-After` parsed
     /// against the system clock (`SystemTime::now()` is read only when the header is there).
-    pub(crate) fn of_response(
+    pub(crate) fn from_response(
         response: &reqwest::Response,
         origin: Option<Origin>,
         attempt: u32,

@@ -1,13 +1,7 @@
 //! The attempt history left in the caller's extensions.
 
-use std::time::Duration;
-
-use http::Extensions;
-
 use super::decision::AttemptDecision;
-use super::evidence::{FailureKind, RequestEvidence};
-use super::keys::RetryOutcome;
-use crate::origin::Origin;
+use super::evidence::RequestEvidence;
 
 /// One attempt: what was observed, and what was decided after it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -138,38 +132,6 @@ impl AttemptHistory {
         };
     }
 
-    /// The history of the logical request that produced `response`, for a caller that
-    /// used `send()` (its extensions were not its own to read).
-    ///
-    /// Cost on the success path: none. A response after one attempt carries its
-    /// [`RequestEvidence`] and [`RetryOutcome`](crate::retry::RetryOutcome) anyway, and
-    /// the one record is rebuilt from them here, on demand. After a retry (or a `401`
-    /// replayed by `BearerAuth`) the transport step puts a copy of the history on each
-    /// response it hands back, a cost of the retry path only; the final decision comes
-    /// from the `RetryOutcome`. `None` when no
-    /// [`TransportEvidence`](crate::evidence::TransportEvidence) saw the request.
-    pub fn of_response(response: &reqwest::Response) -> Option<AttemptHistory> {
-        let extensions = response.extensions();
-        let outcome = extensions.get::<RetryOutcome>();
-        let mut history = match extensions.get::<AttemptHistory>() {
-            Some(full) => full.clone(),
-            None => {
-                let mut one = AttemptHistory::default();
-                one.push(extensions.get::<RequestEvidence>()?.clone());
-                one
-            }
-        };
-        // The retry middleware decided after the last attempt; its outcome says how.
-        if let (Some(outcome), Some(last)) = (outcome, history.last())
-            && last.decision.is_none()
-        {
-            history.decide_last(AttemptDecision::Stop {
-                reason: outcome.stop,
-            });
-        }
-        Some(history)
-    }
-
     /// Appends an attempt whose decision is already known (a hedged round's losers).
     pub(crate) fn push_record(&mut self, record: AttemptRecord) {
         let decision = record.decision;
@@ -225,49 +187,6 @@ pub(crate) fn next_attempt(recorded: usize) -> u32 {
         .saturating_add(1)
 }
 
-/// Leaves the `NotSent` evidence of an attempt rejected locally (breaker open, paused, no
-/// bearer token) where the breaker, the retry middleware and the caller look: appended to
-/// the [`AttemptHistory`] and in the extensions. `retry_after` is when another attempt
-/// could be admitted.
-pub(crate) fn record_rejected_locally(
-    extensions: &mut Extensions,
-    kind: FailureKind,
-    origin: Option<Origin>,
-    retry_after: Option<Duration>,
-) {
-    let history = extensions.get_or_insert_default::<AttemptHistory>();
-    let mut evidence = RequestEvidence::rejected_locally(kind, origin, next_attempt(history.len()));
-    evidence.retry_after = retry_after;
-    history.push(evidence.clone());
-    extensions.insert(evidence);
-}
-
-/// Leaves the evidence of an attempt cut at its deadline or its attempt timeout (by the
-/// breaker or the concurrency limit), as the retry middleware writes its own cut:
-/// `Unknown` (the request may have reached the server), `Timeout`. Appended to the
-/// history only when nothing inside recorded this attempt, so it is never counted twice
-/// (a stage outside sees the record and adds none).
-pub(crate) fn record_attempt_cut(
-    extensions: &mut Extensions,
-    origin: &Origin,
-    recorded_before: usize,
-    started: tokio::time::Instant,
-) {
-    let history = extensions.get_or_insert_default::<AttemptHistory>();
-    if history.len() != recorded_before {
-        // The transport step finished (and left in the extensions) its record, and a
-        // middleware between it and this one was still working: that record stands.
-        return;
-    }
-    let evidence = RequestEvidence::cut_at_deadline(
-        Some(origin.clone()),
-        next_attempt(recorded_before),
-        started,
-    );
-    history.push(evidence.clone());
-    extensions.insert(evidence);
-}
-
 impl PartialEq for AttemptHistory {
     fn eq(&self, other: &Self) -> bool {
         self.attempts() == other.attempts()
@@ -289,6 +208,8 @@ impl std::fmt::Debug for AttemptHistory {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
     use crate::record::{RetryReason, StopReason, Transmission};
 

@@ -7,7 +7,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-use http::Extensions;
 use tokio::time::Instant;
 
 use super::decision::StopReason;
@@ -50,9 +49,9 @@ impl RetryOutcome {
 /// use reqwest_resilience::breaker::RetryIn;
 ///
 /// let mut extensions = http::Extensions::new();
-/// extensions.insert(RetryIn(Duration::from_secs(5)));
+/// RetryIn(Duration::from_secs(5)).insert_into(&mut extensions);
 /// // What a retry middleware does after `next.run`:
-/// let wait = extensions.get::<RetryIn>().map(|r| r.0);
+/// let wait = RetryIn::of(&extensions).map(|r| r.0);
 /// assert_eq!(wait, Some(Duration::from_secs(5)));
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -105,114 +104,22 @@ impl Deadline {
     }
 }
 
-/// The crate-private keys the retry middleware hands the stages inside it, in one
-/// extension (one allocation per request, however many attempts).
+/// The crate-private keys the retry middleware hands the stages inside it, in the
+/// request's [`RequestRecord`] (no allocation of their own, however many attempts).
 #[derive(Clone, Default)]
 pub(crate) struct Inward {
     /// The [`Deadline`] the retry middleware put in the caller's extensions from its
     /// `total_deadline`, so that one left behind by a dropped request is recognised and
     /// removed by the next request's owner (a caller's own `Deadline` stays).
-    handed_on: Option<Deadline>,
+    pub(super) handed_on: Option<Deadline>,
     /// The current attempt's own cut and role, which the breaker takes.
-    attempt: Option<AttemptScope>,
+    pub(super) attempt: Option<AttemptScope>,
     /// The request's attempt timeout, from which each attempt (each copy of a hedged
     /// round) starts a clock of its own.
-    attempt_timeout: Option<Duration>,
+    pub(super) attempt_timeout: Option<Duration>,
     /// The current attempt's timeout clock, which the gates inside restart when they let
     /// the request go (and stop while it waits locally).
-    clock: Option<AttemptClock>,
-}
-
-impl Inward {
-    /// Puts `deadline` in the extensions for the stages inside, marked as handed on.
-    pub(crate) fn hand_on_deadline(extensions: &mut Extensions, deadline: Deadline) {
-        extensions.insert(deadline);
-        extensions.get_or_insert_default::<Inward>().handed_on = Some(deadline);
-    }
-
-    /// Ends what the retry middleware handed inward for its request: the record, and the
-    /// deadline [`hand_on_deadline`](Self::hand_on_deadline) put there.
-    pub(crate) fn end(extensions: &mut Extensions) {
-        if extensions
-            .remove::<Inward>()
-            .is_some_and(|inward| inward.handed_on.is_some())
-        {
-            extensions.remove::<Deadline>();
-        }
-    }
-
-    /// Hands the next attempt its scope.
-    pub(crate) fn set_attempt(extensions: &mut Extensions, scope: AttemptScope) {
-        extensions.get_or_insert_default::<Inward>().attempt = Some(scope);
-    }
-
-    /// Takes the attempt's scope (the breaker does, so it never outlives the attempt),
-    /// and the record with it when it holds nothing else: nothing is left behind. The
-    /// attempt's clock stays, for the gates further in.
-    pub(crate) fn take_attempt(extensions: &mut Extensions) -> Option<AttemptScope> {
-        let inward = extensions.get_mut::<Inward>()?;
-        let scope = inward.attempt.take();
-        if inward.is_empty() {
-            extensions.remove::<Inward>();
-        }
-        scope
-    }
-
-    /// Keeps the request's attempt timeout for each of its attempts (`None`: none).
-    pub(crate) fn set_attempt_timeout(extensions: &mut Extensions, timeout: Option<Duration>) {
-        if let Some(timeout) = timeout {
-            extensions.get_or_insert_default::<Inward>().attempt_timeout = Some(timeout);
-        }
-    }
-
-    /// The request's attempt timeout, as the retry middleware kept it.
-    pub(crate) fn attempt_timeout(extensions: &Extensions) -> Option<Duration> {
-        extensions.get::<Inward>()?.attempt_timeout
-    }
-
-    /// Hands the next attempt its timeout clock.
-    pub(crate) fn set_clock(extensions: &mut Extensions, clock: AttemptClock) {
-        extensions.get_or_insert_default::<Inward>().clock = Some(clock);
-    }
-
-    /// The current attempt's timeout clock, if it has one.
-    pub(crate) fn clock(extensions: &Extensions) -> Option<AttemptClock> {
-        extensions.get::<Inward>()?.clock.clone()
-    }
-
-    /// Ends the attempt: its scope and its clock, and the record with them when it holds
-    /// nothing else.
-    pub(crate) fn end_attempt(extensions: &mut Extensions) {
-        let Some(inward) = extensions.get_mut::<Inward>() else {
-            return;
-        };
-        inward.attempt = None;
-        inward.clock = None;
-        if inward.is_empty() {
-            extensions.remove::<Inward>();
-        }
-    }
-
-    fn is_empty(&self) -> bool {
-        self.handed_on.is_none()
-            && self.attempt.is_none()
-            && self.attempt_timeout.is_none()
-            && self.clock.is_none()
-    }
-
-    /// Removes what the stack handed inward for the request of an earlier `Extensions`'
-    /// owner: the handed-on deadline (when it is still the one in the extensions) and an
-    /// attempt's scope.
-    pub(super) fn clear(extensions: &mut Extensions) {
-        if let Some(Inward {
-            handed_on: Some(stale),
-            ..
-        }) = extensions.remove::<Inward>()
-            && extensions.get::<Deadline>() == Some(&stale)
-        {
-            extensions.remove::<Deadline>();
-        }
-    }
+    pub(super) clock: Option<AttemptClock>,
 }
 
 /// What the retry middleware hands the middlewares inside it for one attempt (in

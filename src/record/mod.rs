@@ -1,32 +1,60 @@
-//! The per-request state, in one place: everything a stage of this crate leaves in a
+//! The per-request record, in one place: everything a stage of this crate leaves in a
 //! request's `http::Extensions`, and the one function that clears it.
 //!
-//! The public part is read with `extensions.get::<T>()` and re-exported where users find
-//! it: [`RequestEvidence`] (the transport step's contract), [`AttemptHistory`] and the
-//! attempt record in [`crate::evidence`], [`RetryOutcome`] and [`Deadline`] in
-//! [`crate::retry`], [`RetryIn`] in [`crate::breaker`]. The crate-private keys a stage
-//! hands inward ([`Inward`]: a handed-on deadline, an attempt's scope) live here too.
+//! # Reading what the stages left
+//!
+//! The stages leave what they observed and decided in one extension per
+//! `http::Extensions` (one allocation however many stages and attempts), read through
+//! accessors on the public types:
+//!
+//! | what | from the caller's extensions | from a response |
+//! |---|---|---|
+//! | the last attempt's [`RequestEvidence`] | [`RequestEvidence::of`] | [`RequestEvidence::of_response`] |
+//! | every attempt, [`AttemptHistory`] | [`AttemptHistory::of`] | [`AttemptHistory::of_response`] (rebuilt, owned) |
+//! | what the retry did, [`RetryOutcome`] | [`RetryOutcome::of`] | [`RetryOutcome::of_response`] |
+//! | a breaker's [`RetryIn`] | [`RetryIn::of`] | — |
+//!
+//! Each `of` returns what `extensions.get::<T>()` returned before the record (a
+//! reference, `None` when no stage left one): a test or a caller written against
+//! `extensions.get::<RequestEvidence>()` ports by replacing it with
+//! `RequestEvidence::of(&extensions)`. `extensions.get::<T>()` for these four types now
+//! returns `None`: they are no longer separate extensions. A transport step or a test
+//! double of one's own leaves evidence with [`RequestEvidence::insert_into`] (the same
+//! for the others), where the stages outside read it. The caller's own [`Deadline`] and
+//! [`OperationAttempt`] stay separate extensions a caller inserts.
+//!
+//! The caller's extensions after `execute_with_extensions` hold the evidence of the last
+//! attempt, the history of every attempt and the outcome; a response holds the evidence
+//! of the attempt that produced it, the outcome and, after more than one attempt, the
+//! history (with `send()`, the response is where the caller reads them).
+//!
+//! The crate-private keys a stage hands inward ([`Inward`]: a handed-on deadline, an
+//! attempt's scope and clock) live in the same record.
+//!
+//! # One request's state
 //!
 //! A caller may reuse one `Extensions` for several requests, and a request's future may
 //! be dropped half-way, so this state must belong to one request and end with it: the
 //! stage that owns a request (see [`crate::stage::scope`]) calls
-//! [`clear_earlier_request`] when it enters it. A key added here and not cleared there
-//! would leak into the next request: add both in this module.
+//! [`clear_earlier_request`] when it enters it. A field added to the record and not
+//! cleared there would leak into the next request: add both in this module.
 
 mod continuation;
 mod decision;
 mod evidence;
 mod history;
 mod keys;
+mod request_record;
 
 pub use continuation::OperationAttempt;
 pub(crate) use continuation::{Continuation, PassEnd, Spent};
 pub use decision::{AttemptDecision, RetryReason, StopReason};
 pub use evidence::{FailureKind, NotProcessedProof, Redirects, RequestEvidence, Transmission};
+pub(crate) use history::next_attempt;
 pub use history::{AttemptHistory, AttemptRecord, Shared, SharedRole};
-pub(crate) use history::{next_attempt, record_attempt_cut, record_rejected_locally};
 pub(crate) use keys::{AttemptClock, AttemptScope, Inward, earlier};
 pub use keys::{Deadline, RetryIn, RetryOutcome};
+pub(crate) use request_record::{RequestRecord, record_attempt_cut, record_rejected_locally};
 
 use http::Extensions;
 
@@ -40,10 +68,7 @@ pub(crate) fn clear_earlier_request(extensions: &mut Extensions) {
         return;
     }
     Inward::clear(extensions);
-    extensions.remove::<AttemptHistory>();
-    extensions.remove::<RequestEvidence>();
-    extensions.remove::<RetryOutcome>();
-    extensions.remove::<RetryIn>();
+    extensions.remove::<RequestRecord>();
     // Put there by the stack for a body it may resume (a caller's own stays).
     if extensions
         .get::<OperationAttempt>()
@@ -85,7 +110,7 @@ mod tests {
         }
         Inward::end(&mut ext);
         assert!(
-            ext.is_empty(),
+            ext.get::<Deadline>().is_none() && RequestRecord::of(&ext).unwrap().inward.is_empty(),
             "the handed-on deadline ends with the request"
         );
     }
@@ -116,7 +141,7 @@ mod tests {
         let mut ext = Extensions::new();
         Inward::set_attempt(&mut ext, scope_at(Instant::now()));
         assert!(Inward::take_attempt(&mut ext).is_some());
-        assert!(ext.is_empty());
+        assert!(RequestRecord::of(&ext).unwrap().inward.is_empty());
     }
 
     #[tokio::test(start_paused = true)]
@@ -136,6 +161,6 @@ mod tests {
         replaced.insert(own);
         clear_earlier_request(&mut replaced);
         assert_eq!(replaced.get::<Deadline>(), Some(&own));
-        assert!(replaced.get::<Inward>().is_none());
+        assert!(RequestRecord::of(&replaced).is_none());
     }
 }

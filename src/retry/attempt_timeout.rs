@@ -184,11 +184,10 @@ impl AttemptEnd {
                         .as_ref()
                         .and_then(AttemptClock::started)
                         .unwrap_or(started);
-                    extensions.insert(RequestEvidence::cut_at_deadline(
-                        origin.clone(),
-                        attempt,
-                        started,
-                    ));
+                    crate::record::RequestRecord::set_evidence(
+                        extensions,
+                        RequestEvidence::cut_at_deadline(origin.clone(), attempt, started),
+                    );
                 }
                 Err(reqwest_middleware::Error::middleware(elapsed))
             }

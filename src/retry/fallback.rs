@@ -14,7 +14,7 @@ pub(super) fn fallback_evidence(
 ) -> RequestEvidence {
     match result {
         Ok(response) => {
-            RequestEvidence::of_response(response, Origin::from_url(response.url()).ok(), attempt)
+            RequestEvidence::from_response(response, Origin::from_url(response.url()).ok(), attempt)
         }
         Err(err) => {
             let reqwest_err = super::find_reqwest_error(err);

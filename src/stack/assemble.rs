@@ -74,9 +74,10 @@ impl Resilience {
             retry: crate::stage::RetrySlot(retry),
             token_first: crate::stage::Absent,
             breaker,
-            rate,
+            rate: crate::stage::BoxedWhenPresent(rate),
             limit: crate::stage::Absent,
-            bearer: self.bearer.clone(),
+            bearer: crate::stage::Absent,
+            has_bearer: false,
             transport: inner_transport,
             resume: None,
         };
@@ -85,14 +86,11 @@ impl Resilience {
         let stack: Arc<dyn compose::StackMiddleware> = match (self.bearer, limit) {
             (Some(bearer), Some(limit)) => Arc::new(ResumeSetup::onto(
                 resume,
-                composed
-                    .with_token_first(crate::auth::TokenFirst(bearer))
-                    .with_limit(limit),
+                composed.with_bearer(bearer).with_limit(limit),
             )),
-            (Some(bearer), None) => Arc::new(ResumeSetup::onto(
-                resume,
-                composed.with_token_first(crate::auth::TokenFirst(bearer)),
-            )),
+            (Some(bearer), None) => {
+                Arc::new(ResumeSetup::onto(resume, composed.with_bearer(bearer)))
+            }
             (None, Some(limit)) => Arc::new(ResumeSetup::onto(resume, composed.with_limit(limit))),
             (None, None) => Arc::new(ResumeSetup::onto(resume, composed)),
         };
@@ -144,12 +142,13 @@ struct ResumeSetup {
 impl ResumeSetup {
     /// `composed`, able to resume bodies (when the client is known and the stack has a
     /// retry stage, whose limit the resumes count against), by default or per request.
-    fn onto<T, L>(
+    fn onto<T, B, L>(
         setup: Option<Self>,
-        mut composed: compose::Composed<T, L>,
-    ) -> compose::Composed<T, L>
+        mut composed: compose::Composed<T, B, L>,
+    ) -> compose::Composed<T, B, L>
     where
         T: crate::stage::Stage + Clone + 'static,
+        B: crate::stage::Stage + Clone + 'static,
         L: crate::stage::Stage + Clone + 'static,
     {
         let (Some(setup), Some(retry)) = (setup, composed.retry.0.clone()) else {
@@ -161,7 +160,7 @@ impl ResumeSetup {
             token_first: composed.token_first.clone(),
             breaker: composed.breaker.clone(),
             limit: composed.limit.clone(),
-            rate: composed.rate.clone(),
+            rate: composed.rate.0.clone(),
             bearer: composed.bearer.clone(),
             transport: setup.transport,
             client: setup.client,

@@ -50,8 +50,7 @@ impl Stage for RequestObserver {
         async move {
             let owner = handover.enter_unchecked(extensions);
             // Extensions reused across calls keep older attempts: report only this call's.
-            let before = extensions
-                .get::<AttemptHistory>()
+            let before = AttemptHistory::of(extensions)
                 .map_or(0, AttemptHistory::len)
                 // A later pass of an operation or a resumed body: the earlier passes'
                 // records were reported with them.
@@ -72,8 +71,7 @@ impl Stage for RequestObserver {
                 .poll_as(next, |next| next.run(req, extensions, handover))
                 .await;
 
-            let attempts = extensions
-                .get::<AttemptHistory>()
+            let attempts = AttemptHistory::of(extensions)
                 .map_or(&[][..], |h| h.attempts().get(before..).unwrap_or(&[]));
             if let Some(hook) = &self.on_attempt {
                 for record in attempts {

@@ -405,6 +405,28 @@ pub(crate) fn with_url(response: Response, url: reqwest::Url) -> Response {
     Response::from(http::Response::from_parts(head, body))
 }
 
+/// A copy of `req` for another attempt (`None`: its body is a stream, which cannot be
+/// copied): what `Request::try_clone` returns, without its cost on a request with no
+/// body. reqwest 0.13's `try_clone` writes the timeout into a fresh extensions map even
+/// when there is none (a map, its table and a box, then dropped): 3 allocations per copy
+/// (`benches/instructions.rs`). A request's extensions are reqwest's own (private); a
+/// request with no body was built by reqwest's `Request::new` or `RequestBuilder`, whose
+/// extensions hold at most the timeout, copied here (one made from an `http::Request`,
+/// whose extensions may hold more, always has a body, and is copied by `try_clone`, the
+/// only way to copy a body).
+pub(crate) fn copy_request(req: &Request) -> Option<Request> {
+    if req.body().is_some() {
+        return req.try_clone();
+    }
+    let mut copy = Request::new(req.method().clone(), req.url().clone());
+    *copy.headers_mut() = req.headers().clone();
+    *copy.version_mut() = req.version();
+    if let Some(timeout) = req.timeout() {
+        *copy.timeout_mut() = Some(*timeout);
+    }
+    Some(copy)
+}
+
 /// The boxed future `Middleware::handle` returns (the `async_trait` form of the trait).
 pub(crate) type Handled<'a> =
     std::pin::Pin<Box<dyn Future<Output = reqwest_middleware::Result<Response>> + Send + 'a>>;

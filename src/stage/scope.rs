@@ -310,20 +310,17 @@ mod tests {
         let mut ext = Extensions::new();
         let mut history = AttemptHistory::default();
         history.push(RequestEvidence::new(Transmission::NotSent, None, 1));
-        ext.insert(history);
+        history.insert_into(&mut ext);
         let outer = enter_unchecked(&mut ext);
         assert!(outer.owner);
-        assert!(
-            ext.get::<AttemptHistory>().is_none(),
-            "an earlier request's"
-        );
-        ext.insert(AttemptHistory::default());
+        assert!(AttemptHistory::of(&ext).is_none(), "an earlier request's");
+        AttemptHistory::default().insert_into(&mut ext);
         let ext_ref = &mut ext;
         outer
             .poll_made_as(async move {
                 let inner = enter_unchecked(ext_ref);
                 assert!(!inner.owner, "nested inside its owner");
-                assert!(ext_ref.get::<AttemptHistory>().is_some(), "kept");
+                assert!(AttemptHistory::of(ext_ref).is_some(), "kept");
             })
             .await;
         // Its owner done, the next request owns the same extensions anew.

@@ -24,7 +24,7 @@ use super::RetryBudget;
 use super::latency::LatencyTracker;
 use crate::error::ResilienceError;
 use crate::origin::Origin;
-use crate::record::{AttemptHistory, RequestEvidence};
+use crate::record::{AttemptHistory, RequestEvidence, RequestRecord};
 use race::RaceInputs;
 
 /// How long a copy waits for its response head before the next copy is sent.
@@ -356,18 +356,18 @@ impl Hedging {
     where
         F: Fn(&RequestEvidence, &reqwest_middleware::Result<Response>, u32) -> bool + Sync,
     {
-        let recorded_before = extensions.get::<AttemptHistory>().map_or(0, |h| h.len());
+        let recorded_before = AttemptHistory::of(extensions).map_or(0, |h| h.len());
         // Each hedge runs with a copy of the caller's extensions, less this logical
         // request's records (merged back after the race, renumbered).
         let mut base = extensions.clone();
-        base.remove::<AttemptHistory>();
-        base.remove::<RequestEvidence>();
+        let _ = RequestRecord::take_history(&mut base);
+        let _ = RequestRecord::take_evidence(&mut base);
         let inputs = RaceInputs {
             spec: &spec,
             next,
             is_final: &is_final,
             // What the hedges are copied from (a body that cannot be copied sends none).
-            template: req.try_clone(),
+            template: crate::stage::copy_request(&req),
             base,
         };
         let outcome = self.race(inputs, req, &mut *extensions).await;

@@ -192,7 +192,12 @@ where
     fn send_hedge(&mut self) {
         self.timer.disarm();
         let origin = &self.inputs.spec.origin;
-        let Some(copy) = self.inputs.template.as_ref().and_then(Request::try_clone) else {
+        let Some(copy) = self
+            .inputs
+            .template
+            .as_ref()
+            .and_then(crate::stage::copy_request)
+        else {
             return;
         };
         let withdrawal = match &self.hedging.budget {

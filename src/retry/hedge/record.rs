@@ -8,7 +8,7 @@ use tokio::time::Instant;
 use super::Round;
 use crate::origin::Origin;
 use crate::record::{
-    AttemptDecision, AttemptHistory, AttemptRecord, FailureKind, Inward, RequestEvidence,
+    AttemptDecision, AttemptRecord, FailureKind, Inward, RequestEvidence, RequestRecord,
     Transmission,
 };
 use crate::retry::fallback::fallback_evidence;
@@ -39,7 +39,7 @@ impl RaceOutcome {
         // A first copy cancelled before its breaker took its scope leaves it behind.
         let _ = Inward::take_attempt(extensions);
         let by = evidence.attempt;
-        let history = extensions.get_or_insert_default::<AttemptHistory>();
+        let history = RequestRecord::history_mut(extensions);
         // The first copy's own record (if it finished) is re-added in the race's order.
         history.truncate(recorded_before);
         for mut record in losers {
@@ -48,25 +48,27 @@ impl RaceOutcome {
         }
         history.push(evidence.clone());
         if let Ok(response) = &mut result
-            && let Some(e) = response.extensions_mut().get_mut::<RequestEvidence>()
+            && let Some(e) =
+                RequestRecord::of_mut(response.extensions_mut()).and_then(|r| r.evidence.as_mut())
         {
             e.attempt = by;
         }
         match hedge_extensions {
             Some(mut winner) => {
-                // The first copy's "retry in" is not the winner's.
-                extensions.remove::<crate::record::RetryIn>();
-                winner.remove::<AttemptHistory>();
-                winner.insert(evidence);
+                // The winner's record, less its own history and evidence (the merged ones
+                // stand), replaces the first copy's: its "retry in" is not the winner's.
+                let won = winner.remove::<RequestRecord>().unwrap_or_default();
                 extensions.extend(winner);
-            }
-            // Renumbered in place: no new box for the common case.
-            None => match extensions.get_mut::<RequestEvidence>() {
-                Some(e) => *e = evidence,
-                None => {
-                    extensions.insert(evidence);
+                let record = RequestRecord::get(extensions);
+                record.retry_in = won.retry_in;
+                record.inward = won.inward;
+                if won.outcome.is_some() {
+                    record.outcome = won.outcome;
                 }
-            },
+                record.evidence = Some(evidence);
+            }
+            // Renumbered in place: no new box.
+            None => RequestRecord::set_evidence(extensions, evidence),
         }
         Round { result, hedges }
     }
@@ -78,7 +80,7 @@ pub(super) fn copy_evidence(
     ext: &Extensions,
     attempt: u32,
 ) -> RequestEvidence {
-    let mut e = match ext.get::<RequestEvidence>() {
+    let mut e = match RequestEvidence::of(ext) {
         Some(e) => e.clone(),
         None => fallback_evidence(result, attempt),
     };

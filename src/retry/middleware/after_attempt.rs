@@ -15,7 +15,7 @@ use super::plan::{LoopState, Step};
 use super::report::{announce, record};
 use crate::error::ResilienceError;
 use crate::misconfig::{self, Misconfiguration};
-use crate::record::{AttemptHistory, RequestEvidence, StopReason};
+use crate::record::{RequestEvidence, StopReason};
 use crate::retry::fallback::fallback_evidence;
 use crate::retry::{AttemptContext, ResponseHead, RetryNotice, Verdict, unsafe_retry};
 
@@ -100,7 +100,7 @@ impl Decision<'_> {
         let evidence = attempt_evidence(result, extensions, attempt, self.transport_installed);
         // A local rejection (breaker, pause) or a missing transport step leaves no
         // record: add one, so the decision below lands on this attempt.
-        let history = extensions.get_or_insert_default::<AttemptHistory>();
+        let history = crate::record::RequestRecord::history_mut(extensions);
         if history.len() == self.recorded_before {
             history.push(evidence.clone());
         }
@@ -155,7 +155,7 @@ fn attempt_evidence(
     attempt: u32,
     transport_installed: bool,
 ) -> RequestEvidence {
-    match extensions.get::<RequestEvidence>() {
+    match RequestEvidence::of(extensions) {
         Some(e) => e.clone(),
         None => {
             // A response or a reqwest error without evidence means no transport step,

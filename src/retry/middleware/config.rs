@@ -85,7 +85,7 @@ pub enum RetryAfterPolicy {
 /// let request = client.get("http://127.0.0.1:1/").build()?;
 /// let mut extensions = Extensions::new();
 /// if let Err(e) = client.execute_with_extensions(request, &mut extensions).await {
-///     let outcome = extensions.get::<RetryOutcome>();
+///     let outcome = RetryOutcome::of(&extensions);
 ///     eprintln!("connect error: {}, after {:?}", e.is_connect(), outcome.map(|o| o.attempts));
 /// }
 /// # Ok(()) }

@@ -118,7 +118,7 @@ impl RetryMiddleware {
         amend(&mut spent.history, evidence.clone());
         // `record` writes into the history it finds in the extensions.
         let mut extensions = Extensions::new();
-        extensions.insert(std::mem::take(&mut spent.history));
+        std::mem::take(&mut spent.history).insert_into(&mut extensions);
         let origin = evidence.origin.as_ref();
         record(
             &mut extensions,
@@ -127,7 +127,7 @@ impl RetryMiddleware {
             failure.method,
             origin,
         );
-        spent.history = extensions.remove().unwrap_or_default();
+        spent.history = AttemptHistory::take_from(&mut extensions).unwrap_or_default();
         drop(spent);
         match step {
             Step::Retry {
@@ -230,8 +230,8 @@ impl Continuation {
             *idempotent = marked;
         }
         spent.all_idempotent = Some(spent.all_idempotent.unwrap_or(true) && *idempotent);
-        if !spent.history.is_empty() && extensions.get::<AttemptHistory>().is_none() {
-            extensions.insert(spent.history.clone());
+        if !spent.history.is_empty() && AttemptHistory::of(extensions).is_none() {
+            spent.history.clone().insert_into(extensions);
         }
         !std::mem::replace(&mut spent.deposited, true)
     }
@@ -250,7 +250,7 @@ impl Continuation {
         spent.not_processed_retries = state.not_processed_retries;
         spent.hedges = state.hedges;
         spent.previous_delay = state.previous_delay;
-        if let Some(history) = extensions.get::<AttemptHistory>() {
+        if let Some(history) = AttemptHistory::of(extensions) {
             spent.history = history.clone();
             // The loop's own stop is on the record (as it is on a response's history).
             if history.last().is_some_and(|l| l.decision.is_none()) {

@@ -12,7 +12,7 @@ use super::config::Config;
 use super::plan::Step;
 use crate::error::{ResilienceError, RetryError};
 use crate::origin::Origin;
-use crate::record::{AttemptDecision, AttemptHistory, Inward, RetryOutcome, StopReason};
+use crate::record::{AttemptDecision, Inward, RequestRecord, RetryOutcome, StopReason};
 use crate::retry::RetryNotice;
 
 /// The request's result once the loop stopped: its [`RetryOutcome`] in the caller's
@@ -33,12 +33,12 @@ pub(super) fn finish(
         Inward::end(extensions);
     }
     let outcome = RetryOutcome { attempts, stop };
-    extensions.insert(outcome);
+    RequestRecord::get(extensions).outcome = Some(outcome);
     match result {
         Ok(mut response) => {
             // With it, `AttemptHistory::of_response` completes the history the transport
             // step left on the response (its last decision is this stop).
-            response.extensions_mut().insert(outcome);
+            RequestRecord::get(response.extensions_mut()).outcome = Some(outcome);
             Ok(response)
         }
         Err(e) if c.error_wrapping.wraps(&e) => Err(reqwest_middleware::Error::middleware(
@@ -68,7 +68,7 @@ pub(super) fn record(
             AttemptDecision::Stop { reason }
         }
     };
-    if let Some(history) = extensions.get_mut::<AttemptHistory>() {
+    if let Some(history) = RequestRecord::of_mut(extensions).and_then(|r| r.history.as_mut()) {
         history.decide_last(decision);
     }
     // OpenTelemetry HTTP client names where one exists (`resend_count`: the retries

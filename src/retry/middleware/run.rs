@@ -238,7 +238,7 @@ impl<'a> RequestRun<'a> {
                 self.state
                     .retry_possible(self.config.max_not_processed_retries)
             })
-            .and_then(Request::try_clone);
+            .and_then(crate::stage::copy_request);
         let req = match copy {
             Some(copy) => copy,
             None => {
@@ -249,11 +249,11 @@ impl<'a> RequestRun<'a> {
             }
         };
         // Evidence from the previous attempt must not be mistaken for this one's.
-        extensions.remove::<RequestEvidence>();
+        let _ = crate::record::RequestRecord::take_evidence(extensions);
         let prepared = PreparedAttempt {
             attempt: self.state.attempts() + 1,
             replayable: replayable(&req),
-            recorded_before: extensions.get::<AttemptHistory>().map_or(0, |h| h.len()),
+            recorded_before: AttemptHistory::of(extensions).map_or(0, |h| h.len()),
         };
         Some((prepared, req))
     }

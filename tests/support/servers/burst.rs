@@ -372,8 +372,8 @@ async fn one(client: &ClientWithMiddleware, url: &str, id: String, post: bool) -
             error: Some(format!("no outcome within {HUNG:?} (the test's bound)")),
         };
     };
-    let outcome = ext.get::<RetryOutcome>().copied();
-    let history = ext.get::<AttemptHistory>().cloned();
+    let outcome = RetryOutcome::of(&ext).copied();
+    let history = AttemptHistory::of(&ext).cloned();
     let (delivered, error) = match result {
         Ok(res) => {
             let status = res.status();

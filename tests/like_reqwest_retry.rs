@@ -203,7 +203,7 @@ async fn the_preset_s_retry_is_changed_by_handing_over_its_builder_with_the_chan
         .await
         .unwrap_err();
     assert!(err.is_connect());
-    assert_eq!(ext.get::<RetryOutcome>().unwrap().attempts, 6);
+    assert_eq!(RetryOutcome::of(&ext).unwrap().attempts, 6);
     // A prebuilt retry replaces the preset's: it builds, with the default table.
     let prebuilt = Resilience::like_reqwest_retry()
         .retry(RetryMiddleware::new())

@@ -1,7 +1,7 @@
 //! The stack against real servers on routine events, next to reqwest alone (a plain
 //! binary: `cargo bench --bench servers`, a few minutes; figures in BENCHMARKS.md).
 //!
-//! The scenarios of tests/servers.rs (tests/support/servers): per server (nginx, haproxy,
+//! The scenarios of tests/it/servers.rs (tests/support/servers): per server (nginx, haproxy,
 //! apache2, caddy) and protocol (HTTP/1.1 keep-alive, h2c), a rotation (5 requests per
 //! connection), idle closes (200 ms keep-alive timeout, four waves 200 ms apart) and two
 //! graceful reloads inside a burst (400 requests at concurrency 50; the others 200 at 32),

@@ -563,7 +563,7 @@ mod tests {
         ));
     }
 
-    // Found by tests/evidence.rs's origin property test: "xn--0" is an IDNA A-label whose
+    // Found by tests/it/evidence.rs's origin property test: "xn--0" is an IDNA A-label whose
     // punycode is invalid, so the URL parser rejects it; that must stay a typed error.
     #[test]
     fn an_invalid_idna_a_label_is_a_typed_error_not_a_panic() {

@@ -1,7 +1,7 @@
 //! `Misconfiguration::NoTransportEvidence` is reported only when no transport step is
 //! installed. In a binary of its own: `Misconfiguration::reported()` is process-wide, and
 //! no test here may provoke the genuine report (a standalone `RetryMiddleware` over a
-//! plain client, `tests/dropin.rs`).
+//! plain client, `tests/it/dropin.rs`).
 
 mod support;
 

@@ -1,5 +1,5 @@
 //! Real servers from Debian's packages (nginx-light, haproxy, apache2, caddy) behind one
-//! small interface, for tests/servers.rs and benches/servers.rs.
+//! small interface, for tests/it/servers.rs and benches/servers.rs.
 //!
 //! # A server module
 //!

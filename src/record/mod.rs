@@ -3,25 +3,11 @@
 //!
 //! # Reading what the stages left
 //!
-//! The stages leave what they observed and decided in one extension per
-//! `http::Extensions` (one allocation however many stages and attempts), read through
-//! accessors on the public types:
-//!
-//! | what | from the caller's extensions | from a response |
-//! |---|---|---|
-//! | the last attempt's [`RequestEvidence`] | [`RequestEvidence::of`] | [`RequestEvidence::of_response`] |
-//! | every attempt, [`AttemptHistory`] | [`AttemptHistory::of`] | [`AttemptHistory::of_response`] (rebuilt, owned) |
-//! | what the retry did, [`RetryOutcome`] | [`RetryOutcome::of`] | [`RetryOutcome::of_response`] |
-//! | a breaker's [`RetryIn`] | [`RetryIn::of`] | — |
-//!
-//! Each `of` returns what `extensions.get::<T>()` returned before the record (a
-//! reference, `None` when no stage left one): a test or a caller written against
-//! `extensions.get::<RequestEvidence>()` ports by replacing it with
-//! `RequestEvidence::of(&extensions)`. `extensions.get::<T>()` for these four types now
-//! returns `None`: they are no longer separate extensions. A transport step or a test
-//! double of one's own leaves evidence with [`RequestEvidence::insert_into`] (the same
-//! for the others), where the stages outside read it. The caller's own [`Deadline`] and
-//! [`OperationAttempt`] stay separate extensions a caller inserts.
+//! The stages leave what they observed and decided in one [`RequestRecord`] per
+//! `http::Extensions`, read and written through accessors on the public types
+//! (`RequestEvidence::of`, `of_response`, `insert_into`, and the same on
+//! `AttemptHistory`, `RetryOutcome`, `RetryIn`); the contract users read is in
+//! [`crate::guide::observability`] ("Reading the records"): keep the two in step.
 //!
 //! The caller's extensions after `execute_with_extensions` hold the evidence of the last
 //! attempt, the history of every attempt and the outcome; a response holds the evidence

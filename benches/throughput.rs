@@ -8,7 +8,7 @@
 //! interleaved (their order rotates each round); a stack's ratio is the median over rounds
 //! of the bare client's time divided by the stack's time in the same round (so that drift
 //! in the machine's load cancels out). The line to read is the last one: the full stack's
-//! ratio to bare reqwest next to reqwest-retry's (goal, issue 30: ≥ 0.9×).
+//! ratio to bare reqwest next to reqwest-retry's (goal: ≥ 0.9×).
 //!
 //! Wall-clock figures move with the machine's load: compare ratios from one run, never
 //! figures across machines. No test asserts them.

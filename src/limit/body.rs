@@ -49,22 +49,25 @@ impl http_body::Body for PermitBody {
 /// reqwest rebuilds a `Response` from an `http::Response` whose body it wraps: status,
 /// version, headers and extensions (the remote address, `Response::upgrade`'s handle, a
 /// middleware's records) move across, the URL is put back, and the body keeps its
-/// decoding and its timeouts (they are inside it). The price is two boxed bodies and a
-/// copy of the URL per response with a body.
+/// decoding and its timeouts (they are inside it). The price is three boxed bodies and a
+/// copy of the URL per response with a body; the URL goes into the response's own
+/// extensions (no map of its own to build and merge).
 pub(super) fn hold_until_body_end(response: Response, permit: LimitPermit) -> Response {
     let url = response.url().clone();
-    let (parts, body) = http::Response::<Body>::from(response).into_parts();
+    let (mut parts, body) = http::Response::<Body>::from(response).into_parts();
     let body = Body::wrap(PermitBody {
         inner: body,
         permit: Some(permit),
     });
-    // reqwest keeps the URL in an extension of its own, which only its builder sets.
-    let with_url = http::Response::builder().url(url).body(());
-    let mut rebuilt = http::Response::from_parts(parts, body);
-    if let Ok(with_url) = with_url {
-        rebuilt
-            .extensions_mut()
-            .extend(with_url.into_parts().0.extensions);
+    // reqwest keeps the URL in an extension of its own, which only its builder sets: the
+    // builder is given the response's extensions to set it in, and hands them back. A
+    // builder that was only given an extension never fails.
+    let mut with_url = http::Response::builder();
+    if let Some(extensions) = with_url.extensions_mut() {
+        std::mem::swap(extensions, &mut parts.extensions);
     }
-    Response::from(rebuilt)
+    if let Ok(with_url) = with_url.url(url).body(()) {
+        parts.extensions = with_url.into_parts().0.extensions;
+    }
+    Response::from(http::Response::from_parts(parts, body))
 }

@@ -14,6 +14,9 @@ pin_project_lite::pin_project! {
         #[pin]
         inner: Body,
         permit: Option<LimitPermit>,
+        // `inner` said it had ended: it is not polled again (its end is three boxed
+        // bodies away).
+        ended: bool,
     }
 }
 
@@ -26,20 +29,29 @@ impl http_body::Body for PermitBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
         let mut this = self.project();
+        if *this.ended {
+            return Poll::Ready(None);
+        }
         let frame = std::task::ready!(this.inner.as_mut().poll_frame(cx));
         // The end (or a failure) of the body ends the permit; a known length ends with
         // its last data frame, before the caller polls again.
-        if !matches!(frame, Some(Ok(_))) || this.inner.is_end_stream() {
+        if !matches!(frame, Some(Ok(_))) {
+            this.permit.take();
+        } else if this.inner.is_end_stream() {
+            *this.ended = true;
             this.permit.take();
         }
         Poll::Ready(frame)
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        self.ended || self.inner.is_end_stream()
     }
 
     fn size_hint(&self) -> http_body::SizeHint {
+        if self.ended {
+            return http_body::SizeHint::with_exact(0);
+        }
         self.inner.size_hint()
     }
 }
@@ -58,6 +70,7 @@ pub(super) fn hold_until_body_end(response: Response, permit: LimitPermit) -> Re
     let body = Body::wrap(PermitBody {
         inner: body,
         permit: Some(permit),
+        ended: false,
     });
     // reqwest keeps the URL in an extension of its own, which only its builder sets: the
     // builder is given the response's extensions to set it in, and hands them back. A

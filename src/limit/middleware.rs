@@ -217,17 +217,27 @@ impl Stage for ConcurrencyLimit {
                 AttemptHistory::of(extensions).map_or(0, |h| h.len())
             });
             let sent = owner.poll_as(next, |next| next.run(req, extensions, handover));
-            let result = match CutAt::on_clock(sent, None, clock).await {
-                Ok(result) => result,
-                Err(elapsed) => {
-                    // Cut by the attempt timeout (or the deadline) here, the innermost
-                    // gate: the evidence the retry's own cut would leave, and a timeout
-                    // for the limit (an overload signal).
-                    let started = permit.admitted_at();
-                    record_attempt_cut(extensions, &origin, recorded_before.unwrap_or(0), started);
-                    permit.record(Sample::Overload);
-                    return Err(reqwest_middleware::Error::middleware(elapsed));
-                }
+            let result = match clock {
+                // No attempt clock, nothing to cut here: the attempt's future is awaited
+                // as it is (wrapped, it would be moved once more).
+                None => sent.await,
+                Some(clock) => match CutAt::on_clock(sent, None, Some(clock)).await {
+                    Ok(result) => result,
+                    Err(elapsed) => {
+                        // Cut by the attempt timeout (or the deadline) here, the innermost
+                        // gate: the evidence the retry's own cut would leave, and a timeout
+                        // for the limit (an overload signal).
+                        let started = permit.admitted_at();
+                        record_attempt_cut(
+                            extensions,
+                            &origin,
+                            recorded_before.unwrap_or(0),
+                            started,
+                        );
+                        permit.record(Sample::Overload);
+                        return Err(reqwest_middleware::Error::middleware(elapsed));
+                    }
+                },
             };
             let elapsed = permit.admitted_at().elapsed();
             let sample = sample_of(RequestEvidence::of(extensions), &result, elapsed);

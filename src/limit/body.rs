@@ -84,3 +84,34 @@ pub(super) fn hold_until_body_end(response: Response, permit: LimitPermit) -> Re
     }
     Response::from(http::Response::from_parts(parts, body))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Origin;
+    use crate::limit::LimiterConfig;
+    use crate::limit::registry::{Admission, LimiterRegistry};
+
+    #[tokio::test]
+    async fn a_body_that_says_it_ended_gives_the_permit_back_and_is_not_polled_again() {
+        let registry = LimiterRegistry::new(LimiterConfig::fixed(1)).unwrap();
+        let origin = Origin::parse("http://a.example").unwrap();
+        let Admission::Admitted(permit) = registry.admit(&origin, None, true) else {
+            panic!("a free limit admits");
+        };
+        let in_flight = || registry.get(&origin).unwrap().in_flight;
+        let url = reqwest::Url::parse("http://a.example/x").unwrap();
+        let response = http::Response::builder()
+            .url(url.clone())
+            .body("ok")
+            .unwrap();
+        let mut response = hold_until_body_end(Response::from(response), permit);
+        assert_eq!(response.url(), &url);
+        assert_eq!(response.content_length(), Some(2));
+        assert_eq!(in_flight(), 1);
+        // The last data frame gives the permit back; the end follows without a poll.
+        assert_eq!(response.chunk().await.unwrap().as_deref(), Some(&b"ok"[..]));
+        assert_eq!(in_flight(), 0);
+        assert_eq!(response.chunk().await.unwrap(), None);
+    }
+}

@@ -9,7 +9,7 @@ use reqwest::{Request, Response};
 
 use super::body::hold_until_body_end;
 use super::gradient::Sample;
-use super::registry::{Admission, LimitRejection, LimiterRegistry};
+use super::registry::{Admission, LimitPermit, LimitRejection, LimiterRegistry};
 use crate::error::ResilienceError;
 use crate::record::{
     AttemptHistory, Deadline, FailureKind, Inward, RequestEvidence, Transmission,
@@ -241,22 +241,32 @@ impl Stage for ConcurrencyLimit {
             };
             let elapsed = permit.admitted_at().elapsed();
             let sample = sample_of(RequestEvidence::of(extensions), &result, elapsed);
-            match result {
-                // Nothing to stream (`Content-Length: 0`, a `204`, a `HEAD`'s answer).
-                Ok(response) if response.content_length() == Some(0) => {
-                    permit.record(sample);
-                    Ok(response)
-                }
-                // The permit is held while the body streams: that is load on the server.
-                Ok(response) => Ok(hold_until_body_end(
-                    response,
-                    permit.record_and_hold(sample),
-                )),
-                Err(e) => {
-                    permit.record(sample);
-                    Err(e)
-                }
-            }
+            hand_back(permit, sample, result)
+        }
+    }
+}
+
+/// `result`, the permit given back with `sample`: at once for an error or a response
+/// with nothing to stream, else when the response's body ends (a body still streaming is
+/// load on the server).
+fn hand_back(
+    permit: LimitPermit,
+    sample: Sample,
+    result: reqwest_middleware::Result<Response>,
+) -> reqwest_middleware::Result<Response> {
+    match result {
+        // Nothing to stream (`Content-Length: 0`, a `204`, a `HEAD`'s answer).
+        Ok(response) if response.content_length() == Some(0) => {
+            permit.record(sample);
+            Ok(response)
+        }
+        Ok(response) => Ok(hold_until_body_end(
+            response,
+            permit.record_and_hold(sample),
+        )),
+        Err(e) => {
+            permit.record(sample);
+            Err(e)
         }
     }
 }

@@ -14,6 +14,9 @@ pin_project_lite::pin_project! {
         #[pin]
         inner: Body,
         permit: Option<LimitPermit>,
+        // `inner` said it had ended: it is not polled again (its end is three boxed
+        // bodies away).
+        ended: bool,
     }
 }
 
@@ -26,20 +29,29 @@ impl http_body::Body for PermitBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
         let mut this = self.project();
+        if *this.ended {
+            return Poll::Ready(None);
+        }
         let frame = std::task::ready!(this.inner.as_mut().poll_frame(cx));
         // The end (or a failure) of the body ends the permit; a known length ends with
         // its last data frame, before the caller polls again.
-        if !matches!(frame, Some(Ok(_))) || this.inner.is_end_stream() {
+        if !matches!(frame, Some(Ok(_))) {
+            this.permit.take();
+        } else if this.inner.is_end_stream() {
+            *this.ended = true;
             this.permit.take();
         }
         Poll::Ready(frame)
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        self.ended || self.inner.is_end_stream()
     }
 
     fn size_hint(&self) -> http_body::SizeHint {
+        if self.ended {
+            return http_body::SizeHint::with_exact(0);
+        }
         self.inner.size_hint()
     }
 }
@@ -49,22 +61,57 @@ impl http_body::Body for PermitBody {
 /// reqwest rebuilds a `Response` from an `http::Response` whose body it wraps: status,
 /// version, headers and extensions (the remote address, `Response::upgrade`'s handle, a
 /// middleware's records) move across, the URL is put back, and the body keeps its
-/// decoding and its timeouts (they are inside it). The price is two boxed bodies and a
-/// copy of the URL per response with a body.
+/// decoding and its timeouts (they are inside it). The price is three boxed bodies and a
+/// copy of the URL per response with a body; the URL goes into the response's own
+/// extensions (no map of its own to build and merge).
 pub(super) fn hold_until_body_end(response: Response, permit: LimitPermit) -> Response {
     let url = response.url().clone();
-    let (parts, body) = http::Response::<Body>::from(response).into_parts();
+    let (mut parts, body) = http::Response::<Body>::from(response).into_parts();
     let body = Body::wrap(PermitBody {
         inner: body,
         permit: Some(permit),
+        ended: false,
     });
-    // reqwest keeps the URL in an extension of its own, which only its builder sets.
-    let with_url = http::Response::builder().url(url).body(());
-    let mut rebuilt = http::Response::from_parts(parts, body);
-    if let Ok(with_url) = with_url {
-        rebuilt
-            .extensions_mut()
-            .extend(with_url.into_parts().0.extensions);
+    // reqwest keeps the URL in an extension of its own, which only its builder sets: the
+    // builder is given the response's extensions to set it in, and hands them back. A
+    // builder that was only given an extension never fails.
+    let mut with_url = http::Response::builder();
+    if let Some(extensions) = with_url.extensions_mut() {
+        std::mem::swap(extensions, &mut parts.extensions);
     }
-    Response::from(rebuilt)
+    if let Ok(with_url) = with_url.url(url).body(()) {
+        parts.extensions = with_url.into_parts().0.extensions;
+    }
+    Response::from(http::Response::from_parts(parts, body))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Origin;
+    use crate::limit::LimiterConfig;
+    use crate::limit::registry::{Admission, LimiterRegistry};
+
+    #[tokio::test]
+    async fn a_body_that_says_it_ended_gives_the_permit_back_and_is_not_polled_again() {
+        let registry = LimiterRegistry::new(LimiterConfig::fixed(1)).unwrap();
+        let origin = Origin::parse("http://a.example").unwrap();
+        let Admission::Admitted(permit) = registry.admit(&origin, None, true) else {
+            panic!("a free limit admits");
+        };
+        let in_flight = || registry.get(&origin).unwrap().in_flight;
+        let url = reqwest::Url::parse("http://a.example/x").unwrap();
+        let response = http::Response::builder()
+            .url(url.clone())
+            .body("ok")
+            .unwrap();
+        let mut response = hold_until_body_end(Response::from(response), permit);
+        assert_eq!(response.url(), &url);
+        assert_eq!(response.content_length(), Some(2));
+        assert_eq!(in_flight(), 1);
+        // The last data frame gives the permit back; the end follows without a poll.
+        assert_eq!(response.chunk().await.unwrap().as_deref(), Some(&b"ok"[..]));
+        assert_eq!(in_flight(), 0);
+        assert_eq!(response.chunk().await.unwrap(), None);
+    }
 }

@@ -9,7 +9,7 @@ use reqwest::{Request, Response};
 
 use super::body::hold_until_body_end;
 use super::gradient::Sample;
-use super::registry::{Admission, LimitRejection, LimiterRegistry};
+use super::registry::{Admission, LimitPermit, LimitRejection, LimiterRegistry};
 use crate::error::ResilienceError;
 use crate::record::{
     AttemptHistory, Deadline, FailureKind, Inward, RequestEvidence, Transmission,
@@ -217,36 +217,56 @@ impl Stage for ConcurrencyLimit {
                 AttemptHistory::of(extensions).map_or(0, |h| h.len())
             });
             let sent = owner.poll_as(next, |next| next.run(req, extensions, handover));
-            let result = match CutAt::on_clock(sent, None, clock).await {
-                Ok(result) => result,
-                Err(elapsed) => {
-                    // Cut by the attempt timeout (or the deadline) here, the innermost
-                    // gate: the evidence the retry's own cut would leave, and a timeout
-                    // for the limit (an overload signal).
-                    let started = permit.admitted_at();
-                    record_attempt_cut(extensions, &origin, recorded_before.unwrap_or(0), started);
-                    permit.record(Sample::Overload);
-                    return Err(reqwest_middleware::Error::middleware(elapsed));
-                }
+            let result = match clock {
+                // No attempt clock, nothing to cut here: the attempt's future is awaited
+                // as it is (wrapped, it would be moved once more).
+                None => sent.await,
+                Some(clock) => match CutAt::on_clock(sent, None, Some(clock)).await {
+                    Ok(result) => result,
+                    Err(elapsed) => {
+                        // Cut by the attempt timeout (or the deadline) here, the innermost
+                        // gate: the evidence the retry's own cut would leave, and a timeout
+                        // for the limit (an overload signal).
+                        let started = permit.admitted_at();
+                        record_attempt_cut(
+                            extensions,
+                            &origin,
+                            recorded_before.unwrap_or(0),
+                            started,
+                        );
+                        permit.record(Sample::Overload);
+                        return Err(reqwest_middleware::Error::middleware(elapsed));
+                    }
+                },
             };
             let elapsed = permit.admitted_at().elapsed();
             let sample = sample_of(RequestEvidence::of(extensions), &result, elapsed);
-            match result {
-                // Nothing to stream (`Content-Length: 0`, a `204`, a `HEAD`'s answer).
-                Ok(response) if response.content_length() == Some(0) => {
-                    permit.record(sample);
-                    Ok(response)
-                }
-                // The permit is held while the body streams: that is load on the server.
-                Ok(response) => Ok(hold_until_body_end(
-                    response,
-                    permit.record_and_hold(sample),
-                )),
-                Err(e) => {
-                    permit.record(sample);
-                    Err(e)
-                }
-            }
+            hand_back(permit, sample, result)
+        }
+    }
+}
+
+/// `result`, the permit given back with `sample`: at once for an error or a response
+/// with nothing to stream, else when the response's body ends (a body still streaming is
+/// load on the server).
+fn hand_back(
+    permit: LimitPermit,
+    sample: Sample,
+    result: reqwest_middleware::Result<Response>,
+) -> reqwest_middleware::Result<Response> {
+    match result {
+        // Nothing to stream (`Content-Length: 0`, a `204`, a `HEAD`'s answer).
+        Ok(response) if response.content_length() == Some(0) => {
+            permit.record(sample);
+            Ok(response)
+        }
+        Ok(response) => Ok(hold_until_body_end(
+            response,
+            permit.record_and_hold(sample),
+        )),
+        Err(e) => {
+            permit.record(sample);
+            Err(e)
         }
     }
 }

@@ -8,10 +8,63 @@ use tokio::time::Instant;
 use super::Round;
 use crate::origin::Origin;
 use crate::record::{
-    AttemptDecision, AttemptRecord, FailureKind, Inward, RequestEvidence, RequestRecord,
+    AttemptDecision, AttemptRecord, Deadline, FailureKind, Inward, RequestEvidence, RequestRecord,
     Transmission,
 };
 use crate::retry::fallback::fallback_evidence;
+
+/// What each hedge's extensions are made from: the caller's extensions as they were when
+/// the round started, less this logical request's history and evidence (merged back after
+/// the race). Taken before the first copy leaves (it runs on the caller's extensions),
+/// and cheaply: when they hold only this crate's record and a [`Deadline`] (what the
+/// stack puts there, the common case), their parts are kept and the extensions built
+/// only if a hedge is sent; anything else of the caller's makes it a clone.
+pub(super) enum BaseSnapshot {
+    Parts {
+        record: Option<RequestRecord>,
+        deadline: Option<Deadline>,
+    },
+    Cloned(Extensions),
+}
+
+impl BaseSnapshot {
+    pub(super) fn take(extensions: &Extensions) -> Self {
+        let record = RequestRecord::of(extensions);
+        let deadline = extensions.get::<Deadline>().copied();
+        let parts = usize::from(record.is_some()) + usize::from(deadline.is_some());
+        if extensions.len() != parts {
+            let mut base = extensions.clone();
+            let _ = RequestRecord::take_history(&mut base);
+            let _ = RequestRecord::take_evidence(&mut base);
+            return BaseSnapshot::Cloned(base);
+        }
+        let record = record.map(|r| RequestRecord {
+            evidence: None,
+            history: None,
+            outcome: r.outcome,
+            retry_in: r.retry_in,
+            inward: r.inward.clone(),
+        });
+        BaseSnapshot::Parts { record, deadline }
+    }
+
+    /// Extensions for a hedge.
+    pub(super) fn extensions(&self) -> Extensions {
+        match self {
+            BaseSnapshot::Cloned(base) => base.clone(),
+            BaseSnapshot::Parts { record, deadline } => {
+                let mut base = Extensions::new();
+                if let Some(deadline) = deadline {
+                    base.insert(*deadline);
+                }
+                if let Some(record) = record {
+                    base.insert(record.clone());
+                }
+                base
+            }
+        }
+    }
+}
 
 /// A decided race, owning what it hands back (so the caller's extensions are free again).
 pub(super) struct RaceOutcome {

@@ -107,7 +107,7 @@ const ROWS: &[Row] = &[
                 .expect("retry");
             Resilience::new()
                 .retry(retry)
-                .client_builder(client)
+                .install(reqwest_middleware::ClientBuilder::new(client))
                 .expect("stack")
                 .inside_transport_step()
         }),
@@ -117,7 +117,7 @@ const ROWS: &[Row] = &[
         stacking: Stacking::Layers(|client, _| {
             Resilience::new()
                 .concurrency_limit(reqwest_resilience::limit::LimiterConfig::fixed(64))
-                .client_builder(client)
+                .install(reqwest_middleware::ClientBuilder::new(client))
                 .expect("stack")
                 .inside_transport_step()
         }),
@@ -127,7 +127,7 @@ const ROWS: &[Row] = &[
         stacking: Stacking::Layers(|client, _| {
             Resilience::new()
                 .coalesce_gets(reqwest_resilience::coalesce::CoalesceGets::new())
-                .client_builder(client)
+                .install(reqwest_middleware::ClientBuilder::new(client))
                 .expect("stack")
                 .inside_transport_step()
         }),
@@ -137,7 +137,7 @@ const ROWS: &[Row] = &[
         stacking: Stacking::Layers(|client, _| {
             Resilience::new()
                 .resume_bodies(true)
-                .client_builder(client)
+                .install(reqwest_middleware::ClientBuilder::new(client))
                 .expect("stack")
                 .inside_transport_step()
         }),

@@ -15,18 +15,14 @@ mod record;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::stage::RestOfStack;
 use http::Extensions;
-use reqwest::{Request, Response};
+use reqwest::Response;
 use tokio::time::Instant;
 
 use super::RetryBudget;
 use super::latency::LatencyTracker;
 use crate::error::ResilienceError;
 use crate::origin::Origin;
-use crate::record::{AttemptHistory, RequestEvidence};
-use race::{RaceInputs, Template};
-use record::BaseSnapshot;
 
 /// How long a copy waits for its response head before the next copy is sent.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -349,41 +345,6 @@ pub(super) struct Round {
     pub(super) result: reqwest_middleware::Result<Response>,
     /// Copies sent besides the first.
     pub(super) hedges: u32,
-}
-
-impl Hedging {
-    /// Runs one attempt of the retry loop as a hedged race. `is_final(evidence, attempt)`:
-    /// whether the retry decision would stop on that outcome (then it wins at once).
-    pub(super) async fn round<N: RestOfStack, F>(
-        &self,
-        spec: RoundSpec,
-        next: &N,
-        req: Request,
-        kept: Option<&Request>,
-        extensions: &mut Extensions,
-        is_final: F,
-    ) -> Round
-    where
-        F: Fn(&RequestEvidence, &reqwest_middleware::Result<Response>, u32) -> bool + Sync,
-    {
-        let recorded_before = AttemptHistory::of(extensions).map_or(0, |h| h.len());
-        let inputs = RaceInputs {
-            spec: &spec,
-            next,
-            is_final: &is_final,
-            // What the hedges are copied from: the request the retry loop keeps (`req` is
-            // a copy of it), else a copy of `req` (a body that cannot be copied sends none).
-            template: match kept {
-                Some(kept) => Template::Kept(kept),
-                None => Template::Own(crate::stage::copy_request(&req)),
-            },
-            // Each hedge runs with a copy of the caller's extensions, less this logical
-            // request's records (merged back after the race, renumbered).
-            base: BaseSnapshot::take(extensions),
-        };
-        let outcome = self.race(inputs, req, &mut *extensions).await;
-        outcome.merge_into(extensions, recorded_before)
-    }
 }
 
 #[cfg(test)]

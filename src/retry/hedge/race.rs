@@ -17,8 +17,8 @@ use super::delay::{FirstCopy, HedgeTimer};
 use super::record::{
     BaseSnapshot, RaceOutcome, cancelled, copy_evidence, record_of, refused_locally,
 };
-use super::{Hedging, RoundSpec};
-use crate::record::{AttemptRecord, AttemptScope, RequestEvidence};
+use super::{Hedging, Round, RoundSpec};
+use crate::record::{AttemptHistory, AttemptRecord, AttemptScope, RequestEvidence};
 use crate::retry::attempt_timeout::{attempt_cut, run_attempt};
 use crate::retry::budget::Withdrawal;
 use crate::retry::latency::Window;
@@ -40,8 +40,9 @@ pub(super) struct RaceInputs<'r, N, F> {
 /// is a copy of it), or, when it keeps none, a copy made before the first copy left.
 pub(super) enum Template<'r> {
     Kept(&'r Request),
-    /// `None`: its body cannot be copied, no hedge.
-    Own(Option<Request>),
+    /// `None`: its body cannot be copied, no hedge (boxed: this path is rare, and the
+    /// round's future would otherwise carry a second request's room).
+    Own(Option<Box<Request>>),
 }
 
 impl Template<'_> {
@@ -49,7 +50,7 @@ impl Template<'_> {
     fn copy(&self) -> Option<Request> {
         match self {
             Template::Kept(req) => crate::stage::copy_request(req),
-            Template::Own(req) => req.as_ref().and_then(crate::stage::copy_request),
+            Template::Own(req) => req.as_deref().and_then(crate::stage::copy_request),
         }
     }
 }
@@ -157,46 +158,70 @@ struct Race<'x, 'r, 'f, N, F> {
 }
 
 impl Hedging {
-    /// The round: the first copy on the caller's extensions, against the timer of the
-    /// first hedge. Answered first (the common case), it is the round's outcome and no
-    /// race is built; when the timer fires first, the race starts with the first copy in
-    /// flight, and hedges run on copies of the inputs' `base` until one copy wins.
-    pub(super) async fn race<'x, N: RestOfStack + 'x, F>(
+    /// Runs one attempt of the retry loop as a hedged round: the first copy on the
+    /// caller's extensions, against the timer of the first hedge. Answered first (the
+    /// common case), it is the round's outcome and no race is built; when the timer fires
+    /// first, the race starts with the first copy in flight, and hedges run on copies of
+    /// the caller's extensions until one copy wins. `kept`: the request the retry loop
+    /// keeps for a retry (`req` is a copy of it). `is_final(evidence, attempt)`: whether
+    /// the retry decision would stop on that outcome (then it wins at once). The winner's
+    /// extensions are merged into the caller's (its evidence there, every copy in the
+    /// history, the winner last).
+    #[allow(clippy::too_many_arguments)]
+    pub(in crate::retry) async fn round<N: RestOfStack, F>(
         &self,
-        inputs: RaceInputs<'_, N, F>,
+        spec: RoundSpec,
+        next: &N,
         req: Request,
-        extensions: &'x mut Extensions,
-    ) -> RaceOutcome
+        kept: Option<&Request>,
+        extensions: &mut Extensions,
+        is_final: F,
+    ) -> Round
     where
         F: Fn(&RequestEvidence, &reqwest_middleware::Result<Response>, u32) -> bool + Sync,
     {
-        let spec = inputs.spec;
+        let recorded_before = AttemptHistory::of(extensions).map_or(0, |h| h.len());
+        // What the hedges are copied from: the request the retry loop keeps, else a copy
+        // of `req` (a body that cannot be copied sends none).
+        let template = match kept {
+            Some(kept) => Template::Kept(kept),
+            None => Template::Own(crate::stage::copy_request(&req).map(Box::new)),
+        };
+        // Each hedge runs with a copy of the caller's extensions, less this logical
+        // request's records (merged back after the race, renumbered).
+        let base = BaseSnapshot::take(extensions);
         let window = self.adaptive_window(&spec.origin);
         let delay = self.delay_from(window.as_deref().and_then(Window::estimate));
         // Read only by a breaker inside that cuts the copy (at the deadline or its attempt
         // timeout): without either, a copy dropped is no verdict however it ends.
         let lost = (spec.deadline.is_some() || spec.attempt_timeout.is_some())
             .then(|| Arc::new(AtomicBool::new(false)));
-        let first = first_copy(inputs.next.clone(), spec, lost.as_ref(), req, extensions);
-        let started = Instant::now();
-        let mut first = std::pin::pin!(Some(first));
-        let due = HedgeTimer::first_due(delay, spec, started);
-        if let Some(output) = alone(first.as_mut(), due).await {
-            return self.alone_won(output, spec, window.as_deref());
-        }
-        let mut race = Race::after_timer(self, inputs, delay, lost, first, started);
-        race.send_hedge();
-        let winner = loop {
-            match race.next_event().await {
-                Event::HedgeDue => race.send_hedge(),
-                Event::Done(index, output) => {
-                    if let Some(winner) = race.settle(index, output) {
-                        break winner;
-                    }
+        let outcome = {
+            let mut first = std::pin::pin!(Some(first_copy(
+                next.clone(),
+                &spec,
+                lost.as_ref(),
+                req,
+                &mut *extensions
+            )));
+            let started = Instant::now();
+            let due = HedgeTimer::first_due(delay, &spec, started);
+            match alone(first.as_mut(), due).await {
+                Some(output) => self.alone_won(output, &spec, window.as_deref()),
+                None => {
+                    let inputs = RaceInputs {
+                        spec: &spec,
+                        next,
+                        is_final: &is_final,
+                        template,
+                        base,
+                    };
+                    let race = Race::after_timer(self, inputs, delay, lost, first, started);
+                    race.run(window.as_deref()).await
                 }
             }
         };
-        race.finish(winner, window.as_deref())
+        outcome.merge_into(extensions, recorded_before)
     }
 
     /// The first copy answered before any hedge was due: it is the round's outcome (as the
@@ -304,6 +329,22 @@ where
             superseded: Vec::new(),
             last_failure: None,
         }
+    }
+
+    /// Sends the first hedge (its timer just fired), and goes on until a copy wins.
+    async fn run(mut self, window: Option<&Window>) -> RaceOutcome {
+        self.send_hedge();
+        let winner = loop {
+            match self.next_event().await {
+                Event::HedgeDue => self.send_hedge(),
+                Event::Done(index, output) => {
+                    if let Some(winner) = self.settle(index, output) {
+                        break winner;
+                    }
+                }
+            }
+        };
+        self.finish(winner, window)
     }
 
     /// The next copy to finish, or the timer of the next hedge.

@@ -9,7 +9,7 @@ use super::Round;
 use crate::origin::Origin;
 use crate::record::{
     AttemptDecision, AttemptRecord, Deadline, FailureKind, Inward, RequestEvidence, RequestRecord,
-    Transmission,
+    RetryIn, RetryOutcome, Transmission,
 };
 use crate::retry::fallback::fallback_evidence;
 
@@ -20,8 +20,10 @@ use crate::retry::fallback::fallback_evidence;
 /// stack puts there, the common case), their parts are kept and the extensions built
 /// only if a hedge is sent; anything else of the caller's makes it a clone.
 pub(super) enum BaseSnapshot {
+    /// The parts of the record a hedge starts with (none of them when there was no
+    /// record), and the deadline.
     Parts {
-        record: Option<RequestRecord>,
+        record: Option<(Option<RetryOutcome>, Option<RetryIn>, Inward)>,
         deadline: Option<Deadline>,
     },
     Cloned(Extensions),
@@ -38,17 +40,12 @@ impl BaseSnapshot {
             let _ = RequestRecord::take_evidence(&mut base);
             return BaseSnapshot::Cloned(base);
         }
-        let record = record.map(|r| RequestRecord {
-            evidence: None,
-            history: None,
-            outcome: r.outcome,
-            retry_in: r.retry_in,
-            inward: r.inward.clone(),
-        });
+        let record = record.map(|r| (r.outcome, r.retry_in, r.inward.clone()));
         BaseSnapshot::Parts { record, deadline }
     }
 
-    /// Extensions for a hedge.
+    /// Extensions for a hedge: what a clone of the caller's, less the history and the
+    /// evidence, would have been.
     pub(super) fn extensions(&self) -> Extensions {
         match self {
             BaseSnapshot::Cloned(base) => base.clone(),
@@ -57,8 +54,14 @@ impl BaseSnapshot {
                 if let Some(deadline) = deadline {
                     base.insert(*deadline);
                 }
-                if let Some(record) = record {
-                    base.insert(record.clone());
+                if let Some((outcome, retry_in, inward)) = record {
+                    base.insert(RequestRecord {
+                        evidence: None,
+                        history: None,
+                        outcome: *outcome,
+                        retry_in: *retry_in,
+                        inward: inward.clone(),
+                    });
                 }
                 base
             }

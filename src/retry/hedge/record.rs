@@ -8,8 +8,8 @@ use tokio::time::Instant;
 use super::Round;
 use crate::origin::Origin;
 use crate::record::{
-    AttemptDecision, AttemptRecord, Deadline, FailureKind, Inward, RequestEvidence, RequestRecord,
-    RetryIn, RetryOutcome, Transmission,
+    AttemptDecision, AttemptHistory, AttemptRecord, Deadline, FailureKind, Inward, RequestEvidence,
+    RequestRecord, RetryIn, RetryOutcome, Transmission,
 };
 use crate::retry::fallback::fallback_evidence;
 
@@ -92,23 +92,25 @@ impl RaceOutcome {
             losers,
             hedges,
         } = self;
-        // A first copy cancelled before its breaker took its scope leaves it behind.
-        let _ = Inward::take_attempt(extensions);
         let by = evidence.attempt;
-        let history = RequestRecord::history_mut(extensions);
-        // The first copy's own record (if it finished) is re-added in the race's order.
-        history.truncate(recorded_before);
-        for mut record in losers {
-            record.decision = Some(AttemptDecision::Superseded { by });
-            history.push_record(record);
-        }
-        history.push(evidence.clone());
         if let Ok(response) = &mut result
             && let Some(e) =
                 RequestRecord::of_mut(response.extensions_mut()).and_then(|r| r.evidence.as_mut())
         {
             e.attempt = by;
         }
+        // A first copy cancelled before its breaker took its scope leaves it behind.
+        let _ = Inward::take_attempt(extensions);
+        // One look-up of the caller's record for all that follows.
+        let record = RequestRecord::get(extensions);
+        let history = record.history.get_or_insert_with(AttemptHistory::default);
+        // The first copy's own record (if it finished) is re-added in the race's order.
+        history.truncate(recorded_before);
+        for mut loser in losers {
+            loser.decision = Some(AttemptDecision::Superseded { by });
+            history.push_record(loser);
+        }
+        history.push(evidence.clone());
         match hedge_extensions {
             Some(mut winner) => {
                 // The winner's record, less its own history and evidence (the merged ones
@@ -124,7 +126,7 @@ impl RaceOutcome {
                 record.evidence = Some(evidence);
             }
             // Renumbered in place: no new box.
-            None => RequestRecord::set_evidence(extensions, evidence),
+            None => record.evidence = Some(evidence),
         }
         Round { result, hedges }
     }

@@ -165,7 +165,7 @@ async fn the_quick_start_stack_with_a_concurrency_limit_adds_nine_allocations_pe
 }
 
 #[tokio::test]
-async fn hedging_an_answer_faster_than_the_delay_adds_six_allocations_per_request() {
+async fn hedging_an_answer_faster_than_the_delay_adds_one_allocation_per_request() {
     for hedging in [
         reqwest_resilience::retry::Hedging::fixed(std::time::Duration::from_secs(1)),
         reqwest_resilience::retry::Hedging::adaptive(0.95),
@@ -175,14 +175,15 @@ async fn hedging_an_answer_faster_than_the_delay_adds_six_allocations_per_reques
             .with(TransportEvidence::new())
             .with(Answer200)
             .build();
-        // Retry with the transport step's 9, and the race's own 6: its boxed future and
-        // the first copy's, the list of copies, the shared "lost" flag, the hedge timer
-        // (5); the request template to copy hedges from (1: the URL). The first copy's scope goes
-        // into the caller's record (0). The first copy runs with the caller's
-        // extensions, so nothing of them is copied unless a hedge goes out.
+        // Retry with the transport step's 9, and the round's own 1: its boxed future.
+        // Until the hedge timer fires there is no race: the first copy and the timer run
+        // in place in that future, the hedges' template is the request the retry keeps,
+        // their extensions are made only when one is sent, and without a deadline or an
+        // attempt timeout no "lost" flag is needed (0). The first copy's scope goes into
+        // the caller's record (0).
         assert_eq!(
             extra_per_request(client).await,
-            15.0 + METRICS_ATTEMPT + METRICS_RETRY
+            10.0 + METRICS_ATTEMPT + METRICS_RETRY
         );
     }
 }

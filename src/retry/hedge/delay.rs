@@ -83,24 +83,25 @@ pub(super) struct HedgeTimer {
 }
 
 impl HedgeTimer {
-    /// A timer for `spec`'s round, armed from `now` for the first hedge.
-    pub(super) fn start(delay: Duration, spec: &RoundSpec, now: Instant) -> Self {
-        let mut timer = HedgeTimer {
+    /// When the first hedge of `spec`'s round, started `now`, is due (`None`: never).
+    pub(super) fn first_due(delay: Duration, spec: &RoundSpec, now: Instant) -> Option<Instant> {
+        due_at(delay, spec.hedges_left, spec.deadline, now, 0)
+    }
+
+    /// The timer of a round whose first hedge was due (disarmed: the hedge arms it again).
+    pub(super) fn fired(delay: Duration, spec: &RoundSpec) -> Self {
+        HedgeTimer {
             delay,
             hedges_left: spec.hedges_left,
             deadline: spec.deadline,
             sleep: None,
-        };
-        timer.arm(now, 0);
-        timer
+        }
     }
 
     /// Sets the timer one delay after `from`, when a hedge beyond the `sent` ones may go.
     pub(super) fn arm(&mut self, from: Instant, sent: u32) {
-        self.sleep = from.checked_add(self.delay).and_then(|at| {
-            (sent < self.hedges_left && self.deadline.is_none_or(|d| at < d))
-                .then(|| Box::pin(tokio::time::sleep_until(at)))
-        });
+        self.sleep = due_at(self.delay, self.hedges_left, self.deadline, from, sent)
+            .map(|at| Box::pin(tokio::time::sleep_until(at)));
     }
 
     /// No (further) hedge for now.
@@ -114,4 +115,17 @@ impl HedgeTimer {
             .as_mut()
             .is_some_and(|sleep| sleep.as_mut().poll(cx).is_ready())
     }
+}
+
+/// One `delay` after `from`, when a hedge beyond the `sent` ones may go (fewer than
+/// `hedges_left`) and would start before the `deadline`.
+fn due_at(
+    delay: Duration,
+    hedges_left: u32,
+    deadline: Option<Instant>,
+    from: Instant,
+    sent: u32,
+) -> Option<Instant> {
+    from.checked_add(delay)
+        .filter(|at| sent < hedges_left && deadline.is_none_or(|d| *at < d))
 }

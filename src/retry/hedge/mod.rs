@@ -15,17 +15,14 @@ mod record;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::stage::RestOfStack;
 use http::Extensions;
-use reqwest::{Request, Response};
+use reqwest::Response;
 use tokio::time::Instant;
 
 use super::RetryBudget;
 use super::latency::LatencyTracker;
 use crate::error::ResilienceError;
 use crate::origin::Origin;
-use crate::record::{AttemptHistory, RequestEvidence, RequestRecord};
-use race::RaceInputs;
 
 /// How long a copy waits for its response head before the next copy is sent.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -106,19 +103,27 @@ pub enum HedgeDelay {
 ///
 /// # Cost
 ///
-/// The first copy runs with the caller's extensions; an eligible request also keeps a
-/// clone of the request and of its extensions (what this crate's own middlewares put
-/// there for the request, and yours) to hedge from, and each hedge gets its own copy,
-/// merged back afterwards. An answer faster than the delay costs 10 allocations more than
-/// the unhedged retry loop (`tests/alloc_budget.rs`, with the caller passing no
-/// extensions). Requests that are not eligible pay nothing.
+/// The first copy runs with the caller's extensions, against the timer of the first
+/// hedge, and until that timer fires no race is built: the hedges are copied from the
+/// request the retry keeps for a retry (a request it keeps none of is copied once, up
+/// front), and each hedge's extensions — a copy of the caller's (what this crate's own
+/// middlewares put there for the request, and yours), merged back afterwards — are made
+/// only when it is sent. Extensions holding anything besides the stack's own record and
+/// deadline are cloned once before the first copy leaves (it runs on them). An answer
+/// faster than the delay costs 1 allocation more than the unhedged retry loop (the
+/// round's future; `tests/alloc_budget.rs`, with the caller passing no extensions), 2
+/// with a deadline or an attempt timeout (the flag that tells a cancelled loser's
+/// breaker it lost). Requests that are not eligible pay nothing.
 ///
 /// # Cancel safety
 ///
-/// Dropping the request's future drops every copy in flight (each is a future owned by the
-/// one that is dropped); a copy dropped that way is a cancellation for its breaker, as
-/// any dropped attempt is. A hedge taken from the budget and sent is not given back (one
-/// cancelled while it waited in a limiter's queue counts as sent: nothing below tells).
+/// Dropping the request's future drops every copy in flight (the first copy runs in place
+/// in the round's future, each hedge is a future it owns); a copy dropped that way is a
+/// cancellation for its breaker, as any dropped attempt is. Dropped before the first
+/// hedge was due, nothing of the race exists yet: the first copy is cancelled as a plain
+/// attempt would be, and no hedge budget was taken. A hedge taken from the budget and sent
+/// is not given back (one cancelled while it waited in a limiter's queue counts as sent:
+/// nothing below tells).
 ///
 /// ```
 /// use std::time::Duration;
@@ -340,39 +345,6 @@ pub(super) struct Round {
     pub(super) result: reqwest_middleware::Result<Response>,
     /// Copies sent besides the first.
     pub(super) hedges: u32,
-}
-
-impl Hedging {
-    /// Runs one attempt of the retry loop as a hedged race. `is_final(evidence, attempt)`:
-    /// whether the retry decision would stop on that outcome (then it wins at once).
-    pub(super) async fn round<N: RestOfStack, F>(
-        &self,
-        spec: RoundSpec,
-        next: &N,
-        req: Request,
-        extensions: &mut Extensions,
-        is_final: F,
-    ) -> Round
-    where
-        F: Fn(&RequestEvidence, &reqwest_middleware::Result<Response>, u32) -> bool + Sync,
-    {
-        let recorded_before = AttemptHistory::of(extensions).map_or(0, |h| h.len());
-        // Each hedge runs with a copy of the caller's extensions, less this logical
-        // request's records (merged back after the race, renumbered).
-        let mut base = extensions.clone();
-        let _ = RequestRecord::take_history(&mut base);
-        let _ = RequestRecord::take_evidence(&mut base);
-        let inputs = RaceInputs {
-            spec: &spec,
-            next,
-            is_final: &is_final,
-            // What the hedges are copied from (a body that cannot be copied sends none).
-            template: crate::stage::copy_request(&req),
-            base,
-        };
-        let outcome = self.race(inputs, req, &mut *extensions).await;
-        outcome.merge_into(extensions, recorded_before)
-    }
 }
 
 #[cfg(test)]

@@ -5,7 +5,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::task::Poll;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use crate::stage::{Handover, RestOfStack};
@@ -14,9 +14,11 @@ use reqwest::{Request, Response};
 use tokio::time::Instant;
 
 use super::delay::{FirstCopy, HedgeTimer};
-use super::record::{RaceOutcome, cancelled, copy_evidence, record_of, refused_locally};
-use super::{Hedging, RoundSpec};
-use crate::record::{AttemptRecord, AttemptScope, RequestEvidence};
+use super::record::{
+    BaseSnapshot, RaceOutcome, cancelled, copy_evidence, record_of, refused_locally,
+};
+use super::{Hedging, Round, RoundSpec};
+use crate::record::{AttemptHistory, AttemptRecord, AttemptScope, RequestEvidence};
 use crate::retry::attempt_timeout::{attempt_cut, run_attempt};
 use crate::retry::budget::Withdrawal;
 use crate::retry::latency::Window;
@@ -28,10 +30,29 @@ pub(super) struct RaceInputs<'r, N, F> {
     pub(super) next: &'r N,
     /// Whether the retry decision would stop on an outcome (then it wins at once).
     pub(super) is_final: &'r F,
-    /// The request each hedge copies (`None`: its body cannot be copied, no hedge).
-    pub(super) template: Option<Request>,
-    /// The caller's extensions less this request's records: each hedge runs on a copy.
-    pub(super) base: Extensions,
+    /// The request each hedge copies.
+    pub(super) template: Template<'r>,
+    /// What each hedge's extensions are made from, taken before the first copy started.
+    pub(super) base: BaseSnapshot,
+}
+
+/// The request each hedge copies: the one the retry loop keeps for a retry (the first copy
+/// is a copy of it), or, when it keeps none, a copy made before the first copy left.
+pub(super) enum Template<'r> {
+    Kept(&'r Request),
+    /// `None`: its body cannot be copied, no hedge (boxed: this path is rare, and the
+    /// round's future would otherwise carry a second request's room).
+    Own(Option<Box<Request>>),
+}
+
+impl Template<'_> {
+    /// A copy to send as a hedge.
+    fn copy(&self) -> Option<Request> {
+        match self {
+            Template::Kept(req) => crate::stage::copy_request(req),
+            Template::Own(req) => req.as_deref().and_then(crate::stage::copy_request),
+        }
+    }
 }
 
 /// Where a copy's extensions are: the first copy runs with the caller's own (the common
@@ -53,9 +74,54 @@ impl InFlightExtensions<'_> {
 type InFlightOutput<'x> = (reqwest_middleware::Result<Response>, InFlightExtensions<'x>);
 type InFlightFuture<'x> = Pin<Box<dyn Future<Output = InFlightOutput<'x>> + Send + 'x>>;
 
+/// The first copy, pinned in place in the round's future (it was started before anyone
+/// knew whether a hedge would be sent, so it is not boxed): polled and dropped there.
+trait PinnedCopy<'x> {
+    fn poll_copy(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<InFlightOutput<'x>>;
+    /// Drops the copy in place (a cancellation, when it has not finished).
+    fn cancel(self: Pin<&mut Self>);
+}
+
+impl<'x, T: Future<Output = InFlightOutput<'x>>> PinnedCopy<'x> for Option<T> {
+    fn poll_copy(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<InFlightOutput<'x>> {
+        match self.as_pin_mut() {
+            Some(future) => future.poll(cx),
+            None => Poll::Pending,
+        }
+    }
+
+    fn cancel(mut self: Pin<&mut Self>) {
+        self.set(None);
+    }
+}
+
+type FirstSlot<'f, 'x> = Pin<&'f mut (dyn PinnedCopy<'x> + Send + 'f)>;
+
+/// A copy's future: the first copy's, in place, or a hedge's, boxed.
+enum CopyFuture<'f, 'x> {
+    First(FirstSlot<'f, 'x>),
+    Hedge(InFlightFuture<'x>),
+}
+
+impl<'x> CopyFuture<'_, 'x> {
+    fn poll(&mut self, cx: &mut Context<'_>) -> Poll<InFlightOutput<'x>> {
+        match self {
+            CopyFuture::First(first) => first.as_mut().poll_copy(cx),
+            CopyFuture::Hedge(hedge) => hedge.as_mut().poll(cx),
+        }
+    }
+
+    fn cancel(self) {
+        match self {
+            CopyFuture::First(mut first) => first.as_mut().cancel(),
+            CopyFuture::Hedge(hedge) => drop(hedge),
+        }
+    }
+}
+
 /// One copy of the request in flight in a round (the first, or a hedge).
-struct InFlight<'x> {
-    future: Option<InFlightFuture<'x>>,
+struct InFlight<'f, 'x> {
+    future: Option<CopyFuture<'f, 'x>>,
     attempt: u32,
     started: Instant,
     /// Its hedge budget withdrawal (hedges only), given back if it was refused locally.
@@ -74,13 +140,15 @@ struct Finished<'x> {
     evidence: RequestEvidence,
 }
 
-/// A race under way.
-struct Race<'x, 'r, N, F> {
+/// A race under way: the first copy (in place) and the hedges sent since the timer fired.
+struct Race<'x, 'r, 'f, N, F> {
     hedging: &'r Hedging,
     inputs: RaceInputs<'r, N, F>,
+    /// What each hedge's extensions are a copy of.
+    base: Extensions,
     /// Set once the race is decided: the copies dropped then were cancelled.
     lost: Arc<AtomicBool>,
-    copies: Vec<InFlight<'x>>,
+    copies: Vec<InFlight<'f, 'x>>,
     timer: HedgeTimer,
     hedges: u32,
     /// Copies that failed first, superseded by a later answer.
@@ -90,83 +158,193 @@ struct Race<'x, 'r, N, F> {
 }
 
 impl Hedging {
-    /// The race itself: the first copy on the caller's extensions, hedges on copies of
-    /// the inputs' `base`, until one wins.
-    pub(super) async fn race<'x, N: RestOfStack + 'x, F>(
+    /// Runs one attempt of the retry loop as a hedged round: the first copy on the
+    /// caller's extensions, against the timer of the first hedge. Answered first (the
+    /// common case), it is the round's outcome and no race is built; when the timer fires
+    /// first, the race starts with the first copy in flight, and hedges run on copies of
+    /// the caller's extensions until one copy wins. `kept`: the request the retry loop
+    /// keeps for a retry (`req` is a copy of it). `is_final(evidence, attempt)`: whether
+    /// the retry decision would stop on that outcome (then it wins at once). The winner's
+    /// extensions are merged into the caller's (its evidence there, every copy in the
+    /// history, the winner last).
+    #[allow(clippy::too_many_arguments)]
+    pub(in crate::retry) async fn round<N: RestOfStack, F>(
         &self,
-        inputs: RaceInputs<'_, N, F>,
+        spec: RoundSpec,
+        next: &N,
         req: Request,
-        extensions: &'x mut Extensions,
-    ) -> RaceOutcome
+        kept: Option<&Request>,
+        extensions: &mut Extensions,
+        is_final: F,
+    ) -> Round
     where
         F: Fn(&RequestEvidence, &reqwest_middleware::Result<Response>, u32) -> bool + Sync,
     {
-        let window = self.adaptive_window(&inputs.spec.origin);
+        let recorded_before = AttemptHistory::of(extensions).map_or(0, |h| h.len());
+        // What the hedges are copied from: the request the retry loop keeps, else a copy
+        // of `req` (a body that cannot be copied sends none).
+        let template = match kept {
+            Some(kept) => Template::Kept(kept),
+            None => Template::Own(crate::stage::copy_request(&req).map(Box::new)),
+        };
+        // Each hedge runs with a copy of the caller's extensions, less this logical
+        // request's records (merged back after the race, renumbered).
+        let base = BaseSnapshot::take(extensions);
+        let window = self.adaptive_window(&spec.origin);
         let delay = self.delay_from(window.as_deref().and_then(Window::estimate));
-        let mut race = Race::start(self, inputs, delay, req, extensions);
+        // Read only by a breaker inside that cuts the copy (at the deadline or its attempt
+        // timeout): without either, a copy dropped is no verdict however it ends.
+        let lost = (spec.deadline.is_some() || spec.attempt_timeout.is_some())
+            .then(|| Arc::new(AtomicBool::new(false)));
+        let outcome = {
+            let mut first = std::pin::pin!(Some(first_copy(
+                next.clone(),
+                &spec,
+                lost.as_ref(),
+                req,
+                &mut *extensions
+            )));
+            let started = Instant::now();
+            let due = HedgeTimer::first_due(delay, &spec, started);
+            match alone(first.as_mut(), due).await {
+                Some(output) => self.alone_won(output, &spec, window.as_deref()),
+                None => {
+                    let inputs = RaceInputs {
+                        spec: &spec,
+                        next,
+                        is_final: &is_final,
+                        template,
+                        base,
+                    };
+                    let race = Race::after_timer(self, inputs, delay, lost, first, started);
+                    race.run(window.as_deref()).await
+                }
+            }
+        };
+        outcome.merge_into(extensions, recorded_before)
+    }
+
+    /// The first copy answered before any hedge was due: it is the round's outcome (as the
+    /// last copy in flight it wins, whatever it is).
+    fn alone_won(
+        &self,
+        (result, ext): InFlightOutput<'_>,
+        spec: &RoundSpec,
+        window: Option<&Window>,
+    ) -> RaceOutcome {
+        let evidence = copy_evidence(&result, ext.get(), spec.attempt);
+        if let Some(window) = window {
+            self.record_first_copy(window, FirstCopy::Won(&evidence), std::iter::empty());
+        }
+        RaceOutcome {
+            result,
+            evidence,
+            hedge_extensions: None,
+            losers: Vec::new(),
+            hedges: 0,
+        }
+    }
+}
+
+/// The first copy's future, on the caller's extensions. Each copy works out for itself
+/// what the stages inside need (a hedged round is rare; its copies outlive what this
+/// round could lend them).
+fn first_copy<'x, N: RestOfStack + 'x>(
+    next: N,
+    spec: &RoundSpec,
+    lost: Option<&Arc<AtomicBool>>,
+    req: Request,
+    extensions: &'x mut Extensions,
+) -> impl Future<Output = InFlightOutput<'x>> + Send + 'x {
+    let (cut, scope) = copy_scope(spec, lost, false);
+    let (attempt, owner) = (spec.attempt, spec.owner);
+    async move {
+        let handover = Handover::default();
+        let result = run_attempt(
+            next,
+            req,
+            &mut *extensions,
+            handover,
+            owner,
+            cut,
+            Some(scope),
+            attempt,
+        )
+        .await;
+        (result, InFlightExtensions::Caller(extensions))
+    }
+}
+
+/// Runs the first copy alone until it answers (`Some`) or the first hedge is `due`
+/// (`None`); the copy is polled first, so an answer ready when the timer fires wins.
+async fn alone<'x, P: PinnedCopy<'x> + ?Sized>(
+    mut first: Pin<&mut P>,
+    due: Option<Instant>,
+) -> Option<InFlightOutput<'x>> {
+    let mut sleep = std::pin::pin!(due.map(tokio::time::sleep_until));
+    std::future::poll_fn(|cx| {
+        if let Poll::Ready(output) = first.as_mut().poll_copy(cx) {
+            return Poll::Ready(Some(output));
+        }
+        let due = sleep
+            .as_mut()
+            .as_pin_mut()
+            .is_some_and(|sleep| sleep.poll(cx).is_ready());
+        if due {
+            Poll::Ready(None)
+        } else {
+            Poll::Pending
+        }
+    })
+    .await
+}
+
+impl<'x, 'r, 'f, N: RestOfStack + 'x, F> Race<'x, 'r, 'f, N, F>
+where
+    F: Fn(&RequestEvidence, &reqwest_middleware::Result<Response>, u32) -> bool + Sync,
+{
+    /// The race, once the timer of the first hedge fired with the `first` copy (sent at
+    /// `started`) in flight.
+    fn after_timer(
+        hedging: &'r Hedging,
+        inputs: RaceInputs<'r, N, F>,
+        delay: Duration,
+        lost: Option<Arc<AtomicBool>>,
+        first: FirstSlot<'f, 'x>,
+        started: Instant,
+    ) -> Self {
+        Race {
+            timer: HedgeTimer::fired(delay, inputs.spec),
+            copies: vec![InFlight {
+                future: Some(CopyFuture::First(first)),
+                attempt: inputs.spec.attempt,
+                started,
+                withdrawal: None,
+            }],
+            base: inputs.base.extensions(),
+            hedging,
+            inputs,
+            lost: lost.unwrap_or_default(),
+            hedges: 0,
+            superseded: Vec::new(),
+            last_failure: None,
+        }
+    }
+
+    /// Sends the first hedge (its timer just fired), and goes on until a copy wins.
+    async fn run(mut self, window: Option<&Window>) -> RaceOutcome {
+        self.send_hedge();
         let winner = loop {
-            match race.next_event().await {
-                Event::HedgeDue => race.send_hedge(),
+            match self.next_event().await {
+                Event::HedgeDue => self.send_hedge(),
                 Event::Done(index, output) => {
-                    if let Some(winner) = race.settle(index, output) {
+                    if let Some(winner) = self.settle(index, output) {
                         break winner;
                     }
                 }
             }
         };
-        race.finish(winner, window.as_deref())
-    }
-}
-
-impl<'x, 'r, N: RestOfStack + 'x, F> Race<'x, 'r, N, F>
-where
-    F: Fn(&RequestEvidence, &reqwest_middleware::Result<Response>, u32) -> bool + Sync,
-{
-    /// Sends the first copy, on the caller's extensions, and sets the timer of the first
-    /// hedge.
-    fn start(
-        hedging: &'r Hedging,
-        inputs: RaceInputs<'r, N, F>,
-        delay: Duration,
-        req: Request,
-        extensions: &'x mut Extensions,
-    ) -> Self {
-        let lost = Arc::new(AtomicBool::new(false));
-        let (cut, scope) = copy_scope(inputs.spec, &lost, false);
-        let (next, attempt, owner) = (inputs.next.clone(), inputs.spec.attempt, inputs.spec.owner);
-        // Each copy works out for itself what the stages inside need (a hedged round is
-        // rare; its copies outlive what this round could lend them).
-        let first: InFlightFuture<'x> = Box::pin(async move {
-            let handover = Handover::default();
-            let result = run_attempt(
-                next,
-                req,
-                &mut *extensions,
-                handover,
-                owner,
-                cut,
-                Some(scope),
-                attempt,
-            )
-            .await;
-            (result, InFlightExtensions::Caller(extensions))
-        });
-        let now = Instant::now();
-        Race {
-            timer: HedgeTimer::start(delay, inputs.spec, now),
-            copies: vec![InFlight {
-                future: Some(first),
-                attempt,
-                started: now,
-                withdrawal: None,
-            }],
-            hedging,
-            inputs,
-            lost,
-            hedges: 0,
-            superseded: Vec::new(),
-            last_failure: None,
-        }
+        self.finish(winner, window)
     }
 
     /// The next copy to finish, or the timer of the next hedge.
@@ -174,7 +352,7 @@ where
         std::future::poll_fn(|cx| {
             for (i, copy) in self.copies.iter_mut().enumerate() {
                 if let Some(f) = copy.future.as_mut()
-                    && let Poll::Ready(out) = f.as_mut().poll(cx)
+                    && let Poll::Ready(out) = f.poll(cx)
                 {
                     return Poll::Ready(Event::Done(i, out));
                 }
@@ -192,12 +370,7 @@ where
     fn send_hedge(&mut self) {
         self.timer.disarm();
         let origin = &self.inputs.spec.origin;
-        let Some(copy) = self
-            .inputs
-            .template
-            .as_ref()
-            .and_then(crate::stage::copy_request)
-        else {
+        let Some(copy) = self.inputs.template.copy() else {
             return;
         };
         let withdrawal = match &self.hedging.budget {
@@ -213,7 +386,7 @@ where
         let attempt = self.inputs.spec.attempt + self.copies.len() as u32;
         let future = self.launch_hedge(copy, attempt);
         self.copies.push(InFlight {
-            future: Some(future),
+            future: Some(CopyFuture::Hedge(future)),
             attempt,
             started: Instant::now(),
             withdrawal,
@@ -225,8 +398,8 @@ where
 
     /// A hedge's future, on a copy of the base extensions, owned there.
     fn launch_hedge(&self, req: Request, attempt: u32) -> InFlightFuture<'x> {
-        let (cut, scope) = copy_scope(self.inputs.spec, &self.lost, true);
-        let mut ext = self.inputs.base.clone();
+        let (cut, scope) = copy_scope(self.inputs.spec, Some(&self.lost), true);
+        let mut ext = self.base.clone();
         let next = self.inputs.next.clone();
         Box::pin(async move {
             let owner = crate::stage::scope::owner_of_copy(&ext);
@@ -330,7 +503,7 @@ where
         let mut cancelled_copies = Vec::new();
         for copy in self.copies.iter_mut() {
             if let Some(future) = copy.future.take() {
-                drop(future);
+                future.cancel();
                 cancelled_copies.push(cancelled(copy.attempt, copy.started, &spec.origin));
             }
         }
@@ -365,13 +538,13 @@ where
 /// A copy's cut and its scope for the stages inside (`hedge`: an extra copy).
 fn copy_scope(
     spec: &RoundSpec,
-    lost: &Arc<AtomicBool>,
+    lost: Option<&Arc<AtomicBool>>,
     hedge: bool,
 ) -> (Option<Instant>, AttemptScope) {
     let cut = attempt_cut(spec.deadline, spec.attempt_timeout);
     let scope = AttemptScope {
         cut,
-        lost: Some(lost.clone()),
+        lost: lost.cloned(),
         hedge,
     };
     (cut, scope)

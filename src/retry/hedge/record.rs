@@ -8,10 +8,66 @@ use tokio::time::Instant;
 use super::Round;
 use crate::origin::Origin;
 use crate::record::{
-    AttemptDecision, AttemptRecord, FailureKind, Inward, RequestEvidence, RequestRecord,
-    Transmission,
+    AttemptDecision, AttemptHistory, AttemptRecord, Deadline, FailureKind, Inward, RequestEvidence,
+    RequestRecord, RetryIn, RetryOutcome, Transmission,
 };
 use crate::retry::fallback::fallback_evidence;
+
+/// What each hedge's extensions are made from: the caller's extensions as they were when
+/// the round started, less this logical request's history and evidence (merged back after
+/// the race). Taken before the first copy leaves (it runs on the caller's extensions),
+/// and cheaply: when they hold only this crate's record and a [`Deadline`] (what the
+/// stack puts there, the common case), their parts are kept and the extensions built
+/// only if a hedge is sent; anything else of the caller's makes it a clone.
+pub(super) enum BaseSnapshot {
+    /// The parts of the record a hedge starts with (none of them when there was no
+    /// record), and the deadline.
+    Parts {
+        record: Option<(Option<RetryOutcome>, Option<RetryIn>, Inward)>,
+        deadline: Option<Deadline>,
+    },
+    Cloned(Extensions),
+}
+
+impl BaseSnapshot {
+    pub(super) fn take(extensions: &Extensions) -> Self {
+        let record = RequestRecord::of(extensions);
+        let deadline = extensions.get::<Deadline>().copied();
+        let parts = usize::from(record.is_some()) + usize::from(deadline.is_some());
+        if extensions.len() != parts {
+            let mut base = extensions.clone();
+            let _ = RequestRecord::take_history(&mut base);
+            let _ = RequestRecord::take_evidence(&mut base);
+            return BaseSnapshot::Cloned(base);
+        }
+        let record = record.map(|r| (r.outcome, r.retry_in, r.inward.clone()));
+        BaseSnapshot::Parts { record, deadline }
+    }
+
+    /// Extensions for a hedge: what a clone of the caller's, less the history and the
+    /// evidence, would have been.
+    pub(super) fn extensions(&self) -> Extensions {
+        match self {
+            BaseSnapshot::Cloned(base) => base.clone(),
+            BaseSnapshot::Parts { record, deadline } => {
+                let mut base = Extensions::new();
+                if let Some(deadline) = deadline {
+                    base.insert(*deadline);
+                }
+                if let Some((outcome, retry_in, inward)) = record {
+                    base.insert(RequestRecord {
+                        evidence: None,
+                        history: None,
+                        outcome: *outcome,
+                        retry_in: *retry_in,
+                        inward: inward.clone(),
+                    });
+                }
+                base
+            }
+        }
+    }
+}
 
 /// A decided race, owning what it hands back (so the caller's extensions are free again).
 pub(super) struct RaceOutcome {
@@ -36,23 +92,25 @@ impl RaceOutcome {
             losers,
             hedges,
         } = self;
-        // A first copy cancelled before its breaker took its scope leaves it behind.
-        let _ = Inward::take_attempt(extensions);
         let by = evidence.attempt;
-        let history = RequestRecord::history_mut(extensions);
-        // The first copy's own record (if it finished) is re-added in the race's order.
-        history.truncate(recorded_before);
-        for mut record in losers {
-            record.decision = Some(AttemptDecision::Superseded { by });
-            history.push_record(record);
-        }
-        history.push(evidence.clone());
         if let Ok(response) = &mut result
             && let Some(e) =
                 RequestRecord::of_mut(response.extensions_mut()).and_then(|r| r.evidence.as_mut())
         {
             e.attempt = by;
         }
+        // A first copy cancelled before its breaker took its scope leaves it behind.
+        let _ = Inward::take_attempt(extensions);
+        // One look-up of the caller's record for all that follows.
+        let record = RequestRecord::get(extensions);
+        let history = record.history.get_or_insert_with(AttemptHistory::default);
+        // The first copy's own record (if it finished) is re-added in the race's order.
+        history.truncate(recorded_before);
+        for mut loser in losers {
+            loser.decision = Some(AttemptDecision::Superseded { by });
+            history.push_record(loser);
+        }
+        history.push(evidence.clone());
         match hedge_extensions {
             Some(mut winner) => {
                 // The winner's record, less its own history and evidence (the merged ones
@@ -68,7 +126,7 @@ impl RaceOutcome {
                 record.evidence = Some(evidence);
             }
             // Renumbered in place: no new box.
-            None => RequestRecord::set_evidence(extensions, evidence),
+            None => record.evidence = Some(evidence),
         }
         Round { result, hedges }
     }

@@ -86,7 +86,8 @@ impl RetryMiddleware {
                         let is_final = run.is_final(kept.as_ref().map(Request::url));
                         // Only a hedged request carries the race (boxed: stage cost rule 2).
                         let round =
-                            Box::pin(hedging.round(spec, &next, req, extensions, is_final)).await;
+                            hedging.round(spec, &next, req, kept.as_ref(), extensions, is_final);
+                        let round = Box::pin(round).await;
                         (round.result, round.hedges)
                     } else {
                         let handover = handover.with_spare(kept.as_ref());

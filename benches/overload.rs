@@ -34,8 +34,8 @@ use std::sync::{Arc, Mutex, mpsc};
 use std::time::Duration;
 
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware};
-use reqwest_resilience::breaker::Deadline;
 use reqwest_resilience::limit::{ConcurrencyLimit, Gradient, LimiterConfig, LimiterRegistry};
+use reqwest_resilience::retry::Deadline;
 use reqwest_resilience::{Origin, ResilienceError, TransportEvidence};
 use tokio::time::Instant;
 

@@ -12,7 +12,7 @@ const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
 #[non_exhaustive]
 pub enum PauseMode {
     /// Sleep until the pause ends, then go on; fail fast instead when the pause would
-    /// end after the request's [`Deadline`](super::Deadline). One attempt waits for
+    /// end after the request's [`Deadline`](crate::retry::Deadline). One attempt waits for
     /// pauses at most [`max_pause`](BreakerConfig::max_pause) in all, however often other
     /// responses extend the pause meanwhile: past that it fails with
     /// [`ResilienceError::Paused`] (`NotSent`, `retry_in` the pause's time left), like

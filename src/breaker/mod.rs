@@ -55,7 +55,7 @@
 //!
 //! # Deadlines
 //!
-//! A request may carry a [`Deadline`] in its extensions. In [`PauseMode::Wait`] a request
+//! A request may carry a [`Deadline`](crate::retry::Deadline) in its extensions. In [`PauseMode::Wait`] a request
 //! whose deadline would pass before the pause ends fails fast instead of waiting. An
 //! attempt still running at the earlier of its deadline and the retry middleware's attempt
 //! timeout is cut by the breaker (see [`CircuitBreakerMiddleware`]). **The caller's own
@@ -119,7 +119,7 @@ pub use registry::{
 };
 pub use state::{BreakerState, RejectReason, TripCause};
 
-pub use crate::record::{Deadline, RetryIn};
+pub use crate::record::RetryIn;
 
 /// The wait of one caller held back by a shared pause:
 /// `wait` plus a uniform share of a short window (a tenth of the wait, at most 1 s), so

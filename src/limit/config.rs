@@ -47,7 +47,7 @@ pub struct LimiterConfig {
     /// (default 0: none wait, the request over the limit is rejected at once).
     pub max_queue: usize,
     /// The longest a request waits in the queue (default 1 s); a request's
-    /// [`Deadline`](crate::breaker::Deadline) shortens it.
+    /// [`Deadline`](crate::retry::Deadline) shortens it.
     pub queue_timeout: Duration,
     /// The most origins with a limit of their own (default 10 000); see
     /// [Bounds](super::LimiterRegistry#bounds).

@@ -57,7 +57,7 @@ impl RetryOutcome {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct RetryIn(pub Duration);
 
-/// A request's total deadline (`retry::Deadline` and `breaker::Deadline` are this type).
+/// A request's total deadline (public as `retry::Deadline`; the breaker and the limiter read it too).
 ///
 /// The retry middleware makes no retry whose delay would end past it and cuts an attempt
 /// still running at it (the attempt's evidence is then `Unknown`/`Timeout`, and the stop
@@ -69,7 +69,7 @@ pub struct RetryIn(pub Duration);
 ///
 /// ```
 /// use std::time::Duration;
-/// use reqwest_resilience::breaker::Deadline;
+/// use reqwest_resilience::retry::Deadline;
 ///
 /// # #[tokio::main(flavor = "current_thread")] async fn main() {
 /// let mut extensions = http::Extensions::new();

@@ -14,9 +14,10 @@ use std::time::Duration;
 use http::Extensions;
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware};
 use reqwest_resilience::breaker::{
-    BreakerConfig, BreakerRegistry, BreakerState, CircuitBreakerMiddleware, Deadline, OpenGrowth,
-    Outcome, PauseMode, RetryIn, TripPolicy,
+    BreakerConfig, BreakerRegistry, BreakerState, CircuitBreakerMiddleware, OpenGrowth, Outcome,
+    PauseMode, RetryIn, TripPolicy,
 };
+use reqwest_resilience::retry::Deadline;
 use reqwest_resilience::{
     AttemptHistory, FailureKind, Origin, RequestEvidence, ResilienceError, Transmission,
     TransportEvidence,

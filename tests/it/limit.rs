@@ -13,10 +13,11 @@ use std::time::Duration;
 use http::Extensions;
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware};
 use reqwest_resilience::RetryMiddleware;
-use reqwest_resilience::breaker::{BreakerConfig, BreakerRegistry, BreakerState, Deadline};
+use reqwest_resilience::breaker::{BreakerConfig, BreakerRegistry, BreakerState};
 use reqwest_resilience::limit::{
     ConcurrencyLimit, Gradient, LimiterConfig, LimiterRegistry, Sample,
 };
+use reqwest_resilience::retry::Deadline;
 use reqwest_resilience::retry::{RetryOutcome, StopReason};
 use reqwest_resilience::{
     AttemptHistory, FailureKind, Origin, Resilience, ResilienceError, Transmission,

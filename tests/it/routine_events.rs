@@ -393,7 +393,7 @@ async fn cut_burst(
         async move {
             let mut ext = Extensions::new();
             if let Some(d) = deadline {
-                ext.insert(reqwest_resilience::breaker::Deadline(
+                ext.insert(reqwest_resilience::retry::Deadline(
                     tokio::time::Instant::now() + d,
                 ));
             }

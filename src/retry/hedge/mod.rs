@@ -76,7 +76,7 @@ pub enum HedgeDelay {
 /// result and cancels nothing, nothing of it is recorded, its budget is given back, and
 /// no further hedge is tried for that attempt.
 ///
-/// In the [`AttemptHistory`] every copy that went out is an attempt: the winner last (the
+/// In the [`AttemptHistory`](crate::AttemptHistory) every copy that went out is an attempt: the winner last (the
 /// retry's decision lands on it), before it the copies that failed first and the cancelled
 /// losers (`Unknown` /
 /// [`FailureKind::Cancelled`](crate::evidence::FailureKind::Cancelled)), each with

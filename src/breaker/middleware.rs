@@ -403,8 +403,16 @@ impl Stage for CircuitBreakerMiddleware {
             let admitted = self.registry.config().slow_calls.map(|_| Instant::now());
             let held = Held::under_cut(permit, scope, extensions, handover.composed());
             let clock = held.clock();
-            let sent = owner.poll_as(next, |next| next.run(req, extensions, handover));
-            let outcome = CutAt::on_clock(sent, held.cut(), clock).await;
+            // The inner future made where the cut keeps it, pinned there (`CutAt`: not
+            // moved again, neither into the cut nor by the `.await`).
+            let outcome = {
+                let cut = std::pin::pin!(CutAt {
+                    inner: owner.poll_as(next, |next| next.run(req, extensions, handover)),
+                    timer: crate::stage::cut_timer(held.cut(), clock.as_ref()),
+                    clock,
+                });
+                cut.await
+            };
             let (result, permit) = held.end(outcome, extensions, &origin);
             if let Some(permit) = permit {
                 self.record_outcome(permit, &origin, extensions, &result, admitted);

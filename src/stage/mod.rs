@@ -441,12 +441,18 @@ pin_project_lite::pin_project! {
     /// Cut on an attempt's clock ([`CutAt::on_clock`]), the instant is re-read from the
     /// clock whenever the timer fires: a gate inside that restarted or stopped the clock
     /// moved it.
+    ///
+    /// A stage whose inner future is large writes the struct itself around the call that
+    /// makes it ([`cut_timer`] for the timer) and pins it there (`std::pin::pin!`, then
+    /// `.await` on the pin): made first and handed to a constructor, or awaited by
+    /// value, the inner future is moved again (measured with `benches/instructions.rs`:
+    /// the breaker's cut, 2 to 4 moves of its inner future per attempt).
     pub(crate) struct CutAt<F> {
         #[pin]
-        inner: F,
+        pub(crate) inner: F,
         #[pin]
-        timer: Option<tokio::time::Timeout<std::future::Pending<()>>>,
-        clock: Option<AttemptClock>,
+        pub(crate) timer: Option<tokio::time::Timeout<std::future::Pending<()>>>,
+        pub(crate) clock: Option<AttemptClock>,
     }
 }
 
@@ -471,6 +477,15 @@ impl<F: Future> CutAt<F> {
             ..CutAt::new(inner, at)
         }
     }
+}
+
+/// The timer of [`CutAt::on_clock`], for a cut written as a struct.
+pub(crate) fn cut_timer(
+    at: Option<tokio::time::Instant>,
+    clock: Option<&AttemptClock>,
+) -> Option<tokio::time::Timeout<std::future::Pending<()>>> {
+    let at = clock.map_or(at, AttemptClock::cut);
+    at.map(|at| tokio::time::timeout_at(at, std::future::pending()))
 }
 
 impl<F: Future> Future for CutAt<F> {

@@ -18,7 +18,7 @@ use super::registry::{BreakerPermit, BreakerRegistry, BreakerRejection};
 use crate::error::{RejectReason, ResilienceError};
 use crate::origin::Origin;
 use crate::record::{
-    AttemptClock, AttemptHistory, AttemptScope, Deadline, FailureKind, Inward, RequestEvidence,
+    AttemptClock, AttemptScope, Deadline, FailureKind, Inward, RequestEvidence, RequestRecord,
     RetryIn, Transmission, earlier, record_attempt_cut, record_rejected_locally,
 };
 use crate::stage::CutAt;
@@ -514,7 +514,7 @@ impl<'p> Held<'p> {
         // Evidence left by an earlier attempt would otherwise be read as this one's when
         // no transport step runs inside (the composed stack always has one).
         if !composed {
-            let _ = crate::record::RequestRecord::take_evidence(extensions);
+            let _ = RequestRecord::take_evidence(extensions);
         }
         let deadline = extensions.get::<Deadline>().map(|d| d.0);
         // Admitted: the attempt's timeout runs from here (a pause waited out is not in it).
@@ -540,7 +540,7 @@ impl<'p> Held<'p> {
             // On a clock with no deadline, the cut is the clock's timeout (`None` only
             // once a gate inside stops it).
             cut => Held::CutAt {
-                recorded_before: AttemptHistory::of(extensions).map_or(0, |h| h.len()),
+                recorded_before: RequestRecord::attempts_recorded(extensions),
                 guard: CutAtDeadline {
                     permit: Some(permit),
                     deadline: cut.unwrap_or(now),

@@ -12,7 +12,7 @@ use super::gradient::Sample;
 use super::registry::{Admission, LimitPermit, LimitRejection, LimiterRegistry};
 use crate::error::ResilienceError;
 use crate::record::{
-    AttemptHistory, Deadline, FailureKind, Inward, RequestEvidence, Transmission,
+    Deadline, FailureKind, Inward, RequestEvidence, RequestRecord, Transmission,
     record_attempt_cut, record_rejected_locally,
 };
 use crate::stage::CutAt;
@@ -209,12 +209,12 @@ impl Stage for ConcurrencyLimit {
             // Evidence left by an earlier attempt would otherwise be read as this one's when
             // no transport step runs inside (the composed stack always has one).
             if !handover.composed() {
-                let _ = crate::record::RequestRecord::take_evidence(extensions);
+                let _ = RequestRecord::take_evidence(extensions);
             }
             let recorded_before = clock.as_ref().map(|clock| {
                 clock.restart(permit.admitted_at());
                 permit.on_clock(clock.clone());
-                AttemptHistory::of(extensions).map_or(0, |h| h.len())
+                RequestRecord::attempts_recorded(extensions)
             });
             let sent = owner.poll_as(next, |next| next.run(req, extensions, handover));
             let result = match clock {

@@ -18,7 +18,7 @@ use super::record::{
     BaseSnapshot, RaceOutcome, cancelled, copy_evidence, record_of, refused_locally,
 };
 use super::{Hedging, Round, RoundSpec};
-use crate::record::{AttemptHistory, AttemptRecord, AttemptScope, RequestEvidence};
+use crate::record::{AttemptRecord, AttemptScope, RequestEvidence, RequestRecord};
 use crate::retry::attempt_timeout::{attempt_cut, run_attempt};
 use crate::retry::budget::Withdrawal;
 use crate::retry::latency::Window;
@@ -180,7 +180,7 @@ impl Hedging {
     where
         F: Fn(&RequestEvidence, &reqwest_middleware::Result<Response>, u32) -> bool + Sync,
     {
-        let recorded_before = AttemptHistory::of(extensions).map_or(0, |h| h.len());
+        let recorded_before = RequestRecord::attempts_recorded(extensions);
         // What the hedges are copied from: the request the retry loop keeps, else a copy
         // of `req` (a body that cannot be copied sends none).
         let template = match kept {

@@ -21,7 +21,7 @@ use super::plan::{LoopState, Step, Unspent};
 use super::report::finish;
 use crate::origin::Origin;
 use crate::record::{
-    AttemptHistory, AttemptScope, Continuation, Deadline, Inward, RequestEvidence, RetryReason,
+    AttemptScope, Continuation, Deadline, Inward, RequestEvidence, RequestRecord, RetryReason,
     StopReason,
 };
 use crate::retry::attempt_timeout::{self, attempt_cut};
@@ -250,11 +250,11 @@ impl<'a> RequestRun<'a> {
             }
         };
         // Evidence from the previous attempt must not be mistaken for this one's.
-        let _ = crate::record::RequestRecord::take_evidence(extensions);
+        let _ = RequestRecord::take_evidence(extensions);
         let prepared = PreparedAttempt {
             attempt: self.state.attempts() + 1,
             replayable: replayable(&req),
-            recorded_before: AttemptHistory::of(extensions).map_or(0, |h| h.len()),
+            recorded_before: RequestRecord::attempts_recorded(extensions),
         };
         Some((prepared, req))
     }

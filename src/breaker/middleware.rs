@@ -33,7 +33,7 @@ use crate::stage::CutAt;
 ///    and not waiting), it returns [`ResilienceError::BreakerOpen`] or
 ///    [`ResilienceError::Paused`] at once, without touching the network, and leaves in
 ///    the extensions a `NotSent` [`RequestEvidence`] (also appended to the
-///    [`AttemptHistory`]) and a [`RetryIn`]. While the origin is paused and the
+///    [`AttemptHistory`](crate::AttemptHistory)) and a [`RetryIn`]. While the origin is paused and the
 ///    [`PauseMode`] is `Wait`, it sleeps until the pause ends unless that passes the
 ///    request's [`Deadline`].
 /// 2. It sends the attempt and reads the [`RequestEvidence`] the transport step left;
@@ -67,7 +67,7 @@ use crate::stage::CutAt;
 /// stops with [`StopReason::DeadlineExceeded`](crate::retry::StopReason::DeadlineExceeded)):
 ///
 /// - a [`RequestEvidence`] `Transmission::Unknown` with [`FailureKind::Timeout`] in the
-///   extensions and appended to the [`AttemptHistory`] (unless the transport step already
+///   extensions and appended to the [`AttemptHistory`](crate::AttemptHistory) (unless the transport step already
 ///   recorded this attempt; the retry middleware adds no second record);
 /// - the error `reqwest_middleware::Error::Middleware` holding tokio's
 ///   [`Elapsed`](tokio::time::error::Elapsed).

@@ -10,8 +10,10 @@
 //!   error's source, so the `reqwest::Error` it wraps is skipped (so is the astral fork's
 //!   copy of it, walked the same way with feature `astral`).
 //!
-//! [`links`] visits every error of the chain once, these included, and the helpers below
-//! find a type, an `io::ErrorKind` or an HTTP/2 reason anywhere in it. They take
+//! [`links`] visits every error of the chain once, these included; [`find`] finds a type and
+//! [`has_io_kind`] an `io::ErrorKind` anywhere in it (`find::<reqwest::Error>`,
+//! `find::<h2::Error>`, …). A [`RetryStrategy`](crate::retry::RetryStrategy) reads the same
+//! through its [`AttemptContext`](crate::retry::AttemptContext). They take
 //! `&(dyn Error + 'static)`, the form every error type turns into (`&err as &dyn Error`,
 //! `anyhow::Error::as_ref`, `Box<dyn Error>::as_ref`).
 //!
@@ -78,12 +80,14 @@ pub fn find<'a, T: StdError + 'static>(err: &'a (dyn StdError + 'static)) -> Opt
 
 /// The `reqwest::Error` in `err`'s chain, wherever it is (behind a middleware's
 /// `anyhow::Error`, inside the `io::Error` a body reader returns).
-pub fn reqwest_error<'a>(err: &'a (dyn StdError + 'static)) -> Option<&'a reqwest::Error> {
+pub(crate) fn reqwest_error<'a>(err: &'a (dyn StdError + 'static)) -> Option<&'a reqwest::Error> {
     find::<reqwest::Error>(err)
 }
 
 /// The kinds of every `io::Error` in `err`'s chain, outermost first.
-pub fn io_kinds<'a>(err: &'a (dyn StdError + 'static)) -> impl Iterator<Item = io::ErrorKind> + 'a {
+pub(crate) fn io_kinds<'a>(
+    err: &'a (dyn StdError + 'static),
+) -> impl Iterator<Item = io::ErrorKind> + 'a {
     links(err).filter_map(|e| {
         if let Some(io) = e.downcast_ref::<io::Error>() {
             return Some(io.kind());
@@ -103,7 +107,7 @@ pub fn has_io_kind(err: &(dyn StdError + 'static), kinds: &[io::ErrorKind]) -> b
 
 /// The reason of the first HTTP/2 error in `err`'s chain that has one (a `RST_STREAM`'s or a
 /// `GOAWAY`'s code, sent or received).
-pub fn h2_reason(err: &(dyn StdError + 'static)) -> Option<h2::Reason> {
+pub(crate) fn h2_reason(err: &(dyn StdError + 'static)) -> Option<h2::Reason> {
     links(err)
         .filter_map(|e| e.downcast_ref::<h2::Error>())
         .find_map(h2::Error::reason)
@@ -111,7 +115,7 @@ pub fn h2_reason(err: &(dyn StdError + 'static)) -> Option<h2::Reason> {
 
 /// The display text of every error of the chain, outermost first, without repeats (many
 /// wrappers print their inner error's text as their own).
-pub fn messages(err: &(dyn StdError + 'static)) -> Vec<String> {
+pub(crate) fn messages(err: &(dyn StdError + 'static)) -> Vec<String> {
     let mut out: Vec<String> = Vec::new();
     for e in links(err) {
         let text = e.to_string();

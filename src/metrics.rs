@@ -6,7 +6,7 @@
 //! (`http.client.request.duration`), else `reqwest_resilience.<area>.<what>`. Labels
 //! are of bounded cardinality: reasons and states come from fixed sets, and `origin` is
 //! the [`Origin`] text (`scheme://host:port`, never a path or a query) of at most
-//! [`DEFAULT_MAX_ORIGIN_LABELS`] (1 000) origins per process, the first ones reported;
+//! 1 000 origins per process ([`set_max_origin_labels`] changes it), the first ones reported;
 //! every later origin is reported as `origin="other"` (and `server.address="other"`
 //! without `server.port` on the duration histogram), so a crawler, a webhook sender or a
 //! package manager with many mirrors does not grow an exporter's series without end.
@@ -48,7 +48,7 @@
 pub(crate) use enabled::*;
 #[cfg(feature = "metrics")]
 #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
-pub use enabled::{DEFAULT_MAX_ORIGIN_LABELS, OTHER_ORIGIN, describe, set_max_origin_labels};
+pub use enabled::{OTHER_ORIGIN, describe, set_max_origin_labels};
 
 #[cfg(not(feature = "metrics"))]
 pub(crate) use disabled::*;
@@ -152,13 +152,13 @@ mod enabled {
     }
 
     /// How many origins get a label of their own (see the module docs).
-    pub const DEFAULT_MAX_ORIGIN_LABELS: usize = 1_000;
+    const DEFAULT_MAX_ORIGIN_LABELS: usize = 1_000;
 
     /// The `origin` (and `server.address`) label of every origin past the bound.
     pub const OTHER_ORIGIN: &str = "other";
 
     /// Sets how many distinct origins get a label of their own, process-wide (the default
-    /// is [`DEFAULT_MAX_ORIGIN_LABELS`]). Origins already labelled keep their label; past
+    /// is 1 000). Origins already labelled keep their label; past
     /// the bound, new origins are reported as [`OTHER_ORIGIN`]. `0` labels none.
     pub fn set_max_origin_labels(max: usize) {
         ORIGIN_LABELS.max.store(max, Ordering::Relaxed);

@@ -13,7 +13,7 @@ pub(crate) mod token;
 
 pub use body::BodyIncomplete;
 // Each error has one public path, in the module of the part it is about:
-// `breaker::{BreakerState, RejectReason}`, `retry::{RetryError, find_reqwest_error}`,
+// `breaker::{BreakerState, RejectReason}`, `retry::RetryError`,
 // `stack::{StackError, StackPart}`, `auth::{SharedSourceError, TokenError,
 // TokenErrorKind}` (and the crate root's `BreakerState`, `StackError`).
 pub(crate) use breaker::{BreakerState, RejectReason};

@@ -18,14 +18,14 @@ use crate::record::StopReason;
 ///
 /// ```no_run
 /// # async fn run(client: reqwest_middleware::ClientWithMiddleware) {
-/// use reqwest_resilience::{ResilienceError, retry::find_reqwest_error};
+/// use reqwest_resilience::{ResilienceError, chain};
 ///
 /// if let Err(err) = client.get("http://127.0.0.1:1/").send().await {
 ///     if let Some(ResilienceError::Retry(retry)) = ResilienceError::from_middleware_error(&err) {
 ///         eprintln!("{} attempts, stopped: {}", retry.attempts(), retry.stop_reason());
 ///     }
 ///     // Works whether or not the error was wrapped:
-///     let timed_out = find_reqwest_error(&err).is_some_and(|e| e.is_timeout());
+///     let timed_out = chain::find::<reqwest::Error>(&err).is_some_and(|e| e.is_timeout());
 ///     # let _ = timed_out;
 /// }
 /// # }
@@ -148,7 +148,7 @@ impl std::error::Error for RetryError {
 
 /// The `reqwest::Error` inside a middleware error, wrapped or not: the error itself for
 /// `Error::Reqwest`, else the first `reqwest::Error` in the `source()` chain.
-pub fn find_reqwest_error(err: &reqwest_middleware::Error) -> Option<&reqwest::Error> {
+pub(crate) fn find_reqwest_error(err: &reqwest_middleware::Error) -> Option<&reqwest::Error> {
     match err {
         reqwest_middleware::Error::Reqwest(e) => Some(e),
         reqwest_middleware::Error::Middleware(e) => {

@@ -6,8 +6,8 @@
 //! deadline are the middleware's mechanism and apply on top of any strategy.
 //!
 //! So does the product's promise: whatever a strategy concludes, a request that may have
-//! been processed is sent again only when that is harmless ([`unsafe_retry`] turns such a
-//! retry into a stop in the middleware, for every strategy).
+//! been processed is sent again only when that is harmless (the middleware turns such a
+//! retry into a stop, for every strategy: `unsafe_retry` below).
 
 use std::error::Error as StdError;
 use std::io;
@@ -85,7 +85,7 @@ pub struct AttemptContext<'a> {
     pub not_processed_retries: u32,
     /// How many [`RetryReason::NotProcessed`] retries one request may take
     /// ([`RetryMiddlewareBuilder::max_not_processed_retries`](super::RetryMiddlewareBuilder::max_not_processed_retries),
-    /// default [`DEFAULT_MAX_NOT_PROCESSED_RETRIES`]).
+    /// default 5).
     pub max_not_processed_retries: u32,
 }
 
@@ -95,7 +95,7 @@ pub struct AttemptContext<'a> {
 /// refuses a stream now and then without being unwell, and a request may meet more than
 /// one rotation in a burst. The cap (with the retry budget) keeps a server that refuses
 /// everything from making a loop.
-pub const DEFAULT_MAX_NOT_PROCESSED_RETRIES: u32 = 5;
+pub(crate) const DEFAULT_MAX_NOT_PROCESSED_RETRIES: u32 = 5;
 
 impl<'a> AttemptContext<'a> {
     /// The context of a first attempt of `method`, idempotent by its method alone; set the
@@ -199,7 +199,7 @@ impl<'a> AttemptContext<'a> {
     }
 
     /// The display text of every error of the chain, outermost first, without repeats
-    /// ([`chain::messages`](crate::chain::messages)); empty for a response.
+    /// (many wrappers print their inner error's text as their own); empty for a response.
     pub fn error_messages(&self) -> Vec<String> {
         self.error.map(crate::chain::messages).unwrap_or_default()
     }
@@ -215,7 +215,7 @@ impl<'a> AttemptContext<'a> {
 /// or any status with `Retry-After`: the server directs the retry), and never after a
 /// followed redirect, or where one cannot be ruled out. This is the safety half of
 /// [`DefaultStrategy`]'s table, which never concludes otherwise.
-pub fn unsafe_retry(ctx: &AttemptContext<'_>) -> Option<StopReason> {
+pub(crate) fn unsafe_retry(ctx: &AttemptContext<'_>) -> Option<StopReason> {
     if ctx.idempotent {
         return None;
     }

@@ -39,4 +39,5 @@ impl ErrorWrapping {
     }
 }
 
-pub use crate::error::retry::{RetryError, find_reqwest_error};
+pub use crate::error::retry::RetryError;
+pub(crate) use crate::error::retry::find_reqwest_error;

@@ -57,10 +57,12 @@ pub use compat::AnyServerError;
 
 pub use crate::record::OperationAttempt;
 pub use decision::{
-    AttemptContext, DEFAULT_MAX_NOT_PROCESSED_RETRIES, DefaultStrategy, ResponseHead, RetryReason,
-    RetryStrategy, StopReason, Verdict, is_idempotent, unsafe_retry,
+    AttemptContext, DefaultStrategy, ResponseHead, RetryReason, RetryStrategy, StopReason, Verdict,
+    is_idempotent,
 };
-pub use error::{ErrorWrapping, RetryError, find_reqwest_error};
+pub(crate) use decision::{DEFAULT_MAX_NOT_PROCESSED_RETRIES, unsafe_retry};
+pub(crate) use error::find_reqwest_error;
+pub use error::{ErrorWrapping, RetryError};
 pub use hedge::{HedgeDelay, Hedging};
 pub(crate) use middleware::ContinuedFailure;
 pub use middleware::{RetryAfterPolicy, RetryMiddleware, RetryMiddlewareBuilder};

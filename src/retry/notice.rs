@@ -38,7 +38,8 @@ pub struct RetryNotice<'a> {
 
 impl RetryNotice<'_> {
     /// The display text of the error and of each of its sources, outermost first, without
-    /// repeats ([`chain::messages`](crate::chain::messages)); empty for a response.
+    /// repeats (many wrappers print their inner error's text as their own); empty for a
+    /// response.
     pub fn error_messages(&self) -> Vec<String> {
         self.error.map(crate::chain::messages).unwrap_or_default()
     }

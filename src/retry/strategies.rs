@@ -5,7 +5,7 @@
 //!   restated over this crate's evidence.
 //!
 //! Whatever a strategy concludes, the middleware never sends again a request that may have
-//! been processed unless that is harmless ([`unsafe_retry`](super::unsafe_retry)).
+//! been processed unless that is harmless.
 
 use std::io;
 
@@ -16,7 +16,7 @@ use crate::record::FailureKind;
 
 /// The `io::ErrorKind`s that uv retries when one is anywhere in an error's chain (uv's
 /// `retryable_on_request_failure`, each one added after an issue of theirs).
-pub const UV_TRANSIENT_IO_KINDS: [io::ErrorKind; 6] = [
+pub(crate) const UV_TRANSIENT_IO_KINDS: [io::ErrorKind; 6] = [
     io::ErrorKind::BrokenPipe,
     io::ErrorKind::ConnectionAborted,
     io::ErrorKind::ConnectionReset,
@@ -49,7 +49,7 @@ pub fn uv_transient() -> UvTransient {
 /// | any 5xx, 408, 429 | retry ([`RetryReason::Status`]); a non-idempotent request only on 429 or with `Retry-After`, as in [`DefaultStrategy`] |
 /// | other statuses | stop, as in [`DefaultStrategy`] |
 /// | not sent (refused, DNS, TLS handshake), or proven not processed (`REFUSED_STREAM`, `GOAWAY`) | as in [`DefaultStrategy`] |
-/// | no response, with one of [`UV_TRANSIENT_IO_KINDS`] anywhere in the chain, any `h2` error, a timeout, a reset or an early close | retry ([`RetryReason::Transient`]) when idempotent |
+/// | no response, with one of the `io::ErrorKind`s `BrokenPipe`, `ConnectionAborted`, `ConnectionReset`, `InvalidData`, `TimedOut`, `UnexpectedEof` anywhere in the chain, any `h2` error, a timeout, a reset or an early close | retry ([`RetryReason::Transient`]) when idempotent |
 /// | no response, anything else (e.g. a malformed response head) | stop: [`StopReason::Permanent`] with the evidence's kind |
 ///
 /// Where uv and this crate differ, this crate's promise wins: uv retries a `POST` after a

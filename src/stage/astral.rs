@@ -9,7 +9,7 @@
 //! `reqwest::Error` stays the same `reqwest::Error`, a middleware's `anyhow::Error` the
 //! same `anyhow::Error`), in both directions, so `is_connect()`, `status()`,
 //! [`ResilienceError::find`](crate::ResilienceError::find) and
-//! [`chain::reqwest_error`](crate::chain::reqwest_error) answer as for the original.
+//! [`chain::find::<reqwest::Error>`](crate::chain::find) answer as for the original.
 //!
 //! The cost: the fork's `Next` returns its own boxed future, so an attempt below the
 //! retry loop is boxed once more there (`run_boxed`), and a standalone middleware boxes

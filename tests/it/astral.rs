@@ -97,7 +97,9 @@ async fn assert_refused_post_retried(client: &fork::ClientWithMiddleware) {
     let err = result.unwrap_err();
     assert!(matches!(err, fork::Error::Reqwest(_)), "{err:?}");
     assert!(err.is_connect(), "{err:?}");
-    assert!(reqwest_resilience::chain::reqwest_error(&err).is_some_and(|e| e.is_connect()));
+    assert!(
+        reqwest_resilience::chain::find::<reqwest::Error>(&err).is_some_and(|e| e.is_connect())
+    );
     assert_eq!(
         transmissions(&ext),
         vec![(Transmission::NotSent, Some(FailureKind::Connect)); 4]

@@ -324,7 +324,8 @@ const CHURNING: NginxConfig = NginxConfig {
 };
 
 /// The default cap of not-processed retries per request.
-const DEFAULT_CAP: u32 = reqwest_resilience::retry::DEFAULT_MAX_NOT_PROCESSED_RETRIES;
+/// `RetryMiddlewareBuilder::max_not_processed_retries`'s default.
+const DEFAULT_CAP: u32 = 5;
 
 /// `keepalive_requests 3` serves 3 requests per connection, and hyper-util keeps one
 /// HTTP/2 connection per origin at a time: a burst of 60 goes through 20 rotations, and

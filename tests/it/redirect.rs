@@ -150,7 +150,9 @@ async fn post_303_to_a_refused_port_is_executed_once_and_recorded_as_answered() 
     let (result, history, outcome) = send(client.post(a.url("/pay")).body("1 EUR")).await;
 
     let err = result.unwrap_err();
-    assert!(reqwest_resilience::retry::find_reqwest_error(&err).is_some_and(|e| e.is_connect()));
+    assert!(
+        reqwest_resilience::chain::find::<reqwest::Error>(&err).is_some_and(|e| e.is_connect())
+    );
     assert_eq!(saw(&a, "POST", "/pay"), 1, "the POST was executed once");
     assert_eq!(history.len(), 1);
     let e = &history.attempts()[0].evidence;
@@ -176,7 +178,7 @@ async fn post_303_to_a_refused_port_is_executed_once_with_an_unobserved_client()
     // reqwest reports the second hop's refused connect with the first hop's URL: nothing
     // in the error tells it from a refused first hop.
     let err = result.unwrap_err();
-    let reqwest_err = reqwest_resilience::retry::find_reqwest_error(&err).unwrap();
+    let reqwest_err = reqwest_resilience::chain::find::<reqwest::Error>(&err).unwrap();
     assert!(reqwest_err.is_connect());
     assert_eq!(reqwest_err.url().map(|u| u.as_str()), Some(&*a.url("/pay")));
     assert_eq!(saw(&a, "POST", "/pay"), 1, "the POST was executed once");
@@ -582,7 +584,7 @@ async fn a_redirect_loop_ends_in_too_many_redirects_and_is_never_retried() {
         let (result, history, outcome) =
             send(client.request(method.clone(), server.url("/loop"))).await;
         let err = result.unwrap_err();
-        let reqwest_err = reqwest_resilience::retry::find_reqwest_error(&err).unwrap();
+        let reqwest_err = reqwest_resilience::chain::find::<reqwest::Error>(&err).unwrap();
         assert!(reqwest_err.is_redirect(), "{method}");
         // The first request and reqwest's default 10 redirects.
         assert_eq!(server.requests_seen(), 11, "{method}");

@@ -13,10 +13,11 @@ use std::time::{Duration, SystemTime};
 use http::Extensions;
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware, Middleware, Next};
 use reqwest_resilience::backoff::SeededRandom;
+use reqwest_resilience::chain;
 use reqwest_resilience::redirect::{self, ClientRedirects};
 use reqwest_resilience::retry::{
     Deadline, Idempotent, MaxRetries, RetryAfterPolicy, RetryError, RetryOutcome, RetryReason,
-    StopReason, find_reqwest_error,
+    StopReason,
 };
 use reqwest_resilience::{
     AttemptDecision, AttemptHistory, Backoff, FailureKind, Jitter, Origin, RequestEvidence,
@@ -441,7 +442,7 @@ async fn post_to_a_port_that_stays_refused_gives_up_with_a_connect_error() {
         (3, StopReason::RetriesExhausted)
     );
     assert!(e.is_connect());
-    assert!(find_reqwest_error(&err).is_some_and(|r| r.is_connect()));
+    assert!(chain::find::<reqwest::Error>(&err).is_some_and(|r| r.is_connect()));
     assert_eq!(took, S(3));
 }
 
@@ -1023,7 +1024,7 @@ async fn is_timeout_is_answerable_on_the_final_error() {
         (e.attempts(), e.stop_reason()),
         (2, StopReason::RetriesExhausted)
     );
-    assert!(find_reqwest_error(&err).is_some_and(reqwest::Error::is_timeout));
+    assert!(chain::find::<reqwest::Error>(&err).is_some_and(reqwest::Error::is_timeout));
     // The chain: ResilienceError::Retry → its RetryError → the reqwest::Error.
     let resilience = ResilienceError::from_middleware_error(&err).unwrap();
     let source = std::error::Error::source(resilience).unwrap();
@@ -1251,7 +1252,7 @@ async fn a_redirect_loop_is_never_retried() {
         retry_error(&err).stop_reason(),
         StopReason::Permanent(FailureKind::Redirect)
     );
-    assert!(find_reqwest_error(&err).is_some_and(reqwest::Error::is_redirect));
+    assert!(chain::find::<reqwest::Error>(&err).is_some_and(reqwest::Error::is_redirect));
     assert_eq!(outcome(&ext).attempts, 1);
 }
 

@@ -59,7 +59,7 @@ async fn rejected_post(
         .send_with_history()
         .await;
     let err = exchange.result.expect_err("the handshake fails");
-    let text = reqwest_resilience::chain::messages(&err).join(" / ");
+    let text = crate::support::chain_messages(&err).join(" / ");
     let rows = exchange
         .history
         .attempts()
@@ -182,7 +182,7 @@ async fn under_tls_1_3_a_late_certificate_alert_stops_uvs_rules_and_a_post_is_no
     );
     let get = uv.get(server.url("/simple/")).send_with_history().await;
     let err = get.result.expect_err("the server refuses the certificate");
-    let text = reqwest_resilience::chain::messages(&err).join(" / ");
+    let text = crate::support::chain_messages(&err).join(" / ");
     assert!(
         text.contains("received fatal alert: CertificateExpired"),
         "{text}"
@@ -252,7 +252,7 @@ async fn a_server_certificate_the_client_does_not_trust_stops_uvs_rules_at_once(
         .send_with_history()
         .await;
     let err = exchange.result.expect_err("the certificate is not trusted");
-    let text = reqwest_resilience::chain::messages(&err).join(" / ");
+    let text = crate::support::chain_messages(&err).join(" / ");
     // (The verifier's reason depends on the system's roots; the kind does not.)
     assert!(text.contains("invalid peer certificate: "), "{text}");
     let rows: Vec<_> = exchange

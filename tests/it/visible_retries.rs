@@ -50,8 +50,8 @@ fn recording_retry(calls: &Arc<Mutex<Vec<Seen>>>) -> RetryMiddlewareBuilder {
     let start = tokio::time::Instant::now();
     exact_retry().before_sleep(move |n| {
         let error = n.error.map(|e| {
-            let connect =
-                reqwest_resilience::chain::reqwest_error(e).is_some_and(|r| r.is_connect());
+            let connect = reqwest_resilience::chain::find::<reqwest::Error>(e)
+                .is_some_and(|r| r.is_connect());
             (connect, n.error_messages())
         });
         calls.lock().unwrap().push(Seen {

@@ -685,3 +685,17 @@ pub fn exact_retry() -> reqwest_resilience::retry::RetryMiddlewareBuilder {
         )
         .no_budget()
 }
+
+/// The display text of every error of `err`'s chain (as `reqwest_resilience::chain::links`
+/// walks it), outermost first, without repeats: many wrappers print their inner error's
+/// text as their own.
+pub fn chain_messages(err: &(dyn std::error::Error + 'static)) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for e in reqwest_resilience::chain::links(err) {
+        let text = e.to_string();
+        if out.last() != Some(&text) {
+            out.push(text);
+        }
+    }
+    out
+}

@@ -276,7 +276,7 @@ impl RetryMiddlewareBuilder {
     /// an attempt ([`RetryReason::NotProcessed`]: HTTP/2 `REFUSED_STREAM`) and, for an
     /// idempotent request, after the server's `GOAWAY` ([`RetryReason::GoAway`]: a
     /// connection rotation, which through hyper proves nothing for a POST); default
-    /// [`DEFAULT_MAX_NOT_PROCESSED_RETRIES`] (5), 0 turns them off.
+    /// 5, 0 turns them off.
     ///
     /// [`RetryReason::NotProcessed`]: crate::retry::RetryReason::NotProcessed
     /// [`RetryReason::GoAway`]: crate::retry::RetryReason::GoAway

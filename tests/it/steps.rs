@@ -605,3 +605,54 @@ async fn an_upload_loop_does_not_send_again_a_post_that_may_have_been_processed(
     );
     assert_eq!(index.requests_seen(), 1);
 }
+
+// ---------------------------------------------------------------------------------------
+// The astral fork (uv, rattler): the same handle and the same steps, the client built
+// with the fork's builder. Nothing of it is trait-bound: no twin is needed.
+// ---------------------------------------------------------------------------------------
+
+#[cfg(feature = "astral")]
+#[tokio::test(start_paused = true)]
+async fn the_fork_s_client_shares_its_retry_with_steps_and_operations() {
+    use reqwest_resilience::stack::astral::AstralResilience;
+    let down = HeldRefusedPort::new();
+    let up = FaultServer::sequence(vec![Action::status(503)], Action::ok("{}")).await;
+    let mut stack = Resilience::like_reqwest_retry();
+    let retry = stack.retry_middleware().unwrap();
+    let client = stack.build_from_astral(loopback_builder()).unwrap();
+    let mirrors = [down.url("/"), up.url("/")];
+    let mut steps = retry.operation().steps();
+    let mut next = 0;
+    let status = loop {
+        let result = client
+            .get(&mirrors[next])
+            .with_extension(steps.attempt())
+            .send()
+            .await;
+        match steps.after(&result) {
+            Step::Retry(delay) => {
+                tokio::time::sleep(delay).await;
+                next = 1;
+            }
+            Step::Stop(_) => break result.unwrap().status(),
+        }
+    };
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(up.requests_seen(), 2);
+    let reasons: Vec<Option<AttemptDecision>> = decisions(&steps.history())
+        .into_iter()
+        .map(|d| match d {
+            // The preset's jitter draws the delays: compare the reasons.
+            Some(AttemptDecision::Retry { reason, .. }) => retried(Duration::ZERO, reason),
+            other => other,
+        })
+        .collect();
+    assert_eq!(
+        reasons,
+        [
+            retried(Duration::ZERO, RetryReason::NotSent),
+            retried(Duration::ZERO, R503),
+            stop(StopReason::FinalResponse(StatusCode::OK)),
+        ]
+    );
+}

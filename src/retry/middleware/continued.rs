@@ -232,15 +232,18 @@ impl Continuation {
 
     /// A pass begins with `state` (as the loop set it up from its own configuration) and
     /// `idempotent` (as the request says): both continue from the earlier passes, and the
-    /// history goes on from theirs. Whether the pass still has to deposit in the budget.
+    /// history goes on from theirs; `hands_back` is set when the pass hands a retry back
+    /// (`Steps`). Whether the pass still has to deposit in the budget.
     pub(in crate::retry) fn begin_pass(
         &self,
         state: &mut LoopState,
         idempotent: &mut bool,
+        hands_back: &mut bool,
         req: &reqwest::Request,
         extensions: &mut Extensions,
     ) -> bool {
         let mut spent = self.lock();
+        *hands_back = spent.hand_back;
         spent.method = Some(req.method().clone());
         spent.url = Some(req.url().clone());
         state.retries = spent.retries;

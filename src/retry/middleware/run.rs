@@ -196,13 +196,19 @@ impl<'a> RequestRun<'a> {
             hedges: 0,
             not_processed_retries: 0,
         };
-        let deposit = continued
-            .as_ref()
-            .is_none_or(|c| c.begin_pass(&mut state, &mut idempotent, req, extensions));
+        let mut hands_back = false;
+        let deposit = continued.as_ref().is_none_or(|c| {
+            c.begin_pass(
+                &mut state,
+                &mut idempotent,
+                &mut hands_back,
+                req,
+                extensions,
+            )
+        });
         if let Some(budget) = config.budget.as_ref().filter(|_| deposit) {
             budget.deposit();
         }
-        let hands_back = continued.as_ref().is_some_and(|c| c.lock().hand_back);
         let hedging = config
             .hedging
             .as_ref()

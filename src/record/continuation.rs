@@ -42,8 +42,9 @@ pub(crate) struct Spent {
     /// Whether each pass makes one attempt and hands a retry back to the caller's loop
     /// (`Steps`) instead of making it.
     pub(crate) hand_back: bool,
-    /// The retry the last pass decided and handed back, not yet taken.
-    pub(crate) handed_back: Option<HandedBack>,
+    /// The retry the last pass decided and handed back, not yet taken (boxed: every
+    /// continued request allocates a `Spent`, few hand a retry back).
+    pub(crate) handed_back: Option<Box<HandedBack>>,
 }
 
 /// A retry a pass decided and handed back to the caller's loop (`Steps`).

@@ -142,7 +142,7 @@ impl Steps {
             handed
         };
         let decided = match (handed_back, result) {
-            (Some(retry), _) => Ok(ContinuedRetry::handed_back(retry)),
+            (Some(retry), _) => Ok(ContinuedRetry::handed_back(*retry)),
             (None, Ok(_)) => Err(success_stop(&self.continuation)),
             (None, Err(e)) => self.operation.decide(&self.continuation, e),
         };
@@ -196,7 +196,7 @@ impl Drop for Steps {
             .pending
             .take()
             .into_iter()
-            .chain(handed_back.map(ContinuedRetry::handed_back));
+            .chain(handed_back.map(|h| ContinuedRetry::handed_back(*h)));
         for retry in unmade {
             self.operation.retry.give_back(retry);
         }

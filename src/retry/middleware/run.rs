@@ -383,11 +383,11 @@ impl<'a> RequestRun<'a> {
         ) = (&step, &self.continued)
             && self.hands_back
         {
-            c.lock().handed_back = Some(HandedBack {
+            c.lock().handed_back = Some(Box::new(HandedBack {
                 delay: *delay,
                 reason: *reason,
                 budget_slot: withdrawal.as_ref().map(Withdrawal::slot),
-            });
+            }));
             return Err(Stopped {
                 attempts,
                 stop: StopReason::HandedBack,

@@ -656,3 +656,28 @@ async fn the_fork_s_client_shares_its_retry_with_steps_and_operations() {
         ]
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn an_operation_of_a_separately_built_middleware_shares_the_client_s_count_too() {
+    // rattler's shape: a second `RetryMiddleware` only for its operations. The client's
+    // middleware still counts the operation's attempts as one count (its own table and
+    // limit decide inside): 4 requests, not 4 × 4.
+    let server = FaultServer::always(Action::status(503)).await;
+    let (_, client) = exact_stack(3);
+    let separate = support::exact_retry().max_retries(3).build().unwrap();
+    let (client, url) = (&client, server.url("/"));
+    let url = url.as_str();
+    let done = separate
+        .operation()
+        .run_recorded(|attempt| async move {
+            let response = client.get(url).with_extension(attempt).send().await?;
+            Ok::<_, reqwest_middleware::Error>(response.error_for_status()?.bytes().await?)
+        })
+        .await;
+    assert!(done.result.is_err());
+    assert_eq!(server.requests_seen(), 4);
+    assert_eq!(
+        (done.outcome.attempts, done.outcome.stop),
+        (4, StopReason::RetriesExhausted)
+    );
+}

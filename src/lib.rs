@@ -52,7 +52,7 @@
 //! | module | what it holds |
 //! |---|---|
 //! | [`stack`] | [`Resilience`]: the whole stack in one builder |
-//! | [`retry`] | [`RetryMiddleware`], the decision table ([`retry::DefaultStrategy`]), ready strategies, [`RetryBudget`], per-request overrides, attempt timeout, [hedging](retry::Hedging), [operations](retry::Operation) retried whole |
+//! | [`retry`] | [`RetryMiddleware`], the decision table ([`retry::DefaultStrategy`]), ready strategies, [`RetryBudget`], per-request overrides, attempt timeout, [hedging](retry::Hedging), [operations](retry::Operation) retried whole or [step by step](retry::Steps) |
 //! | [`breaker`] | [`CircuitBreakerMiddleware`], [`BreakerRegistry`], [`BreakerConfig`], trip policies, server pauses |
 //! | [`limit`] | per-origin concurrency limits, fixed or adaptive (off by default) |
 //! | [`rate`] | per-origin rate limits, set by hand or learned from the servers (off by default) |
@@ -77,7 +77,7 @@
 //! |---|---|
 //! | `tracing` | a span per logical request, events per attempt, retry decision and breaker transition ([`guide::observability`]) |
 //! | `metrics` | instruments through the `metrics` facade ([`guide::metrics`]) |
-//! | `retry-policies` | `RetryMiddleware::new_with_policy` takes reqwest-retry's `retry_policies::RetryPolicy` |
+//! | `retry-policies` | `RetryMiddleware::new_with_policy` takes reqwest-retry's `retry_policies::RetryPolicy` (owned or `Arc<dyn RetryPolicy + Send + Sync>`) |
 //! | `oauth2` | `auth::OAuth2Source`: OAuth 2.0 client-credentials and refresh-token grants |
 //! | `astral` | every middleware and the stack also implement `astral-reqwest-middleware`'s `Middleware` ([`guide::astral`]) |
 //! | `chaos` | `chaos::Chaos`: seeded fault injection on loopback sockets of its own (turns on reqwest's `http2`, tokio's `net` and `io-util`) |

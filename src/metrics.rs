@@ -304,6 +304,7 @@ mod enabled {
             StopReason::RedirectFollowed => "redirect_followed",
             StopReason::ConcurrencyLimited => "concurrency_limited",
             StopReason::RateLimited => "rate_limited",
+            StopReason::HandedBack => "handed_back",
         };
         counter!(STOPS, "origin" => origin(at), "reason" => label).increment(1);
         if reason == StopReason::BudgetExhausted {

@@ -8,7 +8,7 @@ use std::time::Duration;
 use http::{Extensions, Method, StatusCode};
 use tokio::time::Instant;
 
-use super::decision::StopReason;
+use super::decision::{RetryReason, StopReason};
 use super::history::AttemptHistory;
 
 /// What the passes of one logical request share (cheap to clone: one `Arc`).
@@ -39,6 +39,21 @@ pub(crate) struct Spent {
     pub(crate) method: Option<Method>,
     /// The URL of the last pass's request.
     pub(crate) url: Option<url::Url>,
+    /// Whether each pass makes one attempt and hands a retry back to the caller's loop
+    /// (`Steps`) instead of making it.
+    pub(crate) hand_back: bool,
+    /// The retry the last pass decided and handed back, not yet taken (boxed: every
+    /// continued request allocates a `Spent`, few hand a retry back).
+    pub(crate) handed_back: Option<Box<HandedBack>>,
+}
+
+/// A retry a pass decided and handed back to the caller's loop (`Steps`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct HandedBack {
+    pub(crate) delay: Duration,
+    pub(crate) reason: RetryReason,
+    /// The budget's slot of the retry taken from it, if any (`retry::Withdrawal`).
+    pub(crate) budget_slot: Option<u64>,
 }
 
 /// How a pass through the retry loop ended.

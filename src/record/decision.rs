@@ -112,6 +112,10 @@ pub enum StopReason {
     /// The origin's rate limit rejected the request (after its wait for a slot):
     /// retrying after a backoff would only spend the quota again.
     RateLimited,
+    /// The retry middleware decided to retry and handed the retry to the caller's loop
+    /// ([`Steps`](crate::retry::Steps)), which makes it: the request was sent once, and
+    /// its decision is in the history (`Retry` after its delay).
+    HandedBack,
 }
 
 impl fmt::Display for RetryReason {
@@ -161,6 +165,7 @@ impl fmt::Display for StopReason {
                 f.write_str("the origin's concurrency limit was reached")
             }
             StopReason::RateLimited => f.write_str("the origin's rate limit was reached"),
+            StopReason::HandedBack => f.write_str("the retry was handed back to the caller's loop"),
         }
     }
 }

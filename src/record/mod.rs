@@ -33,7 +33,7 @@ mod keys;
 mod request_record;
 
 pub use continuation::OperationAttempt;
-pub(crate) use continuation::{Continuation, PassEnd, Spent};
+pub(crate) use continuation::{Continuation, HandedBack, PassEnd, Spent};
 pub use decision::{AttemptDecision, RetryReason, StopReason};
 pub use evidence::{FailureKind, NotProcessedProof, Redirects, RequestEvidence, Transmission};
 pub(crate) use history::next_attempt;

@@ -72,6 +72,19 @@ pub(crate) struct Withdrawal {
     slot: u64,
 }
 
+impl Withdrawal {
+    /// The window's slot it was taken in (kept in a `Continuation` while a step loop
+    /// holds the retry).
+    pub(crate) fn slot(&self) -> u64 {
+        self.slot
+    }
+
+    /// The withdrawal taken in `slot`.
+    pub(crate) fn in_slot(slot: u64) -> Self {
+        Withdrawal { slot }
+    }
+}
+
 impl RetryBudget {
     /// A budget over `window` (1 s to 60 s) allowing `max(retry_ratio × requests,
     /// min_retries_per_sec × window)` retries.

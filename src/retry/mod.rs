@@ -48,6 +48,7 @@ mod notice;
 mod operation;
 #[cfg(feature = "retry-policies")]
 mod policies;
+mod steps;
 pub mod strategies;
 
 pub use attempt_timeout::AttemptTimeout;
@@ -67,6 +68,9 @@ pub use hedge::{HedgeDelay, Hedging};
 pub(crate) use middleware::ContinuedFailure;
 pub use middleware::{RetryAfterPolicy, RetryMiddleware, RetryMiddlewareBuilder};
 pub use operation::{Operation, OperationOutcome};
+#[cfg(feature = "retry-policies")]
+pub use policies::IntoRetryPolicy;
+pub use steps::{Step, Steps};
 
 /// How many attempt records the earlier passes of a continued request left (see
 /// `continuation`).

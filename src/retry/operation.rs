@@ -73,10 +73,10 @@ use crate::record::{Continuation, OperationAttempt, PassEnd};
 /// [`AttemptContext::error`](super::AttemptContext::error).
 #[derive(Clone, Debug)]
 pub struct Operation {
-    retry: RetryMiddleware,
-    idempotent: Option<bool>,
-    max_retries: Option<u32>,
-    deadline: Option<crate::record::Deadline>,
+    pub(super) retry: RetryMiddleware,
+    pub(super) idempotent: Option<bool>,
+    pub(super) max_retries: Option<u32>,
+    pub(super) deadline: Option<crate::record::Deadline>,
 }
 
 /// What [`Operation::run_recorded`] returns: the closure's last result, how many
@@ -94,7 +94,18 @@ pub struct OperationOutcome<T, E> {
 }
 
 impl RetryMiddleware {
-    /// An operation retried under this middleware's policy, sharing its budget.
+    /// An operation retried under this middleware's policy, sharing its budget: run it
+    /// with a closure ([`Operation::run`]) or step by step in a loop of your own
+    /// ([`Operation::steps`]). From a [`Resilience`](crate::Resilience) stack, take the
+    /// middleware its client uses with
+    /// [`Resilience::retry_middleware`](crate::Resilience::retry_middleware).
+    ///
+    /// The requests an operation sends carry its [`OperationAttempt`], and the client's
+    /// retry middleware (this one, or a clone) counts their attempts as the operation's:
+    /// one attempt count, one retry limit, one deadline, one deposit in the budget and one
+    /// history, whether the middleware retries inside an attempt or the operation runs
+    /// it again. A request sent through a middleware built separately (another
+    /// `RetryMiddleware`) is counted too, but decided under that one's table and budget.
     pub fn operation(&self) -> Operation {
         Operation {
             retry: self.clone(),
@@ -153,8 +164,13 @@ impl Operation {
     {
         let continuation = Continuation::default();
         let deadline = self.deadline.map(|d| d.0);
-        self.retry
-            .begin_continued(&continuation, self.max_retries, deadline, self.idempotent);
+        self.retry.begin_continued(
+            &continuation,
+            self.max_retries,
+            deadline,
+            self.idempotent,
+            false,
+        );
         loop {
             let attempt = OperationAttempt::continuing(continuation.clone());
             let result = op(attempt).await;
@@ -169,8 +185,9 @@ impl Operation {
         }
     }
 
-    /// The decision after the closure failed with `err` (see the module docs).
-    fn decide(
+    /// The decision after the closure failed with `err` (see the module docs); also the
+    /// decision of a [`Steps`](super::Steps) loop's attempt.
+    pub(super) fn decide(
         &self,
         continuation: &Continuation,
         err: &(dyn std::error::Error + 'static),
@@ -216,14 +233,14 @@ impl Operation {
 }
 
 /// Why a successful run stopped: the last pass's reason, else a final `200`.
-fn success_stop(continuation: &Continuation) -> StopReason {
+pub(super) fn success_stop(continuation: &Continuation) -> StopReason {
     match continuation.lock().last {
         Some(PassEnd { stop, .. }) => stop,
         None => StopReason::FinalResponse(http::StatusCode::OK),
     }
 }
 
-fn finish<T, E>(
+pub(super) fn finish<T, E>(
     result: Result<T, E>,
     stop: StopReason,
     continuation: &Continuation,

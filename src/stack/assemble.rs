@@ -15,7 +15,7 @@ use crate::error::{ResilienceError, StackError, StackPart};
 use crate::evidence::TransportEvidence;
 use crate::limit::LimitChoice;
 use crate::redirect::ClientRedirects;
-use crate::retry::RetryMiddleware;
+use crate::retry::{RetryMiddleware, RetryMiddlewareBuilder};
 
 impl Resilience {
     /// The stack's parts ([`Assembled`]): the stages as one middleware, and the transport
@@ -103,22 +103,91 @@ impl Resilience {
     }
 }
 
+impl Resilience {
+    /// The stack's retry middleware, for what retries outside the client: an
+    /// [`Operation`](crate::retry::Operation) (a send, a read and a parse run again when
+    /// the body breaks) or its [`Steps`](crate::retry::Steps) (a loop of your own, over
+    /// mirrors, URLs or rebuilt requests), and the [budget](RetryMiddleware::budget).
+    /// Built now from the preset or the builder [`retry`](Self::retry) was given (a
+    /// prebuilt one is handed out as it is), and kept by the stack: the client built next
+    /// and the handle are one middleware, so an operation retries under the client's
+    /// policy, budget, deadline and retry limit, and shares its attempt count (the
+    /// attempts the client's middleware makes inside an operation are the operation's,
+    /// not 4 × 4 = 16).
+    ///
+    /// A later [`retry`](Self::retry) or [`no_retry`](Self::no_retry) replaces the part
+    /// and the handle no longer is the client's: call this last, just before building.
+    ///
+    /// ```no_run
+    /// use reqwest_resilience::Resilience;
+    ///
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// let mut stack = Resilience::like_reqwest_retry(); // or Resilience::new(), .retry(..)
+    /// let retry = stack.retry_middleware()?;
+    /// let client = stack.build_from(reqwest::Client::builder())?;
+    /// let client = &client;
+    /// let body = retry
+    ///     .operation()
+    ///     .run(|attempt| async move {
+    ///         let response = client.get("http://127.0.0.1:8080/").with_extension(attempt).send().await?;
+    ///         Ok::<_, reqwest_middleware::Error>(response.error_for_status()?.bytes().await?)
+    ///     })
+    ///     .await?;
+    /// # drop(body); Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// Those building the stack would return for the retry part
+    /// ([`StackError::DeadlineBeforeFirstRetry`], a [`ResilienceError::InvalidConfig`] of
+    /// the builder), found now (the part is then left as it was); with
+    /// [`no_retry`](Self::no_retry), [`StackError::Conflict`] (`retry_middleware` on the
+    /// removed retry part).
+    pub fn retry_middleware(&mut self) -> Result<RetryMiddleware, ResilienceError> {
+        match &self.retry {
+            RetryKind::Prebuilt(retry) => return Ok(retry.clone()),
+            RetryKind::Off => {
+                return Err(ResilienceError::InvalidStack(StackError::Conflict {
+                    part: StackPart::Retry,
+                    setting: "retry_middleware",
+                }));
+            }
+            RetryKind::Builder(builder) => check_retry(builder)?,
+        }
+        let RetryKind::Builder(builder) = std::mem::replace(&mut self.retry, RetryKind::Off) else {
+            unreachable!("matched above")
+        };
+        let retry = builder
+            .build()
+            .unwrap_or_else(|_| unreachable!("checked above"));
+        self.retry = RetryKind::Prebuilt(retry.clone());
+        Ok(retry)
+    }
+}
+
 fn build_retry(choice: RetryKind) -> Result<Option<RetryMiddleware>, ResilienceError> {
     match choice {
         RetryKind::Prebuilt(retry) => Ok(Some(retry)),
         RetryKind::Off => Ok(None),
         RetryKind::Builder(builder) => {
-            if let Some((total_deadline, first_delay)) = builder.deadline_before_first_retry() {
-                return Err(ResilienceError::InvalidStack(
-                    StackError::DeadlineBeforeFirstRetry {
-                        total_deadline,
-                        first_delay,
-                    },
-                ));
-            }
+            check_retry(&builder)?;
             builder.build().map(Some)
         }
     }
+}
+
+/// What building the retry part checks: the builder's own settings, and a deadline that
+/// leaves room for a retry.
+fn check_retry(builder: &RetryMiddlewareBuilder) -> Result<(), ResilienceError> {
+    if let Some((total_deadline, first_delay)) = builder.deadline_before_first_retry() {
+        return Err(ResilienceError::InvalidStack(
+            StackError::DeadlineBeforeFirstRetry {
+                total_deadline,
+                first_delay,
+            },
+        ));
+    }
+    builder.check()
 }
 
 /// The stack as [`Resilience::assemble`] builds it for a builder.

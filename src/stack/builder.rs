@@ -298,7 +298,8 @@ impl Resilience {
     /// hand [`retry`](Self::retry) that builder with the change (a later `.retry(..)`
     /// replaces the whole retry part, so start from the preset's builder to keep the rest
     /// of it). The other parts are set as on [`new`](Self::new) (`.breaker(..)` turns a
-    /// breaker back on).
+    /// breaker back on). The client's retry, for an operation or a loop of your own:
+    /// [`retry_middleware`](Self::retry_middleware).
     ///
     /// ```
     /// use reqwest_resilience::{Resilience, RetryMiddleware};

@@ -44,6 +44,7 @@ mod routine_events;
 mod servers;
 mod stack;
 mod stack_tracing;
+mod steps;
 mod strategy;
 mod tls_alerts;
 mod visible_retries;

@@ -1099,6 +1099,76 @@ async fn a_retry_policies_policy_drives_the_delays_and_the_limit() {
     assert!(took <= S(2) && took > S(1), "{took:?}");
 }
 
+#[cfg(feature = "retry-policies")]
+#[tokio::test(start_paused = true)]
+async fn a_shared_arc_dyn_retry_policy_is_taken_as_it_is_and_its_delays_are_used() {
+    // rattler keeps its policies as `Arc<dyn RetryPolicy + Send + Sync>`: no newtype.
+    use retry_policies::RetryPolicy;
+    use retry_policies::policies::ExponentialBackoff;
+    let policy: Arc<dyn RetryPolicy + Send + Sync> = Arc::new(
+        ExponentialBackoff::builder()
+            .retry_bounds(S(1), S(1))
+            .jitter(retry_policies::Jitter::None)
+            .build_with_max_retries(2),
+    );
+    for retry in [
+        RetryMiddleware::new_with_policy(policy.clone()),
+        RetryMiddleware::builder()
+            .policy(policy.clone())
+            .build()
+            .unwrap(),
+    ] {
+        let server = FaultServer::always(Action::status(503)).await;
+        let c = client(retry);
+        let (res, ext, took) = send(&c, c.get(server.url("/")), Extensions::new()).await;
+        assert_eq!(res.unwrap().status(), 503);
+        assert_eq!(server.requests_seen(), 3, "the policy's 2 retries");
+        assert_eq!(outcome(&ext).stop, StopReason::RetriesExhausted);
+        // Its 1 s delays, less the wall-clock time between its answer and the sleep (as
+        // in the test above).
+        assert!(took <= S(2) && took > S(1), "{took:?}");
+    }
+}
+
+#[cfg(feature = "retry-policies")]
+#[tokio::test(start_paused = true)]
+async fn new_with_policy_has_no_retry_budget_like_reqwest_retry_and_one_can_opt_in() {
+    // 60 requests to a server that always fails, 2 retries each: reqwest-retry makes all
+    // 180 attempts. The default budget (at least 10 retries a second over 10 s) would
+    // allow only 100 of the 120 retries: this crate's budget was on here until issue 31.
+    use retry_policies::policies::ExponentialBackoff;
+    let policy = || {
+        ExponentialBackoff::builder()
+            .retry_bounds(Duration::ZERO, Duration::ZERO)
+            .build_with_max_retries(2)
+    };
+    let server = FaultServer::always(Action::status(503)).await;
+    let retry = RetryMiddleware::new_with_policy(policy());
+    assert!(retry.budget().is_none());
+    let c = client(retry);
+    for _ in 0..60 {
+        let (res, ext, _) = send(&c, c.get(server.url("/")), Extensions::new()).await;
+        assert_eq!(res.unwrap().status(), 503);
+        assert_eq!(outcome(&ext).attempts, 3, "every request retried fully");
+    }
+    assert_eq!(server.requests_seen(), 180);
+
+    // Opting in: the builder with the policy and a budget.
+    let server = FaultServer::always(Action::status(503)).await;
+    let c = client(
+        RetryMiddleware::builder()
+            .policy(policy())
+            .budget(RetryBudget::default())
+            .build()
+            .unwrap(),
+    );
+    for _ in 0..60 {
+        let (res, _, _) = send(&c, c.get(server.url("/")), Extensions::new()).await;
+        assert_eq!(res.unwrap().status(), 503);
+    }
+    assert_eq!(server.requests_seen(), 60 + 100, "the budget's 100 retries");
+}
+
 #[tokio::test(start_paused = true)]
 async fn with_the_real_breaker_an_open_circuit_is_waited_out_not_hammered() {
     use reqwest_resilience::breaker::{

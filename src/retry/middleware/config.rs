@@ -458,6 +458,15 @@ impl RetryMiddlewareBuilder {
     /// [`ResilienceError::InvalidConfig`] when the `Retry-After` cap exceeds one day, the
     /// attempt timeout is zero, or the [`Hedging`] settings are out of range.
     pub fn build(self) -> Result<RetryMiddleware, ResilienceError> {
+        self.check()?;
+        Ok(RetryMiddleware {
+            config: Arc::new(self.config),
+        })
+    }
+
+    /// What [`build`](Self::build) checks, without building (the stack checks a retry it
+    /// hands out before it takes the builder: `Resilience::retry_middleware`).
+    pub(crate) fn check(&self) -> Result<(), ResilienceError> {
         if let Some(h) = &self.config.hedging {
             h.validate()?;
         }
@@ -471,9 +480,7 @@ impl RetryMiddlewareBuilder {
                 "retry_after_cap must not exceed one day".to_owned(),
             ));
         }
-        Ok(RetryMiddleware {
-            config: Arc::new(self.config),
-        })
+        Ok(())
     }
 }
 

@@ -28,8 +28,8 @@ use super::config::{Config, RetryMiddleware};
 use super::plan::{LoopState, Step, Unspent};
 use super::report::{announce, record};
 use crate::record::{
-    AttemptDecision, AttemptHistory, Continuation, Deadline, Inward, PassEnd, RequestEvidence,
-    RetryReason, Spent, StopReason,
+    AttemptDecision, AttemptHistory, Continuation, Deadline, HandedBack, Inward, PassEnd,
+    RequestEvidence, RetryReason, Spent, StopReason,
 };
 use crate::retry::{AttemptContext, RetryNotice, Verdict, Withdrawal, unsafe_retry};
 
@@ -68,6 +68,17 @@ pub(crate) struct ContinuedRetry {
     pub(crate) delay: Duration,
     reason: RetryReason,
     withdrawal: Option<Withdrawal>,
+}
+
+impl ContinuedRetry {
+    /// The retry a pass handed back to the caller's loop (`HandedBack`).
+    pub(crate) fn handed_back(h: HandedBack) -> Self {
+        ContinuedRetry {
+            delay: h.delay,
+            reason: h.reason,
+            withdrawal: h.budget_slot.map(Withdrawal::in_slot),
+        }
+    }
 }
 
 impl RetryMiddleware {
@@ -155,6 +166,12 @@ impl RetryMiddleware {
         let mut unspent = Unspent(self.config.budget.as_ref().zip(retry.withdrawal));
         tokio::time::sleep(retry.delay).await;
         unspent.0 = None;
+        self.count_continued(continued, retry);
+    }
+
+    /// Counts `retry` in `continued`, as made (its wait is over, or the caller's loop
+    /// waited it out): its budget is spent.
+    pub(crate) fn count_continued(&self, continued: &Continuation, retry: ContinuedRetry) {
         let mut spent = continued.lock();
         // Counted as the loop counts (a `GOAWAY` rotation against the not-processed cap
         // it was allowed under, not the retry count): counted elsewhere, a rotation on
@@ -166,19 +183,27 @@ impl RetryMiddleware {
         spent.previous_delay = state.previous_delay;
     }
 
+    /// Gives back the budget of a retry decided and never made (a step loop dropped
+    /// before its next attempt).
+    pub(crate) fn give_back(&self, retry: ContinuedRetry) {
+        drop(Unspent(self.config.budget.as_ref().zip(retry.withdrawal)));
+    }
+
     /// Fixes what the passes of `continued` share before the first one: the retry limit
     /// (`max_retries`, else the configured one), the deadline (the configured total from
     /// now, unless `deadline`), the idempotency mark, and the request's deposit in the
-    /// budget.
+    /// budget. `hand_back`: each pass makes one attempt and hands a retry back (`Steps`).
     pub(crate) fn begin_continued(
         &self,
         continued: &Continuation,
         max_retries: Option<u32>,
         deadline: Option<Instant>,
         idempotent: Option<bool>,
+        hand_back: bool,
     ) {
         let c = &self.config;
         let mut spent = continued.lock();
+        spent.hand_back = hand_back;
         spent.max_retries = Some(max_retries.unwrap_or_else(|| c.max_retries()));
         spent.deadline =
             deadline.or_else(|| c.deadline.and_then(|d| Instant::now().checked_add(d)));
@@ -207,15 +232,18 @@ impl Continuation {
 
     /// A pass begins with `state` (as the loop set it up from its own configuration) and
     /// `idempotent` (as the request says): both continue from the earlier passes, and the
-    /// history goes on from theirs. Whether the pass still has to deposit in the budget.
+    /// history goes on from theirs; `hands_back` is set when the pass hands a retry back
+    /// (`Steps`). Whether the pass still has to deposit in the budget.
     pub(in crate::retry) fn begin_pass(
         &self,
         state: &mut LoopState,
         idempotent: &mut bool,
+        hands_back: &mut bool,
         req: &reqwest::Request,
         extensions: &mut Extensions,
     ) -> bool {
         let mut spent = self.lock();
+        *hands_back = spent.hand_back;
         spent.method = Some(req.method().clone());
         spent.url = Some(req.url().clone());
         state.retries = spent.retries;
@@ -347,7 +375,7 @@ mod tests {
     async fn a_cut_body_of_an_idempotent_request_is_retried_up_to_the_shared_limit() {
         let r = retry(2);
         let c = Continuation::default();
-        r.begin_continued(&c, None, None, Some(true));
+        r.begin_continued(&c, None, None, Some(true), false);
         let mut delays = Vec::new();
         for attempt in 1..=3 {
             let error = std::io::Error::from(CUT);
@@ -393,7 +421,7 @@ mod tests {
     async fn a_cut_body_of_a_request_not_known_idempotent_is_not_retried() {
         let r = retry(3);
         let c = Continuation::default();
-        r.begin_continued(&c, None, None, None);
+        r.begin_continued(&c, None, None, None, false);
         let error = std::io::Error::from(CUT);
         let got = r
             .decide_continued(&c, cut_body(1, &error, &Method::GET))

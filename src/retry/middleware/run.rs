@@ -21,8 +21,8 @@ use super::plan::{LoopState, Step, Unspent};
 use super::report::finish;
 use crate::origin::Origin;
 use crate::record::{
-    AttemptScope, Continuation, Deadline, Inward, RequestEvidence, RequestRecord, RetryReason,
-    StopReason,
+    AttemptScope, Continuation, Deadline, HandedBack, Inward, RequestEvidence, RequestRecord,
+    RetryReason, StopReason,
 };
 use crate::retry::attempt_timeout::{self, attempt_cut};
 use crate::retry::hedge::{Hedging, RoundSpec};
@@ -127,6 +127,9 @@ struct RequestRun<'a> {
     transport_installed: bool,
     /// The earlier passes of this request, when it has some (`continued`).
     continued: Option<Continuation>,
+    /// Whether a retry is handed back to the caller's loop ([`Steps`](crate::retry::Steps))
+    /// instead of made: the pass makes one attempt (with its hedges).
+    hands_back: bool,
     /// The URL of the request once the last attempt possible sent the caller's request
     /// itself (none is kept to borrow it from then): boxed, so the loop's future carries a
     /// pointer, not a `Url`, and copied only on that path.
@@ -193,9 +196,16 @@ impl<'a> RequestRun<'a> {
             hedges: 0,
             not_processed_retries: 0,
         };
-        let deposit = continued
-            .as_ref()
-            .is_none_or(|c| c.begin_pass(&mut state, &mut idempotent, req, extensions));
+        let mut hands_back = false;
+        let deposit = continued.as_ref().is_none_or(|c| {
+            c.begin_pass(
+                &mut state,
+                &mut idempotent,
+                &mut hands_back,
+                req,
+                extensions,
+            )
+        });
         if let Some(budget) = config.budget.as_ref().filter(|_| deposit) {
             budget.deposit();
         }
@@ -217,6 +227,7 @@ impl<'a> RequestRun<'a> {
             handed_on: handed_on || attempt_timeout.is_some(),
             transport_installed: handover.composed(),
             continued,
+            hands_back,
             last_url: None,
         }
     }
@@ -351,7 +362,8 @@ impl<'a> RequestRun<'a> {
         hedges: u32,
         kept_url: Option<&url::Url>,
     ) -> Result<PlannedRetry, Stopped> {
-        let kept = kept_url.is_some();
+        // A retry handed back is the caller's to send: it rebuilds the request.
+        let kept = kept_url.is_some() || self.hands_back;
         // Each hedge sent is an attempt of its own.
         self.state.hedges += hedges;
         let attempts = prepared.attempt + hedges;
@@ -361,6 +373,26 @@ impl<'a> RequestRun<'a> {
             transport_installed: self.transport_installed,
         };
         let step = decision.decide(result, extensions, attempts, kept, &self.state);
+        if let (
+            Step::Retry {
+                delay,
+                reason,
+                withdrawal,
+            },
+            Some(c),
+        ) = (&step, &self.continued)
+            && self.hands_back
+        {
+            c.lock().handed_back = Some(Box::new(HandedBack {
+                delay: *delay,
+                reason: *reason,
+                budget_slot: withdrawal.as_ref().map(Withdrawal::slot),
+            }));
+            return Err(Stopped {
+                attempts,
+                stop: StopReason::HandedBack,
+            });
+        }
         match (step, kept) {
             (
                 Step::Retry {

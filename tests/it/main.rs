@@ -13,6 +13,7 @@
 mod support;
 
 mod astral;
+mod astral_lazy;
 mod attempt_timeout;
 mod auth;
 mod body;

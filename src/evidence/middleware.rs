@@ -154,7 +154,9 @@ impl Stage for TransportEvidence {
             }
             if unsafe_method && unsent && evidence.redirects == Redirects::Unknown {
                 // Not retried for want of proof that no redirect came first: say so once.
-                crate::misconfig::report_once(crate::misconfig::Misconfiguration::RedirectsUnobserved);
+                crate::misconfig::report_once(
+                    crate::misconfig::Misconfiguration::RedirectsUnobserved,
+                );
             }
             evidence.elapsed = started.elapsed();
             crate::metrics::attempt(method, &evidence);

@@ -84,7 +84,13 @@ fn attempts(ext: &Extensions) -> Vec<(Transmission, Option<FailureKind>, Redirec
         .unwrap()
         .attempts()
         .iter()
-        .map(|r| (r.evidence.transmission, r.evidence.failure, r.evidence.redirects))
+        .map(|r| {
+            (
+                r.evidence.transmission,
+                r.evidence.failure,
+                r.evidence.redirects,
+            )
+        })
         .collect()
 }
 
@@ -95,7 +101,14 @@ async fn assert_refused_post_retried(client: &fork::ClientWithMiddleware) {
     assert!(err.is_connect(), "{err:?}");
     assert_eq!(
         attempts(&ext),
-        vec![(Transmission::NotSent, Some(FailureKind::Connect), Redirects::None); 4]
+        vec![
+            (
+                Transmission::NotSent,
+                Some(FailureKind::Connect),
+                Redirects::None
+            );
+            4
+        ]
     );
     let outcome = RetryOutcome::of(&ext).unwrap();
     assert_eq!(
@@ -164,7 +177,8 @@ async fn a_post_redirected_to_a_refused_port_is_not_retried() {
 
 #[tokio::test(start_paused = true)]
 async fn without_the_recorded_client_a_refused_post_is_not_retried_and_that_is_reported_once() {
-    let client = fork::ClientWithMiddleware::new(loopback_builder().build().unwrap(), minimal_list());
+    let client =
+        fork::ClientWithMiddleware::new(loopback_builder().build().unwrap(), minimal_list());
     for _ in 0..2 {
         let dead = HeldRefusedPort::new();
         let (result, ext) = post(&client, &dead.url("/pay")).await;
@@ -201,7 +215,8 @@ async fn without_the_recorded_client_a_refused_post_is_not_retried_and_that_is_r
 
 #[tokio::test(start_paused = true)]
 async fn without_the_recorded_client_a_refused_get_is_still_retried() {
-    let client = fork::ClientWithMiddleware::new(loopback_builder().build().unwrap(), minimal_list());
+    let client =
+        fork::ClientWithMiddleware::new(loopback_builder().build().unwrap(), minimal_list());
     let dead = HeldRefusedPort::new();
     let mut ext = Extensions::new();
     let request = client.get(dead.url("/simple")).build().unwrap();

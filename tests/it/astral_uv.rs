@@ -130,7 +130,11 @@ async fn uvs_client_reports_a_refused_connect_with_its_retries_and_reqwests_erro
     assert!(err.error.is_connect(), "{:?}", err.error);
     // `WrappedReqwestError::inner`.
     assert!(find_reqwest_error_astral(&err.error).is_some_and(reqwest::Error::is_connect));
-    assert_eq!(seen.load(Ordering::SeqCst), 4, "uv's middleware saw every attempt");
+    assert_eq!(
+        seen.load(Ordering::SeqCst),
+        4,
+        "uv's middleware saw every attempt"
+    );
 }
 
 #[tokio::test(start_paused = true)]

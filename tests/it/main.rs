@@ -14,6 +14,7 @@ mod support;
 
 mod astral;
 mod astral_lazy;
+mod astral_surface;
 mod astral_uv;
 mod attempt_timeout;
 mod auth;

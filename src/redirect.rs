@@ -25,6 +25,11 @@
 //! - [`ClientRedirects::Off`]: the client does not follow redirects
 //!   (`reqwest::redirect::Policy::none()`): every outcome is the first hop's.
 //!
+//! A client built by [`recorded_client`] needs no declaration: each connection it opens
+//! during an attempt proves to the transport step that its hops are recorded, so that
+//! attempt is judged as under `Recorded` (for a client built apart from its middlewares,
+//! a list handed to `ClientWithMiddleware::new` later).
+//!
 //! [`Resilience::build_from`](crate::Resilience::build_from) builds the client with
 //! [`recorded`] around the policy given to it and declares `Recorded`. A declaration that
 //! a response proves false (one from another URL than the request's, with no hop recorded

@@ -5,6 +5,8 @@
 //! the retry middleware is installed; [`ResilienceError::from_middleware_error`] gives the
 //! outermost one (e.g. the [`ResilienceError::Retry`] that wraps it).
 
+#[cfg(feature = "astral")]
+pub(crate) mod astral;
 mod body;
 pub(crate) mod breaker;
 pub(crate) mod retry;

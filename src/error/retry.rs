@@ -72,7 +72,7 @@ impl RetryError {
     #[cfg(feature = "astral")]
     #[cfg_attr(docsrs, doc(cfg(feature = "astral")))]
     pub fn into_last_error_astral(self) -> astral_reqwest_middleware::Error {
-        crate::stage::astral::into_astral(self.last)
+        super::astral::into_astral(self.last)
     }
 
     /// The `reqwest::Error` of the last attempt, if it was one.

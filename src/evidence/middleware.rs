@@ -148,16 +148,12 @@ impl Stage for TransportEvidence {
                     e
                 }
             };
-            let unsent = evidence.transmission == Transmission::NotSent;
-            if apply_redirects(&mut evidence, &result, url_key, client, hops) {
-                self.disproved();
-            }
-            if unsafe_method && unsent && evidence.redirects == Redirects::Unknown {
-                // Not retried for want of proof that no redirect came first: say so once.
-                crate::misconfig::report_once(
-                    crate::misconfig::Misconfiguration::RedirectsUnobserved,
-                );
-            }
+            self.judge_redirects(
+                &mut evidence,
+                &result,
+                (url_key, client, hops),
+                unsafe_method,
+            );
             evidence.elapsed = started.elapsed();
             crate::metrics::attempt(method, &evidence);
             #[cfg(feature = "tracing")]
@@ -194,6 +190,25 @@ impl TransportEvidence {
                 ClientRedirects::Recorded
             }
             declared => declared,
+        }
+    }
+
+    /// Applies what the client's redirects prove to `evidence` (see [`apply_redirects`]),
+    /// and reports once a non-idempotent request left unsent that cannot be retried for
+    /// want of proof that no redirect came first.
+    fn judge_redirects(
+        &self,
+        evidence: &mut RequestEvidence,
+        result: &reqwest_middleware::Result<Response>,
+        (request, client, hops): (UrlKey, ClientRedirects, Option<HopCount>),
+        unsafe_method: bool,
+    ) {
+        let unsent = evidence.transmission == Transmission::NotSent;
+        if apply_redirects(evidence, result, request, client, hops) {
+            self.disproved();
+        }
+        if unsafe_method && unsent && evidence.redirects == Redirects::Unknown {
+            crate::misconfig::report_once(crate::misconfig::Misconfiguration::RedirectsUnobserved);
         }
     }
 

@@ -1,16 +1,17 @@
 //! Both surfaces, listed: every user-facing call of the crates.io path (a public function,
-//! a method of a public trait, a trait implementation, a public type or field whose
-//! signature names a `reqwest_middleware` type) and of the astral fork's path (one naming
-//! an `astral_reqwest_middleware` type), read from `src/`, against [`TWINS`], the table of
-//! which is whose twin. A call that appears on one side with no row, a row whose call is
-//! gone, or a twin that is not there fails the test, naming it.
+//! a method of a public trait, a trait implementation, a public struct, field or type
+//! alias whose signature names a `reqwest_middleware` type) and of the astral fork's path
+//! (one naming an `astral_reqwest_middleware` type), read from `src/`, against [`TWINS`],
+//! the table of which is whose twin. A call that appears on one side with no row, a row
+//! whose call is gone, or a twin that is not there fails the test, naming it.
 //!
 //! The scan reads the source text (comments, strings and `#[cfg(test)]` modules left out),
 //! not rustdoc's JSON: a few milliseconds, no nightly toolchain, no feature needed. What it
 //! counts as naming a type: a path through the crate (`reqwest_middleware::Error`) or a
 //! name the file imports from it (`use reqwest_middleware::{ClientBuilder, Middleware}`).
 //! What it cannot see: a signature a macro builds from pieces (the standalone middlewares'
-//! `impl … Middleware for $stage` is seen, once, in the macro).
+//! `impl … Middleware for $stage` is seen, once, in the macro), a `pub use` of the crate's
+//! items, and visibility beyond `pub` (a `pub fn` of a private module is listed too).
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -199,13 +200,14 @@ fn the_scan_sees_a_new_call_on_either_side() {
                     pub fn wrap_fork(m: astral_reqwest_middleware::Error) -> Self { Shiny }\n\
                     pub(crate) fn inner(e: reqwest_middleware::Error) {}\n\
                 }\n\
+                pub type Answer = reqwest_middleware::Result<()>;\n\
                 #[cfg(test)]\n\
                 mod tests { pub fn t(e: reqwest_middleware::Error) {} }\n";
     let mut found = Surface::default();
     found.read(text);
     assert_eq!(
         found.crates.iter().collect::<Vec<_>>(),
-        ["Shiny::wrap"],
+        ["Shiny::wrap", "type Answer"],
         "{found:?}"
     );
     assert_eq!(
@@ -280,6 +282,15 @@ impl Surface {
             if let Some(item) = impl_item(header) {
                 note(item, header);
             }
+        }
+        for at in words(&text, "type").filter(|&at| text[..at].trim_end().ends_with("pub")) {
+            let Some(name) = ident_after(&text, at + 4) else {
+                continue;
+            };
+            note(
+                format!("type {name}"),
+                &text[at..end_of_signature(&text, at)],
+            );
         }
         for at in words(&text, "struct") {
             if !text[..at].trim_end().ends_with("pub") {

@@ -281,10 +281,11 @@ impl<F: Future> Future for Recording<F> {
         HOPS.with(|hops| hops.borrow_mut().push(std::mem::take(this.hops)));
         let installed = Installed;
         let polled = this.inner.poll(cx);
+        // The record back and off the stack in one access; the guard pops only on unwind.
         *this.hops = HOPS
-            .with(|hops| hops.borrow_mut().last_mut().map(std::mem::take))
+            .with(|hops| hops.borrow_mut().pop())
             .unwrap_or_default();
-        drop(installed);
+        std::mem::forget(installed);
         polled.map(|output| (output, std::mem::take(this.hops)))
     }
 }

@@ -106,10 +106,6 @@ const TWINS: &[(&str, Twin)] = &[
              is_timeout answer by reference for both",
         ),
     ),
-    (
-        "fn find_reqwest_error",
-        Twin::Astral("fn find_reqwest_error_astral"),
-    ),
     // send_with_history.
     (
         "impl SendWithHistory for RequestBuilder",
@@ -141,7 +137,7 @@ const TWINS: &[(&str, Twin)] = &[
 
 const CLASSIFIED_INSIDE: &str = "the breaker classifies inside the stack, where an attempt's \
     result is reqwest-middleware's for both clients (the fork's converted variant for variant); \
-    a classifier reads it through the evidence, the status or chain::reqwest_error";
+    a classifier reads it through the evidence, the status or chain::find";
 
 #[test]
 fn every_call_of_either_path_has_its_twin_in_the_table() {

@@ -2,8 +2,9 @@
 //! client's setup (`crates/uv-client/src/base_client.rs`: `create_client`,
 //! `apply_middleware`) and its error handling (`error.rs`: `from_reqwest_middleware`, which
 //! reads the retry count; `WrappedReqwestError::filter_retries_from_error`, which unwraps
-//! the retry error; `inner`, which finds the `reqwest::Error`), with no error-chain walk
-//! and no crates.io reqwest-middleware: `reqwest_middleware` below is the fork, as in uv.
+//! the retry error; `inner`, which finds the `reqwest::Error`), with no error-chain walk of
+//! uv's own and no crates.io reqwest-middleware: `reqwest_middleware` below is the fork, as
+//! in uv.
 
 #![cfg(feature = "astral")]
 
@@ -14,14 +15,14 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use astral_reqwest_middleware as reqwest_middleware; // uv's name for the fork
 use http::Extensions;
-use reqwest_resilience::redirect;
 use reqwest_resilience::retry::strategies::uv_transient;
-use reqwest_resilience::retry::{ErrorWrapping, StopReason, find_reqwest_error_astral};
+use reqwest_resilience::retry::{ErrorWrapping, StopReason};
 use reqwest_resilience::stack::astral::AstralResilience;
 use reqwest_resilience::{
     BreakerConfig, BreakerRegistry, Exchange, Resilience, ResilienceError, RetryMiddleware,
     SendWithHistory,
 };
+use reqwest_resilience::{chain, redirect};
 use support::held_port::HeldRefusedPort;
 use support::{Action, FaultServer};
 
@@ -128,8 +129,8 @@ async fn uvs_client_reports_a_refused_connect_with_its_retries_and_reqwests_erro
     .unwrap_err();
     assert_eq!(err.retries, 3);
     assert!(err.error.is_connect(), "{:?}", err.error);
-    // `WrappedReqwestError::inner`.
-    assert!(find_reqwest_error_astral(&err.error).is_some_and(reqwest::Error::is_connect));
+    // `WrappedReqwestError::inner`: the crate's one chain walk serves the fork's error too.
+    assert!(chain::find::<reqwest::Error>(&err.error).is_some_and(reqwest::Error::is_connect));
     assert_eq!(
         seen.load(Ordering::SeqCst),
         4,

@@ -14,6 +14,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use astral_reqwest_middleware as reqwest_middleware; // uv's name for the fork
+// The crates.io crate, only for the test that compares the two paths.
+use ::reqwest_middleware as reqwest_middleware_crates;
 use http::Extensions;
 use reqwest_resilience::retry::strategies::uv_transient;
 use reqwest_resilience::retry::{ErrorWrapping, StopReason};
@@ -192,6 +194,11 @@ async fn uvs_error_conversion_reads_the_count_from_a_wrapped_error_and_strips_it
         ResilienceError::from_middleware_error_astral(&err),
         Some(ResilienceError::Retry(r)) if r.attempts() == 4 && r.is_connect()
     ));
+    // The cause, as on the crates.io path: the Retry itself, its last error being reqwest's.
+    assert!(matches!(
+        ResilienceError::find_astral(&err),
+        Some(ResilienceError::Retry(r)) if r.attempts() == 4
+    ));
     let uv = from_wrapped(err);
     assert_eq!(uv.retries, 3);
     assert!(
@@ -221,4 +228,80 @@ async fn uvs_client_with_a_breaker_finds_the_cause_and_the_count_through_the_for
         Some(ResilienceError::Retry(r)) if r.attempts() == 1
     ));
     assert_eq!(server.requests_seen(), 5);
+}
+
+#[tokio::test(start_paused = true)]
+async fn both_paths_give_the_same_answers_for_the_same_failure() {
+    // The crates.io client and the fork's, the same stack: the same outcome, the same
+    // errors found.
+    let stack = || {
+        Resilience::like_reqwest_retry().retry(
+            RetryMiddleware::like_reqwest_retry()
+                .max_retries(2)
+                .error_wrapping(ErrorWrapping::Always),
+        )
+    };
+    let builder = || {
+        reqwest::Client::builder()
+            .no_proxy()
+            .pool_max_idle_per_host(0)
+    };
+    let ours = stack().build_from(builder()).unwrap();
+    let theirs = stack().build_from_astral(builder()).unwrap();
+    let dead = HeldRefusedPort::new();
+    let a = ours.post(dead.url("/")).body("x").send_with_history().await;
+    let b = theirs
+        .post(dead.url("/"))
+        .body("x")
+        .send_with_history()
+        .await;
+    assert_eq!(
+        a.outcome.map(|o| (o.attempts, o.stop)),
+        Some((3, StopReason::RetriesExhausted))
+    );
+    assert_eq!(
+        a.outcome.map(|o| (o.attempts, o.stop)),
+        b.outcome.map(|o| (o.attempts, o.stop))
+    );
+    assert_eq!(a.history.len(), b.history.len());
+    let (a, b) = (a.result.unwrap_err(), b.result.unwrap_err());
+    let attempts = |e: Option<&ResilienceError>| match e {
+        Some(ResilienceError::Retry(r)) => Some((r.attempts(), r.stop_reason(), r.is_connect())),
+        _ => None,
+    };
+    assert_eq!(
+        attempts(ResilienceError::from_middleware_error(&a)),
+        Some((3, StopReason::RetriesExhausted, true))
+    );
+    assert_eq!(
+        attempts(ResilienceError::from_middleware_error(&a)),
+        attempts(ResilienceError::from_middleware_error_astral(&b))
+    );
+    assert_eq!(
+        attempts(ResilienceError::find(&a)),
+        attempts(ResilienceError::find_astral(&b))
+    );
+    let (a, b) = (retry_of(a), retry_of_astral(b));
+    assert!(a.into_last_error().is_connect());
+    assert!(b.into_last_error_astral().is_connect());
+}
+
+fn retry_of(err: reqwest_middleware_crates::Error) -> reqwest_resilience::retry::RetryError {
+    let reqwest_middleware_crates::Error::Middleware(e) = err else {
+        panic!("{err:?}")
+    };
+    match e.downcast::<ResilienceError>() {
+        Ok(ResilienceError::Retry(r)) => r,
+        other => panic!("{other:?}"),
+    }
+}
+
+fn retry_of_astral(err: reqwest_middleware::Error) -> reqwest_resilience::retry::RetryError {
+    let reqwest_middleware::Error::Middleware(e) = err else {
+        panic!("{err:?}")
+    };
+    match e.downcast::<ResilienceError>() {
+        Ok(ResilienceError::Retry(r)) => r,
+        other => panic!("{other:?}"),
+    }
 }

@@ -36,12 +36,14 @@ use reqwest::Response;
 
 use crate::record::{AttemptHistory, RetryOutcome};
 
-/// A request's result with what happened on the way: see [`SendWithHistory`].
+/// A request's result with what happened on the way: see [`SendWithHistory`]. `E` is the
+/// error of the client's crate: reqwest-middleware's, or (feature `astral`) the astral
+/// fork's.
 #[derive(Debug)]
 #[non_exhaustive]
-pub struct Exchange {
+pub struct Exchange<E = reqwest_middleware::Error> {
     /// What `send()` would have returned.
-    pub result: reqwest_middleware::Result<Response>,
+    pub result: Result<Response, E>,
     /// Every attempt and the decision after it (empty when no
     /// [`TransportEvidence`](crate::TransportEvidence) and no retry middleware saw the
     /// request).
@@ -54,19 +56,38 @@ pub struct Exchange {
     pub extensions: Extensions,
 }
 
+impl<E> Exchange<E> {
+    /// The exchange of a request that ended with `result`, its extensions after it.
+    fn after(result: Result<Response, E>, mut extensions: Extensions) -> Self {
+        Exchange {
+            result,
+            history: AttemptHistory::take_from(&mut extensions).unwrap_or_default(),
+            outcome: RetryOutcome::of(&extensions).copied(),
+            extensions,
+        }
+    }
+}
+
 /// `send()` that keeps the builder's extensions and returns the attempt history and the
-/// retry outcome with the result (see the module docs).
+/// retry outcome with the result (see the module docs). Implemented for
+/// reqwest-middleware's `RequestBuilder` and, with feature `astral`, the astral fork's.
 pub trait SendWithHistory {
+    /// The error the client's `send()` returns: `reqwest_middleware::Error`, or the astral
+    /// fork's for its `RequestBuilder`.
+    type Error;
+
     /// Sends the request with the extensions set on the builder, and returns the result
     /// with its [`AttemptHistory`] and [`RetryOutcome`].
     ///
     /// # Cancel safety
     ///
     /// As `RequestBuilder::send()`: dropping the future drops the request.
-    fn send_with_history(self) -> impl Future<Output = Exchange> + Send;
+    fn send_with_history(self) -> impl Future<Output = Exchange<Self::Error>> + Send;
 }
 
 impl SendWithHistory for reqwest_middleware::RequestBuilder {
+    type Error = reqwest_middleware::Error;
+
     fn send_with_history(mut self) -> impl Future<Output = Exchange> + Send {
         // What `RequestBuilder::send` does (reqwest-middleware 0.5): take the extensions,
         // then build the request; `build()` alone would drop them.
@@ -81,12 +102,34 @@ impl SendWithHistory for reqwest_middleware::RequestBuilder {
                 }
                 Err(e) => Err(reqwest_middleware::Error::Reqwest(e)),
             };
-            Exchange {
-                result,
-                history: AttemptHistory::take_from(&mut extensions).unwrap_or_default(),
-                outcome: RetryOutcome::of(&extensions).copied(),
-                extensions,
-            }
+            Exchange::after(result, extensions)
+        }
+    }
+}
+
+/// The astral fork's `RequestBuilder` (feature `astral`): the same as
+/// reqwest-middleware's, its error the fork's.
+#[cfg(feature = "astral")]
+#[cfg_attr(docsrs, doc(cfg(feature = "astral")))]
+impl SendWithHistory for astral_reqwest_middleware::RequestBuilder {
+    type Error = astral_reqwest_middleware::Error;
+
+    fn send_with_history(
+        mut self,
+    ) -> impl Future<Output = Exchange<astral_reqwest_middleware::Error>> + Send {
+        // What the fork's `RequestBuilder::send` does (astral-reqwest-middleware 0.5).
+        let mut extensions = std::mem::take(self.extensions());
+        let (client, request) = self.build_split();
+        async move {
+            let result = match request {
+                Ok(request) => {
+                    client
+                        .execute_with_extensions(request, &mut extensions)
+                        .await
+                }
+                Err(e) => Err(astral_reqwest_middleware::Error::Reqwest(e)),
+            };
+            Exchange::after(result, extensions)
         }
     }
 }

@@ -7,6 +7,7 @@
 //! | the stack installed twice, or one of this crate's middlewares added with `.with()` after [`TransportEvidence`](crate::TransportEvidence) | [`ResilienceError::Misconfigured`](crate::ResilienceError::Misconfigured) for every request, before anything is sent ([`Misconfiguration::InsideTransportStep`]) |
 //! | a [`RetryMiddleware`](crate::RetryMiddleware) inside another (for the same request) | [`ResilienceError::Misconfigured`](crate::ResilienceError::Misconfigured) for every request, before anything is sent ([`Misconfiguration::NestedRetry`]) |
 //! | a retry middleware with no [`TransportEvidence`](crate::TransportEvidence) under it | it still works (failures are `Unknown`, so only idempotent requests are retried); reported **once per process** on standard error, as a `tracing` warning with feature `tracing`, and in [`Misconfiguration::reported`] |
+//! | a non-idempotent request that failed before it was sent, through a transport step that cannot see the client's redirects (`ClientRedirects::Unobserved`, the default) | it is not retried (a redirect may have followed a processed request); reported once per process like the row above ([`Misconfiguration::RedirectsUnobserved`]), naming the one call that fixes it, [`redirect::recorded_client`](crate::redirect::recorded_client) |
 //! | a `ClientRedirects` declaration a response proves false (`Recorded` and a response from another URL with no recorded hop; `Off` and a response from another URL) | that transport step (the client it serves) treats the client as `Unobserved` for the rest of its life, so no error is taken for a first hop's; reported once per process like the row above ([`Misconfiguration::RedirectsNotRecorded`], [`Misconfiguration::RedirectsNotOff`]) |
 //!
 //! The first two are errors because they multiply attempts (a stack inside a stack made a
@@ -71,6 +72,14 @@ pub enum Misconfiguration {
     /// (`ClientRedirects::Off`), and a response came from another URL. That transport
     /// step treats the client as `Unobserved` from then on.
     RedirectsNotOff,
+    /// A non-idempotent request (`POST`, `PATCH`, no `Idempotency-Key`) failed before it
+    /// was sent (a refused connect, a DNS failure) through a transport step that cannot
+    /// tell its first hop from a later redirect hop (`ClientRedirects::Unobserved`, the
+    /// default): a redirect may have followed a processed request, so it is not retried
+    /// (unless marked `Idempotent(true)`). The one call that fixes it: build the client with
+    /// `redirect::recorded_client(builder, policy)` (or let `Resilience::build_from`
+    /// build it).
+    RedirectsUnobserved,
 }
 
 impl fmt::Display for Misconfiguration {
@@ -95,6 +104,13 @@ impl fmt::Display for Misconfiguration {
                  with no redirect recorded: wrap the client's policy in redirect::recorded (or \
                  use Resilience::build_from); that client is treated as Unobserved from now on",
             ),
+            Misconfiguration::RedirectsUnobserved => f.write_str(
+                "a POST or PATCH whose connection failed before it was sent is not retried: \
+                 the client's redirects are not observed (ClientRedirects::Unobserved), so a \
+                 redirect hop after a processed request cannot be ruled out; build the \
+                 client with reqwest_resilience::redirect::recorded_client(builder, policy) \
+                 (Resilience::build_from does) to retry them",
+            ),
             Misconfiguration::RedirectsNotOff => f.write_str(
                 "ClientRedirects::Off was declared, but a response came from another URL: the \
                  client follows redirects; that client is treated as Unobserved from now on",
@@ -117,6 +133,7 @@ impl Misconfiguration {
             Misconfiguration::NoTransportEvidence => 4,
             Misconfiguration::RedirectsNotRecorded => 8,
             Misconfiguration::RedirectsNotOff => 16,
+            Misconfiguration::RedirectsUnobserved => 32,
         }
     }
 }

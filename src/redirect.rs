@@ -25,6 +25,11 @@
 //! - [`ClientRedirects::Off`]: the client does not follow redirects
 //!   (`reqwest::redirect::Policy::none()`): every outcome is the first hop's.
 //!
+//! A client built by [`recorded_client`] needs no declaration: each connection it opens
+//! during an attempt proves to the transport step that its hops are recorded, so that
+//! attempt is judged as under `Recorded` (for a client built apart from its middlewares,
+//! a list handed to `ClientWithMiddleware::new` later).
+//!
 //! [`Resilience::build_from`](crate::Resilience::build_from) builds the client with
 //! [`recorded`] around the policy given to it and declares `Recorded`. A declaration that
 //! a response proves false (one from another URL than the request's, with no hop recorded
@@ -137,6 +142,82 @@ pub fn recorded(policy: reqwest::redirect::Policy) -> reqwest::redirect::Policy 
     })
 }
 
+/// Builds `builder`'s client so that every transport step sees its redirects exactly,
+/// whatever that step was told: the redirect `policy` wrapped in [`recorded`], and a
+/// connector that proves it. Each connection this client opens during an attempt tells the
+/// transport step running it that the client records its hops, so a
+/// [`TransportEvidence`](crate::TransportEvidence) declared
+/// [`ClientRedirects::Unobserved`] (the default: `TransportEvidence::new()`, a stack
+/// without [`client_redirects`](crate::Resilience::client_redirects)) treats that attempt as
+/// [`ClientRedirects::Recorded`]: a `POST` whose connection was refused is retried. The one
+/// call for a client built apart from its middlewares (a list handed to
+/// `ClientWithMiddleware::new` when the client is first needed, rattler's `LazyClient`).
+///
+/// Nothing is assumed where nothing was proven: an attempt that opened no connection (a
+/// pooled one was reused) is judged as the declaration says. A middleware that sends
+/// requests of another such client from *inside* the transport step (where only a
+/// stand-in for the network belongs) would lend this proof to the attempt it runs in.
+///
+/// ```
+/// use reqwest_resilience::redirect;
+///
+/// # fn main() -> Result<(), reqwest::Error> {
+/// let client = redirect::recorded_client(
+///     reqwest::Client::builder(),
+///     reqwest::redirect::Policy::default(),
+/// )?;
+/// # drop(client); Ok(()) }
+/// ```
+///
+/// # Errors
+///
+/// reqwest's, when it cannot build the client.
+pub fn recorded_client(
+    builder: reqwest::ClientBuilder,
+    policy: reqwest::redirect::Policy,
+) -> Result<reqwest::Client, reqwest::Error> {
+    builder
+        .redirect(recorded(policy))
+        .connector_layer(ProvesRecorded)
+        .build()
+}
+
+/// [`recorded_client`]'s connector layer.
+#[derive(Debug, Clone, Copy)]
+struct ProvesRecorded;
+
+impl<S> tower_layer::Layer<S> for ProvesRecorded {
+    type Service = Proving<S>;
+
+    fn layer(&self, inner: S) -> Proving<S> {
+        Proving(inner)
+    }
+}
+
+/// A connector that, as it starts a connection, marks the attempt being polled on this
+/// thread as one of a client whose redirects are recorded.
+#[derive(Debug, Clone)]
+struct Proving<S>(S);
+
+impl<S: tower_service::Service<R>, R> tower_service::Service<R> for Proving<S> {
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = S::Future;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.0.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: R) -> S::Future {
+        HOPS.with(|hops| {
+            if let Some(current) = hops.borrow_mut().last_mut() {
+                current.proven = true;
+            }
+        });
+        self.0.call(request)
+    }
+}
+
 /// The part of a URL a response's URL is compared on: reqwest rebuilds `Response::url()`
 /// from the request's `http::Uri`, which has no fragment.
 pub(crate) fn without_fragment(url: &reqwest::Url) -> &str {
@@ -152,6 +233,9 @@ pub(crate) struct HopCount {
     /// The origin of the last `Location` the policy was asked about: where the hop after
     /// it went, if it was followed.
     pub(crate) last_location: Option<crate::origin::Origin>,
+    /// A connection was started by a client of [`recorded_client`]: that client's
+    /// redirects are recorded, whatever the transport step was told.
+    pub(crate) proven: bool,
 }
 
 thread_local! {
@@ -197,10 +281,11 @@ impl<F: Future> Future for Recording<F> {
         HOPS.with(|hops| hops.borrow_mut().push(std::mem::take(this.hops)));
         let installed = Installed;
         let polled = this.inner.poll(cx);
+        // The record back and off the stack in one access; the guard pops only on unwind.
         *this.hops = HOPS
-            .with(|hops| hops.borrow_mut().last_mut().map(std::mem::take))
+            .with(|hops| hops.borrow_mut().pop())
             .unwrap_or_default();
-        drop(installed);
+        std::mem::forget(installed);
         polled.map(|output| (output, std::mem::take(this.hops)))
     }
 }

@@ -5,6 +5,8 @@
 //! the retry middleware is installed; [`ResilienceError::from_middleware_error`] gives the
 //! outermost one (e.g. the [`ResilienceError::Retry`] that wraps it).
 
+#[cfg(feature = "astral")]
+pub(crate) mod astral;
 mod body;
 pub(crate) mod breaker;
 pub(crate) mod retry;
@@ -216,6 +218,33 @@ impl ResilienceError {
         }
     }
 
+    /// [`from_middleware_error`](Self::from_middleware_error) for the astral fork's error
+    /// (feature `astral`): the same answer for the same failure, so the
+    /// [`ResilienceError::Retry`] of a fork client's request says how many attempts were
+    /// made.
+    ///
+    /// ```
+    /// use reqwest_resilience::ResilienceError;
+    ///
+    /// let fork = astral_reqwest_middleware::Error::middleware(ResilienceError::InvalidConfig(
+    ///     "example".into(),
+    /// ));
+    /// assert!(matches!(
+    ///     ResilienceError::from_middleware_error_astral(&fork),
+    ///     Some(ResilienceError::InvalidConfig(_))
+    /// ));
+    /// ```
+    #[cfg(feature = "astral")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "astral")))]
+    pub fn from_middleware_error_astral(
+        err: &astral_reqwest_middleware::Error,
+    ) -> Option<&ResilienceError> {
+        match err {
+            astral_reqwest_middleware::Error::Middleware(e) => e.downcast_ref::<ResilienceError>(),
+            astral_reqwest_middleware::Error::Reqwest(_) => None,
+        }
+    }
+
     /// The innermost `ResilienceError` of a middleware error: the cause, whether or not a
     /// retry middleware wrapped it in [`ResilienceError::Retry`] (then the `Retry` itself
     /// when the last attempt's error was not one of this crate's, e.g. a `reqwest::Error`
@@ -255,7 +284,8 @@ impl ResilienceError {
     }
 
     /// [`find`](Self::find) for the astral fork's error (feature `astral`): the same
-    /// answer for the same failure.
+    /// answer for the same failure (the cause; the attempt count is in the outermost one,
+    /// [`from_middleware_error_astral`](Self::from_middleware_error_astral)).
     ///
     /// ```
     /// use reqwest_resilience::ResilienceError;

@@ -66,6 +66,15 @@ impl RetryError {
         self.last
     }
 
+    /// [`into_last_error`](Self::into_last_error) as the astral fork's error (feature
+    /// `astral`), variant for variant: the same `reqwest::Error` or the same middleware
+    /// error, without naming reqwest-middleware's type.
+    #[cfg(feature = "astral")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "astral")))]
+    pub fn into_last_error_astral(self) -> astral_reqwest_middleware::Error {
+        super::astral::into_astral(self.last)
+    }
+
     /// The `reqwest::Error` of the last attempt, if it was one.
     pub fn reqwest_error(&self) -> Option<&reqwest::Error> {
         find_reqwest_error(&self.last)

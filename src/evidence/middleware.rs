@@ -110,16 +110,19 @@ impl Stage for TransportEvidence {
             // Nothing of this crate runs inside the transport step, so as the owner (used
             // alone) it only clears what an earlier request left behind.
             let _ = handover.enter(extensions, "TransportEvidence", false, req.url())?;
+            let unsafe_method = !crate::record::idempotent_request(req.method(), req.headers());
             let (origin, attempt, started, method, url_key, sent) =
                 hand_on(req, &mut *extensions, handover, next);
-            let client = self.redirects.current();
-            let (result, hops) = match client {
-                ClientRedirects::Recorded => {
+            // Unobserved is watched too: a client of `redirect::recorded_client` proves itself
+            // by the connections it opens, and a hop the recorded policy saw is proof.
+            let (result, hops) = match self.redirects.current() {
+                ClientRedirects::Off => (sent.await, None),
+                _ => {
                     let (result, hops) = Recording::new(sent).await;
                     (result, Some(hops))
                 }
-                _ => (sent.await, None),
             };
+            let client = self.assumed(hops.as_ref());
             if let Err(e) = &result
                 && let Some(ResilienceError::Misconfigured(_)) =
                     ResilienceError::from_middleware_error(e)
@@ -145,9 +148,12 @@ impl Stage for TransportEvidence {
                     e
                 }
             };
-            if apply_redirects(&mut evidence, &result, url_key, client, hops) {
-                self.disproved();
-            }
+            self.judge_redirects(
+                &mut evidence,
+                &result,
+                (url_key, client, hops),
+                unsafe_method,
+            );
             evidence.elapsed = started.elapsed();
             crate::metrics::attempt(method, &evidence);
             #[cfg(feature = "tracing")]
@@ -174,6 +180,38 @@ impl Stage for TransportEvidence {
 }
 
 impl TransportEvidence {
+    /// What this attempt may assume about the client's redirects: the declaration, or
+    /// `Recorded` for an `Unobserved` one when a client of
+    /// [`recorded_client`](crate::redirect::recorded_client) opened a connection during
+    /// the attempt (its policy is the recorded one).
+    fn assumed(&self, hops: Option<&HopCount>) -> ClientRedirects {
+        match self.redirects.current() {
+            ClientRedirects::Unobserved if hops.is_some_and(|h| h.proven) => {
+                ClientRedirects::Recorded
+            }
+            declared => declared,
+        }
+    }
+
+    /// Applies what the client's redirects prove to `evidence` (see [`apply_redirects`]),
+    /// and reports once a non-idempotent request left unsent that cannot be retried for
+    /// want of proof that no redirect came first.
+    fn judge_redirects(
+        &self,
+        evidence: &mut RequestEvidence,
+        result: &reqwest_middleware::Result<Response>,
+        (request, client, hops): (UrlKey, ClientRedirects, Option<HopCount>),
+        unsafe_method: bool,
+    ) {
+        let unsent = evidence.transmission == Transmission::NotSent;
+        if apply_redirects(evidence, result, request, client, hops) {
+            self.disproved();
+        }
+        if unsafe_method && unsent && evidence.redirects == Redirects::Unknown {
+            crate::misconfig::report_once(crate::misconfig::Misconfiguration::RedirectsUnobserved);
+        }
+    }
+
     /// A response proved the declaration false: from now on the client is `Unobserved`.
     #[cold]
     fn disproved(&self) {

@@ -44,6 +44,17 @@ pub(crate) use request_record::{RequestRecord, record_attempt_cut, record_reject
 
 use http::Extensions;
 
+/// Whether a request is idempotent by its method (RFC 9110 §9.2.2) or carries an
+/// `Idempotency-Key` header: [`retry::is_idempotent`](crate::retry::is_idempotent), defined
+/// here for the transport step below the retry layer.
+pub(crate) fn idempotent_request(method: &http::Method, headers: &http::HeaderMap) -> bool {
+    use http::Method;
+    matches!(
+        *method,
+        Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE | Method::PUT | Method::DELETE
+    ) || headers.contains_key("idempotency-key")
+}
+
 /// Removes what an earlier request left in `extensions`: its history, evidence, outcome,
 /// a breaker's "retry in", an attempt's own cut (left by a retry whose attempt was dropped
 /// with no breaker inside to take it), and a deadline a stage handed inward (a caller's

@@ -407,10 +407,7 @@ fn is_permanent(kind: FailureKind) -> bool {
 /// `Idempotency-Key` header. The per-request [`Idempotent`](super::Idempotent) marker
 /// overrides this in the middleware.
 pub fn is_idempotent(method: &Method, headers: &HeaderMap) -> bool {
-    matches!(
-        *method,
-        Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE | Method::PUT | Method::DELETE
-    ) || headers.contains_key("idempotency-key")
+    crate::record::idempotent_request(method, headers)
 }
 
 #[cfg(test)]

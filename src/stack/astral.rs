@@ -68,6 +68,9 @@ pub trait AstralResilience: sealed::Sealed + Sized {
     /// [`into_middlewares`](Resilience::into_middlewares) for the astral fork: the stages,
     /// the per-attempt middlewares and the transport step, for the fork's
     /// `ClientWithMiddleware::new(client, middlewares)` later (rattler's `LazyClient`).
+    /// Build that client with [`redirect::recorded_client`](crate::redirect::recorded_client)
+    /// and the whole decision table holds with nothing declared here (a `POST` whose
+    /// connection was refused is retried).
     ///
     /// # Errors
     ///

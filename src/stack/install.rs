@@ -123,9 +123,9 @@ impl Resilience {
     /// ```
     ///
     /// The stack sees the client's redirects as
-    /// [`client_redirects`](Self::client_redirects) declares: build that client with
-    /// [`redirect::recorded`](crate::redirect::recorded) and declare
-    /// [`ClientRedirects::Recorded`] for the whole decision table.
+    /// [`client_redirects`](Self::client_redirects) declares, unless the client proves
+    /// more: build it with [`redirect::recorded_client`](crate::redirect::recorded_client)
+    /// for the whole decision table with nothing declared.
     ///
     /// # Errors
     ///
@@ -156,13 +156,15 @@ impl Resilience {
     /// per-attempt middlewares, the one middleware of
     /// [`into_middleware`](Self::into_middleware)). For a codebase that hands a
     /// `Vec<Arc<dyn Middleware>>` to `ClientWithMiddleware::new(client, middlewares)` when
-    /// its client is first needed (pixi's `LazyClient`).
+    /// its client is first needed (pixi's `LazyClient`). Build that client with
+    /// [`redirect::recorded_client`](crate::redirect::recorded_client): it proves to the
+    /// transport step that its redirects are recorded, so nothing needs declaring here.
     ///
     /// ```
     /// use std::sync::Arc;
     /// use reqwest_middleware::{ClientWithMiddleware, Middleware};
     /// use reqwest_resilience::Resilience;
-    /// use reqwest_resilience::redirect::{self, ClientRedirects};
+    /// use reqwest_resilience::redirect;
     ///
     /// # struct Mirror; // rewrites each attempt's URL to a mirror
     /// # #[reqwest_resilience::async_trait]
@@ -174,13 +176,12 @@ impl Resilience {
     /// # }
     /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// let middlewares: Vec<Arc<dyn Middleware>> = Resilience::like_reqwest_retry()
-    ///     .client_redirects(ClientRedirects::Recorded) // the client below records its redirects
     ///     .per_attempt(Arc::new(Mirror))
     ///     .into_middlewares()?;
     /// assert_eq!(middlewares.len(), 3); // the stages, Mirror, the transport step
-    /// // Later:
-    /// let recorded = redirect::recorded(reqwest::redirect::Policy::default());
-    /// let reqwest_client = reqwest::Client::builder().redirect(recorded).build()?;
+    /// // Later, elsewhere:
+    /// let policy = reqwest::redirect::Policy::default();
+    /// let reqwest_client = redirect::recorded_client(reqwest::Client::builder(), policy)?;
     /// let client = ClientWithMiddleware::new(reqwest_client, middlewares);
     /// # drop(client); Ok(()) }
     /// ```

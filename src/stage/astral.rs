@@ -24,21 +24,7 @@ use reqwest::{Request, Response};
 
 use super::{Handover, RestOfStack};
 
-/// The fork's error as reqwest-middleware's, variant for variant.
-pub(crate) fn from_astral(err: astral_reqwest_middleware::Error) -> reqwest_middleware::Error {
-    match err {
-        astral_reqwest_middleware::Error::Reqwest(e) => reqwest_middleware::Error::Reqwest(e),
-        astral_reqwest_middleware::Error::Middleware(e) => reqwest_middleware::Error::Middleware(e),
-    }
-}
-
-/// reqwest-middleware's error as the fork's, variant for variant.
-pub(crate) fn into_astral(err: reqwest_middleware::Error) -> astral_reqwest_middleware::Error {
-    match err {
-        reqwest_middleware::Error::Reqwest(e) => astral_reqwest_middleware::Error::Reqwest(e),
-        reqwest_middleware::Error::Middleware(e) => astral_reqwest_middleware::Error::Middleware(e),
-    }
-}
+use crate::error::astral::{from_astral, into_astral};
 
 pin_project_lite::pin_project! {
     /// A future whose error is converted by `convert` (a function pointer: no closure

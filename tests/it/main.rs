@@ -13,6 +13,9 @@
 mod support;
 
 mod astral;
+mod astral_lazy;
+mod astral_surface;
+mod astral_uv;
 mod attempt_timeout;
 mod auth;
 mod body;

@@ -127,6 +127,7 @@ pub mod metrics;
 pub mod misconfig;
 pub mod origin;
 mod origin_map;
+pub mod proxy;
 pub mod rate;
 pub mod ratelimit_fields;
 pub(crate) mod record;

@@ -110,6 +110,7 @@ impl Stage for TransportEvidence {
             // Nothing of this crate runs inside the transport step, so as the owner (used
             // alone) it only clears what an earlier request left behind.
             let _ = handover.enter(extensions, "TransportEvidence", false, req.url())?;
+            let routed = next.routed();
             let (origin, attempt, started, method, url_key, sent) =
                 hand_on(req, &mut *extensions, handover, next);
             let client = self.redirects.current();
@@ -121,11 +122,11 @@ impl Stage for TransportEvidence {
                 _ => (sent.await, None),
             };
             if let Err(e) = &result
-                && let Some(ResilienceError::Misconfigured(_)) =
-                    ResilienceError::from_middleware_error(e)
+                && refused_inside(e, routed)
             {
-                // A middleware of this crate inside refused the request unsent and left its
-                // evidence: that is this attempt's.
+                // A middleware of this crate inside (or the proxy pool, every proxy's
+                // breaker open) refused the request unsent and left its evidence: that is
+                // this attempt's.
                 return result;
             }
             let mut evidence = match &result {
@@ -147,6 +148,10 @@ impl Stage for TransportEvidence {
             };
             if apply_redirects(&mut evidence, &result, url_key, client, hops) {
                 self.disproved();
+            }
+            if routed && let Some(used) = extensions.remove::<crate::record::ProxyUsed>() {
+                evidence.proxy = Some(used.origin);
+                evidence.charged_to_proxy = used.charged;
             }
             evidence.elapsed = started.elapsed();
             crate::metrics::attempt(method, &evidence);
@@ -183,6 +188,17 @@ impl TransportEvidence {
                 _ => crate::misconfig::Misconfiguration::RedirectsNotRecorded,
             });
         }
+    }
+}
+
+/// Whether a stage of this crate inside the transport step refused the request unsent and
+/// left its evidence: a misplaced middleware, or (`routed`) the proxy pool with every
+/// proxy's breaker open.
+fn refused_inside(e: &reqwest_middleware::Error, routed: bool) -> bool {
+    match ResilienceError::from_middleware_error(e) {
+        Some(ResilienceError::Misconfigured(_)) => true,
+        Some(ResilienceError::BreakerOpen { .. } | ResilienceError::Paused { .. }) => routed,
+        _ => false,
     }
 }
 

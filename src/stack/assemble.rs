@@ -24,7 +24,12 @@ impl Resilience {
     /// `reqwest::Client` below the stack when it is known (resumed bodies send their range
     /// requests over it).
     pub(super) fn assemble(self, client: Option<Client>) -> Result<Assembled, ResilienceError> {
-        let retry = build_retry(self.retry)?;
+        self.pool_fits()?;
+        let retries_to_try_all = self
+            .routes
+            .as_ref()
+            .map(crate::proxy::Routes::retries_to_try_all);
+        let retry = build_retry(self.retry, retries_to_try_all)?;
         if self.resume_bodies && retry.is_none() {
             return Err(ResilienceError::InvalidStack(StackError::Conflict {
                 part: StackPart::Retry,
@@ -65,6 +70,9 @@ impl Resilience {
         } else {
             (None, Some(transport))
         };
+        let proxies = self
+            .routes
+            .map(|routes| routes.with_breakers(breaker.as_ref().map(|b| b.registry().clone())));
         let composed = compose::Composed {
             observer: crate::stage::BoxedWhenPresent(RequestObserver::new(
                 self.on_attempt,
@@ -79,6 +87,7 @@ impl Resilience {
             bearer: crate::stage::Absent,
             has_bearer: false,
             transport: inner_transport,
+            proxies,
             resume: None,
         };
         // Each optional stage whose future is large is there by type only when the stack
@@ -103,11 +112,47 @@ impl Resilience {
     }
 }
 
-fn build_retry(choice: RetryKind) -> Result<Option<RetryMiddleware>, ResilienceError> {
+impl Resilience {
+    /// Refuses a proxy pool the stack cannot serve: one whose clients `build_from` did not
+    /// build, or one beside a stage that would send around it.
+    fn pool_fits(&self) -> Result<(), ResilienceError> {
+        #[cfg(feature = "chaos")]
+        let chaos = self.chaos.is_some();
+        #[cfg(not(feature = "chaos"))]
+        let chaos = false;
+        let with = if self.proxies.is_some() {
+            "a prebuilt client (build, install, into_middleware, into_middlewares)"
+        } else if self.routes.is_none() {
+            return Ok(());
+        } else if !self.per_attempt.is_empty() {
+            "per_attempt"
+        } else if self.resume_bodies {
+            "resume_bodies"
+        } else if chaos {
+            "chaos"
+        } else {
+            return Ok(());
+        };
+        Err(ResilienceError::InvalidStack(
+            StackError::ProxiesNeedBuildFrom { with },
+        ))
+    }
+}
+
+/// The retry middleware chosen, its limit raised to `at_least` (a proxy pool's retries
+/// to try every proxy) when it is built here.
+fn build_retry(
+    choice: RetryKind,
+    at_least: Option<u32>,
+) -> Result<Option<RetryMiddleware>, ResilienceError> {
     match choice {
         RetryKind::Prebuilt(retry) => Ok(Some(retry)),
         RetryKind::Off => Ok(None),
         RetryKind::Builder(builder) => {
+            let builder = match at_least {
+                Some(n) => builder.at_least_retries(n),
+                None => *builder,
+            };
             if let Some((total_deadline, first_delay)) = builder.deadline_before_first_retry() {
                 return Err(ResilienceError::InvalidStack(
                     StackError::DeadlineBeforeFirstRetry {

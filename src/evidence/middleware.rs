@@ -216,6 +216,9 @@ fn trace_attempt(evidence: &RequestEvidence) {
         transmission = ?evidence.transmission,
         not_processed = ?evidence.not_processed,
         elapsed = ?evidence.elapsed,
+        // A pool's proxy: its origin only (never its credentials).
+        proxy = evidence.proxy.as_ref().map(tracing::field::display),
+        charged_to_proxy = evidence.charged_to_proxy,
         "attempt observed"
     );
 }

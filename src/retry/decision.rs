@@ -874,4 +874,31 @@ mod tests {
             }
         }
     }
+
+    #[test]
+    fn a_status_charged_to_a_proxy_is_retried_as_a_503() {
+        let mut ev = evidence(Transmission::ResponseReceived(StatusCode::FORBIDDEN), None);
+        assert_eq!(
+            decide(&ev, Method::GET, 0),
+            Verdict::Stop(StopReason::FinalResponse(StatusCode::FORBIDDEN))
+        );
+        ev.charged_to_proxy = true;
+        assert_eq!(
+            decide(&ev, Method::GET, 0),
+            Verdict::Retry(RetryReason::Status(StatusCode::FORBIDDEN))
+        );
+        assert_eq!(
+            decide(&ev, Method::POST, 0),
+            Verdict::Stop(StopReason::StatusNotSafe(StatusCode::FORBIDDEN))
+        );
+        let mut throttled = evidence(
+            Transmission::ResponseReceived(StatusCode::TOO_MANY_REQUESTS),
+            None,
+        );
+        throttled.charged_to_proxy = true;
+        assert_eq!(
+            decide(&throttled, Method::POST, 0),
+            Verdict::Retry(RetryReason::Status(StatusCode::TOO_MANY_REQUESTS))
+        );
+    }
 }

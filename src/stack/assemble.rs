@@ -24,23 +24,8 @@ impl Resilience {
     /// `reqwest::Client` below the stack when it is known (resumed bodies send their range
     /// requests over it).
     pub(super) fn assemble(self, client: Option<Client>) -> Result<Assembled, ResilienceError> {
-        self.pool_fits()?;
-        let retries_to_try_all = self
-            .routes
-            .as_ref()
-            .map(crate::proxy::Routes::retries_to_try_all);
-        let retry = build_retry(self.retry, retries_to_try_all)?;
-        if self.resume_bodies && retry.is_none() {
-            return Err(ResilienceError::InvalidStack(StackError::Conflict {
-                part: StackPart::Retry,
-                setting: "resume_bodies",
-            }));
-        }
-        if self.resume_bodies && client.is_none() {
-            return Err(ResilienceError::InvalidStack(
-                StackError::ResumeWithoutClient,
-            ));
-        }
+        let at_least = self.parts_fit(client.is_some())?;
+        let retry = build_retry(self.retry, at_least)?;
         let limit = self.concurrency_limit.map(LimitChoice::build).transpose()?;
         let rate = self
             .rate_limit
@@ -70,10 +55,10 @@ impl Resilience {
         } else {
             (None, Some(transport))
         };
-        let proxies = self
-            .routes
-            .map(|routes| routes.with_breakers(breaker.as_ref().map(|b| b.registry().clone())));
         let composed = compose::Composed {
+            // A proxy whose breaker is open is passed over.
+            proxies: (self.routes)
+                .map(|r| r.with_breakers(breaker.as_ref().map(|b| b.registry().clone()))),
             observer: crate::stage::BoxedWhenPresent(RequestObserver::new(
                 self.on_attempt,
                 self.span_url_query,
@@ -87,7 +72,6 @@ impl Resilience {
             bearer: crate::stage::Absent,
             has_bearer: false,
             transport: inner_transport,
-            proxies,
             resume: None,
         };
         // Each optional stage whose future is large is there by type only when the stack
@@ -113,9 +97,22 @@ impl Resilience {
 }
 
 impl Resilience {
-    /// Refuses a proxy pool the stack cannot serve: one whose clients `build_from` did not
-    /// build, or one beside a stage that would send around it.
-    fn pool_fits(&self) -> Result<(), ResilienceError> {
+    /// Refuses resumed bodies without a retry stage or a client to send their range
+    /// requests over (`has_client`), and a proxy pool the stack cannot serve: one whose
+    /// clients `build_from` did not build, or one beside a stage that would send around
+    /// it. Else the retries a pool needs to try every proxy, if there is one.
+    fn parts_fit(&self, has_client: bool) -> Result<Option<u32>, ResilienceError> {
+        if self.resume_bodies && matches!(self.retry, RetryKind::Off) {
+            return Err(ResilienceError::InvalidStack(StackError::Conflict {
+                part: StackPart::Retry,
+                setting: "resume_bodies",
+            }));
+        }
+        if self.resume_bodies && !has_client {
+            return Err(ResilienceError::InvalidStack(
+                StackError::ResumeWithoutClient,
+            ));
+        }
         #[cfg(feature = "chaos")]
         let chaos = self.chaos.is_some();
         #[cfg(not(feature = "chaos"))]
@@ -123,7 +120,7 @@ impl Resilience {
         let with = if self.proxies.is_some() {
             "a prebuilt client (build, install, into_middleware, into_middlewares)"
         } else if self.routes.is_none() {
-            return Ok(());
+            return Ok(None);
         } else if !self.per_attempt.is_empty() {
             "per_attempt"
         } else if self.resume_bodies {
@@ -131,7 +128,10 @@ impl Resilience {
         } else if chaos {
             "chaos"
         } else {
-            return Ok(());
+            return Ok(self
+                .routes
+                .as_ref()
+                .map(crate::proxy::Routes::retries_to_try_all));
         };
         Err(ResilienceError::InvalidStack(
             StackError::ProxiesNeedBuildFrom { with },

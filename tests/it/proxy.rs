@@ -516,3 +516,50 @@ fn bad_pools_fail_the_build_with_a_typed_error() {
         }
     );
 }
+
+/// The fork's client through a pool: no tinyproxy needed, the second "proxy" is a loopback
+/// server answering the proxied (absolute-form) request itself.
+#[cfg(feature = "astral")]
+#[tokio::test]
+async fn the_forks_client_goes_through_the_pool_too() {
+    use reqwest_resilience::stack::astral::AstralResilience;
+
+    let refused = HeldRefusedPort::new();
+    let proxy = FaultServer::always(Action::ok("relayed")).await;
+    let breakers = registry(1);
+    let client = Resilience::new()
+        .retry(quick_retry(3))
+        .breaker(breakers.clone())
+        .proxies(ProxyPool::new([refused.url(""), proxy.url("")]))
+        .build_from_astral(settings)
+        .unwrap();
+    let target = "http://api.example.test/items";
+    let mut ext = Extensions::new();
+    let request = client.post(target).body("x").build().unwrap();
+    let response = client
+        .execute_with_extensions(request, &mut ext)
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let seen = proxy.requests();
+    assert_eq!(seen.len(), 1);
+    assert_eq!(
+        (seen[0].method.as_str(), seen[0].path.as_str()),
+        ("POST", target)
+    );
+    let history = AttemptHistory::of(&ext).unwrap();
+    let (refusing, relaying) = (origin(&refused.url("")), origin(&proxy.url("")));
+    assert_eq!(
+        route(history),
+        vec![
+            (Some(refusing.clone()), true, Transmission::NotSent),
+            (
+                Some(relaying),
+                false,
+                Transmission::ResponseReceived(http::StatusCode::OK)
+            ),
+        ]
+    );
+    assert_eq!(breakers.state(&refusing), Some(BreakerState::Open));
+    assert_eq!(breakers.state(&origin(target)), Some(BreakerState::Closed));
+}

@@ -108,10 +108,16 @@ impl Routes {
 
     /// Whether `result` is the proxy's outcome rather than the target's (see
     /// [`guide::proxies`](crate::guide::proxies)): a failed connection (to the proxy, or a
-    /// tunnel it refused), a `407`, a status the pool rotates on.
-    fn charged(&self, result: &Result<Response, reqwest::Error>) -> bool {
+    /// tunnel it refused), a `407`, a status the pool rotates on. A TLS failure is the
+    /// target's when its handshake runs through the tunnel (`target_tls`: an `https`
+    /// target), the proxy's only when the proxy's is the one handshake on the way.
+    fn charged(&self, result: &Result<Response, reqwest::Error>, target_tls: bool) -> bool {
         match result {
-            Err(e) => e.is_connect(),
+            Err(e) if e.is_connect() => {
+                let kind = crate::classify::classify_error(e).kind;
+                !(target_tls && matches!(kind, FailureKind::Tls | FailureKind::Certificate))
+            }
+            Err(_) => false,
             Ok(r) => {
                 r.status() == StatusCode::PROXY_AUTHENTICATION_REQUIRED
                     || self.rotate_on.contains(&r.status())
@@ -132,10 +138,11 @@ impl Routes {
             }
         };
         let route = &self.routes[at];
+        let target_tls = req.url().scheme() == "https";
         let sent = route.client.execute(req);
         Box::pin(async move {
             let result = sent.await;
-            let charged = self.charged(&result);
+            let charged = self.charged(&result, target_tls);
             if charged && !self.always {
                 // Later requests start from the next proxy (unless another request
                 // moved the turn already).

@@ -563,3 +563,87 @@ async fn the_forks_client_goes_through_the_pool_too() {
     assert_eq!(breakers.state(&refusing), Some(BreakerState::Open));
     assert_eq!(breakers.state(&origin(target)), Some(BreakerState::Closed));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_https_tunnel_the_proxy_cannot_open_is_the_proxys() {
+    let Some((p1, p2)) = two_proxies().await else {
+        return;
+    };
+    // Nobody listens at the target: tinyproxy answers the CONNECT `500 Unable to connect`,
+    // which reqwest reports as a failed connect (the status is not handed out), before any
+    // byte of the request went to the target.
+    let down = HeldRefusedPort::new();
+    let breakers = registry(5);
+    let client = Resilience::new()
+        .retry(quick_retry(3))
+        .breaker(breakers.clone())
+        .proxies(ProxyPool::new([p1.url(), p2.url()]))
+        .build_from(settings)
+        .unwrap();
+    let target = format!("https://127.0.0.1:{}/t", down.port());
+    let (result, ext) = get(&client, &target).await;
+    assert!(result.unwrap_err().is_connect());
+    let history = AttemptHistory::of(&ext).unwrap();
+    let (o1, o2) = (origin(&p1.url()), origin(&p2.url()));
+    assert_eq!(
+        route(history),
+        vec![
+            (Some(o1.clone()), true, Transmission::NotSent),
+            (Some(o2.clone()), true, Transmission::NotSent),
+            (Some(o1.clone()), true, Transmission::NotSent),
+            (Some(o2.clone()), true, Transmission::NotSent),
+        ]
+    );
+    let connect = format!("CONNECT 127.0.0.1:{}", down.port());
+    assert_eq!(requests(&p1).await, vec![connect.clone(), connect.clone()]);
+    assert_eq!(requests(&p2).await, vec![connect.clone(), connect]);
+    let snapshot = breakers.snapshot();
+    let failures = |o: &Origin| {
+        snapshot
+            .iter()
+            .find(|s| &s.origin == o)
+            .unwrap()
+            .consecutive_failures
+    };
+    assert_eq!((failures(&o1), failures(&o2)), (2, 2));
+    assert_eq!(failures(&origin(&target)), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_targets_bad_certificate_through_a_tunnel_is_the_targets() {
+    let Some((p1, _unused)) = two_proxies().await else {
+        return;
+    };
+    // A TLS server with a self-signed certificate: the tunnel opens, the handshake with
+    // the target (through it) fails: the target's failure, not the proxy's.
+    let server = support::tls::TlsServer::start().await;
+    let breakers = registry(5);
+    let client = Resilience::new()
+        .retry(quick_retry(3))
+        .breaker(breakers.clone())
+        .proxies(ProxyPool::new([p1.url()]))
+        .build_from(settings)
+        .unwrap();
+    let target = server.url("/t");
+    let (result, ext) = get(&client, &target).await;
+    assert!(result.is_err());
+    let history = AttemptHistory::of(&ext).unwrap();
+    let o1 = origin(&p1.url());
+    assert_eq!(
+        route(history),
+        vec![(Some(o1.clone()), false, Transmission::NotSent)]
+    );
+    assert_eq!(
+        history.attempts()[0].evidence.failure,
+        Some(FailureKind::Certificate)
+    );
+    assert_eq!((server.connections(), server.handshakes()), (1, 0));
+    assert_eq!(server.requests_seen(), 0);
+    let host_port = target.trim_start_matches("https://").trim_end_matches("/t");
+    assert_eq!(requests(&p1).await, vec![format!("CONNECT {host_port}")]);
+    let snapshot = breakers.snapshot();
+    let entry = |o: &Origin| snapshot.iter().find(|s| &s.origin == o).unwrap().clone();
+    // The certificate error is a failure of the target; the proxy relayed the handshake.
+    assert_eq!(entry(&origin(&target)).consecutive_failures, 1);
+    assert_eq!(entry(&o1).consecutive_failures, 0);
+}

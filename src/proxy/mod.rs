@@ -55,7 +55,8 @@ pub const MAX_ROTATION_RETRIES: u32 = 10;
 /// or failed connection to it, a tunnel it refused, a `407`); [`rotate_on`](Self::rotate_on)
 /// adds the target's statuses that mean "not from this proxy" (403, 429…), and
 /// [`rotate_always`](Self::rotate_always) sends every attempt through the next proxy.
-/// A proxy whose breaker is open is passed over.
+/// A proxy whose breaker is open is passed over, and one isolated by hand
+/// ([`BreakerRegistry::isolate`](crate::BreakerRegistry::isolate) with the proxy's origin).
 ///
 /// Its `Debug` shows each proxy's origin only: credentials in a proxy URL never appear
 /// in `Debug` output, logs or errors.

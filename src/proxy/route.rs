@@ -78,6 +78,7 @@ impl Routes {
         });
         let at = match last {
             Some((proxy, charged)) => {
+                // (Two entries of one origin share a breaker, and a turn: the first's.)
                 let at = self.routes.iter().position(|r| &r.origin == proxy);
                 let at = at.unwrap_or(0);
                 if charged || self.always { at + 1 } else { at }
@@ -88,14 +89,20 @@ impl Routes {
         at % n
     }
 
-    /// The first proxy from `at` on whose breaker is not open, or the rejection of the
+    /// The first proxy from `at` on whose breaker is not open (nor isolated: a proxy taken
+    /// out of the pool by hand with `BreakerRegistry::isolate`), or the rejection of the
     /// one at `at` when every breaker is.
     fn admitted(&self, at: usize) -> Result<usize, ResilienceError> {
         let Some(breakers) = &self.breakers else {
             return Ok(at);
         };
         let n = self.routes.len();
-        let open = |i: usize| breakers.state(&self.routes[i].origin) == Some(BreakerState::Open);
+        let open = |i: usize| {
+            matches!(
+                breakers.state(&self.routes[i].origin),
+                Some(BreakerState::Open | BreakerState::Isolated)
+            )
+        };
         if let Some(i) = (0..n).map(|k| (at + k) % n).find(|&i| !open(i)) {
             return Ok(i);
         }

@@ -647,3 +647,29 @@ async fn the_targets_bad_certificate_through_a_tunnel_is_the_targets() {
     assert_eq!(entry(&origin(&target)).consecutive_failures, 1);
     assert_eq!(entry(&o1).consecutive_failures, 0);
 }
+
+/// `BreakerRegistry::isolate` takes a proxy out of the pool by hand; `reset` puts it back.
+/// No tinyproxy needed: the "proxies" are loopback servers answering the proxied request.
+#[tokio::test]
+async fn an_isolated_proxy_is_taken_out_of_the_pool() {
+    let (a, b) = (
+        FaultServer::always(Action::ok("a")).await,
+        FaultServer::always(Action::ok("b")).await,
+    );
+    let breakers = registry(5);
+    let client = Resilience::new()
+        .retry(quick_retry(3))
+        .breaker(breakers.clone())
+        .proxies(ProxyPool::new([a.url(""), b.url("")]))
+        .build_from(settings)
+        .unwrap();
+    let target = "http://api.example.test/x";
+    let body = |r: reqwest::Response| async move { r.text().await.unwrap() };
+    assert_eq!(body(client.get(target).send().await.unwrap()).await, "a");
+    assert!(breakers.isolate(&origin(&a.url(""))));
+    assert_eq!(body(client.get(target).send().await.unwrap()).await, "b");
+    assert_eq!(body(client.get(target).send().await.unwrap()).await, "b");
+    breakers.reset(&origin(&a.url("")));
+    assert_eq!(body(client.get(target).send().await.unwrap()).await, "a");
+    assert_eq!((a.requests_seen(), b.requests_seen()), (2, 2));
+}

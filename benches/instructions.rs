@@ -60,6 +60,9 @@ enum Stacking {
     Bare,
     /// A `ClientWithMiddleware` built from this builder.
     Layers(fn(reqwest::Client, &str) -> ClientBuilder),
+    /// A `ClientWithMiddleware` the stack builds itself from the URL (`build_from`): end
+    /// to end only (its innermost call is its own, not `Next`).
+    Built(fn(&str) -> ClientWithMiddleware),
 }
 
 struct Row {
@@ -140,6 +143,31 @@ const ROWS: &[Row] = &[
                 .install(reqwest_middleware::ClientBuilder::new(client))
                 .expect("stack")
                 .inside_transport_step()
+        }),
+    },
+    Row {
+        name: "`Resilience::new()` + a pool of 3 proxies",
+        // The three "proxies" are the loopback server itself (it answers the proxied
+        // absolute-form request as it answers any), each through a client of its own
+        // kept alive; `rotate_always` takes a different client for every request. The
+        // row to compare is `Resilience::new()` over the same `build_from`.
+        stacking: Stacking::Built(|url| {
+            let proxy = url.trim_end_matches("/bench").to_owned();
+            Resilience::new()
+                .proxies(
+                    reqwest_resilience::proxy::ProxyPool::new([&proxy, &proxy, &proxy])
+                        .rotate_always(),
+                )
+                .build_from(reqwest::Client::builder)
+                .expect("stack")
+        }),
+    },
+    Row {
+        name: "`Resilience::new()` by `build_from`",
+        stacking: Stacking::Built(|_| {
+            Resilience::new()
+                .build_from(|| reqwest::Client::builder().no_proxy())
+                .expect("stack")
         }),
     },
     Row {
@@ -310,6 +338,7 @@ fn child(row: &Row, io: Io, n: u64) -> Result<(), String> {
             (Stacking::Layers(stack), Io::None) => {
                 Subject::Middleware(stack(client, &url).with(Answer200).build())
             }
+            (Stacking::Built(build), _) => Subject::Middleware(build(&url)),
         }
     });
     rt.block_on(requests(&subject, &url, WARM_UP));

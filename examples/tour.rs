@@ -22,6 +22,7 @@ use reqwest_resilience::breaker::{
     BreakerConfig, BreakerRegistry, BreakerState, SlowCalls, TripPolicy,
 };
 use reqwest_resilience::coalesce::CoalesceGets;
+use reqwest_resilience::proxy::ProxyPool;
 use reqwest_resilience::retry::{Hedge, Hedging, MaxRetries, RetryMiddlewareBuilder};
 use reqwest_resilience::{
     AccessToken, AttemptDecision, AttemptHistory, AttemptRecord, Backoff, BearerAuth, Origin,
@@ -176,6 +177,7 @@ async fn main() -> Result<(), BoxError> {
     rate_limit_fields(&mut tour).await?;
     like_reqwest_retry(&mut tour).await?;
     resumed_download(&mut tour).await?;
+    proxy_pool(&mut tour).await?;
 
     println!("\nSummary");
     println!("{:<34} {:<26} {:<26} ok", "scene", "expected", "observed");
@@ -1254,6 +1256,65 @@ async fn resumed_download(tour: &mut Tour) -> Result<(), BoxError> {
         "resume: bytes at the server",
         format!("{} in 3 answers", file.len()),
         format!("{sent} in {} answers", server.requests()),
+    );
+    Ok(())
+}
+
+/// A pool of two proxies, the first down: the retry goes through the second, and the
+/// target's breaker never hears of the first one's refusal.
+async fn proxy_pool(tour: &mut Tour) -> Result<(), BoxError> {
+    println!(
+        "\n22. A pool of proxies, the first one down: the retry goes through the next, and \
+         the refusal is the proxy's, not the target's"
+    );
+    // The second "proxy" answers itself (a forward proxy receives the target's absolute
+    // URL): the target's name is never resolved, nothing leaves 127.0.0.1.
+    let proxy = FlakyServer::start(|_, req| {
+        println!("   the second proxy received: {} {}", req.method, req.path);
+        Reply::ok("relayed")
+    })
+    .await?;
+    let down = refused_url("")?;
+    let registry = BreakerRegistry::new(BreakerConfig::default())?;
+    let client = demo_stack()?
+        .breaker(registry.clone())
+        .proxies(ProxyPool::new([down.clone(), proxy.url("")]))
+        // One reqwest::Client per proxy, each from these settings.
+        .build_from(reqwest::Client::builder)?;
+    let target = "http://api.example.test/items";
+    let (result, history) = send(&client, client.get(target), Extensions::new()).await?;
+    print_history(&history);
+    let via: Vec<String> = history
+        .attempts()
+        .iter()
+        .map(|r| match (&r.evidence.proxy, r.evidence.charged_to_proxy) {
+            (Some(p), true) => format!("{p} (its fault)"),
+            (Some(p), false) => p.to_string(),
+            (None, _) => "direct".to_owned(),
+        })
+        .collect();
+    println!("   through: {}", via.join(", then "));
+    tour.check(
+        "proxies: the retry via the next",
+        "2 attempts, 200",
+        format!("{} attempts, {}", history.len(), outcome(&result)),
+    );
+    let failures = |origin: &str| {
+        let origin = Origin::from_url(&reqwest::Url::parse(origin).ok()?).ok()?;
+        let snapshot = registry
+            .snapshot()
+            .into_iter()
+            .find(|s| s.origin == origin)?;
+        Some(snapshot.consecutive_failures)
+    };
+    tour.check(
+        "proxies: failures proxy/target",
+        "1/0",
+        format!(
+            "{}/{}",
+            failures(&down).unwrap_or(99),
+            failures(target).unwrap_or(99)
+        ),
     );
     Ok(())
 }

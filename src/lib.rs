@@ -38,6 +38,7 @@
 //! | [`guide::hedging`] | attempt timeouts and hedged requests |
 //! | [`guide::limits`] | per-origin concurrency limits, slow-call trips |
 //! | [`guide::coalescing`] | concurrent identical GETs sharing one request |
+//! | [`guide::proxies`] | a pool of proxies: each retry through the next one, each proxy its own origin |
 //! | [`guide::rate_limits`] | the servers' rate-limit fields: pauses and client-side rate limits |
 //! | [`guide::observability`] | the attempt history, errors, `tracing`, hooks |
 //! | [`guide::metrics`] | the instruments of feature `metrics` |
@@ -127,6 +128,7 @@ pub mod metrics;
 pub mod misconfig;
 pub mod origin;
 mod origin_map;
+pub mod proxy;
 pub mod rate;
 pub mod ratelimit_fields;
 pub(crate) mod record;

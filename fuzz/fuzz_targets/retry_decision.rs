@@ -112,6 +112,9 @@ fn evidence(b: &mut Bytes<'_>) -> RequestEvidence {
         1 => Some(Duration::ZERO),
         _ => None,
     };
+    // Through a proxy of a pool, the outcome charged to the proxy (a `407`, a status the
+    // pool rotates on, a refused connection to it): decided as a `503` would be.
+    e.charged_to_proxy = b.u8() % 8 == 0;
     // Redirects reqwest followed inside the attempt (issue 10): counted, seen only by the
     // response's URL, or impossible to rule out.
     e.redirects = match b.u8() % 8 {

@@ -461,6 +461,13 @@ impl CircuitBreakerMiddleware {
             self.registry.config().rate_limit_pauses && !self.fields_left_to_rate_limit;
         let pause = server_pause(evidence, result, rate_limits);
         let took = admitted.map(|at| evidence.map_or_else(|| at.elapsed(), |e| e.elapsed));
+        if let Some(e) = evidence.filter(|e| e.proxy.is_some()) {
+            // Through a proxy of a pool (see `guide::proxies`).
+            if self.charged_to_proxy(e, took, pause) {
+                // The target said nothing: its permit goes back uncounted.
+                return;
+            }
+        }
         match evidence.and_then(|e| e.final_origin.as_ref()) {
             // Each hop's outcome belongs to the origin that produced it: this origin
             // answered with a redirect, and the last hop's answer (or failure, and any
@@ -478,6 +485,32 @@ impl CircuitBreakerMiddleware {
 
 /// A rejected attempt: counted in the metrics, its evidence left in the extensions, and
 /// its error.
+impl CircuitBreakerMiddleware {
+    /// Records the proxy's part of an attempt through a proxy of a pool: its failure when
+    /// the outcome is charged to it (whatever the classifier makes of a `407` or of a
+    /// `403` the pool rotates on), else a success (it connected and relayed the answer).
+    /// `true` when the outcome was the proxy's alone.
+    #[cold]
+    fn charged_to_proxy(
+        &self,
+        evidence: &RequestEvidence,
+        took: Option<Duration>,
+        pause: Option<Duration>,
+    ) -> bool {
+        let Some(proxy) = &evidence.proxy else {
+            return false;
+        };
+        let charged = evidence.charged_to_proxy;
+        if let Ok(permit) = self.registry.acquire(proxy) {
+            match charged {
+                true => permit.record_with_pause(Outcome::Failure, took, pause),
+                false => permit.record(Outcome::Success),
+            }
+        }
+        charged
+    }
+}
+
 fn reject(
     origin: &Origin,
     rejection: BreakerRejection,

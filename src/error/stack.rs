@@ -83,6 +83,32 @@ pub enum StackError {
     /// the request around the stack ([`install`](crate::Resilience::install)), where the
     /// coalescing stage sees and keys them.
     CoalesceWithPerAttempt,
+    /// A [`ProxyPool`](crate::proxy::ProxyPool) with no proxy.
+    NoProxies,
+    /// The proxy at `index` of a [`ProxyPool`](crate::proxy::ProxyPool) is not a proxy URL
+    /// reqwest can use (`http`, `https`, `socks5`, `socks5h`, with a host). The URL is not
+    /// repeated: it may carry a password.
+    InvalidProxy {
+        /// Its place in the pool, from 0.
+        index: usize,
+    },
+    /// A status given to [`ProxyPool::rotate_on`](crate::proxy::ProxyPool::rotate_on)
+    /// outside 100–599.
+    InvalidRotateStatus {
+        /// The status.
+        status: u16,
+    },
+    /// A [`proxies`](crate::Resilience::proxies) pool with another way of building than
+    /// [`build_from`](crate::Resilience::build_from) given a closure (one
+    /// `reqwest::Client` per proxy is built from your settings, which only a closure
+    /// returning a `reqwest::ClientBuilder` can give more than once), or with a part the
+    /// pool cannot serve: `with` names it (`build`, `install`, `into_middleware`,
+    /// `into_middlewares`, `a single ClientBuilder`, `per_attempt`, `resume_bodies`,
+    /// `chaos`).
+    ProxiesNeedBuildFrom {
+        /// What the pool was combined with.
+        with: &'static str,
+    },
 }
 
 impl fmt::Display for StackError {
@@ -128,6 +154,20 @@ impl fmt::Display for StackError {
                 "coalesce_gets cannot be combined with per-attempt middlewares: the coalescing \
                  stage cannot see what they add to a request; install a middleware whose \
                  headers depend on the request around the stack instead",
+            ),
+            StackError::NoProxies => f.write_str("a proxy pool needs at least one proxy"),
+            StackError::InvalidProxy { index } => write!(
+                f,
+                "proxy {index} of the pool is not a proxy URL (http, https, socks5 or socks5h, \
+                 with a host)"
+            ),
+            StackError::InvalidRotateStatus { status } => {
+                write!(f, "rotate_on: {status} is not an HTTP status (100-599)")
+            }
+            StackError::ProxiesNeedBuildFrom { with } => write!(
+                f,
+                "a proxy pool cannot be combined with {with}: build the stack with \
+                 build_from(|| reqwest::Client::builder()...), one client per proxy"
             ),
             StackError::ChaosInOneMiddleware => f.write_str(
                 "a chaos layer cannot be part of one middleware (into_middleware): it runs \

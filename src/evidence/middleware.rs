@@ -111,6 +111,7 @@ impl Stage for TransportEvidence {
             // alone) it only clears what an earlier request left behind.
             let _ = handover.enter(extensions, "TransportEvidence", false, req.url())?;
             let unsafe_method = !crate::record::idempotent_request(req.method(), req.headers());
+            let routed = next.routed();
             let (origin, attempt, started, method, url_key, sent) =
                 hand_on(req, &mut *extensions, handover, next);
             // Unobserved is watched too: a client of `redirect::recorded_client` proves itself
@@ -124,11 +125,11 @@ impl Stage for TransportEvidence {
             };
             let client = self.assumed(hops.as_ref());
             if let Err(e) = &result
-                && let Some(ResilienceError::Misconfigured(_)) =
-                    ResilienceError::from_middleware_error(e)
+                && refused_inside(e, routed)
             {
-                // A middleware of this crate inside refused the request unsent and left its
-                // evidence: that is this attempt's.
+                // A middleware of this crate inside (or the proxy pool, every proxy's
+                // breaker open) refused the request unsent and left its evidence: that is
+                // this attempt's.
                 return result;
             }
             let mut evidence = match &result {
@@ -154,6 +155,10 @@ impl Stage for TransportEvidence {
                 (url_key, client, hops),
                 unsafe_method,
             );
+            if routed && let Some(used) = extensions.remove::<crate::record::ProxyUsed>() {
+                evidence.proxy = Some(used.origin);
+                evidence.charged_to_proxy = used.charged;
+            }
             evidence.elapsed = started.elapsed();
             crate::metrics::attempt(method, &evidence);
             #[cfg(feature = "tracing")]
@@ -224,6 +229,17 @@ impl TransportEvidence {
     }
 }
 
+/// Whether a stage of this crate inside the transport step refused the request unsent and
+/// left its evidence: a misplaced middleware, or (`routed`) the proxy pool with every
+/// proxy's breaker open.
+fn refused_inside(e: &reqwest_middleware::Error, routed: bool) -> bool {
+    match ResilienceError::from_middleware_error(e) {
+        Some(ResilienceError::Misconfigured(_)) => true,
+        Some(ResilienceError::BreakerOpen { .. } | ResilienceError::Paused { .. }) => routed,
+        _ => false,
+    }
+}
+
 /// The per-attempt event (OpenTelemetry HTTP client names where one exists:
 /// `resend_count`, the retries before this attempt, 0 for the first; `error.type`, the
 /// failure kind).
@@ -238,6 +254,9 @@ fn trace_attempt(evidence: &RequestEvidence) {
         transmission = ?evidence.transmission,
         not_processed = ?evidence.not_processed,
         elapsed = ?evidence.elapsed,
+        // A pool's proxy: its origin only (never its credentials).
+        proxy = evidence.proxy.as_ref().map(tracing::field::display),
+        charged_to_proxy = evidence.charged_to_proxy,
         "attempt observed"
     );
 }

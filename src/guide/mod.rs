@@ -13,6 +13,7 @@
 //! | [`limits`] | overload: per-origin concurrency limits and slow-call trips |
 //! | [`coalescing`] | concurrent identical GETs sharing one request |
 //! | [`rate_limits`] | the servers' rate-limit fields: pauses and a client-side rate limit |
+//! | [`proxies`] | a pool of proxies: each retry through the next one, whose failure is whose |
 //! | [`observability`] | the attempt history, errors, `tracing`, hooks |
 //! | [`metrics`] | the instruments of feature `metrics` |
 //! | [`migration`] | coming from reqwest-retry |
@@ -45,6 +46,9 @@ pub mod coalescing {}
 
 #[doc = include_str!("rate_limits.md")]
 pub mod rate_limits {}
+
+#[doc = include_str!("proxies.md")]
+pub mod proxies {}
 
 #[doc = include_str!("observability.md")]
 pub mod observability {}

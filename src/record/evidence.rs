@@ -217,6 +217,14 @@ pub struct RequestEvidence {
     /// otherwise): the one whose breaker the outcome is charged to. See
     /// [`outcome_origin`](Self::outcome_origin).
     pub final_origin: Option<Origin>,
+    /// The proxy of a [`ProxyPool`](crate::proxy::ProxyPool) that carried the attempt
+    /// (`None`: sent without one). [`origin`](Self::origin) stays the target's.
+    pub proxy: Option<Origin>,
+    /// Whether the outcome is the proxy's rather than the target's (a failed connection
+    /// to the proxy, a `407`, a status the pool rotates on): the breaker charges
+    /// [`proxy`](Self::proxy), and the next attempt takes the next proxy. See
+    /// [`guide::proxies`](crate::guide::proxies).
+    pub charged_to_proxy: bool,
 }
 
 impl RequestEvidence {
@@ -232,12 +240,18 @@ impl RequestEvidence {
             retry_after: None,
             redirects: Redirects::None,
             final_origin: None,
+            proxy: None,
+            charged_to_proxy: false,
         }
     }
 
-    /// The origin that produced the outcome: the last hop's after a redirect to another
-    /// origin, else the request's.
+    /// The origin that produced the outcome: the proxy's when it is
+    /// [charged to the proxy](Self::charged_to_proxy), else the last hop's after a
+    /// redirect to another origin, else the request's.
     pub fn outcome_origin(&self) -> Option<&Origin> {
+        if self.charged_to_proxy && self.proxy.is_some() {
+            return self.proxy.as_ref();
+        }
         self.final_origin.as_ref().or(self.origin.as_ref())
     }
 
@@ -293,4 +307,13 @@ impl RequestEvidence {
             _ => None,
         }
     }
+}
+
+/// The proxy a [`ProxyPool`](crate::proxy::ProxyPool) sent an attempt through, left in the
+/// request's extensions for the transport step around it, which writes it into the
+/// attempt's evidence ([`RequestEvidence::proxy`]).
+#[derive(Clone)]
+pub(crate) struct ProxyUsed {
+    pub(crate) origin: Origin,
+    pub(crate) charged: bool,
 }

@@ -35,6 +35,7 @@ mod request_record;
 pub use continuation::OperationAttempt;
 pub(crate) use continuation::{Continuation, HandedBack, PassEnd, Spent};
 pub use decision::{AttemptDecision, RetryReason, StopReason};
+pub(crate) use evidence::ProxyUsed;
 pub use evidence::{FailureKind, NotProcessedProof, Redirects, RequestEvidence, Transmission};
 pub(crate) use history::next_attempt;
 pub use history::{AttemptHistory, AttemptRecord, Shared, SharedRole};

@@ -329,6 +329,17 @@ impl RetryStrategy for DefaultStrategy {
             return decide_body_interrupted(ctx.idempotent);
         }
         if let Transmission::ResponseReceived(status) = ev.transmission {
+            if ev.charged_to_proxy {
+                // A `407`, or a status the proxy pool rotates on: the next attempt goes
+                // through another proxy, so it is retried as a `503` would be (a `429` as
+                // itself).
+                let like = match status {
+                    StatusCode::TOO_MANY_REQUESTS => status,
+                    _ => StatusCode::SERVICE_UNAVAILABLE,
+                };
+                return decide_status(like, ctx.idempotent, ev.retry_after.is_some())
+                    .with_status(status);
+            }
             return decide_status(status, ctx.idempotent, ev.retry_after.is_some());
         }
         match ev.transmission {
@@ -387,6 +398,19 @@ fn decide_status(status: StatusCode, idempotent: bool, has_retry_after: bool) ->
         }
         408 | 500 | 502 | 503 | 504 => Verdict::Stop(StopReason::StatusNotSafe(status)),
         _ => Verdict::Stop(StopReason::FinalResponse(status)),
+    }
+}
+
+impl Verdict {
+    /// The same verdict about `status` (for a status decided as another would be).
+    fn with_status(self, status: StatusCode) -> Verdict {
+        match self {
+            Verdict::Retry(RetryReason::Status(_)) => Verdict::Retry(RetryReason::Status(status)),
+            Verdict::Stop(StopReason::StatusNotSafe(_)) => {
+                Verdict::Stop(StopReason::StatusNotSafe(status))
+            }
+            other => other,
+        }
     }
 }
 
@@ -846,5 +870,32 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn a_status_charged_to_a_proxy_is_retried_as_a_503() {
+        let mut ev = evidence(Transmission::ResponseReceived(StatusCode::FORBIDDEN), None);
+        assert_eq!(
+            decide(&ev, Method::GET, 0),
+            Verdict::Stop(StopReason::FinalResponse(StatusCode::FORBIDDEN))
+        );
+        ev.charged_to_proxy = true;
+        assert_eq!(
+            decide(&ev, Method::GET, 0),
+            Verdict::Retry(RetryReason::Status(StatusCode::FORBIDDEN))
+        );
+        assert_eq!(
+            decide(&ev, Method::POST, 0),
+            Verdict::Stop(StopReason::StatusNotSafe(StatusCode::FORBIDDEN))
+        );
+        let mut throttled = evidence(
+            Transmission::ResponseReceived(StatusCode::TOO_MANY_REQUESTS),
+            None,
+        );
+        throttled.charged_to_proxy = true;
+        assert_eq!(
+            decide(&throttled, Method::POST, 0),
+            Verdict::Retry(RetryReason::Status(StatusCode::TOO_MANY_REQUESTS))
+        );
     }
 }

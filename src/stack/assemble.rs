@@ -24,18 +24,8 @@ impl Resilience {
     /// `reqwest::Client` below the stack when it is known (resumed bodies send their range
     /// requests over it).
     pub(super) fn assemble(self, client: Option<Client>) -> Result<Assembled, ResilienceError> {
-        let retry = build_retry(self.retry)?;
-        if self.resume_bodies && retry.is_none() {
-            return Err(ResilienceError::InvalidStack(StackError::Conflict {
-                part: StackPart::Retry,
-                setting: "resume_bodies",
-            }));
-        }
-        if self.resume_bodies && client.is_none() {
-            return Err(ResilienceError::InvalidStack(
-                StackError::ResumeWithoutClient,
-            ));
-        }
+        let at_least = self.parts_fit(client.is_some())?;
+        let retry = build_retry(self.retry, at_least)?;
         let limit = self.concurrency_limit.map(LimitChoice::build).transpose()?;
         let rate = self
             .rate_limit
@@ -66,6 +56,9 @@ impl Resilience {
             (None, Some(transport))
         };
         let composed = compose::Composed {
+            // A proxy whose breaker is open is passed over.
+            proxies: (self.routes)
+                .map(|r| r.with_breakers(breaker.as_ref().map(|b| b.registry().clone()))),
             observer: crate::stage::BoxedWhenPresent(RequestObserver::new(
                 self.on_attempt,
                 self.span_url_query,
@@ -152,27 +145,95 @@ impl Resilience {
                     setting: "retry_middleware",
                 }));
             }
-            RetryKind::Builder(builder) => check_retry(builder)?,
+            RetryKind::Builder(_) => {}
         }
+        // A proxy pool set before this call raises the limit here as it would at build.
+        let at_least = match (&self.proxies, &self.routes) {
+            (Some(pool), _) => Some(pool.retries_to_try_all()),
+            (None, routes) => routes
+                .as_ref()
+                .map(crate::proxy::Routes::retries_to_try_all),
+        };
         let RetryKind::Builder(builder) = std::mem::replace(&mut self.retry, RetryKind::Off) else {
             unreachable!("matched above")
         };
+        let builder = raised(*builder, at_least);
+        if let Err(e) = check_retry(&builder) {
+            self.retry = RetryKind::Builder(Box::new(builder));
+            return Err(e);
+        }
         let retry = builder
             .build()
             .unwrap_or_else(|_| unreachable!("checked above"));
         self.retry = RetryKind::Prebuilt(retry.clone());
         Ok(retry)
     }
+
+    /// Refuses resumed bodies without a retry stage or a client to send their range
+    /// requests over (`has_client`), and a proxy pool the stack cannot serve: one whose
+    /// clients `build_from` did not build, or one beside a stage that would send around
+    /// it. Else the retries a pool needs to try every proxy, if there is one.
+    fn parts_fit(&self, has_client: bool) -> Result<Option<u32>, ResilienceError> {
+        if self.resume_bodies && matches!(self.retry, RetryKind::Off) {
+            return Err(ResilienceError::InvalidStack(StackError::Conflict {
+                part: StackPart::Retry,
+                setting: "resume_bodies",
+            }));
+        }
+        if self.resume_bodies && !has_client {
+            return Err(ResilienceError::InvalidStack(
+                StackError::ResumeWithoutClient,
+            ));
+        }
+        #[cfg(feature = "chaos")]
+        let chaos = self.chaos.is_some();
+        #[cfg(not(feature = "chaos"))]
+        let chaos = false;
+        let with = if self.proxies.is_some() {
+            "a prebuilt client (build, install, into_middleware, into_middlewares)"
+        } else if self.routes.is_none() {
+            return Ok(None);
+        } else if !self.per_attempt.is_empty() {
+            "per_attempt"
+        } else if self.resume_bodies {
+            "resume_bodies"
+        } else if chaos {
+            "chaos"
+        } else {
+            return Ok(self
+                .routes
+                .as_ref()
+                .map(crate::proxy::Routes::retries_to_try_all));
+        };
+        Err(ResilienceError::InvalidStack(
+            StackError::ProxiesNeedBuildFrom { with },
+        ))
+    }
 }
 
-fn build_retry(choice: RetryKind) -> Result<Option<RetryMiddleware>, ResilienceError> {
+/// The retry middleware chosen, its limit raised to `at_least` (a proxy pool's retries
+/// to try every proxy) when it is built here.
+fn build_retry(
+    choice: RetryKind,
+    at_least: Option<u32>,
+) -> Result<Option<RetryMiddleware>, ResilienceError> {
     match choice {
         RetryKind::Prebuilt(retry) => Ok(Some(retry)),
         RetryKind::Off => Ok(None),
         RetryKind::Builder(builder) => {
+            let builder = raised(*builder, at_least);
             check_retry(&builder)?;
             builder.build().map(Some)
         }
+    }
+}
+
+/// `builder` with its retry limit raised to `at_least`, if given (a proxy pool's retries
+/// to try every proxy).
+fn raised(builder: RetryMiddlewareBuilder, at_least: Option<u32>) -> RetryMiddlewareBuilder {
+    match at_least {
+        Some(n) => builder.at_least_retries(n),
+        None => builder,
     }
 }
 

@@ -86,14 +86,16 @@ pub trait AstralResilience: sealed::Sealed + Sized {
     -> Result<ClientWithMiddleware, ResilienceError>;
 
     /// [`build_from`](Resilience::build_from) for the astral fork: the client built with the
-    /// recorded redirect policy, declared, and wrapped in the stack.
+    /// recorded redirect policy, declared, and wrapped in the stack. Like `build_from`, it
+    /// takes a `reqwest::ClientBuilder` or a closure returning one (one client per proxy of
+    /// a [`proxies`](Resilience::proxies) pool).
     ///
     /// # Errors
     ///
     /// As [`build_from`](Resilience::build_from) and [`install_astral`](Self::install_astral).
     fn build_from_astral(
         self,
-        builder: reqwest::ClientBuilder,
+        builder: impl crate::stack::ClientBuilders,
     ) -> Result<ClientWithMiddleware, ResilienceError>;
 }
 
@@ -122,7 +124,7 @@ impl AstralResilience for Resilience {
 
     fn build_from_astral(
         self,
-        builder: reqwest::ClientBuilder,
+        builder: impl crate::stack::ClientBuilders,
     ) -> Result<ClientWithMiddleware, ResilienceError> {
         let (stack, client) = self.precise_client(builder)?;
         stack.build_astral(client)

@@ -236,6 +236,10 @@ pub struct Resilience {
     pub(super) chaos: Option<crate::chaos::Chaos>,
     pub(super) rate_limit: Option<RateChoice>,
     pub(super) resume_bodies: bool,
+    /// The pool [`proxies`](Self::proxies) set, until `build_from` builds its clients.
+    pub(super) proxies: Option<crate::proxy::ProxyPool>,
+    /// The pool's clients, built by `build_from`.
+    pub(super) routes: Option<crate::proxy::Routes>,
 }
 
 impl Default for Resilience {
@@ -258,7 +262,9 @@ impl fmt::Debug for Resilience {
             .field("coalesce", &self.coalesce)
             .field("rate_limit", &self.rate_limit.is_some())
             .field("resume_bodies", &self.resume_bodies)
-            .finish()
+            // The pool's Debug shows each proxy's origin, never its credentials.
+            .field("proxies", &self.proxies)
+            .finish_non_exhaustive()
     }
 }
 
@@ -280,6 +286,8 @@ impl Resilience {
             chaos: None,
             rate_limit: None,
             resume_bodies: false,
+            proxies: None,
+            routes: None,
         }
     }
 
@@ -568,6 +576,36 @@ impl Resilience {
     /// ```
     pub fn rate_limit(mut self, rate: impl Into<RateLimitChoice>) -> Self {
         self.rate_limit = Some(rate.into().0);
+        self
+    }
+
+    /// Sends every attempt through a proxy of `pool` (none by default), a retry through
+    /// the next one when the last proxy failed or refused, each proxy an origin of its own
+    /// for the breaker and the evidence ([`RequestEvidence::proxy`]). The retry limit is
+    /// raised to [`ProxyPool::retries_to_try_all`](crate::proxy::ProxyPool::retries_to_try_all)
+    /// (one fewer than the proxies, at most 10) when it is lower; a prebuilt
+    /// [`RetryMiddleware`] keeps its own. See [`crate::proxy`] and
+    /// [`guide::proxies`](crate::guide::proxies).
+    ///
+    /// One `reqwest::Client` is built per proxy, from your settings: only
+    /// [`build_from`](Self::build_from) given a closure returning a
+    /// `reqwest::ClientBuilder` can build them. Any other way of building, or a pool with
+    /// [`per_attempt`](Self::per_attempt) middlewares, [`resume_bodies`](Self::resume_bodies)
+    /// or a chaos layer, fails with [`StackError::ProxiesNeedBuildFrom`]; an empty pool or
+    /// an invalid proxy URL with their own [`StackError`].
+    ///
+    /// ```
+    /// use reqwest_resilience::Resilience;
+    /// use reqwest_resilience::proxy::ProxyPool;
+    ///
+    /// # fn main() -> Result<(), reqwest_resilience::ResilienceError> {
+    /// let client = Resilience::new()
+    ///     .proxies(ProxyPool::new(["http://127.0.0.1:3128", "http://127.0.0.1:3129"]).rotate_on([403]))
+    ///     .build_from(|| reqwest::Client::builder().user_agent("mine/1.0"))?;
+    /// # drop(client); Ok(()) }
+    /// ```
+    pub fn proxies(mut self, pool: crate::proxy::ProxyPool) -> Self {
+        self.proxies = Some(pool);
         self
     }
 }

@@ -7,6 +7,7 @@ use reqwest::Request;
 use reqwest_middleware::{Middleware, Next};
 
 use super::observer::RequestObserver;
+use crate::proxy::Innermost;
 use crate::stage::{
     Absent, BoxedWhenPresent, Either, Handled, Handover, Nested, RestOfStack, RetrySlot, Stage,
 };
@@ -65,6 +66,9 @@ pub(crate) struct Composed<T, B, L> {
     /// `None` when a user's per-attempt middleware runs between `BearerAuth` and the
     /// transport step: then the transport step is a middleware of its own after them.
     pub(crate) transport: Option<crate::evidence::TransportEvidence>,
+    /// A proxy pool: the innermost call is then the attempt on a proxy's client, not the
+    /// client's chain (`crate::proxy`).
+    pub(crate) proxies: Option<crate::proxy::Routes>,
     /// Resumes response bodies that break (`crate::resume`), when the stack may.
     pub(crate) resume: Option<crate::resume::Resumer>,
 }
@@ -87,6 +91,7 @@ impl<L> Composed<Absent, Absent, L> {
             bearer,
             has_bearer: true,
             transport: self.transport,
+            proxies: self.proxies,
             resume: self.resume,
         }
     }
@@ -106,6 +111,7 @@ impl<T, B> Composed<T, B, Absent> {
             bearer: self.bearer,
             has_bearer: self.has_bearer,
             transport: self.transport,
+            proxies: self.proxies,
             resume: self.resume,
         }
     }
@@ -153,6 +159,10 @@ impl<T: Stage + 'static, B: Stage + 'static, L: Stage + 'static> Composed<T, B, 
             .resume
             .as_ref()
             .and_then(|r| Some((r, r.candidate(&req, extensions)?)));
+        let next = match &self.proxies {
+            None => Innermost::Next(next),
+            Some(routes) => Innermost::Pool(routes),
+        };
         let inner = nested_from_retry!(self, next);
         let inner = Nested::new(&self.coalesce, inner);
         let inner = Nested::new(&self.observer, inner);

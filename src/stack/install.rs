@@ -12,9 +12,11 @@ use reqwest_middleware::{ClientBuilder, ClientWithMiddleware, Middleware};
 
 use super::assemble::Assembled;
 use super::builder::{PerAttempt, Resilience};
+use super::clients::ClientBuilders;
 use super::compose;
 use crate::error::{ResilienceError, StackError, StackPart};
 use crate::evidence::TransportEvidence;
+#[cfg(doc)]
 use crate::redirect::ClientRedirects;
 
 impl Resilience {
@@ -36,6 +38,10 @@ impl Resilience {
     /// ([`ClientRedirects::Recorded`]), then wraps it in the stack: the whole decision
     /// table, a refused connect of a `POST` retried, each hop charged to its own origin.
     ///
+    /// `builder` is a `reqwest::ClientBuilder`, or a closure returning one
+    /// ([`ClientBuilders`](crate::stack::ClientBuilders)): a [`proxies`](Self::proxies)
+    /// pool needs the closure, to build one client per proxy from the same settings.
+    ///
     /// ```
     /// use reqwest_resilience::Resilience;
     ///
@@ -52,7 +58,7 @@ impl Resilience {
     /// [`StackError::Conflict`]: this builds and declares the client itself).
     pub fn build_from(
         self,
-        builder: reqwest::ClientBuilder,
+        builder: impl ClientBuilders,
     ) -> Result<ClientWithMiddleware, ResilienceError> {
         let (stack, client) = self.precise_client(builder)?;
         stack.build(client)
@@ -229,26 +235,6 @@ impl Resilience {
             }));
         }
         Ok(self)
-    }
-
-    /// The client `build_from` builds: the recorded redirect policy, declared.
-    pub(super) fn precise_client(
-        mut self,
-        builder: reqwest::ClientBuilder,
-    ) -> Result<(Self, reqwest::Client), ResilienceError> {
-        if self.client_redirects.is_some() {
-            return Err(ResilienceError::InvalidStack(StackError::Conflict {
-                part: StackPart::Client,
-                setting: "client_redirects",
-            }));
-        }
-        let policy = self.redirect_policy.take().unwrap_or_default();
-        let client = builder
-            .redirect(crate::redirect::recorded(policy))
-            .build()
-            .map_err(ResilienceError::ClientBuild)?;
-        self.client_redirects = Some(ClientRedirects::Recorded);
-        Ok((self, client))
     }
 }
 

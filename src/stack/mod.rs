@@ -31,6 +31,7 @@
 //! | `observer.rs` | the outermost stage: the span per logical request and the [`on_attempt`](Resilience::on_attempt) hook |
 //! | `compose.rs` | the stages nested into one middleware (`Composed`) and a resumed body's range requests through them |
 //! | `builder.rs` | [`Resilience`]: the choices for each part, one setter each, and the defaults |
+//! | `clients.rs` | the clients [`build_from`](Resilience::build_from) builds ([`ClientBuilders`]): one, or one per proxy of a pool |
 //! | `assemble.rs` | those choices built into stages and nested (the retry from its settings, the breaker, the limits) |
 //! | `install.rs` | the assembled stack in a `reqwest_middleware::ClientBuilder` ([`StackBuilder`]), as one middleware ([`ResilienceMiddleware`]) or as a list |
 //! | `astral.rs` | the same installation for the astral fork's builder ([`astral`], feature `astral`) |
@@ -40,6 +41,7 @@ mod assemble;
 #[cfg_attr(docsrs, doc(cfg(feature = "astral")))]
 pub mod astral;
 mod builder;
+mod clients;
 pub(crate) mod compose;
 mod install;
 mod observer;
@@ -47,6 +49,7 @@ mod observer;
 pub use builder::{
     BreakerChoice, ConcurrencyLimitChoice, RateLimitChoice, Resilience, RetryChoice,
 };
+pub use clients::ClientBuilders;
 pub use install::{ResilienceMiddleware, StackBuilder};
 
 pub use crate::error::stack::{StackError, StackPart};

@@ -171,6 +171,12 @@ pub(crate) trait RestOfStack: Clone + Send + Sync {
     /// The composed stack's own stages do all their work when polled.
     const MAKING_DOES_WORK: bool = false;
 
+    /// Whether this inside sends the attempt through a proxy of a pool, which leaves the
+    /// proxy it took in the extensions for the transport step (`crate::proxy`).
+    fn routed(&self) -> bool {
+        false
+    }
+
     /// Runs the request through the rest of the stack.
     fn run<'a>(
         self,

@@ -38,6 +38,7 @@ mod model;
 mod nginx;
 mod ownership;
 mod parts_together;
+mod proxy;
 mod rate_limit;
 mod redirect;
 mod retry;

@@ -440,6 +440,15 @@ impl RetryMiddlewareBuilder {
         self
     }
 
+    /// The retry limit raised to `retries` when it is lower (a proxy pool's retries to
+    /// try every proxy).
+    pub(crate) fn at_least_retries(mut self, retries: u32) -> Self {
+        if self.config.max_retries() < retries {
+            self.config.max_retries = Some(retries);
+        }
+        self
+    }
+
     /// The total deadline and the shortest delay the jitter can draw before the first
     /// retry, when the deadline leaves no room for that retry (or is zero).
     pub(crate) fn deadline_before_first_retry(&self) -> Option<(Duration, Duration)> {

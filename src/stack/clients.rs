@@ -1,0 +1,102 @@
+//! The clients [`build_from`](Resilience::build_from) builds: one from a
+//! `reqwest::ClientBuilder`, or, from a closure returning one ([`ClientBuilders`]), one
+//! for the requests plus one per proxy of a [`proxies`](Resilience::proxies) pool, each
+//! with the recorded redirect policy.
+
+use std::sync::Arc;
+
+use super::builder::Resilience;
+use crate::error::{ResilienceError, StackError, StackPart};
+use crate::redirect::ClientRedirects;
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for reqwest::ClientBuilder {}
+    impl<F: FnMut() -> reqwest::ClientBuilder> Sealed for F {}
+}
+
+/// What [`Resilience::build_from`] takes: a `reqwest::ClientBuilder` (one client), or a
+/// closure returning one, called once per client the stack needs (with a
+/// [`proxies`](Resilience::proxies) pool: one per proxy, and one that builds the
+/// requests). You never name it: pass either to `.build_from(..)`.
+pub trait ClientBuilders: sealed::Sealed {
+    /// Whether it can give more than one builder.
+    #[doc(hidden)]
+    const MANY: bool;
+    /// The next builder (a single builder's first call takes it).
+    #[doc(hidden)]
+    fn next_builder(&mut self) -> reqwest::ClientBuilder;
+}
+
+impl ClientBuilders for reqwest::ClientBuilder {
+    const MANY: bool = false;
+    fn next_builder(&mut self) -> reqwest::ClientBuilder {
+        std::mem::replace(self, reqwest::Client::builder())
+    }
+}
+
+impl<F: FnMut() -> reqwest::ClientBuilder> ClientBuilders for F {
+    const MANY: bool = true;
+    fn next_builder(&mut self) -> reqwest::ClientBuilder {
+        self()
+    }
+}
+
+impl Resilience {
+    /// The client `build_from` builds: the recorded redirect policy, declared; with a
+    /// proxy pool, its clients too, one per proxy.
+    pub(super) fn precise_client<B: ClientBuilders>(
+        mut self,
+        mut builders: B,
+    ) -> Result<(Self, reqwest::Client), ResilienceError> {
+        if self.client_redirects.is_some() {
+            return Err(ResilienceError::InvalidStack(StackError::Conflict {
+                part: StackPart::Client,
+                setting: "client_redirects",
+            }));
+        }
+        let policy = self.redirect_policy.take().unwrap_or_default();
+        let client = match self.proxies.take() {
+            None => build(builders.next_builder(), crate::redirect::recorded(policy))?,
+            Some(_) if !B::MANY => {
+                return Err(ResilienceError::InvalidStack(
+                    StackError::ProxiesNeedBuildFrom {
+                        with: "a single ClientBuilder",
+                    },
+                ));
+            }
+            Some(pool) => {
+                let proxies = pool.check()?;
+                // One policy for every client (reqwest's is not `Clone`).
+                let policy = Arc::new(policy);
+                let recorded = || {
+                    let policy = policy.clone();
+                    crate::redirect::recorded(reqwest::redirect::Policy::custom(move |a| {
+                        policy.redirect(a)
+                    }))
+                };
+                let clients = proxies
+                    .into_iter()
+                    .map(|(proxy, origin)| {
+                        let builder = builders.next_builder().proxy(proxy);
+                        Ok((build(builder, recorded())?, origin))
+                    })
+                    .collect::<Result<Vec<_>, ResilienceError>>()?;
+                self.routes = Some(pool.into_routes(clients));
+                build(builders.next_builder(), recorded())?
+            }
+        };
+        self.client_redirects = Some(ClientRedirects::Recorded);
+        Ok((self, client))
+    }
+}
+
+fn build(
+    builder: reqwest::ClientBuilder,
+    policy: reqwest::redirect::Policy,
+) -> Result<reqwest::Client, ResilienceError> {
+    builder
+        .redirect(policy)
+        .build()
+        .map_err(ResilienceError::ClientBuild)
+}

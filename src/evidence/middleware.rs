@@ -132,23 +132,7 @@ impl Stage for TransportEvidence {
                 // this attempt's.
                 return result;
             }
-            let mut evidence = match &result {
-                Ok(response) => RequestEvidence::from_response(response, origin, attempt),
-                Err(reqwest_middleware::Error::Reqwest(err)) => {
-                    let c = classify_error(err);
-                    let mut e = RequestEvidence::new(c.transmission, origin, attempt);
-                    e.failure = Some(c.kind);
-                    e.not_processed = c.not_processed;
-                    e
-                }
-                // A middleware between this one and the client failed: nothing proves the
-                // request stayed local.
-                Err(reqwest_middleware::Error::Middleware(_)) => {
-                    let mut e = RequestEvidence::new(Transmission::Unknown, origin, attempt);
-                    e.failure = Some(super::FailureKind::Other);
-                    e
-                }
-            };
+            let mut evidence = evidence_of(&result, origin, attempt);
             self.judge_redirects(
                 &mut evidence,
                 &result,
@@ -225,6 +209,31 @@ impl TransportEvidence {
                 ClientRedirects::Off => crate::misconfig::Misconfiguration::RedirectsNotOff,
                 _ => crate::misconfig::Misconfiguration::RedirectsNotRecorded,
             });
+        }
+    }
+}
+
+/// What an attempt's result shows of how far it got on the wire.
+fn evidence_of(
+    result: &reqwest_middleware::Result<Response>,
+    origin: Option<Origin>,
+    attempt: u32,
+) -> RequestEvidence {
+    match result {
+        Ok(response) => RequestEvidence::from_response(response, origin, attempt),
+        Err(reqwest_middleware::Error::Reqwest(err)) => {
+            let c = classify_error(err);
+            let mut e = RequestEvidence::new(c.transmission, origin, attempt);
+            e.failure = Some(c.kind);
+            e.not_processed = c.not_processed;
+            e
+        }
+        // A middleware between this one and the client failed: nothing proves the request
+        // stayed local.
+        Err(reqwest_middleware::Error::Middleware(_)) => {
+            let mut e = RequestEvidence::new(Transmission::Unknown, origin, attempt);
+            e.failure = Some(super::FailureKind::Other);
+            e
         }
     }
 }

@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use super::builder::Resilience;
+use super::builder::{Resilience, RetryKind};
 use crate::error::{ResilienceError, StackError, StackPart};
 use crate::redirect::ClientRedirects;
 
@@ -56,6 +56,8 @@ impl Resilience {
             }));
         }
         let policy = self.redirect_policy.take().unwrap_or_default();
+        let own_retries = !matches!(self.retry, RetryKind::Off);
+        let build = |builder, policy| build(builder, policy, own_retries);
         let client = match self.proxies.take() {
             None => build(builders.next_builder(), crate::redirect::recorded(policy))?,
             Some(_) if !B::MANY => {
@@ -91,12 +93,23 @@ impl Resilience {
     }
 }
 
+/// Builds a client with `policy` for its redirects; when the stack retries
+/// (`own_retries`), with reqwest's own retries off: reqwest 0.13 sends again, below the
+/// transport step, any request whose HTTP/2 stream failed with the server's
+/// `GOAWAY(NO_ERROR)` or `REFUSED_STREAM`, and hyper can fail a stream the server had
+/// already taken with that `GOAWAY` (hyper#2500): a `POST` executed twice that no evidence
+/// shows. The retry middleware retries both itself, by the decision table (`REFUSED_STREAM`
+/// for any method, a `GOAWAY` for an idempotent request).
 fn build(
     builder: reqwest::ClientBuilder,
     policy: reqwest::redirect::Policy,
+    own_retries: bool,
 ) -> Result<reqwest::Client, ResilienceError> {
-    builder
-        .redirect(policy)
-        .build()
-        .map_err(ResilienceError::ClientBuild)
+    let builder = builder.redirect(policy);
+    let builder = if own_retries {
+        builder.retry(reqwest::retry::never())
+    } else {
+        builder
+    };
+    builder.build().map_err(ResilienceError::ClientBuild)
 }

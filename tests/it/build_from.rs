@@ -14,6 +14,7 @@ use http::Extensions;
 use reqwest_middleware::ClientWithMiddleware;
 use reqwest_resilience::RetryMiddleware;
 use reqwest_resilience::breaker::{BreakerConfig, BreakerRegistry};
+use reqwest_resilience::exchange::SendWithHistory;
 use reqwest_resilience::misconfig::Misconfiguration;
 use reqwest_resilience::redirect::ClientRedirects;
 use reqwest_resilience::retry::{MaxRetries, RetryOutcome, StopReason};
@@ -464,4 +465,84 @@ async fn the_stack_as_a_middleware_list_serves_a_lazily_built_client_with_per_at
     );
     assert_eq!(outer.load(Ordering::SeqCst), 1, "once per logical request");
     assert_eq!(per_attempt.load(Ordering::SeqCst), 4, "once per attempt");
+}
+
+/// reqwest 0.13 sends again, below the transport step, a request whose HTTP/2 stream
+/// failed with the server's `GOAWAY(NO_ERROR)` (any method, up to 2 more times), and hyper
+/// can fail that way a stream the server had taken (hyper#2500). A server that takes each
+/// stream and then says `GOAWAY` below it: through `build_from` with a retry part, a POST
+/// reaches it once (the stack's evidence says `GoAway`, which proves nothing for a POST)
+/// and a GET is retried by the stack, each rotation in its history; without a retry part,
+/// reqwest's own retries stay (the stack is never worse than reqwest alone).
+#[tokio::test(start_paused = true)]
+async fn build_from_turns_reqwest_s_goaway_replays_off_when_the_stack_retries() {
+    use support::h2::{H2Action, H2Server};
+    let builder = || {
+        reqwest::Client::builder()
+            .no_proxy()
+            .pool_idle_timeout(None)
+            .http2_prior_knowledge()
+    };
+    let client = Resilience::new().build_from(builder()).unwrap();
+
+    let server = H2Server::start(|_| H2Action::GoAwayBelow).await;
+    let post = client
+        .post(server.url("/pay"))
+        .body("1 EUR")
+        .send_with_history()
+        .await;
+    assert!(post.result.is_err());
+    assert_eq!(
+        server.requests_seen(),
+        1,
+        "the POST reached the server once"
+    );
+    let outcome = post.outcome.unwrap();
+    assert_eq!(outcome.attempts, 1);
+    assert_eq!(outcome.stop, StopReason::MayHaveBeenProcessed);
+    let seen = &post.history.attempts()[0].evidence;
+    assert_eq!(
+        (seen.transmission, seen.failure),
+        (Transmission::Unknown, Some(FailureKind::GoAway))
+    );
+
+    let server = H2Server::start(|i| {
+        if i < 2 {
+            H2Action::GoAwayBelow
+        } else {
+            H2Action::Respond(200)
+        }
+    })
+    .await;
+    let response = client.get(server.url("/")).send().await.unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(server.requests_seen(), 3);
+    let history = AttemptHistory::of_response(&response).unwrap();
+    assert_eq!(
+        history
+            .attempts()
+            .iter()
+            .map(|a| (a.evidence.transmission, a.evidence.failure))
+            .collect::<Vec<_>>(),
+        [
+            (Transmission::Unknown, Some(FailureKind::GoAway)),
+            (Transmission::Unknown, Some(FailureKind::GoAway)),
+            (Transmission::ResponseReceived(http::StatusCode::OK), None),
+        ],
+        "each rotation is the stack's retry, seen"
+    );
+
+    // No retry part: reqwest's own replays (the original and 2 more) are kept.
+    let bare = Resilience::new()
+        .no_retry()
+        .no_breaker()
+        .build_from(builder())
+        .unwrap();
+    let server = H2Server::start(|_| H2Action::GoAwayBelow).await;
+    let _ = bare.post(server.url("/pay")).body("1 EUR").send().await;
+    assert_eq!(
+        server.requests_seen(),
+        3,
+        "reqwest's default, as reqwest alone"
+    );
 }

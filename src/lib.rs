@@ -139,6 +139,7 @@ pub(crate) mod stage;
 mod sync;
 pub(crate) mod tls_alert;
 pub(crate) mod token;
+pub mod upload;
 
 /// The `async_trait` attribute, for implementing [`TokenSource`] (or a
 /// `reqwest_middleware::Middleware`) without an `async-trait` dependency of your own.

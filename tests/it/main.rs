@@ -46,4 +46,5 @@ mod stack;
 mod stack_tracing;
 mod strategy;
 mod tls_alerts;
+mod upload;
 mod visible_retries;

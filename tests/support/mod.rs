@@ -54,6 +54,7 @@ pub mod ranged;
 pub mod servers;
 pub mod tls;
 pub mod tls_faults;
+pub mod upload;
 
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};

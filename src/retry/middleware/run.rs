@@ -28,6 +28,7 @@ use crate::retry::attempt_timeout::{self, attempt_cut};
 use crate::retry::hedge::{Hedging, RoundSpec};
 use crate::retry::{Idempotent, MaxRetries, Verdict, Withdrawal, is_idempotent};
 use crate::stage::{Handover, RestOfStack, Stage, standalone_middleware};
+use crate::upload::ReplayableBody;
 
 standalone_middleware!(RetryMiddleware);
 
@@ -69,20 +70,33 @@ impl RetryMiddleware {
             let owner = handover.enter(extensions, "RetryMiddleware", true, first.url())?;
             let timeout = attempt_timeout::for_request(extensions, self.config.attempt_timeout)?;
             let mut run = RequestRun::begin(&self.config, first, extensions, handover, timeout);
+            if run.upload.is_some() {
+                // A replayable upload's body is opened for each attempt: the request's
+                // own, if it had one, is never sent (nor copied, which would fail).
+                kept.as_mut().map(|req| req.body_mut().take());
+            }
             loop {
                 // One attempt and its decision, in a block of their own: the request, the
                 // response and the evidence end with it, so the future does not also keep
                 // their slots through the backoff wait below (every request pays for the
                 // future's size when it is boxed).
                 let (wait, retry) = {
-                    let Some((prepared, req)) = run.prepare(&mut kept, extensions) else {
+                    let Some((prepared, mut req)) = run.prepare(&mut kept, extensions) else {
                         unreachable!(
                             "the loop goes round only after a retry, which keeps the request"
                         )
                     };
-                    let (result, hedges) = if let Some((hedging, spec)) =
-                        run.hedged_round(&prepared, owner)
-                    {
+                    let opened = match &run.upload {
+                        // Rare: a replayable upload opens its body (boxed: stage cost rule 2).
+                        Some(upload) => {
+                            let origin = run.origin.clone();
+                            Box::pin(upload.open_into(&mut req, extensions, origin)).await
+                        }
+                        None => Ok(()),
+                    };
+                    let (result, hedges) = if let Err(unopened) = opened {
+                        (Err(unopened), 0)
+                    } else if let Some((hedging, spec)) = run.hedged_round(&prepared, owner) {
                         let is_final = run.is_final(kept.as_ref().map(Request::url));
                         // Only a hedged request carries the race (boxed: stage cost rule 2).
                         let round =
@@ -127,6 +141,8 @@ struct RequestRun<'a> {
     transport_installed: bool,
     /// The earlier passes of this request, when it has some (`continued`).
     continued: Option<Continuation>,
+    /// The request's replayable upload body, opened for each attempt (never hedged).
+    upload: Option<ReplayableBody>,
     /// The URL of the request once the last attempt possible sent the caller's request
     /// itself (none is kept to borrow it from then): boxed, so the loop's future carries a
     /// pointer, not a `Url`, and copied only on that path.
@@ -199,10 +215,12 @@ impl<'a> RequestRun<'a> {
         if let Some(budget) = config.budget.as_ref().filter(|_| deposit) {
             budget.deposit();
         }
+        // A hedge would need a second body at once: an upload is never hedged.
+        let upload = ReplayableBody::of(extensions).cloned();
         let hedging = config
             .hedging
             .as_ref()
-            .filter(|h| h.eligible(req.method(), extensions, idempotent));
+            .filter(|h| upload.is_none() && h.eligible(req.method(), extensions, idempotent));
         if let Some(h) = hedging {
             h.deposit();
         }
@@ -217,6 +235,7 @@ impl<'a> RequestRun<'a> {
             handed_on: handed_on || attempt_timeout.is_some(),
             transport_installed: handover.composed(),
             continued,
+            upload,
             last_url: None,
         }
     }

@@ -345,11 +345,28 @@ async fn a_file_that_cannot_be_opened_is_a_typed_error_never_sent() {
 #[tokio::test(start_paused = true)]
 async fn an_upload_is_never_hedged() {
     let file = TempFile::new("hedge.bin", MIB);
-    let server = UploadServer::start(vec![], Step::Respond(201, vec![]));
-    // Every PUT would be hedged after 1 ms without an answer.
-    let retry = support::exact_retry().hedging(Hedging::fixed(Duration::from_millis(1)).hedge_idempotent(true).no_budget());
-    let client = Resilience::new().retry(retry).build_from(builder()).unwrap();
+    // Every answer takes 5 s; every PUT without an answer after 100 ms gets a hedge.
+    let slow = Step::Slow(Duration::from_secs(5), 201);
+    let hedging = Hedging::fixed(Duration::from_millis(100))
+        .hedge_idempotent(true)
+        .no_budget();
+    let client = Resilience::new()
+        .retry(support::exact_retry().hedging(hedging))
+        .build_from(builder())
+        .unwrap();
 
+    // A buffered body is hedged: the setup sends hedges.
+    let buffered = UploadServer::start(vec![], slow.clone());
+    let exchange = client
+        .put(buffered.url("/upload"))
+        .body(vec![7u8; 1024])
+        .send_with_history()
+        .await;
+    assert_eq!(exchange.result.unwrap().status(), StatusCode::CREATED);
+    assert_eq!(exchange.outcome.unwrap().attempts, 2, "one hedge");
+    assert_eq!(buffered.connections(), 2);
+
+    let server = UploadServer::start(vec![], slow);
     let exchange = client
         .put(server.url("/upload"))
         .with_extension(ReplayableBody::file(&file.path))
@@ -360,6 +377,7 @@ async fn an_upload_is_never_hedged() {
     assert_eq!(exchange.history.len(), 1);
     assert_eq!(exchange.outcome.unwrap().attempts, 1);
     assert_eq!(server.connections(), 1);
+    assert!(server.received()[0].complete);
     assert_eq!(server.received()[0].digest, file.digest);
 }
 

@@ -25,6 +25,8 @@ pub enum Step {
     ResetAfter(u64),
     /// Pass the connection through to this address (its answer goes back as it is).
     Forward(SocketAddr),
+    /// Read the whole body, wait this long (tokio's clock), then answer with this status.
+    Slow(std::time::Duration, u16),
 }
 
 /// A request body as the server read it.
@@ -213,6 +215,13 @@ async fn serve(stream: TcpStream, step: Step, shared: Arc<Shared>) {
     received.complete = complete;
     shared.received.lock().unwrap().push(received);
     let mut stream = reader.into_inner();
+    let step = match step {
+        Step::Slow(wait, status) => {
+            tokio::time::sleep(wait).await;
+            Step::Respond(status, vec![])
+        }
+        step => step,
+    };
     match step {
         Step::Respond(status, headers) if complete => {
             let mut answer = format!(

@@ -118,7 +118,9 @@ impl Middleware for OpenOnSecondAttempt {
 }
 
 /// One upload through the scenario; the server, to read what it saw.
-async fn upload(body: impl FnOnce(reqwest_middleware::RequestBuilder) -> reqwest_middleware::RequestBuilder) -> Arc<UploadServer> {
+async fn upload(
+    body: impl FnOnce(reqwest_middleware::RequestBuilder) -> reqwest_middleware::RequestBuilder,
+) -> Arc<UploadServer> {
     let server = UploadServer::refusing(
         vec![Step::Respond(503, vec![("retry-after", "1")])],
         Step::Respond(201, vec![]),
@@ -151,7 +153,10 @@ fn check(server: &UploadServer, digest: u64) {
 
 #[tokio::main(worker_threads = 2)]
 async fn main() {
-    let path = std::env::temp_dir().join(format!("reqwest-resilience-bench-upload-{}", std::process::id()));
+    let path = std::env::temp_dir().join(format!(
+        "reqwest-resilience-bench-upload-{}",
+        std::process::id()
+    ));
     let digest = write_pattern_file(&path, LEN);
 
     let rss_start = status_kib("VmRSS:").unwrap_or(0);
@@ -169,7 +174,9 @@ async fn main() {
     let _ = std::fs::remove_file(&path);
 
     let kib = |b: usize| b / 1024;
-    println!("64 MiB POST: refused, then 503 with Retry-After: 1, then 201 (3 attempts, 2 bodies sent whole)");
+    println!(
+        "64 MiB POST: refused, then 503 with Retry-After: 1, then 201 (3 attempts, 2 bodies sent whole)"
+    );
     println!("| body | heap peak above start | VmHWM above start VmRSS |");
     println!("|---|---:|---:|");
     println!(
@@ -177,7 +184,13 @@ async fn main() {
         kib(replayable_peak),
         hwm.saturating_sub(rss_start)
     );
-    println!("| buffered Vec<u8> | {} KiB | (not measured: after the first) |", kib(buffered_peak));
+    println!(
+        "| buffered Vec<u8> | {} KiB | (not measured: after the first) |",
+        kib(buffered_peak)
+    );
     println!("goal: replayable < {} KiB", kib(GOAL));
-    assert!(replayable_peak < GOAL, "the replayable upload's heap peak reached the goal");
+    assert!(
+        replayable_peak < GOAL,
+        "the replayable upload's heap peak reached the goal"
+    );
 }

@@ -23,6 +23,7 @@ use reqwest_resilience::breaker::{
 };
 use reqwest_resilience::coalesce::CoalesceGets;
 use reqwest_resilience::retry::{Hedge, Hedging, MaxRetries, RetryMiddlewareBuilder};
+use reqwest_resilience::upload::ReplayableBody;
 use reqwest_resilience::{
     AccessToken, AttemptDecision, AttemptHistory, AttemptRecord, Backoff, BearerAuth, Origin,
     Redirects, Resilience, ResilienceError, RetryBudget, TokenManager, Transmission,
@@ -176,6 +177,7 @@ async fn main() -> Result<(), BoxError> {
     rate_limit_fields(&mut tour).await?;
     like_reqwest_retry(&mut tour).await?;
     resumed_download(&mut tour).await?;
+    replayed_upload(&mut tour).await?;
 
     println!("\nSummary");
     println!("{:<34} {:<26} {:<26} ok", "scene", "expected", "observed");
@@ -1254,6 +1256,49 @@ async fn resumed_download(tour: &mut Tour) -> Result<(), BoxError> {
         "resume: bytes at the server",
         format!("{} in 3 answers", file.len()),
         format!("{sent} in {} answers", server.requests()),
+    );
+    Ok(())
+}
+
+/// A file uploaded as a stream, answered `503` with `Retry-After`: the file is opened
+/// again for the retry and sent whole, never held in memory.
+async fn replayed_upload(tour: &mut Tour) -> Result<(), BoxError> {
+    println!(
+        "\n22. A 4 MiB file POSTed as a stream, answered 503 with Retry-After: sent again whole"
+    );
+    const LEN: usize = 4 << 20;
+    let path = std::env::temp_dir().join(format!("tour-upload-{}.bin", std::process::id()));
+    std::fs::write(&path, vec![42u8; LEN])?;
+    let bodies = Arc::new(Mutex::new(Vec::new()));
+    let server = FlakyServer::start({
+        let bodies = bodies.clone();
+        move |i, req| {
+            bodies.lock().unwrap().push(req.body_len);
+            if i == 0 {
+                Reply::status(503).header("retry-after", "1")
+            } else {
+                Reply::status(201)
+            }
+        }
+    })
+    .await?;
+    let client = demo_stack()?.build_from(reqwest::Client::builder())?;
+    let mut extensions = Extensions::new();
+    extensions.insert(ReplayableBody::file(&path));
+    let (result, history) = send(&client, client.post(server.url("/upload")), extensions).await?;
+    let _ = std::fs::remove_file(&path);
+    print_history(&history);
+    tour.check(
+        "upload: 503, then sent again",
+        "2 attempts, 201",
+        format!("{} attempts, {}", history.len(), outcome(&result)),
+    );
+    tour.check(
+        "upload: bodies at the server",
+        format!("{LEN}, {LEN}"),
+        format!("{:?}", bodies.lock().unwrap())
+            .trim_matches(['[', ']'])
+            .to_owned(),
     );
     Ok(())
 }

@@ -5,8 +5,8 @@ use std::fmt;
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use crate::upload::ReplayableBody;
 use crate::stage::{Handover, RestOfStack, Stage, standalone_middleware};
+use crate::upload::ReplayableBody;
 use http::{Extensions, HeaderValue, StatusCode, header};
 use reqwest::{Request, Response, Url};
 

@@ -59,8 +59,8 @@ use http::Extensions;
 use hyper::body::Bytes;
 use reqwest::Request;
 
-pub use crate::error::upload::UploadBodyError;
 use crate::error::ResilienceError;
+pub use crate::error::upload::UploadBodyError;
 use crate::origin::Origin;
 use crate::record::{FailureKind, record_rejected_locally};
 

@@ -44,9 +44,9 @@ where
             // Never locked, so never poisoned; a poisoned one still holds the stream.
             Err(poisoned) => poisoned.into_inner(),
         };
-        Poll::Ready(
-            ready!(stream.as_mut().poll_next(cx))
-                .map(|item| item.map(|chunk| Frame::data(chunk.into())).map_err(Into::into)),
-        )
+        Poll::Ready(ready!(stream.as_mut().poll_next(cx)).map(|item| {
+            item.map(|chunk| Frame::data(chunk.into()))
+                .map_err(Into::into)
+        }))
     }
 }

@@ -207,7 +207,10 @@ async fn a_64_mib_post_is_retried_after_a_refusal_and_a_503_with_retry_after() {
 #[tokio::test(start_paused = true)]
 async fn a_post_reset_mid_upload_is_not_sent_again() {
     let file = TempFile::new("reset-post.bin", 32 * MIB);
-    let server = UploadServer::start(vec![Step::ResetAfter(MIB as u64)], Step::Respond(201, vec![]));
+    let server = UploadServer::start(
+        vec![Step::ResetAfter(MIB as u64)],
+        Step::Respond(201, vec![]),
+    );
     let client = stack().build_from(builder()).unwrap();
 
     let exchange = client
@@ -231,7 +234,10 @@ async fn a_post_reset_mid_upload_is_not_sent_again() {
 #[tokio::test(start_paused = true)]
 async fn an_idempotent_put_reset_mid_upload_is_sent_again_whole() {
     let file = TempFile::new("reset-put.bin", 32 * MIB);
-    let server = UploadServer::start(vec![Step::ResetAfter(MIB as u64)], Step::Respond(201, vec![]));
+    let server = UploadServer::start(
+        vec![Step::ResetAfter(MIB as u64)],
+        Step::Respond(201, vec![]),
+    );
     let client = stack().build_from(builder()).unwrap();
 
     let exchange = client
@@ -256,7 +262,10 @@ async fn an_idempotent_put_reset_mid_upload_is_sent_again_whole() {
 #[tokio::test(start_paused = true)]
 async fn a_post_with_an_idempotency_key_reset_mid_upload_is_sent_again() {
     let file = TempFile::new("reset-key.bin", 32 * MIB);
-    let server = UploadServer::start(vec![Step::ResetAfter(MIB as u64)], Step::Respond(201, vec![]));
+    let server = UploadServer::start(
+        vec![Step::ResetAfter(MIB as u64)],
+        Step::Respond(201, vec![]),
+    );
     let client = stack().build_from(builder()).unwrap();
 
     let exchange = client
@@ -420,7 +429,10 @@ async fn bearer_auth_replays_a_401_with_the_body_opened_again() {
 #[tokio::test(start_paused = true)]
 async fn without_a_retry_loop_the_transport_step_opens_the_body_once() {
     let file = TempFile::new("no-retry.bin", MIB);
-    let server = UploadServer::start(vec![Step::Respond(503, vec![("retry-after", "1")])], Step::Respond(201, vec![]));
+    let server = UploadServer::start(
+        vec![Step::Respond(503, vec![("retry-after", "1")])],
+        Step::Respond(201, vec![]),
+    );
     let client = Resilience::new().no_retry().build_from(builder()).unwrap();
 
     let exchange = client

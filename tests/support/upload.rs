@@ -199,7 +199,8 @@ async fn serve(stream: TcpStream, step: Step, shared: Arc<Shared>) {
             return;
         };
         let buffered = reader.buffer().to_vec();
-        if upstream.write_all(&head).await.is_err() || upstream.write_all(&buffered).await.is_err() {
+        if upstream.write_all(&head).await.is_err() || upstream.write_all(&buffered).await.is_err()
+        {
             return;
         }
         let mut client = reader.into_inner();
@@ -224,9 +225,8 @@ async fn serve(stream: TcpStream, step: Step, shared: Arc<Shared>) {
     };
     match step {
         Step::Respond(status, headers) if complete => {
-            let mut answer = format!(
-                "HTTP/1.1 {status} Scripted\r\ncontent-length: 0\r\nconnection: close\r\n"
-            );
+            let mut answer =
+                format!("HTTP/1.1 {status} Scripted\r\ncontent-length: 0\r\nconnection: close\r\n");
             for (n, v) in headers {
                 answer.push_str(&format!("{n}: {v}\r\n"));
             }

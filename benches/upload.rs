@@ -18,7 +18,6 @@
 //! peak resident set (`VmHWM`) above its resident set (`VmRSS`) at the start.
 
 #[path = "../tests/support/mod.rs"]
-#[allow(dead_code)]
 mod support;
 
 use std::alloc::{GlobalAlloc, Layout, System};

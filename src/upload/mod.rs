@@ -40,7 +40,7 @@
 //! and many object stores refuse a chunked upload, or one without a length); a closure's
 //! stream is sent chunked, unless the request carries a `Content-Length` of its own.
 //! A file that cannot be opened ends the attempt before it leaves:
-//! [`ResilienceError::UploadBody`](crate::ResilienceError::UploadBody), `NotSent`, not
+//! [`ResilienceError::UploadBody`], `NotSent`, not
 //! retried.
 //!
 //! Attach it with `.with_extension(..)` (reqwest-middleware's `RequestBuilder`, or the

@@ -81,21 +81,20 @@ impl RetryMiddleware {
                 // their slots through the backoff wait below (every request pays for the
                 // future's size when it is boxed).
                 let (wait, retry) = {
-                    let Some((prepared, mut req)) = run.prepare(&mut kept, extensions) else {
+                    let Some((prepared, req)) = run.prepare(&mut kept, extensions) else {
                         unreachable!(
                             "the loop goes round only after a retry, which keeps the request"
                         )
                     };
-                    let opened = match &run.upload {
-                        // Rare: a replayable upload opens its body (boxed: stage cost rule 2).
-                        Some(upload) => {
-                            let origin = run.origin.clone();
-                            Box::pin(upload.open_into(&mut req, extensions, origin)).await
-                        }
-                        None => Ok(()),
-                    };
-                    let (result, hedges) = if let Err(unopened) = opened {
-                        (Err(unopened), 0)
+                    let (result, hedges) = if let Some(upload) = &run.upload {
+                        // Rare: an upload opens its body first, and is never hedged (boxed:
+                        // stage cost rule 2; the request is not held across an `.await` of
+                        // every request's future, rule 3).
+                        let handover = handover.with_spare(kept.as_ref());
+                        let sent = run.upload_attempt(
+                            upload, &next, req, extensions, handover, owner, &prepared,
+                        );
+                        (Box::pin(sent).await, 0)
                     } else if let Some((hedging, spec)) = run.hedged_round(&prepared, owner) {
                         let is_final = run.is_final(kept.as_ref().map(Request::url));
                         // Only a hedged request carries the race (boxed: stage cost rule 2).
@@ -357,6 +356,28 @@ impl<'a> RequestRun<'a> {
             scope,
             prepared.attempt,
         )
+    }
+
+    /// A plain attempt of a replayable upload: its body opened for it ([`ReplayableBody`]:
+    /// a body that cannot be opened ends the attempt unsent), then sent as
+    /// [`start_attempt`](Self::start_attempt) sends it.
+    #[allow(clippy::too_many_arguments)]
+    async fn upload_attempt<'s, N: RestOfStack + 's>(
+        &'s self,
+        upload: &ReplayableBody,
+        next: &N,
+        mut req: Request,
+        extensions: &'s mut Extensions,
+        handover: Handover<'s>,
+        owner: crate::stage::scope::Ownership,
+        prepared: &PreparedAttempt,
+    ) -> reqwest_middleware::Result<Response> {
+        upload
+            .open_into(&mut req, extensions, self.origin.clone())
+            .await?;
+        let (sent, end) = self.start_attempt(next, req, extensions, handover, owner, prepared);
+        let outcome = sent.await;
+        end.finish(outcome, extensions, &self.origin)
     }
 
     /// Decides after the attempt (and the `hedges` its round sent): a retry (possible

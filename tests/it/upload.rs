@@ -452,3 +452,76 @@ async fn without_a_retry_loop_the_transport_step_opens_the_body_once() {
     assert_eq!(seen[0].digest, file.digest);
     assert_eq!(seen[0].header("content-length"), Some("1048576"));
 }
+
+/// The body of the closure tests: 16 chunks of 4 KiB.
+fn small_stream_body() -> (ReplayableBody, u64) {
+    let make = || {
+        let chunks = (0..16u8).map(|i| Ok::<_, std::io::Error>(vec![i; 4096]));
+        futures_util::stream::iter(chunks)
+    };
+    let expected: Vec<u8> = (0..16u8).flat_map(|i| vec![i; 4096]).collect();
+    (
+        ReplayableBody::from_fn(make),
+        support::upload::digest(&expected),
+    )
+}
+
+/// Two requests of the 64 KiB stream body, whole: the 503 and the 201.
+fn assert_sent_twice_whole(server: &UploadServer, digest: u64) {
+    let seen = server.received();
+    assert_eq!(seen.len(), 2);
+    for request in &seen {
+        assert!(request.complete);
+        assert_eq!(request.len, 16 * 4096);
+        assert_eq!(request.digest, digest);
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_middlewares_used_alone_reopen_the_body_across_their_next() {
+    let server = UploadServer::start(
+        vec![Step::Respond(503, vec![("retry-after", "1")])],
+        Step::Respond(201, vec![]),
+    );
+    let client = reqwest_middleware::ClientBuilder::new(builder().build().unwrap())
+        .with(support::exact_retry().build().unwrap())
+        .with(reqwest_resilience::CircuitBreakerMiddleware::new(
+            reqwest_resilience::BreakerRegistry::default(),
+        ))
+        .with(reqwest_resilience::TransportEvidence::new())
+        .build();
+    let (body, digest) = small_stream_body();
+
+    let exchange = client
+        .post(server.url("/upload"))
+        .with_extension(body)
+        .send_with_history()
+        .await;
+
+    assert_eq!(exchange.result.unwrap().status(), StatusCode::CREATED);
+    assert_eq!(exchange.outcome.unwrap().attempts, 2);
+    assert_eq!(exchange.history.len(), 2);
+    assert_sent_twice_whole(&server, digest);
+}
+
+#[cfg(feature = "astral")]
+#[tokio::test(start_paused = true)]
+async fn the_stack_in_the_astral_fork_reopens_the_body() {
+    use reqwest_resilience::stack::astral::AstralResilience;
+    let server = UploadServer::start(
+        vec![Step::Respond(503, vec![("retry-after", "1")])],
+        Step::Respond(201, vec![]),
+    );
+    let client = stack().build_from_astral(builder()).unwrap();
+    let (body, digest) = small_stream_body();
+
+    let response = client
+        .post(server.url("/upload"))
+        .with_extension(body)
+        .send()
+        .await
+        .unwrap();
+
+    assert_eq!(response.status(), StatusCode::CREATED);
+    assert_sent_twice_whole(&server, digest);
+}

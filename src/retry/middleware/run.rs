@@ -70,10 +70,10 @@ impl RetryMiddleware {
             let owner = handover.enter(extensions, "RetryMiddleware", true, first.url())?;
             let timeout = attempt_timeout::for_request(extensions, self.config.attempt_timeout)?;
             let mut run = RequestRun::begin(&self.config, first, extensions, handover, timeout);
-            if run.upload.is_some() {
+            if let (Some(_), Some(req)) = (&run.upload, kept.as_mut()) {
                 // A replayable upload's body is opened for each attempt: the request's
                 // own, if it had one, is never sent (nor copied, which would fail).
-                kept.as_mut().map(|req| req.body_mut().take());
+                *req.body_mut() = None;
             }
             loop {
                 // One attempt and its decision, in a block of their own: the request, the

@@ -525,3 +525,32 @@ async fn the_stack_in_the_astral_fork_reopens_the_body() {
     assert_eq!(response.status(), StatusCode::CREATED);
     assert_sent_twice_whole(&server, digest);
 }
+
+#[tokio::test(start_paused = true)]
+async fn with_no_retry_left_the_upload_is_sent_once_whole() {
+    let file = TempFile::new("max-retries-0.bin", MIB);
+    let server = UploadServer::start(
+        vec![Step::Respond(503, vec![("retry-after", "1")])],
+        Step::Respond(201, vec![]),
+    );
+    let client = stack().build_from(builder()).unwrap();
+
+    let exchange = client
+        .put(server.url("/upload"))
+        .with_extension(ReplayableBody::file(&file.path))
+        .with_extension(reqwest_resilience::retry::MaxRetries(0))
+        .send_with_history()
+        .await;
+
+    assert_eq!(
+        exchange.result.unwrap().status(),
+        StatusCode::SERVICE_UNAVAILABLE
+    );
+    let outcome = exchange.outcome.unwrap();
+    assert_eq!(outcome.attempts, 1);
+    assert_eq!(outcome.stop, StopReason::RetriesExhausted);
+    let seen = server.received();
+    assert_eq!(seen.len(), 1);
+    assert!(seen[0].complete);
+    assert_eq!(seen[0].digest, file.digest);
+}

@@ -554,3 +554,95 @@ async fn with_no_retry_left_the_upload_is_sent_once_whole() {
     assert!(seen[0].complete);
     assert_eq!(seen[0].digest, file.digest);
 }
+
+/// uv's publish (`uv-publish`'s `upload`) rebuilds its multipart request by hand for every
+/// retry, because the file part is a stream. As a closure: the form's parts written around
+/// the file's stream with a boundary fixed in the `Content-Type` (reqwest's `Form` draws a
+/// new boundary each time it is built), the file opened afresh for each attempt.
+#[tokio::test(start_paused = true)]
+async fn uvs_publish_upload_is_one_request_without_its_loop() {
+    use tokio::io::AsyncReadExt;
+    const BOUNDARY: &str = "reqwest-resilience-7f3a9c";
+    let file = TempFile::new("pkg-1.0.tar.gz", 4 * MIB);
+    let head = format!(
+        "--{BOUNDARY}\r\nContent-Disposition: form-data; name=\":action\"\r\n\r\nfile_upload\r\n\
+         --{BOUNDARY}\r\nContent-Disposition: form-data; name=\"content\"; \
+         filename=\"pkg-1.0.tar.gz\"\r\nContent-Type: application/octet-stream\r\n\r\n"
+    );
+    let tail = format!("\r\n--{BOUNDARY}--\r\n");
+    enum Part {
+        Head,
+        Open,
+        File(tokio::fs::File),
+        Tail,
+        Done,
+    }
+    let (path, opened) = (file.path.clone(), Arc::new(AtomicUsize::new(0)));
+    let (h, t, count) = (head.clone(), tail.clone(), opened.clone());
+    let body = ReplayableBody::from_fn(move || {
+        let (path, head, tail, count) = (path.clone(), h.clone(), t.clone(), count.clone());
+        futures_util::stream::unfold(Part::Head, move |part| {
+            let (path, head, tail, count) =
+                (path.clone(), head.clone(), tail.clone(), count.clone());
+            async move {
+                let mut file = match part {
+                    Part::Head => return Some((Ok(head.into_bytes()), Part::Open)),
+                    Part::Tail => return Some((Ok(tail.into_bytes()), Part::Done)),
+                    Part::Done => return None,
+                    Part::Open => {
+                        count.fetch_add(1, Ordering::SeqCst);
+                        match tokio::fs::File::open(&path).await {
+                            Ok(file) => file,
+                            Err(e) => return Some((Err(e), Part::Done)),
+                        }
+                    }
+                    Part::File(file) => file,
+                };
+                let mut chunk = vec![0u8; 64 * 1024];
+                match file.read(&mut chunk).await {
+                    Ok(0) => Some((Ok(Vec::new()), Part::Tail)),
+                    Ok(n) => {
+                        chunk.truncate(n);
+                        Some((Ok(chunk), Part::File(file)))
+                    }
+                    Err(e) => Some((Err(e), Part::Done)),
+                }
+            }
+        })
+    });
+    let server = UploadServer::start(
+        vec![Step::Respond(503, vec![("retry-after", "1")])],
+        Step::Respond(201, vec![]),
+    );
+    let client = stack().build_from(builder()).unwrap();
+
+    let exchange = client
+        .post(server.url("/legacy/"))
+        .header(
+            "content-type",
+            format!("multipart/form-data; boundary={BOUNDARY}"),
+        )
+        .with_extension(body)
+        .send_with_history()
+        .await;
+
+    assert_eq!(exchange.result.unwrap().status(), StatusCode::CREATED);
+    assert_eq!(exchange.outcome.unwrap().attempts, 2);
+    assert_eq!(opened.load(Ordering::SeqCst), 2);
+    let mut expected = support::upload::Digest::default();
+    expected.update(head.as_bytes());
+    expected.update(&std::fs::read(&file.path).unwrap());
+    expected.update(tail.as_bytes());
+    let len = (head.len() + 4 * MIB + tail.len()) as u64;
+    let seen = server.received();
+    assert_eq!(seen.len(), 2);
+    for request in &seen {
+        assert!(request.complete);
+        assert_eq!(request.len, len);
+        assert_eq!(request.digest, expected.value());
+        assert_eq!(
+            request.header("content-type"),
+            Some(format!("multipart/form-data; boundary={BOUNDARY}").as_str())
+        );
+    }
+}

@@ -36,8 +36,9 @@
 //! | coalescing, resume | never touch the request |
 //!
 //! The body is read as it is sent, 64 KiB at a time, never buffered whole. A file's
-//! length is read when it is opened and sent as `Content-Length` (servers such as nginx
-//! and many object stores refuse a chunked upload, or one without a length); a closure's
+//! length is read when it is opened and sent as `Content-Length` (a server that needs the
+//! length up front, such as S3's `PutObject` or one answering `411 Length Required` to a
+//! chunked body, takes it; nginx takes either); a closure's
 //! stream is sent chunked, unless the request carries a `Content-Length` of its own.
 //! A file that cannot be opened ends the attempt before it leaves:
 //! [`ResilienceError::UploadBody`], `NotSent`, not

@@ -14,7 +14,8 @@ use std::path::{Path, PathBuf};
 /// as [`ResilienceError::UploadBody`](crate::ResilienceError::UploadBody). A read that
 /// fails later (the file shrank, an I/O error) happens while the body is on the wire:
 /// reqwest reports it as a body error with this error as its source, and the attempt's
-/// evidence is that of any body broken in flight.
+/// evidence is that of any body broken in flight. An error a closure's stream yields
+/// arrives the same way, kept as this error's `source()`.
 #[derive(Debug)]
 pub struct UploadBodyError {
     path: Option<PathBuf>,
@@ -48,6 +49,15 @@ impl UploadBodyError {
         }
     }
 
+    /// A closure's stream yielded `source` ([`ReplayableBody::from_fn`](crate::upload::ReplayableBody::from_fn)).
+    pub(crate) fn stream(source: Box<dyn StdError + Send + Sync>) -> Self {
+        UploadBodyError {
+            path: None,
+            during: During::Read,
+            source,
+        }
+    }
+
     /// The file, for a body read from one (`None`: a body made by a closure).
     pub fn path(&self) -> Option<&Path> {
         self.path.as_deref()
@@ -59,7 +69,8 @@ impl UploadBodyError {
         self.during == During::Open
     }
 
-    /// The I/O error beneath, when there is one.
+    /// The I/O error beneath, when there is one (a file's, or a closure's stream's
+    /// `std::io::Error`).
     pub fn io_error(&self) -> Option<&std::io::Error> {
         self.source.downcast_ref()
     }

@@ -10,8 +10,10 @@ use http_body::Frame;
 use hyper::body::Bytes;
 
 use super::BoxError;
+use crate::error::UploadBodyError;
 
-/// A stream of chunks as an `http_body::Body`. reqwest wants a `Sync` body and a user's
+/// A stream of chunks as an `http_body::Body`, its errors kept inside an
+/// [`UploadBodyError`]. reqwest wants a `Sync` body and a user's
 /// stream need only be `Send`: the mutex makes it `Sync` and is never locked (the body is
 /// polled through `&mut`).
 pub(super) struct StreamBody<S> {
@@ -33,12 +35,12 @@ where
     E: Into<BoxError>,
 {
     type Data = Bytes;
-    type Error = BoxError;
+    type Error = UploadBodyError;
 
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, UploadBodyError>>> {
         let stream = match self.get_mut().stream.get_mut() {
             Ok(stream) => stream,
             // Never locked, so never poisoned; a poisoned one still holds the stream.
@@ -46,7 +48,7 @@ where
         };
         Poll::Ready(ready!(stream.as_mut().poll_next(cx)).map(|item| {
             item.map(|chunk| Frame::data(chunk.into()))
-                .map_err(Into::into)
+                .map_err(|e| UploadBodyError::stream(e.into()))
         }))
     }
 }

@@ -646,3 +646,47 @@ async fn uvs_publish_upload_is_one_request_without_its_loop() {
         );
     }
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_closures_stream_error_is_an_upload_body_error_and_a_post_is_not_sent_again() {
+    let server = UploadServer::start(vec![], Step::Respond(201, vec![]));
+    let client = stack().build_from(builder()).unwrap();
+    let body = ReplayableBody::from_fn(|| {
+        let chunks: Vec<Result<Vec<u8>, std::io::Error>> = vec![
+            Ok(vec![1u8; 4096]),
+            Err(std::io::Error::other("the source broke")),
+        ];
+        futures_util::stream::iter(chunks)
+    });
+
+    let exchange = client
+        .post(server.url("/upload"))
+        .with_extension(body)
+        .send_with_history()
+        .await;
+
+    let err = exchange.result.unwrap_err();
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(&err);
+    let mut found = None;
+    while let Some(e) = cause {
+        if let Some(upload) = e.downcast_ref::<reqwest_resilience::upload::UploadBodyError>() {
+            found = Some(upload);
+        }
+        cause = e.source();
+    }
+    let found = found.expect("an UploadBodyError in the chain");
+    assert!(!found.is_open());
+    assert_eq!(found.path(), None);
+    assert_eq!(
+        found.io_error().map(ToString::to_string),
+        Some("the source broke".to_owned())
+    );
+    let outcome = exchange.outcome.unwrap();
+    assert_eq!(outcome.attempts, 1);
+    assert_eq!(outcome.stop, StopReason::MayHaveBeenProcessed);
+    // hyper drops the connection when the body fails: the server saw one connection and
+    // never a whole body (whether the head reached it first is hyper's buffering).
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(server.connections(), 1);
+    assert!(server.received().iter().all(|r| !r.complete));
+}

@@ -158,7 +158,11 @@ impl UploadServer {
         let fallback = self.fallback.clone();
         self.tasks.lock().unwrap().spawn(async move {
             let mut connections = JoinSet::new();
-            while let Ok((stream, _)) = listener.accept().await {
+            loop {
+                // A connection reset while it waited in the backlog fails its accept only.
+                let Ok((stream, _)) = listener.accept().await else {
+                    continue;
+                };
                 shared.connections.fetch_add(1, Ordering::SeqCst);
                 let step = shared.steps.lock().unwrap().pop_front();
                 let step = step.unwrap_or_else(|| fallback.clone());

@@ -24,6 +24,7 @@ use reqwest_resilience::breaker::{
 use reqwest_resilience::coalesce::CoalesceGets;
 use reqwest_resilience::proxy::ProxyPool;
 use reqwest_resilience::retry::{Hedge, Hedging, MaxRetries, RetryMiddlewareBuilder};
+use reqwest_resilience::upload::ReplayableBody;
 use reqwest_resilience::{
     AccessToken, AttemptDecision, AttemptHistory, AttemptRecord, Backoff, BearerAuth, Origin,
     Redirects, Resilience, ResilienceError, RetryBudget, TokenManager, Transmission,
@@ -178,6 +179,7 @@ async fn main() -> Result<(), BoxError> {
     like_reqwest_retry(&mut tour).await?;
     resumed_download(&mut tour).await?;
     proxy_pool(&mut tour).await?;
+    replayed_upload(&mut tour).await?;
 
     println!("\nSummary");
     println!("{:<34} {:<26} {:<26} ok", "scene", "expected", "observed");
@@ -1315,6 +1317,49 @@ async fn proxy_pool(tour: &mut Tour) -> Result<(), BoxError> {
             failures(&down).unwrap_or(99),
             failures(target).unwrap_or(99)
         ),
+    );
+    Ok(())
+}
+
+/// A file uploaded as a stream, answered `503` with `Retry-After`: the file is opened
+/// again for the retry and sent whole, never held in memory.
+async fn replayed_upload(tour: &mut Tour) -> Result<(), BoxError> {
+    println!(
+        "\n23. A 4 MiB file POSTed as a stream, answered 503 with Retry-After: sent again whole"
+    );
+    const LEN: usize = 4 << 20;
+    let path = std::env::temp_dir().join(format!("tour-upload-{}.bin", std::process::id()));
+    std::fs::write(&path, vec![42u8; LEN])?;
+    let bodies = Arc::new(Mutex::new(Vec::new()));
+    let server = FlakyServer::start({
+        let bodies = bodies.clone();
+        move |i, req| {
+            bodies.lock().unwrap().push(req.body_len);
+            if i == 0 {
+                Reply::status(503).header("retry-after", "1")
+            } else {
+                Reply::status(201)
+            }
+        }
+    })
+    .await?;
+    let client = demo_stack()?.build_from(reqwest::Client::builder())?;
+    let mut extensions = Extensions::new();
+    extensions.insert(ReplayableBody::file(&path));
+    let (result, history) = send(&client, client.post(server.url("/upload")), extensions).await?;
+    let _ = std::fs::remove_file(&path);
+    print_history(&history);
+    tour.check(
+        "upload: 503, then sent again",
+        "2 attempts, 201",
+        format!("{} attempts, {}", history.len(), outcome(&result)),
+    );
+    tour.check(
+        "upload: bodies at the server",
+        format!("{LEN}, {LEN}"),
+        format!("{:?}", bodies.lock().unwrap())
+            .trim_matches(['[', ']'])
+            .to_owned(),
     );
     Ok(())
 }

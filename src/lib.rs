@@ -34,7 +34,7 @@
 //! | [`guide::defaults`] | every default and where it comes from |
 //! | [`guide::stack`] | the stages, their order and why; your own middleware; the mistakes the stack catches |
 //! | [`guide::redirects`] | what can be proven about redirects; the precise client |
-//! | [`guide::bodies`] | bodies that break: classified, run again ([`retry::Operation`]), resumed ([`resume`]) |
+//! | [`guide::bodies`] | bodies that break: classified, run again ([`retry::Operation`]), resumed ([`resume`]); streamed uploads retried ([`upload`]) |
 //! | [`guide::hedging`] | attempt timeouts and hedged requests |
 //! | [`guide::limits`] | per-origin concurrency limits, slow-call trips |
 //! | [`guide::coalescing`] | concurrent identical GETs sharing one request |
@@ -59,6 +59,7 @@
 //! | [`rate`] | per-origin rate limits, set by hand or learned from the servers (off by default) |
 //! | [`coalesce`] | concurrent identical GETs share one request (off by default) |
 //! | [`resume`] | bodies that resume where they broke (off by default) |
+//! | [`upload`] | streamed uploads retried: [`upload::ReplayableBody`] re-opens a file or a stream for each attempt |
 //! | [`auth`] | [`BearerAuth`], [`TokenManager`], [`TokenSource`], [`AccessToken`] |
 //! | [`evidence`] | [`TransportEvidence`], [`RequestEvidence`], [`Transmission`], [`AttemptHistory`], the error classifier |
 //! | [`exchange`] | [`SendWithHistory`]: `send()` returning the history and the outcome with the result |
@@ -97,8 +98,9 @@
 //! 6  resume                      resumable bodies: range requests through the stages
 //! 5  retry breaker limit rate auth evidence coalesce chaos
 //!                                the stages
-//! 4  stage metrics backoff classify
-//!                                the stage vocabulary · instruments · delays · the error classifier
+//! 4  stage metrics backoff classify upload
+//!                                the stage vocabulary · instruments · delays · the error classifier ·
+//!                                upload bodies opened per attempt
 //! 3  error exchange              ResilienceError and the errors it carries · send_with_history
 //! 2  record redirect tls_alert   the per-request state and its clearing · the redirect proof ·
 //!                                certificate alerts in an error's text
@@ -141,6 +143,7 @@ pub(crate) mod stage;
 mod sync;
 pub(crate) mod tls_alert;
 pub(crate) mod token;
+pub mod upload;
 
 /// The `async_trait` attribute, for implementing [`TokenSource`] (or a
 /// `reqwest_middleware::Middleware`) without an `async-trait` dependency of your own.

@@ -30,6 +30,8 @@ pub struct Received {
     pub authorization: Option<String>,
     /// The `Range` header, if any.
     pub range: Option<String>,
+    /// The body's length (read in 8 KiB pieces and dropped, never kept).
+    pub body_len: usize,
 }
 
 /// How the server answers one request.
@@ -252,17 +254,25 @@ async fn read_request(stream: &mut TcpStream, buf: &mut Vec<u8>) -> io::Result<O
             range = Some(value.to_owned());
         }
     }
-    while buf.len() < content_length {
+    // Read past and dropped as it comes: an upload is not held whole.
+    let mut left = content_length;
+    loop {
+        let here = left.min(buf.len());
+        buf.drain(..here);
+        left -= here;
+        if left == 0 {
+            break;
+        }
         if read_more(stream, buf).await? == 0 {
             return Err(io::ErrorKind::UnexpectedEof.into());
         }
     }
-    buf.drain(..content_length);
     Ok(Some(Received {
         method,
         path,
         authorization,
         range,
+        body_len: content_length,
     }))
 }
 

@@ -6,6 +6,7 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use crate::stage::{Handover, RestOfStack, Stage, standalone_middleware};
+use crate::upload::ReplayableBody;
 use http::{Extensions, HeaderValue, StatusCode, header};
 use reqwest::{Request, Response, Url};
 
@@ -393,7 +394,7 @@ impl Stage for BearerAuth {
                     Err(e) => return Err(token_unavailable(e, req.url(), extensions)),
                 },
             };
-            let sent = Sent::of(&req, handover.spare());
+            let sent = Sent::of(&req, handover.spare(), extensions);
             if let Err(e) = attach(&mut req, &token) {
                 return Err(token_unavailable(e, req.url(), extensions));
             }
@@ -427,11 +428,15 @@ enum Sent<'a> {
 }
 
 impl<'a> Sent<'a> {
-    fn of(req: &Request, outside: Option<&'a Request>) -> Self {
+    fn of(req: &Request, outside: Option<&'a Request>, extensions: &Extensions) -> Self {
         match outside {
             Some(spare) => Sent::Outside(spare),
             None => match crate::stage::copy_request(req) {
                 Some(copy) => Sent::Copy(copy),
+                // A replayable upload: its body is opened again for the replay.
+                None if ReplayableBody::of(extensions).is_some() => {
+                    Sent::Copy(crate::stage::copy_head(req))
+                }
                 None => Sent::Streamed(req.url().clone()),
             },
         }
@@ -495,6 +500,11 @@ impl BearerAuth {
             return Ok(response);
         };
         drop(response);
+        if let Some(upload) = crate::upload::to_open(&replay, extensions) {
+            upload
+                .open_into(&mut replay, extensions, Some(origin.clone()))
+                .await?;
+        }
         let fresh = match self.manager.token().await {
             Ok(token) => token,
             Err(e) => return Err(token_unavailable(e, replay.url(), extensions)),

@@ -259,7 +259,12 @@ impl Stage for CoalesceGets {
     ) -> impl Future<Output = reqwest_middleware::Result<Response>> + Send + 'a {
         async move {
             let owner = handover.enter(extensions, "CoalesceGets", false, req.url())?;
-            let Some(key) = self.flights.key(&req, &self.partition) else {
+            // A request whose body is opened per attempt (an upload) is never shared.
+            let key = match crate::upload::ReplayableBody::of(extensions) {
+                None => self.flights.key(&req, &self.partition),
+                Some(_) => None,
+            };
+            let Some(key) = key else {
                 return owner
                     .poll_as(next, |next| next.run(req, extensions, handover))
                     .await;

@@ -12,16 +12,18 @@ pub(crate) mod breaker;
 pub(crate) mod retry;
 pub(crate) mod stack;
 pub(crate) mod token;
+pub(crate) mod upload;
 
 pub use body::BodyIncomplete;
 // Each error has one public path, in the module of the part it is about:
 // `breaker::{BreakerState, RejectReason}`, `retry::RetryError`,
-// `stack::{StackError, StackPart}`, `auth::{SharedSourceError, TokenError,
-// TokenErrorKind}` (and the crate root's `BreakerState`, `StackError`).
+// `stack::{StackError, StackPart}`, `upload::UploadBodyError`, `auth::{SharedSourceError,
+// TokenError, TokenErrorKind}` (and the crate root's `BreakerState`, `StackError`).
 pub(crate) use breaker::{BreakerState, RejectReason};
 pub(crate) use retry::RetryError;
 pub(crate) use stack::{StackError, StackPart};
 pub(crate) use token::{SharedSourceError, TokenError, TokenErrorKind};
+pub(crate) use upload::UploadBodyError;
 
 use std::fmt;
 
@@ -132,6 +134,10 @@ pub enum ResilienceError {
     /// client (reqwest's own error, kept as `source()`: a TLS backend that cannot start,
     /// a bad certificate or proxy).
     ClientBuild(reqwest::Error),
+    /// The request's [`ReplayableBody`](crate::upload::ReplayableBody) could not be
+    /// opened for an attempt (the file is missing, unreadable); that attempt was not sent
+    /// (`Transmission::NotSent`) and is not retried. The I/O error is kept as `source()`.
+    UploadBody(UploadBodyError),
 }
 
 impl fmt::Display for ResilienceError {
@@ -178,6 +184,7 @@ impl fmt::Display for ResilienceError {
                 "rate limit for {origin} reached: not sent, next slot in {retry_in:?}"
             ),
             ResilienceError::ClientBuild(_) => f.write_str("the reqwest client could not be built"),
+            ResilienceError::UploadBody(e) => write!(f, "{e}: not sent"),
         }
     }
 }
@@ -190,6 +197,7 @@ impl std::error::Error for ResilienceError {
             // attempt's error.
             ResilienceError::Retry(e) => Some(e),
             ResilienceError::ClientBuild(e) => Some(e),
+            ResilienceError::UploadBody(e) => Some(e),
             #[allow(unreachable_patterns)]
             _ => None,
         }

@@ -101,7 +101,7 @@ impl Stage for TransportEvidence {
     #[allow(clippy::manual_async_fn)]
     fn serve<'a, N: RestOfStack + 'a>(
         &'a self,
-        req: Request,
+        mut req: Request,
         extensions: &'a mut Extensions,
         handover: Handover<'a>,
         next: N,
@@ -110,6 +110,12 @@ impl Stage for TransportEvidence {
             // Nothing of this crate runs inside the transport step, so as the owner (used
             // alone) it only clears what an earlier request left behind.
             let _ = handover.enter(extensions, "TransportEvidence", false, req.url())?;
+            if let Some(upload) = crate::upload::to_open(&req, extensions) {
+                // A replayable upload no retry loop outside opened (boxed: rare, stage
+                // cost rule 2).
+                let origin = handover.origin(req.url());
+                Box::pin(upload.open_into(&mut req, extensions, origin)).await?;
+            }
             let unsafe_method = !crate::record::idempotent_request(req.method(), req.headers());
             let routed = next.routed();
             let (origin, attempt, started, method, url_key, sent) =

@@ -8,7 +8,7 @@
 //! | [`defaults`] | every default and where it comes from |
 //! | [`stack`] | the order of the stages and why, your own middleware, build-time errors, the mistakes the stack catches |
 //! | [`redirects`] | what can be proven about the redirects reqwest follows, and the precise client |
-//! | [`bodies`] | a body that breaks after the response head: classified, run again, resumed |
+//! | [`bodies`] | a body that breaks after the response head: classified, run again, resumed; streamed uploads retried |
 //! | [`hedging`] | tail latency: attempt timeouts and hedged requests |
 //! | [`limits`] | overload: per-origin concurrency limits and slow-call trips |
 //! | [`coalescing`] | concurrent identical GETs sharing one request |

@@ -100,7 +100,9 @@ pub enum StopReason {
     RetryAfterTooLong,
     /// A circuit breaker rejected the request and did not say when to retry.
     BreakerRejected,
-    /// The request body is a stream that cannot be replayed: sent once.
+    /// The request body is a stream that cannot be replayed: sent once. A request that
+    /// carries a [`ReplayableBody`](crate::upload::ReplayableBody) opens a body for each
+    /// attempt instead, and is retried.
     BodyNotClonable,
     /// reqwest followed a redirect during the attempt, so the request was received and
     /// answered (`3xx`) by the first hop: a non-idempotent request is never sent again,

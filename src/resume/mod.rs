@@ -122,7 +122,10 @@ impl Resumer {
         extensions: &mut Extensions,
     ) -> Option<Candidate> {
         // A range request repeats the headers, not a body.
-        if *req.method() != http::Method::GET || req.body().is_some() {
+        if *req.method() != http::Method::GET
+            || req.body().is_some()
+            || crate::upload::ReplayableBody::of(extensions).is_some()
+        {
             return None;
         }
         let wanted = extensions

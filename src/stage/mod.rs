@@ -424,13 +424,20 @@ pub(crate) fn copy_request(req: &Request) -> Option<Request> {
     if req.body().is_some() {
         return req.try_clone();
     }
+    Some(copy_head(req))
+}
+
+/// A copy of `req` without its body (what [`copy_request`] copies of a request with
+/// none): for a request whose body is opened again for each attempt
+/// ([`ReplayableBody`](crate::upload::ReplayableBody)).
+pub(crate) fn copy_head(req: &Request) -> Request {
     let mut copy = Request::new(req.method().clone(), req.url().clone());
     *copy.headers_mut() = req.headers().clone();
     *copy.version_mut() = req.version();
     if let Some(timeout) = req.timeout() {
         *copy.timeout_mut() = Some(*timeout);
     }
-    Some(copy)
+    copy
 }
 
 /// The boxed future `Middleware::handle` returns (the `async_trait` form of the trait).

@@ -51,4 +51,5 @@ mod stack_tracing;
 mod steps;
 mod strategy;
 mod tls_alerts;
+mod upload;
 mod visible_retries;

@@ -55,6 +55,7 @@ pub mod servers;
 pub mod tinyproxy;
 pub mod tls;
 pub mod tls_faults;
+pub mod upload;
 
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};

@@ -152,6 +152,11 @@ impl Nginx {
         panic!("nginx did not listen on {} within 5 s", self.addr);
     }
 
+    /// Its temporary directory (its configuration, logs and any files it serves).
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
     /// Where it listens.
     pub fn addr(&self) -> SocketAddr {
         self.addr

@@ -28,6 +28,7 @@ use crate::retry::attempt_timeout::{self, attempt_cut};
 use crate::retry::hedge::{Hedging, RoundSpec};
 use crate::retry::{Idempotent, MaxRetries, Verdict, Withdrawal, is_idempotent};
 use crate::stage::{Handover, RestOfStack, Stage, standalone_middleware};
+use crate::upload::ReplayableBody;
 
 standalone_middleware!(RetryMiddleware);
 
@@ -69,6 +70,11 @@ impl RetryMiddleware {
             let owner = handover.enter(extensions, "RetryMiddleware", true, first.url())?;
             let timeout = attempt_timeout::for_request(extensions, self.config.attempt_timeout)?;
             let mut run = RequestRun::begin(&self.config, first, extensions, handover, timeout);
+            if let (Some(_), Some(req)) = (&run.upload, kept.as_mut()) {
+                // A replayable upload's body is opened for each attempt: the request's
+                // own, if it had one, is never sent (nor copied, which would fail).
+                *req.body_mut() = None;
+            }
             loop {
                 // One attempt and its decision, in a block of their own: the request, the
                 // response and the evidence end with it, so the future does not also keep
@@ -80,9 +86,16 @@ impl RetryMiddleware {
                             "the loop goes round only after a retry, which keeps the request"
                         )
                     };
-                    let (result, hedges) = if let Some((hedging, spec)) =
-                        run.hedged_round(&prepared, owner)
-                    {
+                    let (result, hedges) = if let Some(upload) = &run.upload {
+                        // Rare: an upload opens its body first, and is never hedged (boxed:
+                        // stage cost rule 2; the request is not held across an `.await` of
+                        // every request's future, rule 3).
+                        let handover = handover.with_spare(kept.as_ref());
+                        let sent = run.upload_attempt(
+                            upload, &next, req, extensions, handover, owner, &prepared,
+                        );
+                        (Box::pin(sent).await, 0)
+                    } else if let Some((hedging, spec)) = run.hedged_round(&prepared, owner) {
                         let is_final = run.is_final(kept.as_ref().map(Request::url));
                         // Only a hedged request carries the race (boxed: stage cost rule 2).
                         let round =
@@ -130,6 +143,8 @@ struct RequestRun<'a> {
     /// Whether a retry is handed back to the caller's loop ([`Steps`](crate::retry::Steps))
     /// instead of made: the pass makes one attempt (with its hedges).
     hands_back: bool,
+    /// The request's replayable upload body, opened for each attempt (never hedged).
+    upload: Option<ReplayableBody>,
     /// The URL of the request once the last attempt possible sent the caller's request
     /// itself (none is kept to borrow it from then): boxed, so the loop's future carries a
     /// pointer, not a `Url`, and copied only on that path.
@@ -209,10 +224,12 @@ impl<'a> RequestRun<'a> {
         if let Some(budget) = config.budget.as_ref().filter(|_| deposit) {
             budget.deposit();
         }
+        // A hedge would need a second body at once: an upload is never hedged.
+        let upload = ReplayableBody::of(extensions).cloned();
         let hedging = config
             .hedging
             .as_ref()
-            .filter(|h| h.eligible(req.method(), extensions, idempotent));
+            .filter(|h| upload.is_none() && h.eligible(req.method(), extensions, idempotent));
         if let Some(h) = hedging {
             h.deposit();
         }
@@ -228,6 +245,7 @@ impl<'a> RequestRun<'a> {
             transport_installed: handover.composed(),
             continued,
             hands_back,
+            upload,
             last_url: None,
         }
     }
@@ -349,6 +367,28 @@ impl<'a> RequestRun<'a> {
             scope,
             prepared.attempt,
         )
+    }
+
+    /// A plain attempt of a replayable upload: its body opened for it ([`ReplayableBody`]:
+    /// a body that cannot be opened ends the attempt unsent), then sent as
+    /// [`start_attempt`](Self::start_attempt) sends it.
+    #[allow(clippy::too_many_arguments)]
+    async fn upload_attempt<'s, N: RestOfStack + 's>(
+        &'s self,
+        upload: &ReplayableBody,
+        next: &N,
+        mut req: Request,
+        extensions: &'s mut Extensions,
+        handover: Handover<'s>,
+        owner: crate::stage::scope::Ownership,
+        prepared: &PreparedAttempt,
+    ) -> reqwest_middleware::Result<Response> {
+        upload
+            .open_into(&mut req, extensions, self.origin.clone())
+            .await?;
+        let (sent, end) = self.start_attempt(next, req, extensions, handover, owner, prepared);
+        let outcome = sent.await;
+        end.finish(outcome, extensions, &self.origin)
     }
 
     /// Decides after the attempt (and the `hedges` its round sent): a retry (possible

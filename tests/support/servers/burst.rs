@@ -7,7 +7,7 @@
 //! The attempt timeout is the stack's bound on an attempt hyper never answers: over h2c,
 //! a connection rotated by `GOAWAY` now and then leaves requests queued inside
 //! reqwest/hyper that are never sent and never failed (reqwest#1323, hyper#2500; bare
-//! reqwest hangs the same way, see `support::servers::burst::ATTEMPT_TIMEOUT`). Without it,
+//! reqwest hangs the same way, see [`ATTEMPT_TIMEOUT`]). Without it,
 //! neither client ever answers them; with it, the stack cuts them (`Unknown`/`Timeout`:
 //! a GET is retried, a POST stops `MayHaveBeenProcessed`) and the run counts them
 //! ([`Run::cut`]).
@@ -168,10 +168,11 @@ fn builder(protocol: Protocol) -> reqwest::ClientBuilder {
 
 /// The stack's attempt timeout: far above any answer nginx, haproxy, apache2 or caddy give
 /// here (milliseconds, seconds on a loaded machine), it only cuts an attempt hyper left
-/// unanswered. Over h2c under CPU load, about 1 burst in 5 to 40 meets such an attempt
-/// (measured: /work/notes/h2hang.md), in the stack's run and in bare reqwest's alike: a
-/// request handed to a connection the server rotated with `GOAWAY` is neither sent nor
-/// failed (reqwest#1323, hyper#2500; hyper 1.12, h2 0.4.20, hyper-util 0.1.21).
+/// unanswered. Over h2c on a loaded machine, a few runs in a hundred meet such an attempt,
+/// through the stack and through bare reqwest alike (bare reqwest retried by hand as often
+/// as the stack retries): a request handed to a connection the server rotated with
+/// `GOAWAY` is neither sent nor failed (reqwest#1323, hyper#2500; hyper 1.12, h2 0.4.20,
+/// hyper-util 0.1.21).
 pub const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The stack as users deploy it, and its transitions as the listener saw them.

@@ -116,18 +116,23 @@ impl Stage for TransportEvidence {
                 let origin = handover.origin(req.url());
                 Box::pin(upload.open_into(&mut req, extensions, origin)).await?;
             }
-            let unsafe_method = !crate::record::idempotent_request(req.method(), req.headers());
+            let declared = self.redirects.current();
+            // A request not harmless to repeat through a client whose redirects are not
+            // known: the one `judge_redirects` reports when it fails unsent and unproven.
+            let unsafe_unobserved = declared == ClientRedirects::Unobserved
+                && !crate::record::idempotent_request(req.method(), req.headers());
             let routed = next.routed();
             let (origin, attempt, started, method, url_key, sent) =
                 hand_on(req, &mut *extensions, handover, next);
             // Unobserved is watched too: a client of `redirect::recorded_client` proves itself
-            // by the connections it opens, and a hop the recorded policy saw is proof.
-            let (result, hops) = match self.redirects.current() {
-                ClientRedirects::Off => (sent.await, None),
-                _ => {
-                    let (result, hops) = Recording::new(sent).await;
-                    (result, Some(hops))
-                }
+            // by the connections it opens (a refused connect then stays `NotSent`, for any
+            // method), and a hop the recorded policy saw is proof.
+            let watch = declared != ClientRedirects::Off;
+            let (result, hops) = if watch {
+                let (result, hops) = Recording::new(sent).await;
+                (result, Some(hops))
+            } else {
+                (sent.await, None)
             };
             let client = self.assumed(hops.as_ref());
             if let Err(e) = &result
@@ -143,7 +148,7 @@ impl Stage for TransportEvidence {
                 &mut evidence,
                 &result,
                 (url_key, client, hops),
-                unsafe_method,
+                unsafe_unobserved,
             );
             if routed && let Some(used) = extensions.remove::<crate::record::ProxyUsed>() {
                 evidence.proxy = Some(used.origin);
@@ -189,20 +194,21 @@ impl TransportEvidence {
     }
 
     /// Applies what the client's redirects prove to `evidence` (see [`apply_redirects`]),
-    /// and reports once a non-idempotent request left unsent that cannot be retried for
-    /// want of proof that no redirect came first.
+    /// and reports once a non-idempotent request through an `Unobserved` client
+    /// (`unsafe_unobserved`) left unsent that cannot be retried for want of proof that no
+    /// redirect came first.
     fn judge_redirects(
         &self,
         evidence: &mut RequestEvidence,
         result: &reqwest_middleware::Result<Response>,
         (request, client, hops): (UrlKey, ClientRedirects, Option<HopCount>),
-        unsafe_method: bool,
+        unsafe_unobserved: bool,
     ) {
         let unsent = evidence.transmission == Transmission::NotSent;
         if apply_redirects(evidence, result, request, client, hops) {
             self.disproved();
         }
-        if unsafe_method && unsent && evidence.redirects == Redirects::Unknown {
+        if unsafe_unobserved && unsent && evidence.redirects == Redirects::Unknown {
             crate::misconfig::report_once(crate::misconfig::Misconfiguration::RedirectsUnobserved);
         }
     }

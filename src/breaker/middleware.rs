@@ -483,8 +483,6 @@ impl CircuitBreakerMiddleware {
     }
 }
 
-/// A rejected attempt: counted in the metrics, its evidence left in the extensions, and
-/// its error.
 impl CircuitBreakerMiddleware {
     /// Records the proxy's part of an attempt through a proxy of a pool: its failure when
     /// the outcome is charged to it (whatever the classifier makes of a `407` or of a
@@ -511,6 +509,8 @@ impl CircuitBreakerMiddleware {
     }
 }
 
+/// A rejected attempt: counted in the metrics, its evidence left in the extensions, and
+/// its error.
 fn reject(
     origin: &Origin,
     rejection: BreakerRejection,

@@ -134,7 +134,9 @@ impl Stage for TransportEvidence {
             } else {
                 (sent.await, None)
             };
-            let client = self.assumed(hops.as_ref());
+            // Read again: a response of another attempt may have proven the declaration
+            // false meanwhile.
+            let client = assumed(self.redirects.current(), hops.as_ref());
             if let Err(e) = &result
                 && refused_inside(e, routed)
             {
@@ -180,19 +182,6 @@ impl Stage for TransportEvidence {
 }
 
 impl TransportEvidence {
-    /// What this attempt may assume about the client's redirects: the declaration, or
-    /// `Recorded` for an `Unobserved` one when a client of
-    /// [`recorded_client`](crate::redirect::recorded_client) opened a connection during
-    /// the attempt (its policy is the recorded one).
-    fn assumed(&self, hops: Option<&HopCount>) -> ClientRedirects {
-        match self.redirects.current() {
-            ClientRedirects::Unobserved if hops.is_some_and(|h| h.proven) => {
-                ClientRedirects::Recorded
-            }
-            declared => declared,
-        }
-    }
-
     /// Applies what the client's redirects prove to `evidence` (see [`apply_redirects`]),
     /// and reports once a non-idempotent request through an `Unobserved` client
     /// (`unsafe_unobserved`) left unsent that cannot be retried for want of proof that no
@@ -222,6 +211,17 @@ impl TransportEvidence {
                 _ => crate::misconfig::Misconfiguration::RedirectsNotRecorded,
             });
         }
+    }
+}
+
+/// What an attempt may assume about the client's redirects: the `declared` ones, or
+/// `Recorded` for `Unobserved` when a client of
+/// [`recorded_client`](crate::redirect::recorded_client) opened a connection during the
+/// attempt (its policy is the recorded one).
+fn assumed(declared: ClientRedirects, hops: Option<&HopCount>) -> ClientRedirects {
+    match declared {
+        ClientRedirects::Unobserved if hops.is_some_and(|h| h.proven) => ClientRedirects::Recorded,
+        declared => declared,
     }
 }
 

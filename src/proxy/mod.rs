@@ -134,9 +134,7 @@ impl ProxyPool {
     /// The retries a request needs to try every proxy once: one fewer than the proxies,
     /// at most [`MAX_ROTATION_RETRIES`]. The stack raises a retry limit below this.
     pub fn retries_to_try_all(&self) -> u32 {
-        u32::try_from(self.urls.len().saturating_sub(1))
-            .unwrap_or(u32::MAX)
-            .min(MAX_ROTATION_RETRIES)
+        retries_to_try(self.urls.len())
     }
 
     /// Checks the pool: each proxy as a `reqwest::Proxy` and its origin, the statuses.
@@ -176,6 +174,14 @@ impl ProxyPool {
             .collect();
         Routes::new(clients, rotate_on, self.always)
     }
+}
+
+/// The retries a request needs to try each of `proxies` once: one fewer, at most
+/// [`MAX_ROTATION_RETRIES`].
+fn retries_to_try(proxies: usize) -> u32 {
+    u32::try_from(proxies.saturating_sub(1))
+        .unwrap_or(u32::MAX)
+        .min(MAX_ROTATION_RETRIES)
 }
 
 /// The proxy of `url` and its origin, when it is a proxy URL reqwest can use. No error

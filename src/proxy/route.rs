@@ -54,9 +54,7 @@ impl Routes {
     /// The retries a request needs to try every proxy once (at most
     /// [`MAX_ROTATION_RETRIES`](super::MAX_ROTATION_RETRIES)).
     pub(crate) fn retries_to_try_all(&self) -> u32 {
-        u32::try_from(self.routes.len().saturating_sub(1))
-            .unwrap_or(u32::MAX)
-            .min(super::MAX_ROTATION_RETRIES)
+        super::retries_to_try(self.routes.len())
     }
 
     /// The same pool, passing over the proxies whose breaker in `breakers` is open.

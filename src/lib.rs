@@ -130,6 +130,7 @@ pub mod metrics;
 pub mod misconfig;
 pub mod origin;
 mod origin_map;
+mod protocol_nacks;
 pub mod proxy;
 pub mod rate;
 pub mod ratelimit_fields;

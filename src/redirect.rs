@@ -153,6 +153,12 @@ pub fn recorded(policy: reqwest::redirect::Policy) -> reqwest::redirect::Policy 
 /// call for a client built apart from its middlewares (a list handed to
 /// `ClientWithMiddleware::new` when the client is first needed, rattler's `LazyClient`).
 ///
+/// reqwest's own replays of HTTP/2 protocol NACKs (below every middleware, unseen by the
+/// transport step) are kept only where harmless: a stream the server refused, for any
+/// method, and one failed by its `GOAWAY`, only for an idempotent method (reqwest's
+/// default sends that again for any method, and hyper can fail that way a stream the
+/// server had taken: a `POST` run twice). This replaces a `.retry(..)` set on `builder`.
+///
 /// Nothing is assumed where nothing was proven: an attempt that opened no connection (a
 /// pooled one was reused) is judged as the declaration says. A middleware that sends
 /// requests of another such client from *inside* the transport step (where only a
@@ -179,6 +185,7 @@ pub fn recorded_client(
     builder
         .redirect(recorded(policy))
         .connector_layer(ProvesRecorded)
+        .retry(crate::protocol_nacks::harmless_replays())
         .build()
 }
 

@@ -31,7 +31,12 @@ use crate::stage::{Handover, RestOfStack, Stage, standalone_middleware};
 /// gives up, the error still carries the `REFUSED_STREAM` / `GOAWAY`, so the attempt is
 /// `SentNoResponse` with [`NotProcessedProof`](super::NotProcessedProof), and a retry
 /// middleware above may send it once more. Build the client with
-/// `.retry(reqwest::retry::never())` to make every request on the wire an attempt of its own.
+/// `.retry(reqwest::retry::never())` to make every request on the wire an attempt of its own
+/// ([`Resilience::build_from`](crate::Resilience::build_from) does, when the stack retries).
+/// reqwest's default also replays a stream failed by a `GOAWAY` for a `POST`, which hyper
+/// can fail that way after the server took it: a client of
+/// [`redirect::recorded_client`](crate::redirect::recorded_client), or of `build_from`
+/// without a retry part, replays that only for an idempotent method.
 ///
 /// # Redirects
 ///

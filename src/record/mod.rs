@@ -49,11 +49,17 @@ use http::Extensions;
 /// `Idempotency-Key` header: [`retry::is_idempotent`](crate::retry::is_idempotent), defined
 /// here for the transport step below the retry layer.
 pub(crate) fn idempotent_request(method: &http::Method, headers: &http::HeaderMap) -> bool {
+    idempotent_method(method) || headers.contains_key("idempotency-key")
+}
+
+/// Whether a request of this `method` is harmless to repeat by its method alone (RFC 9110
+/// §9.2.2).
+pub(crate) fn idempotent_method(method: &http::Method) -> bool {
     use http::Method;
     matches!(
         *method,
         Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE | Method::PUT | Method::DELETE
-    ) || headers.contains_key("idempotency-key")
+    )
 }
 
 /// Removes what an earlier request left in `extensions`: its history, evidence, outcome,

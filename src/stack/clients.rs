@@ -99,7 +99,8 @@ impl Resilience {
 /// `GOAWAY(NO_ERROR)` or `REFUSED_STREAM`, and hyper can fail a stream the server had
 /// already taken with that `GOAWAY` (hyper#2500): a `POST` executed twice that no evidence
 /// shows. The retry middleware retries both itself, by the decision table (`REFUSED_STREAM`
-/// for any method, a `GOAWAY` for an idempotent request).
+/// for any method, a `GOAWAY` for an idempotent request). Without a retry part reqwest
+/// keeps only those replays ([`harmless_replays`](crate::protocol_nacks::harmless_replays)).
 fn build(
     builder: reqwest::ClientBuilder,
     policy: reqwest::redirect::Policy,
@@ -109,7 +110,7 @@ fn build(
     let builder = if own_retries {
         builder.retry(reqwest::retry::never())
     } else {
-        builder
+        builder.retry(crate::protocol_nacks::harmless_replays())
     };
     builder.build().map_err(ResilienceError::ClientBuild)
 }

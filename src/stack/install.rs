@@ -41,6 +41,8 @@ impl Resilience {
     /// sends again, where no evidence sees it, a request whose HTTP/2 stream failed with a
     /// `GOAWAY`, a `POST` included, and hyper can fail that way a stream the server had
     /// already taken; the retry middleware retries those itself, by the decision table.
+    /// Without a retry part, reqwest keeps only its harmless replays: of a stream the
+    /// server refused, and of a `GOAWAY`'d stream for an idempotent method.
     ///
     /// `builder` is a `reqwest::ClientBuilder`, or a closure returning one
     /// ([`ClientBuilders`](crate::stack::ClientBuilders)): a [`proxies`](Self::proxies)

@@ -532,17 +532,91 @@ async fn build_from_turns_reqwest_s_goaway_replays_off_when_the_stack_retries() 
         "each rotation is the stack's retry, seen"
     );
 
-    // No retry part: reqwest's own replays (the original and 2 more) are kept.
+    // No retry part: reqwest's own replays are kept where harmless (a GET: the original
+    // and 2 more; a refused stream, for any method); a GOAWAY'd POST is not sent again
+    // (reqwest alone sends it 3 times).
     let bare = Resilience::new()
         .no_retry()
         .no_breaker()
         .build_from(builder())
         .unwrap();
+    assert_harmless_replays_only(&bare).await;
+}
+
+/// What a client keeping only reqwest's harmless replays does: a POST whose stream failed
+/// with a `GOAWAY` below it reaches the server once; a GET, or a POST whose stream was
+/// refused, is replayed by reqwest (twice at most), one attempt in the history.
+async fn assert_harmless_replays_only(client: &reqwest_middleware::ClientWithMiddleware) {
+    use support::h2::{H2Action, H2Server};
     let server = H2Server::start(|_| H2Action::GoAwayBelow).await;
-    let _ = bare.post(server.url("/pay")).body("1 EUR").send().await;
+    let post = client
+        .post(server.url("/pay"))
+        .body("1 EUR")
+        .send_with_history()
+        .await;
+    assert!(post.result.is_err());
     assert_eq!(
         server.requests_seen(),
-        3,
-        "reqwest's default, as reqwest alone"
+        1,
+        "the GOAWAY'd POST reached it once"
     );
+    let seen = &post.history.attempts()[0].evidence;
+    assert_eq!(
+        (post.history.len(), seen.transmission, seen.failure),
+        (1, Transmission::Unknown, Some(FailureKind::GoAway))
+    );
+
+    let get = H2Server::start(|i| {
+        if i < 2 {
+            H2Action::GoAwayBelow
+        } else {
+            H2Action::Respond(200)
+        }
+    })
+    .await;
+    let response = client.get(get.url("/")).send().await.unwrap();
+    assert_eq!((response.status().as_u16(), get.requests_seen()), (200, 3));
+    assert_eq!(AttemptHistory::of_response(&response).unwrap().len(), 1);
+
+    let refused = H2Server::start(|i| {
+        if i < 2 {
+            H2Action::RefuseStream
+        } else {
+            H2Action::Respond(201)
+        }
+    })
+    .await;
+    let response = client
+        .post(refused.url("/pay"))
+        .body("1 EUR")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!((response.status().as_u16(), refused.requests_seen()), (201, 3));
+
+    let always = H2Server::start(|_| H2Action::GoAwayBelow).await;
+    let _ = client.get(always.url("/")).send().await;
+    assert_eq!(
+        always.requests_seen(),
+        3,
+        "the original and 2 replays at most"
+    );
+}
+
+/// A client of `redirect::recorded_client` (built apart from its middlewares, rattler's
+/// `LazyClient`) keeps only reqwest's harmless replays too.
+#[tokio::test(start_paused = true)]
+async fn recorded_client_keeps_only_reqwest_s_harmless_replays() {
+    let client = reqwest_resilience::redirect::recorded_client(
+        reqwest::Client::builder()
+            .no_proxy()
+            .pool_idle_timeout(None)
+            .http2_prior_knowledge(),
+        reqwest::redirect::Policy::default(),
+    )
+    .unwrap();
+    let client = reqwest_middleware::ClientBuilder::new(client)
+        .with(reqwest_resilience::TransportEvidence::new())
+        .build();
+    assert_harmless_replays_only(&client).await;
 }

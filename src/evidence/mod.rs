@@ -13,7 +13,8 @@
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), reqwest_resilience::ResilienceError> {
-//! use reqwest_resilience::{FailureKind, RequestEvidence, Resilience, SendWithHistory, Transmission};
+//! use reqwest_resilience::{FailureKind, RequestEvidence, Resilience, SendWithHistory};
+//! use reqwest_resilience::Transmission;
 //!
 //! let client = Resilience::new().no_retry().build_from(reqwest::Client::builder())?;
 //! // Nothing listens on port 9 of the loopback interface here.

@@ -874,7 +874,7 @@ async fn hedging_safe_methods(tour: &mut Tour) -> Result<(), BoxError> {
 /// beside the result.
 async fn visible_retries_with_uvs_rules(tour: &mut Tour) -> Result<(), BoxError> {
     use reqwest_resilience::SendWithHistory;
-    use reqwest_resilience::retry::strategies::uv_transient;
+    use reqwest_resilience::retry::strategies::UvTransient;
 
     println!(
         "\n15. uv's rules, retries told as they happen: a 507 (which uv retries, the default \
@@ -888,7 +888,7 @@ async fn visible_retries_with_uvs_rules(tour: &mut Tour) -> Result<(), BoxError>
     .await?;
     let notices = Arc::new(AtomicUsize::new(0));
     let client = demo_stack()?
-        .retry(demo_retry()?.strategy(uv_transient()).before_sleep({
+        .retry(demo_retry()?.strategy(UvTransient).before_sleep({
             let notices = notices.clone();
             move |n| {
                 notices.fetch_add(1, Ordering::SeqCst);

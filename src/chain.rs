@@ -10,10 +10,12 @@
 //!   error's source, so the `reqwest::Error` it wraps is skipped (so is the astral fork's
 //!   copy of it, walked the same way with feature `astral`).
 //!
-//! [`links`] visits every error of the chain once, these included; [`find`] finds a type and
-//! [`has_io_kind`] an `io::ErrorKind` anywhere in it (`find::<reqwest::Error>`,
-//! `find::<h2::Error>`, …). A [`RetryStrategy`](crate::retry::RetryStrategy) reads the same
-//! through its [`AttemptContext`](crate::retry::AttemptContext). They take
+//! [`find`] walks every error of the chain once, these included (at most 32 of them), and
+//! returns the first of a type: `find::<reqwest::Error>`, `find::<h2::Error>`,
+//! `find::<io::Error>`, … A [`RetryStrategy`](crate::retry::RetryStrategy) reads the same
+//! chain through its [`AttemptContext`](crate::retry::AttemptContext), which also asks
+//! whether an `io::ErrorKind` is anywhere in it
+//! ([`has_io_kind`](crate::retry::AttemptContext::has_io_kind)). `find` takes
 //! `&(dyn Error + 'static)`, the form every error type turns into (`&err as &dyn Error`,
 //! `anyhow::Error::as_ref`, `Box<dyn Error>::as_ref`).
 //!
@@ -21,23 +23,31 @@
 //! use std::io;
 //! use reqwest_resilience::chain;
 //!
-//! let inner = io::Error::new(io::ErrorKind::ConnectionReset, "peer reset");
-//! let outer = io::Error::other(inner);
-//! assert!(chain::has_io_kind(&outer, &[io::ErrorKind::ConnectionReset]));
-//! // The outer error, the inner one, and the message the inner one wraps.
-//! assert_eq!(chain::links(&outer).count(), 3);
+//! #[derive(Debug)]
+//! struct Refused;
+//! impl std::fmt::Display for Refused {
+//!     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+//!         f.write_str("refused")
+//!     }
+//! }
+//! impl std::error::Error for Refused {}
+//!
+//! // `io::Error::source()` skips the error it wraps; `find` does not.
+//! let outer = io::Error::other(Refused);
+//! assert!(std::error::Error::source(&outer).is_none());
+//! assert!(chain::find::<Refused>(&outer).is_some());
 //! ```
 
 use std::error::Error as StdError;
 use std::io;
 
-/// How deep [`links`] walks: no connector or client builds a chain deeper than this, and a
+/// How deep `links` walks: no connector or client builds a chain deeper than this, and a
 /// cyclic `source()` (a bug, but reachable through user types) must not loop forever.
 pub(crate) const MAX_DEPTH: usize = 32;
 
 /// Every error of `err`'s chain, `err` first, at most 32 of them; descends into
 /// the error an `io::Error` or a `reqwest_middleware::Error` wraps (see the module docs).
-pub fn links<'a>(
+pub(crate) fn links<'a>(
     err: &'a (dyn StdError + 'static),
 ) -> impl Iterator<Item = &'a (dyn StdError + 'static)> + 'a {
     let mut next = Some(err);
@@ -101,7 +111,7 @@ pub(crate) fn io_kinds<'a>(
 }
 
 /// Whether an `io::Error` of one of `kinds` is anywhere in `err`'s chain.
-pub fn has_io_kind(err: &(dyn StdError + 'static), kinds: &[io::ErrorKind]) -> bool {
+pub(crate) fn has_io_kind(err: &(dyn StdError + 'static), kinds: &[io::ErrorKind]) -> bool {
     io_kinds(err).any(|k| kinds.contains(&k))
 }
 
@@ -130,6 +140,16 @@ pub(crate) fn messages(err: &(dyn StdError + 'static)) -> Vec<String> {
 mod tests {
     use super::*;
     use std::fmt;
+
+    /// The module's former example (`links` and `has_io_kind` were public).
+    #[test]
+    fn an_io_error_inside_an_io_error() {
+        let inner = io::Error::new(io::ErrorKind::ConnectionReset, "peer reset");
+        let outer = io::Error::other(inner);
+        assert!(has_io_kind(&outer, &[io::ErrorKind::ConnectionReset]));
+        // The outer error, the inner one, and the message the inner one wraps.
+        assert_eq!(links(&outer).count(), 3);
+    }
 
     #[derive(Debug)]
     struct Cycle;

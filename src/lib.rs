@@ -61,12 +61,11 @@
 //! | [`resume`] | bodies that resume where they broke (off by default) |
 //! | [`upload`] | streamed uploads retried: [`upload::ReplayableBody`] re-opens a file or a stream for each attempt |
 //! | [`auth`] | [`BearerAuth`], [`TokenManager`], [`TokenSource`], [`AccessToken`] |
-//! | [`evidence`] | [`TransportEvidence`], [`RequestEvidence`], [`Transmission`], [`AttemptHistory`], the error classifier |
+//! | [`evidence`] | [`TransportEvidence`], [`RequestEvidence`], [`Transmission`], [`AttemptHistory`], [what each failure proves](evidence#what-each-failure-proves) |
 //! | [`exchange`] | [`SendWithHistory`]: `send()` returning the history and the outcome with the result |
 //! | [`redirect`] | the redirect proof: [`redirect::recorded`], [`redirect::ClientRedirects`] |
 //! | [`backoff`] | [`Backoff`] and [`Jitter`] |
 //! | [`retry_after`] | `Retry-After` parsing |
-//! | [`ratelimit_fields`] | parsing the servers' rate-limit fields (IETF `RateLimit` / `RateLimit-Policy`, `X-RateLimit-*`) |
 //! | [`origin`] | [`Origin`]: the `scheme://host:port` key |
 //! | [`misconfig`] | a stack that cannot work, found on the first request |
 //! | [`metrics`] | the instruments of feature `metrics` |
@@ -133,7 +132,12 @@ mod origin_map;
 mod protocol_nacks;
 pub mod proxy;
 pub mod rate;
+// Public only to the fuzz target (cargo-fuzz builds with `--cfg fuzzing`).
+#[cfg(fuzzing)]
+#[doc(hidden)]
 pub mod ratelimit_fields;
+#[cfg(not(fuzzing))]
+mod ratelimit_fields;
 pub(crate) mod record;
 pub mod redirect;
 pub mod resume;

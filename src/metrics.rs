@@ -48,7 +48,7 @@
 pub(crate) use enabled::*;
 #[cfg(feature = "metrics")]
 #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
-pub use enabled::{OTHER_ORIGIN, describe, set_max_origin_labels};
+pub use enabled::{describe, set_max_origin_labels};
 
 #[cfg(not(feature = "metrics"))]
 pub(crate) use disabled::*;
@@ -155,11 +155,12 @@ mod enabled {
     const DEFAULT_MAX_ORIGIN_LABELS: usize = 1_000;
 
     /// The `origin` (and `server.address`) label of every origin past the bound.
-    pub const OTHER_ORIGIN: &str = "other";
+    pub(crate) const OTHER_ORIGIN: &str = "other";
 
     /// Sets how many distinct origins get a label of their own, process-wide (the default
     /// is 1 000). Origins already labelled keep their label; past
-    /// the bound, new origins are reported as [`OTHER_ORIGIN`]. `0` labels none.
+    /// the bound, new origins are reported as `origin="other"` (and
+    /// `server.address="other"`). `0` labels none.
     pub fn set_max_origin_labels(max: usize) {
         ORIGIN_LABELS.max.store(max, Ordering::Relaxed);
     }

@@ -30,19 +30,7 @@
 //! than 1 024 bytes, or with more than 16 list members, is refused
 //! without being scanned further.
 //!
-//! ```
-//! use std::time::{Duration, UNIX_EPOCH};
-//! use http::{HeaderMap, HeaderValue};
-//! use reqwest_resilience::ratelimit_fields::{self, Quota};
-//!
-//! let mut headers = HeaderMap::new();
-//! headers.insert("ratelimit-policy", HeaderValue::from_static(r#""default";q=100;w=60"#));
-//! headers.insert("ratelimit", HeaderValue::from_static(r#""default";r=0;t=30"#));
-//! let fields = ratelimit_fields::parse(&headers, UNIX_EPOCH).unwrap();
-//! assert_eq!(fields.quota, Some(Quota { limit: 100, window: Duration::from_secs(60) }));
-//! assert_eq!(fields.remaining, Some(0));
-//! assert_eq!(fields.exhausted_for(), Some(Duration::from_secs(30)));
-//! ```
+//! (The unit test `the_current_ietf_pair` below is this module's example.)
 
 use std::fmt;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -745,6 +733,24 @@ mod tests {
         h.insert("ratelimit", HeaderValue::from_static("x;r=1"));
         assert!(any_present(&h) && may_be_present(&h));
         assert_eq!(f.exhausted_for(), None);
+    }
+
+    /// The module's example (a doc test while the module was public).
+    #[test]
+    fn the_current_ietf_pair() {
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            "ratelimit-policy",
+            HeaderValue::from_static(r#""default";q=100;w=60"#),
+        );
+        headers.insert(
+            "ratelimit",
+            HeaderValue::from_static(r#""default";r=0;t=30"#),
+        );
+        let fields = parse(&headers, UNIX_EPOCH).unwrap();
+        assert_eq!(fields.quota, quota(100, 60));
+        assert_eq!(fields.remaining, Some(0));
+        assert_eq!(fields.exhausted_for(), secs(30));
     }
 
     #[test]

@@ -16,8 +16,8 @@
 //! (RFC 5322 §3.3), and ignoring it would turn a server-directed pause into a retry storm.
 //!
 //! Anything else is `None`: negative (`-5`), fractional (`1.5`), signed (`+5`), overflowing
-//! (more than `u64::MAX` seconds), empty, non-ASCII, or longer than [`MAX_LEN`] bytes. The
-//! caller then falls back to its own backoff. A date in the past is `Some(Duration::ZERO)`.
+//! (more than `u64::MAX` seconds), empty, non-ASCII, or longer than 64 bytes (after trimming
+//! surrounding whitespace). The caller then falls back to its own backoff. A date in the past is `Some(Duration::ZERO)`.
 //!
 //! The result is uncapped: capping (and whether to clamp or give up) is the retry policy's
 //! job, not the parser's.
@@ -28,7 +28,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 ///
 /// The longest valid form, RFC 850 with `Wednesday`, is 33 bytes; 64 leaves room for
 /// optional spacing and still refuses a header stuffed with junk without scanning it.
-pub const MAX_LEN: usize = 64;
+pub(crate) const MAX_LEN: usize = 64;
 
 /// Parses a `Retry-After` value into a delay from `now` (uncapped).
 ///

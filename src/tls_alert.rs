@@ -17,7 +17,7 @@
 //!
 //! The alert is a type of the TLS crate (rustls's `Error::AlertReceived`, OpenSSL's
 //! `SSL alert number` behind native-tls), which this crate does not depend on, so its
-//! text is matched, the way `evidence::classify_error` matches certificate errors: rustls's
+//! text is matched, the way the classifier (`classify.rs`) matches certificate errors: rustls's
 //! `received fatal alert: CertificateExpired`, OpenSSL's `sslv3 alert certificate expired`
 //! / `tlsv1 alert unknown ca`. A text that changes can only make such a failure `Tls`
 //! again (retried while not sent), never make a sent request look unsent. The texts of

@@ -9,9 +9,12 @@ use std::time::Duration;
 
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use reqwest_resilience::breaker::{BreakerConfig, BreakerRegistry};
-use reqwest_resilience::metrics::{OTHER_ORIGIN, set_max_origin_labels};
+use reqwest_resilience::metrics::set_max_origin_labels;
 use reqwest_resilience::{Origin, Resilience};
 use support::{Action, FaultServer};
+
+/// The label of every origin past the bound (the module docs: `origin="other"`).
+const OTHER_ORIGIN: &str = "other";
 
 /// (name, labels) → counter value or histogram sample count.
 fn series(recorder: &DebuggingRecorder) -> BTreeMap<(String, BTreeSet<(String, String)>), u64> {

@@ -27,7 +27,7 @@ use reqwest_resilience::evidence::{
 };
 use reqwest_resilience::retry::{
     AttemptContext, Deadline, DefaultStrategy, Idempotent, MaxRetries, RetryAfterPolicy,
-    RetryReason, RetryStrategy, StopReason, Verdict, is_idempotent,
+    RetryReason, RetryStrategy, StopReason, Verdict,
 };
 use reqwest_resilience::{Backoff, Jitter, RetryBudget, RetryMiddleware};
 use tokio::time::Instant;
@@ -149,6 +149,12 @@ fn may_resend(e: &RequestEvidence, idempotent: bool, not_processed_retries: u32,
         }
         _ => false,
     }
+}
+
+/// The documented rule (`retry::Idempotent`'s docs): idempotent by its method (RFC 9110
+/// §9.2.2) or an `Idempotency-Key` header. The crate's own function is private.
+fn is_idempotent(method: &Method, headers: &HeaderMap) -> bool {
+    method.is_idempotent() || headers.contains_key("idempotency-key")
 }
 
 fn check_table(b: &mut Bytes<'_>) {

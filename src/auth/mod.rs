@@ -50,7 +50,7 @@ mod middleware;
 #[cfg(feature = "oauth2")]
 mod oauth2;
 
-pub use crate::error::token::{SharedSourceError, TokenError, TokenErrorKind};
+pub use crate::error::token::{TokenError, TokenErrorKind};
 pub use crate::token::{AccessToken, TokenSource};
 pub use manager::{TokenManager, TokenManagerBuilder};
 pub(crate) use middleware::TokenFirst;

@@ -196,7 +196,7 @@ pub struct BreakerConfig {
     pub pause_mode: PauseMode,
     /// Whether a response whose rate-limit fields say nothing remains (`RateLimit:
     /// "default";r=0;t=30`, `X-RateLimit-Remaining: 0` with `X-RateLimit-Reset`, every form
-    /// [`ratelimit_fields`](crate::ratelimit_fields) reads) pauses its origin until the
+    /// [the guide](crate::guide::rate_limits) lists) pauses its origin until the
     /// quota resets, for every caller of the registry, like `Retry-After` and capped by the
     /// same [`max_pause`](Self::max_pause), whatever the response's status (default `true`).
     /// In a [`Resilience`](crate::Resilience) stack with a learning rate limit, the rate

@@ -42,7 +42,7 @@ use crate::stage::CutAt;
 ///    caller of the registry (clamped to [`max_pause`](super::BreakerConfig::max_pause)).
 ///    So does any response whose rate-limit fields say nothing remains until the quota
 ///    resets (`X-RateLimit-Remaining: 0` with `X-RateLimit-Reset`, `RateLimit:
-///    "default";r=0;t=30`, every form of [`ratelimit_fields`](crate::ratelimit_fields)),
+///    "default";r=0;t=30`, every form [the guide](crate::guide::rate_limits) lists),
 ///    unless [`rate_limit_pauses`](super::BreakerConfig::rate_limit_pauses) is off, or
 ///    the [`Resilience`](crate::Resilience) stack has a learning
 ///    [rate limit](crate::rate#how-long-a-servers-fields-hold-a-caller), which then

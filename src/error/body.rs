@@ -12,9 +12,9 @@ use http::StatusCode;
 /// The resumable body ([`Resilience::resume_bodies`](crate::Resilience::resume_bodies))
 /// yields it in place of the body's own error, which it keeps as `source()` (`None` when
 /// the body ended cleanly but short); the status of the response head travels with it, so
-/// [`classify`](crate::evidence::classify) reports
+/// its attempt's evidence is
 /// `ResponseReceived(status)` / [`FailureKind::BodyInterrupted`](crate::FailureKind::BodyInterrupted)
-/// from it alone.
+/// from it alone ([rule B1](crate::evidence#body-failures)).
 #[derive(Debug)]
 pub struct BodyIncomplete {
     status: StatusCode,

@@ -17,8 +17,8 @@ pub(crate) mod upload;
 pub use body::BodyIncomplete;
 // Each error has one public path, in the module of the part it is about:
 // `breaker::{BreakerState, RejectReason}`, `retry::RetryError`,
-// `stack::{StackError, StackPart}`, `upload::UploadBodyError`, `auth::{SharedSourceError,
-// TokenError, TokenErrorKind}` (and the crate root's `BreakerState`, `StackError`).
+// `stack::{StackError, StackPart}`, `upload::UploadBodyError`, `auth::{TokenError,
+// TokenErrorKind}` (and the crate root's `BreakerState`, `StackError`).
 pub(crate) use breaker::{BreakerState, RejectReason};
 pub(crate) use retry::RetryError;
 pub(crate) use stack::{StackError, StackPart};

@@ -6,10 +6,9 @@ use std::sync::Arc;
 
 use tokio::time::Instant;
 
-/// A boxed error from a
-/// [`TokenSource`](crate::auth::TokenSource)(crate::auth::TokenSource), shared by every
-/// caller that waited for it.
-pub type SharedSourceError = Arc<dyn StdError + Send + Sync + 'static>;
+/// A boxed error from a [`TokenSource`](crate::auth::TokenSource), shared by every caller
+/// that waited for it ([`TokenError`]'s `source()`).
+pub(crate) type SharedSourceError = Arc<dyn StdError + Send + Sync + 'static>;
 
 /// Why no token could be had. Cheap to clone: every caller that waited for one failed
 /// fetch gets the same error.

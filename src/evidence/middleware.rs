@@ -18,8 +18,8 @@ use crate::stage::{Handover, RestOfStack, Stage, standalone_middleware};
 /// For every attempt it writes a [`RequestEvidence`] into the extensions it is handed
 /// (so the middlewares outside it read it after `next.run`), into the response's own
 /// extensions, and appends it to the [`AttemptHistory`] in the caller's extensions.
-/// What the evidence says for each kind of failure, and why, is documented with
-/// [`classify_error`](super::classify_error).
+/// What the evidence says for each kind of failure, and why, is documented in
+/// [the `evidence` module](super#what-each-failure-proves).
 ///
 /// # reqwest's own retries
 ///

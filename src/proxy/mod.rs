@@ -45,7 +45,7 @@ pub(crate) use route::{Innermost, Routes};
 
 /// Most retries a pool raises the retry limit to (as httpc does): a pool of 20 proxies
 /// does not make a request try 20 times.
-pub const MAX_ROTATION_RETRIES: u32 = 10;
+pub(crate) const MAX_ROTATION_RETRIES: u32 = 10;
 
 /// The proxies a [`Resilience`](crate::Resilience) stack sends its attempts through, and
 /// when a retry takes the next one. Built into one `reqwest::Client` per proxy by
@@ -132,7 +132,8 @@ impl ProxyPool {
     }
 
     /// The retries a request needs to try every proxy once: one fewer than the proxies,
-    /// at most [`MAX_ROTATION_RETRIES`]. The stack raises a retry limit below this.
+    /// at most 10 (as httpc: a pool of 20 proxies does not make a request try 20 times).
+    /// The stack raises a retry limit below this.
     pub fn retries_to_try_all(&self) -> u32 {
         retries_to_try(self.urls.len())
     }

@@ -18,7 +18,7 @@
 //! # Learned from the server
 //!
 //! With [`learn`](RateLimitConfig::learn) on (the default), every answer's rate-limit
-//! fields ([`ratelimit_fields`](crate::ratelimit_fields): the IETF `RateLimit-Policy` /
+//! fields (every form in [the guide](crate::guide::rate_limits): the IETF `RateLimit-Policy` /
 //! `RateLimit` in their current and earlier forms, `RateLimit-Limit` / `-Remaining` /
 //! `-Reset`, GitHub-style `X-RateLimit-*`) set the origin's rate:
 //!

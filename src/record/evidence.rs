@@ -62,7 +62,7 @@ pub enum FailureKind {
     /// `keepalive_requests`) or a shutdown. Through hyper it proves nothing about this
     /// request's stream: hyper reports the connection's `GOAWAY` also as the error of a
     /// stream it had already handed to the connection, which the server may have processed
-    /// (see [`classify_error`](crate::evidence::classify_error), "GOAWAY"). Always with
+    /// (see [the `evidence` module, "GOAWAY"](crate::evidence#goaway-rule-5)). Always with
     /// [`Transmission::Unknown`].
     GoAway,
     /// Writing the request's body failed (or a body failed where nothing tells whose).
@@ -70,7 +70,7 @@ pub enum FailureKind {
     /// The response head arrived and its body broke before its end (a reset, a timeout,
     /// a connection closed short of the `Content-Length`): the server received and
     /// answered the request. With [`Transmission::ResponseReceived`] when the status is
-    /// known (see [`classify_body`](crate::evidence::classify_body)). Distinct from
+    /// known (see [the `evidence` module](crate::evidence#body-failures)). Distinct from
     /// [`Decode`](Self::Decode), a complete body that could not be decoded.
     BodyInterrupted,
     /// The redirect policy stopped the request (e.g. a redirect loop).

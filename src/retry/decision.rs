@@ -299,7 +299,7 @@ impl<S: RetryStrategy + ?Sized> RetryStrategy for std::sync::Arc<S> {
 ///
 /// An attempt ended by the server's `GOAWAY` ([`FailureKind::GoAway`], a connection
 /// rotation) proves nothing through hyper (see
-/// [`classify_error`](crate::evidence::classify_error)): an idempotent request is sent again
+/// [the `evidence` module](crate::evidence#goaway-rule-5)): an idempotent request is sent again
 /// at once ([`RetryReason::GoAway`], under the same cap, free of the retry budget), a
 /// non-idempotent one stops ([`StopReason::MayHaveBeenProcessed`]).
 ///
@@ -430,7 +430,7 @@ fn is_permanent(kind: FailureKind) -> bool {
 /// Whether a request is idempotent by its method (RFC 9110 §9.2.2) or carries an
 /// `Idempotency-Key` header. The per-request [`Idempotent`](super::Idempotent) marker
 /// overrides this in the middleware.
-pub fn is_idempotent(method: &Method, headers: &HeaderMap) -> bool {
+pub(crate) fn is_idempotent(method: &Method, headers: &HeaderMap) -> bool {
     crate::record::idempotent_request(method, headers)
 }
 

@@ -59,9 +59,8 @@ pub use compat::AnyServerError;
 pub use crate::record::OperationAttempt;
 pub use decision::{
     AttemptContext, DefaultStrategy, ResponseHead, RetryReason, RetryStrategy, StopReason, Verdict,
-    is_idempotent,
 };
-pub(crate) use decision::{DEFAULT_MAX_NOT_PROCESSED_RETRIES, unsafe_retry};
+pub(crate) use decision::{DEFAULT_MAX_NOT_PROCESSED_RETRIES, is_idempotent, unsafe_retry};
 pub(crate) use error::find_reqwest_error;
 pub use error::{ErrorWrapping, RetryError};
 pub use hedge::{HedgeDelay, Hedging};

@@ -49,13 +49,13 @@ use crate::record::{Continuation, OperationAttempt, PassEnd};
 /// - the middleware returned an error, or stopped on a response it would have retried
 ///   (retries exhausted, budget, deadline): its decision stands, the error is returned;
 /// - it returned a final response with status `s`: the error is classified with
-///   [`classify_body`](crate::evidence::classify_body) (a cut body is
+///   [the rules for an operation on a response](crate::evidence#body-failures) (a cut body is
 ///   `ResponseReceived(s)` / `BodyInterrupted`, a decode error of a complete body `Decode`,
 ///   anything else `Other`) and the decision table decides on that attempt's record,
 ///   amended: a cut body is run again when the request is idempotent, a decode error or
 ///   the caller's own error after a `200` are not;
 /// - no request went through a retry middleware (a plain client, an error before the
-///   send): the error is classified with [`classify`](crate::evidence::classify).
+///   send): the error is classified by [the rules of a send](crate::evidence#what-each-failure-proves).
 ///
 /// A request is idempotent as the middleware says (method, `Idempotency-Key`,
 /// [`Idempotent`](super::Idempotent)); an operation is idempotent when every request it

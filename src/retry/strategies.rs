@@ -1,7 +1,7 @@
 //! Ready strategies for the [`RetryStrategy`] trait, built on [`DefaultStrategy`] and the
 //! error chain an [`AttemptContext`] gives.
 //!
-//! - [`uv_transient`]: the transient rules of uv's client (astral-sh/uv, `uv-client`),
+//! - [`UvTransient`]: the transient rules of uv's client (astral-sh/uv, `uv-client`),
 //!   restated over this crate's evidence.
 //!
 //! Whatever a strategy concludes, the middleware never sends again a request that may have
@@ -25,21 +25,6 @@ pub(crate) const UV_TRANSIENT_IO_KINDS: [io::ErrorKind; 6] = [
     io::ErrorKind::UnexpectedEof,
 ];
 
-/// uv's transient rules as a strategy: see [`UvTransient`].
-///
-/// ```
-/// use reqwest_resilience::RetryMiddleware;
-/// use reqwest_resilience::retry::strategies::uv_transient;
-///
-/// // uv: `RetryTransientMiddleware::new_with_policy_and_strategy(policy, UvRetryableStrategy)`
-/// let retry = RetryMiddleware::builder().strategy(uv_transient()).build()?;
-/// # drop(retry);
-/// # Ok::<(), reqwest_resilience::ResilienceError>(())
-/// ```
-pub fn uv_transient() -> UvTransient {
-    UvTransient
-}
-
 /// The transient rules of uv's client (`uv-client`'s `UvRetryableStrategy` over
 /// reqwest-retry's defaults), restated over this crate's evidence:
 ///
@@ -56,8 +41,17 @@ pub fn uv_transient() -> UvTransient {
 /// reset (reqwest-retry decides from the error alone); here a request that may have been
 /// processed is sent again only when idempotent. uv retries every 5xx for every method;
 /// here a non-idempotent request's 5xx is retried only with `Retry-After`.
+///
+/// ```
+/// use reqwest_resilience::RetryMiddleware;
+/// use reqwest_resilience::retry::strategies::UvTransient;
+///
+/// // uv: `RetryTransientMiddleware::new_with_policy_and_strategy(policy, UvRetryableStrategy)`
+/// let retry = RetryMiddleware::builder().strategy(UvTransient).build()?;
+/// # drop(retry);
+/// # Ok::<(), reqwest_resilience::ResilienceError>(())
+/// ```
 #[derive(Debug, Clone, Copy, Default)]
-#[non_exhaustive]
 pub struct UvTransient;
 
 impl RetryStrategy for UvTransient {
@@ -128,24 +122,24 @@ mod tests {
             let head = super::super::ResponseHead::new(s, &headers);
             let get = AttemptContext::new(&ev, &Method::GET).with_response(head);
             assert_eq!(
-                uv_transient().decide(&get),
+                UvTransient.decide(&get),
                 Verdict::Retry(RetryReason::Status(s))
             );
             let post = AttemptContext::new(&ev, &Method::POST).with_response(head);
             assert_eq!(
-                uv_transient().decide(&post),
+                UvTransient.decide(&post),
                 Verdict::Stop(StopReason::StatusNotSafe(s))
             );
             ev.retry_after = Some(std::time::Duration::from_secs(1));
             let post = AttemptContext::new(&ev, &Method::POST);
             assert_eq!(
-                uv_transient().decide(&post),
+                UvTransient.decide(&post),
                 Verdict::Retry(RetryReason::Status(s))
             );
         }
         let ev = evidence(Transmission::ResponseReceived(StatusCode::NOT_FOUND), None);
         assert_eq!(
-            uv_transient().decide(&AttemptContext::new(&ev, &Method::GET)),
+            UvTransient.decide(&AttemptContext::new(&ev, &Method::GET)),
             Verdict::Stop(StopReason::FinalResponse(StatusCode::NOT_FOUND))
         );
     }
@@ -156,14 +150,14 @@ mod tests {
         let malformed = io::Error::other("malformed head");
         let ctx = AttemptContext::new(&ev, &Method::GET).with_error(&malformed);
         assert_eq!(
-            uv_transient().decide(&ctx),
+            UvTransient.decide(&ctx),
             Verdict::Stop(StopReason::Permanent(FailureKind::Protocol))
         );
         for kind in UV_TRANSIENT_IO_KINDS {
             let err = io::Error::other(io::Error::new(kind, "inner"));
             let ctx = AttemptContext::new(&ev, &Method::GET).with_error(&err);
             assert_eq!(
-                uv_transient().decide(&ctx),
+                UvTransient.decide(&ctx),
                 Verdict::Retry(RetryReason::Transient),
                 "{kind:?}"
             );
@@ -171,13 +165,13 @@ mod tests {
         let h2: h2::Error = h2::Reason::INTERNAL_ERROR.into();
         let ctx = AttemptContext::new(&ev, &Method::GET).with_error(&h2);
         assert_eq!(
-            uv_transient().decide(&ctx),
+            UvTransient.decide(&ctx),
             Verdict::Retry(RetryReason::Transient)
         );
         let reset = evidence(Transmission::SentNoResponse, Some(FailureKind::Reset));
         let ctx = AttemptContext::new(&reset, &Method::GET);
         assert_eq!(
-            uv_transient().decide(&ctx),
+            UvTransient.decide(&ctx),
             Verdict::Retry(RetryReason::Transient)
         );
     }
@@ -191,7 +185,7 @@ mod tests {
         ));
         let ctx = AttemptContext::new(&ev, &Method::GET).with_error(&alert);
         assert_eq!(
-            uv_transient().decide(&ctx),
+            UvTransient.decide(&ctx),
             Verdict::Stop(StopReason::Permanent(FailureKind::Certificate))
         );
         let handshake = io::Error::new(
@@ -200,7 +194,7 @@ mod tests {
         );
         let ctx = AttemptContext::new(&ev, &Method::POST).with_error(&handshake);
         assert_eq!(
-            uv_transient().decide(&ctx),
+            UvTransient.decide(&ctx),
             Verdict::Retry(RetryReason::NotSent)
         );
     }

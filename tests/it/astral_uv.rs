@@ -17,7 +17,7 @@ use astral_reqwest_middleware as reqwest_middleware; // uv's name for the fork
 // The crates.io crate, only for the test that compares the two paths.
 use ::reqwest_middleware as reqwest_middleware_crates;
 use http::Extensions;
-use reqwest_resilience::retry::strategies::uv_transient;
+use reqwest_resilience::retry::strategies::UvTransient;
 use reqwest_resilience::retry::{ErrorWrapping, StopReason};
 use reqwest_resilience::stack::astral::AstralResilience;
 use reqwest_resilience::{
@@ -68,7 +68,7 @@ fn uv_client(
     )
     .unwrap();
     let retry = RetryMiddleware::like_reqwest_retry()
-        .strategy(uv_transient())
+        .strategy(UvTransient)
         .max_retries(retries)
         .error_wrapping(wrapping);
     let mut stack = Resilience::like_reqwest_retry().retry(retry);

@@ -265,19 +265,52 @@ fn payload(len: usize) -> Vec<u8> {
     (0..len).map(|i| (i * 7 + i / 251) as u8).collect()
 }
 
-async fn cut_body_error(fault: Fault, client: reqwest::Client) -> reqwest::Error {
+/// What an operation records for a body cut by `fault` (no retry after it), the closure
+/// failing with `wrap(the error of bytes())`: judged by the error's chain alone when the
+/// request went through no retry middleware (`stack` `None`, a plain `client`), else on the
+/// response that middleware saw.
+async fn cut_body_record<E: StdError + 'static>(
+    fault: Fault,
+    client: &reqwest::Client,
+    stack: Option<(&RetryMiddleware, &ClientWithMiddleware)>,
+    wrap: fn(reqwest::Error) -> E,
+) -> reqwest_resilience::RequestEvidence {
     let server = RangedServer::start(Representation::resumable(payload(LEN)), move |_, _| {
         fault.clone()
     })
     .await;
-    let response = client.get(server.url("/f")).send().await.unwrap();
-    assert_eq!(response.status(), StatusCode::OK);
-    response.bytes().await.unwrap_err()
+    let url = server.url("/f");
+    let url = url.as_str();
+    let plain = retry(0);
+    let operation = stack.map_or(&plain, |(retry, _)| retry).operation();
+    let done = operation
+        .max_retries(0)
+        .run_recorded(|attempt| async move {
+            let response = match stack {
+                Some((_, stack)) => stack.get(url).with_extension(attempt).send().await.unwrap(),
+                None => client.get(url).send().await.unwrap(),
+            };
+            assert_eq!(response.status(), StatusCode::OK);
+            let err = response.bytes().await.unwrap_err();
+            assert!(
+                err.is_decode(),
+                "reqwest calls every body failure a decode error"
+            );
+            Err::<(), E>(wrap(err))
+        })
+        .await;
+    assert!(done.result.is_err());
+    assert_eq!(server.requests().len(), 1);
+    let last = done.history.last().expect("the attempt is recorded");
+    last.evidence.clone()
 }
 
+/// What each failure proves, for a body (the `evidence` module docs, rule B2): from the
+/// chain alone `Unknown` / `BodyInterrupted` (bare, and behind the `io::Error` a reader of
+/// `bytes_stream()` sees), and `ResponseReceived(200)` / `BodyInterrupted` where the
+/// response head is known.
 #[tokio::test(start_paused = true)]
 async fn a_cut_a_reset_and_a_read_timeout_mid_body_are_body_interrupted_not_decode() {
-    use reqwest_resilience::evidence::{classify, classify_body, classify_error};
     let timeout_client = reqwest::Client::builder()
         .no_proxy()
         .pool_max_idle_per_host(0)
@@ -289,28 +322,34 @@ async fn a_cut_a_reset_and_a_read_timeout_mid_body_are_body_interrupted_not_deco
         (Fault::Reset(50_000), support::loopback_client()),
         (Fault::Stall(50_000), timeout_client),
     ];
+    let judged = |e: &reqwest_resilience::RequestEvidence| (e.transmission, e.failure);
     for (fault, client) in cases {
-        let err = cut_body_error(fault.clone(), client).await;
-        assert!(
-            err.is_decode(),
-            "reqwest calls every body failure a decode error"
-        );
-        let c = classify(&err);
+        let alone = (Transmission::Unknown, Some(FailureKind::BodyInterrupted));
+        let bare = cut_body_record(fault.clone(), &client, None, |e| e).await;
+        assert_eq!(judged(&bare), alone, "{fault:?}");
+        let wrapped = cut_body_record(fault.clone(), &client, None, std::io::Error::other).await;
+        assert_eq!(judged(&wrapped), alone, "{fault:?} wrapped");
+        let retry = retry(0);
+        let stack = Resilience::new()
+            .retry(retry.clone())
+            .no_breaker()
+            .build(client.clone())
+            .unwrap();
+        let seen = cut_body_record(
+            fault.clone(),
+            &client,
+            Some((&retry, &stack)),
+            std::io::Error::other,
+        )
+        .await;
         assert_eq!(
-            (c.transmission, c.kind),
-            (Transmission::Unknown, FailureKind::BodyInterrupted),
-            "{fault:?}"
+            judged(&seen),
+            (
+                Transmission::ResponseReceived(StatusCode::OK),
+                Some(FailureKind::BodyInterrupted)
+            ),
+            "{fault:?} on a response"
         );
-        assert_eq!(classify_error(&err), c);
-        // Behind the io::Error a reader of `bytes_stream()` sees.
-        let wrapped = std::io::Error::other(err);
-        assert_eq!(classify(&wrapped), c, "{fault:?} wrapped");
-        let c = classify_body(&wrapped, StatusCode::OK);
-        assert_eq!(
-            c.transmission,
-            Transmission::ResponseReceived(StatusCode::OK)
-        );
-        assert_eq!(c.kind, FailureKind::BodyInterrupted);
     }
 }
 
@@ -428,9 +467,26 @@ async fn a_reset_and_a_stall_cut_by_the_read_timeout_resume_too() {
     assert_eq!(server.body_bytes_sent(), LEN as u64);
 }
 
+/// The evidence an operation records when its closure fails with `err`, no request having
+/// gone through a retry middleware: the error judged by its chain alone.
+async fn judged_alone(err: reqwest::Error) -> reqwest_resilience::RequestEvidence {
+    let mut err = Some(err);
+    let done = retry(0)
+        .operation()
+        .max_retries(0)
+        .run_recorded(move |_| {
+            let err = err.take().expect("run once");
+            async move { Err::<(), _>(err) }
+        })
+        .await;
+    assert!(done.result.is_err());
+    let last = done.history.last().expect("the attempt is recorded");
+    last.evidence.clone()
+}
+
 /// The body is not resumed: the caller gets the cut's error, inside a `BodyIncomplete`
 /// when a resume was refused.
-fn assert_cut_at(got: Result<Vec<u8>, reqwest::Error>, at: u64, resumed_answer: bool) {
+async fn assert_cut_at(got: Result<Vec<u8>, reqwest::Error>, at: u64, resumed_answer: bool) {
     let err = got.unwrap_err();
     let incomplete =
         reqwest_resilience::chain::find::<reqwest_resilience::error::BodyIncomplete>(&err);
@@ -442,12 +498,12 @@ fn assert_cut_at(got: Result<Vec<u8>, reqwest::Error>, at: u64, resumed_answer: 
                 (at, LEN as u64, 0)
             );
             assert_eq!(b.status(), StatusCode::OK);
-            let c = reqwest_resilience::evidence::classify(&err);
+            let c = judged_alone(err).await;
             assert_eq!(
                 c.transmission,
                 Transmission::ResponseReceived(StatusCode::OK)
             );
-            assert_eq!(c.kind, FailureKind::BodyInterrupted);
+            assert_eq!(c.failure, Some(FailureKind::BodyInterrupted));
         }
         None => assert!(!resumed_answer, "not wrapped: no resume was possible"),
     }
@@ -468,7 +524,7 @@ async fn a_server_that_ignores_range_or_changed_its_etag_is_never_spliced() {
         support::loopback_client(),
     )
     .await;
-    assert_cut_at(got, 20_000, true);
+    assert_cut_at(got, 20_000, true).await;
     assert_eq!(server.ranges(), [None, Some("bytes=20000-".to_owned())]);
     let (got, server) = download(
         Representation::resumable(body.clone()),
@@ -482,7 +538,7 @@ async fn a_server_that_ignores_range_or_changed_its_etag_is_never_spliced() {
         support::loopback_client(),
     )
     .await;
-    assert_cut_at(got, 20_000, true);
+    assert_cut_at(got, 20_000, true).await;
     assert_eq!(
         server.requests().len(),
         2,
@@ -512,7 +568,7 @@ async fn a_weak_etag_a_compressed_body_or_no_content_length_is_not_resumed() {
     for repr in variants {
         let headers = repr.headers.clone();
         let (got, server) = download(repr, cut_first, support::loopback_client()).await;
-        assert_cut_at(got, 20_000, false);
+        assert_cut_at(got, 20_000, false).await;
         assert_eq!(server.requests().len(), 1, "{headers:?}: no range request");
     }
     // A Last-Modified a minute older than Date is a strong validator (RFC 9110 §8.8.2.2).
@@ -614,7 +670,7 @@ async fn a_weak_last_modified_or_a_weak_etag_beside_a_date_is_not_resumed() {
     for repr in variants {
         let headers = repr.headers.clone();
         let (got, server) = download(repr, cut_first, support::loopback_client()).await;
-        assert_cut_at(got, 20_000, false);
+        assert_cut_at(got, 20_000, false).await;
         assert_eq!(server.requests().len(), 1, "{headers:?}: no range request");
     }
 }
@@ -1051,7 +1107,7 @@ async fn an_empty_retry_budget_or_a_deadline_before_the_backoff_ends_refuses_the
         let server = RangedServer::start(Representation::resumable(body.clone()), cut_first).await;
         let client = resuming(&retry, support::loopback_client());
         let response = client.get(server.url("/f")).send().await.unwrap();
-        assert_cut_at(response.bytes().await.map(|b| b.to_vec()), 50_000, true);
+        assert_cut_at(response.bytes().await.map(|b| b.to_vec()), 50_000, true).await;
         assert_eq!(server.requests().len(), 1, "{retry:?}: no range request");
     }
 }

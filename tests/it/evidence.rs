@@ -555,7 +555,7 @@ async fn row11_reqwest_own_retry_gives_up_after_two_replays_with_the_proof_intac
 
 /// A `GOAWAY` below our stream would prove it unprocessed (RFC 9113 §6.8), but hyper also
 /// fails a stream it had already handed to the connection with the connection's `GOAWAY`
-/// (see `classify_error`, "GOAWAY"), so the same error is no proof: `Unknown`, `GoAway`.
+/// (see the `evidence` module docs, "GOAWAY"), so the same error is no proof: `Unknown`, `GoAway`.
 #[tokio::test]
 async fn row12_h2_goaway_below_our_stream_is_unknown_without_proof() {
     let server = H2Server::start(|_| H2Action::GoAwayBelow).await;

@@ -3,10 +3,11 @@
 //! requests and refuses streams over `http2_max_concurrent_streams` with `REFUSED_STREAM`.
 //! Under a burst, the streams above a `GOAWAY`'s last stream id and the refused ones were
 //! not processed (RFC 9113 §6.8, §8.7). hyper, though, also fails a stream it had already
-//! written with the connection's `GOAWAY` (see `classify_error`, "GOAWAY"; this test found
-//! it: a POST so failed was in nginx's log), so only `REFUSED_STREAM` is a proof. The stack
-//! must deliver every GET, execute no POST twice, and keep the origin's breaker Closed;
-//! the POSTs a rotation leaves unproven stop `MayHaveBeenProcessed` (counted and printed).
+//! written with the connection's `GOAWAY` (see the `evidence` module docs, "GOAWAY"; this
+//! test found it: a POST so failed was in nginx's log), so only `REFUSED_STREAM` is a proof.
+//! The stack must deliver every GET, execute no POST twice, and keep the origin's breaker
+//! Closed; the POSTs a rotation leaves unproven stop `MayHaveBeenProcessed` (counted and
+//! printed).
 //!
 //! reqwest's own HTTP/2 retries are off (`reqwest::retry::never()`), so every replay seen
 //! here is this crate's decision. The stack has an attempt timeout ([`ATTEMPT_TIMEOUT`]):

@@ -4,7 +4,10 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use proptest::prelude::*;
-use reqwest_resilience::retry_after::{self, MAX_LEN};
+use reqwest_resilience::retry_after;
+
+/// The longest value `retry_after::parse` looks at (its docs: 64 bytes).
+const MAX_LEN: usize = 64;
 
 /// Any instant from 1970 to the end of 9999, whole seconds (HTTP-dates have no fraction).
 fn instant() -> impl Strategy<Value = SystemTime> {

@@ -12,14 +12,13 @@ use std::time::{Duration, SystemTime};
 
 use http::{Method, StatusCode};
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware};
-use reqwest_resilience::retry::strategies::uv_transient;
+use reqwest_resilience::retry::strategies::UvTransient;
 use reqwest_resilience::retry::{
     AttemptContext, DefaultStrategy, RetryAfterPolicy, RetryMiddlewareBuilder, RetryReason,
     RetryStrategy, StopReason, Verdict,
 };
 use reqwest_resilience::{
     AttemptDecision, AttemptHistory, FailureKind, SendWithHistory, Transmission, TransportEvidence,
-    chain,
 };
 use support::h2::{H2Action, H2Server};
 use support::{Action, FaultServer, exact_retry};
@@ -84,18 +83,27 @@ fn retried_three_times(t: Transmission, kind: FailureKind, reason: RetryReason) 
 
 const SENT: Transmission = Transmission::SentNoResponse;
 
+/// Whether an `io::Error` of one of `kinds` is anywhere in `err`'s chain, as a strategy
+/// asks it ([`AttemptContext::has_io_kind`]).
+fn has_io_kind(err: &(dyn std::error::Error + 'static), kinds: &[io::ErrorKind]) -> bool {
+    let evidence = reqwest_resilience::RequestEvidence::new(SENT, None, 1);
+    AttemptContext::new(&evidence, &Method::GET)
+        .with_error(err)
+        .has_io_kind(kinds)
+}
+
 #[tokio::test(start_paused = true)]
 async fn uv_rules_retry_a_get_reset_mid_head_three_times_and_send_a_post_once() {
     let server = FaultServer::always(Action::HalfHeadThenReset).await;
     let client = client_with(
-        exact_retry().strategy(uv_transient()),
+        exact_retry().strategy(UvTransient),
         reqwest::Client::builder(),
     );
 
     let get = client.get(server.url("/simple/")).send_with_history().await;
     let err = get.result.expect_err("every attempt is reset");
     assert!(
-        chain::has_io_kind(&err, &[io::ErrorKind::ConnectionReset]),
+        has_io_kind(&err, &[io::ErrorKind::ConnectionReset]),
         "{err:?}"
     );
     assert_eq!(
@@ -127,11 +135,11 @@ async fn uv_rules_retry_an_unexpected_eof_from_the_tls_layer() {
     use support::tls_faults::TlsFault;
     let server = support::tls_faults::start(TlsFault::HalfHeadWithoutCloseNotify).await;
     let reqwest = reqwest::Client::builder().tls_danger_accept_invalid_certs(true);
-    let client = client_with(exact_retry().strategy(uv_transient()), reqwest);
+    let client = client_with(exact_retry().strategy(UvTransient), reqwest);
     let get = client.get(server.url("/simple/")).send_with_history().await;
     let err = get.result.expect_err("every response is cut");
     assert!(
-        chain::has_io_kind(&err, &[io::ErrorKind::UnexpectedEof]),
+        has_io_kind(&err, &[io::ErrorKind::UnexpectedEof]),
         "{err:?}"
     );
     assert_eq!(
@@ -154,7 +162,7 @@ async fn uv_rules_retry_an_h2_rst_stream_and_the_context_names_its_reason() {
             ctx.h2_reason(),
             ctx.url.map(|u| u.path().to_owned()),
         ));
-        uv_transient().decide(ctx)
+        UvTransient.decide(ctx)
     };
     let client = client_with(exact_retry().strategy(FnStrategy(strategy)), reqwest);
     let get = client.get(server.url("/simple/")).send_with_history().await;
@@ -181,7 +189,7 @@ async fn uv_rules_retry_an_h2_rst_stream_and_the_context_names_its_reason() {
 async fn uv_rules_stop_on_a_malformed_head_that_the_default_table_retries() {
     let server = FaultServer::always(Action::Garbage(b"HTTP/1.1 abc\r\n\r\n".to_vec())).await;
     let uv = client_with(
-        exact_retry().strategy(uv_transient()),
+        exact_retry().strategy(UvTransient),
         reqwest::Client::builder(),
     );
     let get = uv.get(server.url("/")).send_with_history().await;
@@ -207,7 +215,7 @@ async fn uv_rules_stop_on_a_malformed_head_that_the_default_table_retries() {
 async fn uv_rules_retry_every_5xx_of_a_get_and_a_posts_only_with_retry_after() {
     let server = FaultServer::sequence(vec![Action::status(507)], Action::ok("done")).await;
     let client = client_with(
-        exact_retry().strategy(uv_transient()),
+        exact_retry().strategy(UvTransient),
         reqwest::Client::builder(),
     );
     let get = client.get(server.url("/")).send_with_history().await;

@@ -7,7 +7,7 @@ use crate::support;
 use reqwest_resilience::redirect::{self, ClientRedirects};
 
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware};
-use reqwest_resilience::retry::strategies::uv_transient;
+use reqwest_resilience::retry::strategies::UvTransient;
 use reqwest_resilience::retry::{RetryReason, StopReason};
 use reqwest_resilience::{
     AttemptDecision, FailureKind, RetryMiddleware, SendWithHistory, Transmission, TransportEvidence,
@@ -176,10 +176,7 @@ async fn under_tls_1_3_a_late_certificate_alert_stops_uvs_rules_and_a_post_is_no
         tls12: false,
     };
     let server = support::tls_faults::start(fault).await;
-    let uv = client(
-        exact_retry().strategy(uv_transient()).build().unwrap(),
-        true,
-    );
+    let uv = client(exact_retry().strategy(UvTransient).build().unwrap(), true);
     let get = uv.get(server.url("/simple/")).send_with_history().await;
     let err = get.result.expect_err("the server refuses the certificate");
     let text = crate::support::chain_messages(&err).join(" / ");
@@ -241,7 +238,7 @@ async fn a_server_certificate_the_client_does_not_trust_stops_uvs_rules_at_once(
         .build()
         .unwrap();
     let client = ClientBuilder::new(reqwest)
-        .with(exact_retry().strategy(uv_transient()).build().unwrap())
+        .with(exact_retry().strategy(UvTransient).build().unwrap())
         .with(TransportEvidence::with_client_redirects(
             ClientRedirects::Recorded,
         ))

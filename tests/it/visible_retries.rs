@@ -196,7 +196,7 @@ async fn a_deadline_set_with_with_extension_is_honoured_by_send_with_history() {
 #[tokio::test(start_paused = true)]
 async fn the_composed_stack_takes_a_strategy_and_a_hook_on_its_retry_which_replaces_a_prebuilt_one()
 {
-    use reqwest_resilience::retry::strategies::uv_transient;
+    use reqwest_resilience::retry::strategies::UvTransient;
     use reqwest_resilience::{Backoff, Jitter, Resilience, RetryMiddleware};
 
     let calls = Arc::new(Mutex::new(Vec::new()));
@@ -206,7 +206,7 @@ async fn the_composed_stack_takes_a_strategy_and_a_hook_on_its_retry_which_repla
             RetryMiddleware::builder()
                 .backoff(Backoff::builder().jitter(Jitter::None).build().unwrap())
                 .no_budget()
-                .strategy(uv_transient())
+                .strategy(UvTransient)
                 .before_sleep(move |n| c.lock().unwrap().push((n.attempt, n.status, n.delay))),
         )
         .build(support::loopback_client())
@@ -234,7 +234,7 @@ async fn the_composed_stack_takes_a_strategy_and_a_hook_on_its_retry_which_repla
             RetryMiddleware::builder()
                 .backoff(Backoff::builder().jitter(Jitter::None).build().unwrap())
                 .no_budget()
-                .strategy(uv_transient()),
+                .strategy(UvTransient),
         )
         .build(support::loopback_client())
         .unwrap();

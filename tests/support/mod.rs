@@ -688,16 +688,44 @@ pub fn exact_retry() -> reqwest_resilience::retry::RetryMiddlewareBuilder {
         .no_budget()
 }
 
-/// The display text of every error of `err`'s chain (as `reqwest_resilience::chain::links`
-/// walks it), outermost first, without repeats: many wrappers print their inner error's
-/// text as their own.
+/// The display text of every error of `err`'s chain, outermost first, without repeats: many
+/// wrappers print their inner error's text as their own. Walks the chain as the crate does
+/// (`chain::find`'s docs): into the error an `io::Error` or a `reqwest_middleware::Error`
+/// wraps, at most 32 links.
 pub fn chain_messages(err: &(dyn std::error::Error + 'static)) -> Vec<String> {
     let mut out: Vec<String> = Vec::new();
-    for e in reqwest_resilience::chain::links(err) {
+    let mut next = Some(err);
+    for _ in 0..32 {
+        let Some(e) = next else { break };
         let text = e.to_string();
         if out.last() != Some(&text) {
             out.push(text);
         }
+        next = below(e);
     }
     out
+}
+
+/// The error below `e` in its chain, the wrapped one included (see [`chain_messages`]).
+type DynError = dyn std::error::Error + 'static;
+
+fn below(e: &DynError) -> Option<&DynError> {
+    if let Some(inner) = e
+        .downcast_ref::<std::io::Error>()
+        .and_then(|io| io.get_ref())
+    {
+        return Some(inner as &DynError);
+    }
+    match e.downcast_ref::<reqwest_middleware::Error>() {
+        Some(reqwest_middleware::Error::Reqwest(inner)) => return Some(inner as &DynError),
+        Some(reqwest_middleware::Error::Middleware(inner)) => return Some(inner.as_ref()),
+        None => {}
+    }
+    #[cfg(feature = "astral")]
+    match e.downcast_ref::<astral_reqwest_middleware::Error>() {
+        Some(astral_reqwest_middleware::Error::Reqwest(inner)) => return Some(inner as &DynError),
+        Some(astral_reqwest_middleware::Error::Middleware(inner)) => return Some(inner.as_ref()),
+        None => {}
+    }
+    e.source()
 }

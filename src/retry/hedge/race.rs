@@ -175,6 +175,7 @@ impl Hedging {
         req: Request,
         kept: Option<&Request>,
         extensions: &mut Extensions,
+        handover: Handover<'_>,
         is_final: F,
     ) -> Round
     where
@@ -202,12 +203,13 @@ impl Hedging {
                 &spec,
                 lost.as_ref(),
                 req,
-                &mut *extensions
+                &mut *extensions,
+                handover,
             )));
             let started = Instant::now();
             let due = HedgeTimer::first_due(delay, &spec, started);
             match alone(first.as_mut(), due).await {
-                Some(output) => self.alone_won(output, &spec, window.as_deref()),
+                Some(output) => return self.alone_won(output, &spec, window.as_deref()),
                 None => {
                     let inputs = RaceInputs {
                         spec: &spec,
@@ -225,41 +227,39 @@ impl Hedging {
     }
 
     /// The first copy answered before any hedge was due: it is the round's outcome (as the
-    /// last copy in flight it wins, whatever it is).
+    /// last copy in flight it wins, whatever it is). It ran as a plain attempt runs, on the
+    /// caller's extensions, so it left there what a plain attempt leaves (its evidence,
+    /// numbered as this attempt, and its record in the history, or none when nothing
+    /// inside wrote one): the retry's decision finishes it as it finishes a plain attempt,
+    /// and nothing is merged.
     fn alone_won(
         &self,
         (result, ext): InFlightOutput<'_>,
         spec: &RoundSpec,
         window: Option<&Window>,
-    ) -> RaceOutcome {
-        let evidence = copy_evidence(&result, ext.get(), spec.attempt);
+    ) -> Round {
         if let Some(window) = window {
+            let evidence = copy_evidence(&result, ext.get(), spec.attempt);
             self.record_first_copy(window, FirstCopy::Won(&evidence), std::iter::empty());
         }
-        RaceOutcome {
-            result,
-            evidence,
-            hedge_extensions: None,
-            losers: Vec::new(),
-            hedges: 0,
-        }
+        Round { result, hedges: 0 }
     }
 }
 
-/// The first copy's future, on the caller's extensions. Each copy works out for itself
-/// what the stages inside need (a hedged round is rare; its copies outlive what this
-/// round could lend them).
+/// The first copy's future, on the caller's extensions, with what the retry loop lends a
+/// plain attempt (`handover`: the request's origin, the kept request to replay, the
+/// composed stack's place). Each hedge works out for itself what the stages inside need.
 fn first_copy<'x, N: RestOfStack + 'x>(
     next: N,
     spec: &RoundSpec,
     lost: Option<&Arc<AtomicBool>>,
     req: Request,
     extensions: &'x mut Extensions,
+    handover: Handover<'x>,
 ) -> impl Future<Output = InFlightOutput<'x>> + Send + 'x {
     let (cut, scope) = copy_scope(spec, lost, false);
     let (attempt, owner) = (spec.attempt, spec.owner);
     async move {
-        let handover = Handover::default();
         let result = run_attempt(
             next,
             req,

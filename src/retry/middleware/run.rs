@@ -98,8 +98,17 @@ impl RetryMiddleware {
                     } else if let Some((hedging, spec)) = run.hedged_round(&prepared, owner) {
                         let is_final = run.is_final(kept.as_ref().map(Request::url));
                         // Only a hedged request carries the race (boxed: stage cost rule 2).
-                        let round =
-                            hedging.round(spec, &next, req, kept.as_ref(), extensions, is_final);
+                        // The first copy gets what a plain attempt gets.
+                        let handover = handover.with_spare(kept.as_ref()).with_origin(&run.origin);
+                        let round = hedging.round(
+                            spec,
+                            &next,
+                            req,
+                            kept.as_ref(),
+                            extensions,
+                            handover,
+                            is_final,
+                        );
                         let round = Box::pin(round).await;
                         (round.result, round.hedges)
                     } else {

@@ -258,6 +258,10 @@ fn first_copy<'x, N: RestOfStack + 'x>(
     handover: Handover<'x>,
 ) -> impl Future<Output = InFlightOutput<'x>> + Send + 'x {
     let (cut, scope) = copy_scope(spec, lost, false);
+    // Without a deadline or an attempt timeout the scope is the default one (no cut, no
+    // "lost" flag, no hedge), which the stages inside assume when there is none: as for
+    // a plain attempt, none is handed inward.
+    let scope = (spec.deadline.is_some() || spec.attempt_timeout.is_some()).then_some(scope);
     let (attempt, owner) = (spec.attempt, spec.owner);
     async move {
         let result = run_attempt(
@@ -267,7 +271,7 @@ fn first_copy<'x, N: RestOfStack + 'x>(
             handover,
             owner,
             cut,
-            Some(scope),
+            scope,
             attempt,
         )
         .await;

@@ -82,10 +82,15 @@ trait PinnedCopy<'x> {
     fn cancel(self: Pin<&mut Self>);
 }
 
-impl<'x, T: Future<Output = InFlightOutput<'x>>> PinnedCopy<'x> for Option<T> {
+/// The first copy's future hands the caller's extensions back with its result.
+type FirstOutput<'x> = (reqwest_middleware::Result<Response>, &'x mut Extensions);
+
+impl<'x, T: Future<Output = FirstOutput<'x>>> PinnedCopy<'x> for Option<T> {
     fn poll_copy(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<InFlightOutput<'x>> {
         match self.as_pin_mut() {
-            Some(future) => future.poll(cx),
+            Some(future) => future
+                .poll(cx)
+                .map(|(result, ext)| (result, InFlightExtensions::Caller(ext))),
             None => Poll::Pending,
         }
     }
@@ -219,7 +224,9 @@ impl Hedging {
                         base,
                     };
                     let race = Race::after_timer(self, inputs, delay, lost, first, started);
-                    race.run(window.as_deref()).await
+                    // Boxed (rare: the timer fired): the round's own future, boxed for
+                    // every hedged request, stays the first copy's and its timer's size.
+                    Box::pin(race.run(window.as_deref())).await
                 }
             }
         };
@@ -256,27 +263,22 @@ fn first_copy<'x, N: RestOfStack + 'x>(
     req: Request,
     extensions: &'x mut Extensions,
     handover: Handover<'x>,
-) -> impl Future<Output = InFlightOutput<'x>> + Send + 'x {
+) -> impl Future<Output = FirstOutput<'x>> + Send + 'x {
     let (cut, scope) = copy_scope(spec, lost, false);
     // Without a deadline or an attempt timeout the scope is the default one (no cut, no
     // "lost" flag, no hedge), which the stages inside assume when there is none: as for
     // a plain attempt, none is handed inward.
     let scope = (spec.deadline.is_some() || spec.attempt_timeout.is_some()).then_some(scope);
-    let (attempt, owner) = (spec.attempt, spec.owner);
-    async move {
-        let result = run_attempt(
-            next,
-            req,
-            &mut *extensions,
-            handover,
-            owner,
-            cut,
-            scope,
-            attempt,
-        )
-        .await;
-        (result, InFlightExtensions::Caller(extensions))
-    }
+    run_attempt(
+        next,
+        req,
+        extensions,
+        handover,
+        spec.owner,
+        cut,
+        scope,
+        spec.attempt,
+    )
 }
 
 /// Runs the first copy alone until it answers (`Some`) or the first hedge is `due`
@@ -408,7 +410,7 @@ where
         Box::pin(async move {
             let owner = crate::stage::scope::owner_of_copy(&ext);
             let handover = Handover::default();
-            let result = run_attempt(
+            let (result, _) = run_attempt(
                 next,
                 req,
                 &mut ext,

@@ -172,65 +172,84 @@ impl Hedging {
     /// the retry decision would stop on that outcome (then it wins at once). The winner's
     /// extensions are merged into the caller's (its evidence there, every copy in the
     /// history, the winner last).
+    ///
+    /// Not an `async fn` (stage cost rule 1): its arguments are held once, in the block;
+    /// the race is made in its box's argument (a named local would keep its room in the
+    /// round's future, boxed for every hedged request).
     #[allow(clippy::too_many_arguments)]
-    pub(in crate::retry) async fn round<N: RestOfStack, F>(
-        &self,
+    pub(in crate::retry) fn round<'a, N: RestOfStack + 'a, F>(
+        &'a self,
         spec: RoundSpec,
-        next: &N,
+        next: &'a N,
         req: Request,
-        kept: Option<&Request>,
-        extensions: &mut Extensions,
-        handover: Handover<'_>,
+        kept: Option<&'a Request>,
+        extensions: &'a mut Extensions,
+        handover: Handover<'a>,
         is_final: F,
-    ) -> Round
+    ) -> impl Future<Output = Round> + Send + 'a
     where
-        F: Fn(&RequestEvidence, &reqwest_middleware::Result<Response>, u32) -> bool + Sync,
+        F: Fn(&RequestEvidence, &reqwest_middleware::Result<Response>, u32) -> bool
+            + Send
+            + Sync
+            + 'a,
     {
-        let recorded_before = RequestRecord::attempts_recorded(extensions);
-        // What the hedges are copied from: the request the retry loop keeps, else a copy
-        // of `req` (a body that cannot be copied sends none).
-        let template = match kept {
-            Some(kept) => Template::Kept(kept),
-            None => Template::Own(crate::stage::copy_request(&req).map(Box::new)),
-        };
-        // Each hedge runs with a copy of the caller's extensions, less this logical
-        // request's records (merged back after the race, renumbered).
-        let base = BaseSnapshot::take(extensions);
-        let window = self.adaptive_window(&spec.origin);
-        let delay = self.delay_from(window.as_deref().and_then(Window::estimate));
-        // Read only by a breaker inside that cuts the copy (at the deadline or its attempt
-        // timeout): without either, a copy dropped is no verdict however it ends.
-        let lost = (spec.deadline.is_some() || spec.attempt_timeout.is_some())
-            .then(|| Arc::new(AtomicBool::new(false)));
-        let outcome = {
-            let mut first = std::pin::pin!(Some(first_copy(
-                next.clone(),
-                &spec,
-                lost.as_ref(),
-                req,
-                &mut *extensions,
-                handover,
-            )));
-            let started = Instant::now();
-            let due = HedgeTimer::first_due(delay, &spec, started);
-            match alone(first.as_mut(), due).await {
-                Some(output) => return self.alone_won(output, &spec, window.as_deref()),
-                None => {
-                    let inputs = RaceInputs {
-                        spec: &spec,
-                        next,
-                        is_final: &is_final,
-                        template,
-                        base,
-                    };
-                    let race = Race::after_timer(self, inputs, delay, lost, first, started);
+        async move {
+            let recorded_before = RequestRecord::attempts_recorded(extensions);
+            // What the hedges are copied from: the request the retry loop keeps, else a
+            // copy of `req` (a body that cannot be copied sends none).
+            let template = match kept {
+                Some(kept) => Template::Kept(kept),
+                None => Template::Own(crate::stage::copy_request(&req).map(Box::new)),
+            };
+            // Each hedge runs with a copy of the caller's extensions, less this logical
+            // request's records (merged back after the race, renumbered).
+            let base = BaseSnapshot::take(extensions);
+            let window = self.adaptive_window(&spec.origin);
+            let delay = self.delay_from(window.as_deref().and_then(Window::estimate));
+            // Read only by a breaker inside that cuts the copy (at the deadline or its
+            // attempt timeout): without either, a copy dropped is no verdict however it
+            // ends.
+            let lost = (spec.deadline.is_some() || spec.attempt_timeout.is_some())
+                .then(|| Arc::new(AtomicBool::new(false)));
+            let outcome = {
+                let mut first = std::pin::pin!(Some(first_copy(
+                    next.clone(),
+                    &spec,
+                    lost.as_ref(),
+                    req,
+                    &mut *extensions,
+                    handover,
+                )));
+                let started = Instant::now();
+                let due = HedgeTimer::first_due(delay, &spec, started);
+                match alone(first.as_mut(), due).await {
+                    Some(output) => return self.alone_won(output, &spec, window.as_deref()),
                     // Boxed (rare: the timer fired): the round's own future, boxed for
                     // every hedged request, stays the first copy's and its timer's size.
-                    Box::pin(race.run(window.as_deref())).await
+                    None => {
+                        Box::pin(
+                            Race::after_timer(
+                                self,
+                                RaceInputs {
+                                    spec: &spec,
+                                    next,
+                                    is_final: &is_final,
+                                    template,
+                                    base,
+                                },
+                                delay,
+                                lost,
+                                first,
+                                started,
+                            )
+                            .run(window.as_deref()),
+                        )
+                        .await
+                    }
                 }
-            }
-        };
-        outcome.merge_into(extensions, recorded_before)
+            };
+            outcome.merge_into(extensions, recorded_before)
+        }
     }
 
     /// The first copy answered before any hedge was due: it is the round's outcome (as the

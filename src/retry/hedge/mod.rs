@@ -103,8 +103,10 @@ pub enum HedgeDelay {
 ///
 /// # Cost
 ///
-/// The first copy runs with the caller's extensions, against the timer of the first
-/// hedge, and until that timer fires no race is built: the hedges are copied from the
+/// The first copy runs as a plain attempt does (on the caller's extensions, with what the
+/// retry lends a plain attempt, no scope handed inward when nothing can cut it), against
+/// the timer of the first hedge; answered first, it is finished as a plain attempt is,
+/// and nothing is merged. Until that timer fires no race is built: the hedges are copied from the
 /// request the retry keeps for a retry (a request it keeps none of is copied once, up
 /// front), and each hedge's extensions — a copy of the caller's (what this crate's own
 /// middlewares put there for the request, and yours), merged back afterwards — are made

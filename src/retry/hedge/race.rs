@@ -169,9 +169,10 @@ impl Hedging {
     /// first, the race starts with the first copy in flight, and hedges run on copies of
     /// the caller's extensions until one copy wins. `kept`: the request the retry loop
     /// keeps for a retry (`req` is a copy of it). `is_final(evidence, attempt)`: whether
-    /// the retry decision would stop on that outcome (then it wins at once). The winner's
-    /// extensions are merged into the caller's (its evidence there, every copy in the
-    /// history, the winner last).
+    /// the retry decision would stop on that outcome (then it wins at once). After a race,
+    /// the winner's extensions are merged into the caller's (its evidence there, every
+    /// copy in the history, the winner last); a first copy answered alone left its records
+    /// there itself, as a plain attempt does.
     ///
     /// Not an `async fn` (stage cost rule 1): its arguments are held once, in the block;
     /// the race is made in its box's argument (a named local would keep its room in the

@@ -77,7 +77,7 @@ pub(super) fn attempt_cut(deadline: Option<Instant>, timeout: Option<Duration>) 
 /// round's first copy runs on the caller's, which the round reads once it is done).
 ///
 /// Not an `async fn` (stage cost rule 1): its arguments are held once, in the block.
-#[allow(clippy::too_many_arguments)]
+#[allow(clippy::too_many_arguments, clippy::manual_async_fn)]
 pub(super) fn run_attempt<'x, N: RestOfStack + 'x>(
     next: N,
     req: Request,

@@ -177,7 +177,7 @@ impl Hedging {
     /// Not an `async fn` (stage cost rule 1): its arguments are held once, in the block;
     /// the race is made in its box's argument (a named local would keep its room in the
     /// round's future, boxed for every hedged request).
-    #[allow(clippy::too_many_arguments)]
+    #[allow(clippy::too_many_arguments, clippy::manual_async_fn)]
     pub(in crate::retry) fn round<'a, N: RestOfStack + 'a, F>(
         &'a self,
         spec: RoundSpec,

@@ -115,8 +115,8 @@ pub enum HedgeDelay {
 /// answer faster than the delay costs 1 allocation more than the unhedged retry loop (the
 /// round's future; `tests/alloc_budget.rs`, with the caller passing no extensions), 2
 /// with a deadline or an attempt timeout (the flag that tells a cancelled loser's
-/// breaker it lost), and about 2 000 instructions (`benches/instructions.rs`). Requests
-/// that are not eligible pay nothing.
+/// breaker it lost), and about 2 500 instructions (`benches/instructions.rs`, end to
+/// end). Requests that are not eligible pay nothing.
 ///
 /// # Cancel safety
 ///

@@ -179,8 +179,8 @@ async fn hedging_an_answer_faster_than_the_delay_adds_one_allocation_per_request
         // Until the hedge timer fires there is no race: the first copy and the timer run
         // in place in that future, the hedges' template is the request the retry keeps,
         // their extensions are made only when one is sent, and without a deadline or an
-        // attempt timeout no "lost" flag is needed (0). The first copy's scope goes into
-        // the caller's record (0).
+        // attempt timeout no "lost" flag is needed (0), nor a scope handed inward (0): the
+        // first copy runs as a plain attempt does.
         assert_eq!(
             extra_per_request(client).await,
             10.0 + METRICS_ATTEMPT + METRICS_RETRY

@@ -73,32 +73,38 @@ pub(super) fn attempt_cut(deadline: Option<Instant>, timeout: Option<Duration>) 
 }
 
 /// Runs one attempt through the rest of the stack, cut at `cut` ([`start_attempt`] and
-/// then [`AttemptEnd::finish`]).
-#[allow(clippy::too_many_arguments)]
-pub(super) async fn run_attempt<N: RestOfStack>(
+/// then [`AttemptEnd::finish`]), and hands `extensions` back with the result (a hedged
+/// round's first copy runs on the caller's, which the round reads once it is done).
+///
+/// Not an `async fn` (stage cost rule 1): its arguments are held once, in the block.
+#[allow(clippy::too_many_arguments, clippy::manual_async_fn)]
+pub(super) fn run_attempt<'x, N: RestOfStack + 'x>(
     next: N,
     req: Request,
-    extensions: &mut Extensions,
-    handover: Handover<'_>,
+    extensions: &'x mut Extensions,
+    handover: Handover<'x>,
     owner: crate::stage::scope::Ownership,
     cut: Option<Instant>,
     scope: Option<AttemptScope>,
     attempt: u32,
-) -> reqwest_middleware::Result<Response> {
-    // Taken now (the request moves into the attempt), and only when a cut can use it.
-    let origin = cut.and_then(|_| handover.origin(req.url()));
-    let (sent, end) = start_attempt(
-        next,
-        req,
-        &mut *extensions,
-        handover,
-        owner,
-        cut,
-        scope,
-        attempt,
-    );
-    let outcome = sent.await;
-    end.finish(outcome, extensions, &origin)
+) -> impl Future<Output = (reqwest_middleware::Result<Response>, &'x mut Extensions)> + Send + 'x {
+    async move {
+        // Taken now (the request moves into the attempt), and only when a cut can use it.
+        let origin = cut.and_then(|_| handover.origin(req.url()));
+        let (sent, end) = start_attempt(
+            next,
+            req,
+            &mut *extensions,
+            handover,
+            owner,
+            cut,
+            scope,
+            attempt,
+        );
+        let outcome = sent.await;
+        let result = end.finish(outcome, &mut *extensions, &origin);
+        (result, extensions)
+    }
 }
 
 /// The future of an attempt started by [`start_attempt`].

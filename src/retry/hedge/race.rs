@@ -82,10 +82,15 @@ trait PinnedCopy<'x> {
     fn cancel(self: Pin<&mut Self>);
 }
 
-impl<'x, T: Future<Output = InFlightOutput<'x>>> PinnedCopy<'x> for Option<T> {
+/// The first copy's future hands the caller's extensions back with its result.
+type FirstOutput<'x> = (reqwest_middleware::Result<Response>, &'x mut Extensions);
+
+impl<'x, T: Future<Output = FirstOutput<'x>>> PinnedCopy<'x> for Option<T> {
     fn poll_copy(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<InFlightOutput<'x>> {
         match self.as_pin_mut() {
-            Some(future) => future.poll(cx),
+            Some(future) => future
+                .poll(cx)
+                .map(|(result, ext)| (result, InFlightExtensions::Caller(ext))),
             None => Poll::Pending,
         }
     }
@@ -164,115 +169,136 @@ impl Hedging {
     /// first, the race starts with the first copy in flight, and hedges run on copies of
     /// the caller's extensions until one copy wins. `kept`: the request the retry loop
     /// keeps for a retry (`req` is a copy of it). `is_final(evidence, attempt)`: whether
-    /// the retry decision would stop on that outcome (then it wins at once). The winner's
-    /// extensions are merged into the caller's (its evidence there, every copy in the
-    /// history, the winner last).
-    #[allow(clippy::too_many_arguments)]
-    pub(in crate::retry) async fn round<N: RestOfStack, F>(
-        &self,
+    /// the retry decision would stop on that outcome (then it wins at once). After a race,
+    /// the winner's extensions are merged into the caller's (its evidence there, every
+    /// copy in the history, the winner last); a first copy answered alone left its records
+    /// there itself, as a plain attempt does.
+    ///
+    /// Not an `async fn` (stage cost rule 1): its arguments are held once, in the block;
+    /// the race is made in its box's argument (a named local would keep its room in the
+    /// round's future, boxed for every hedged request).
+    #[allow(clippy::too_many_arguments, clippy::manual_async_fn)]
+    pub(in crate::retry) fn round<'a, N: RestOfStack + 'a, F>(
+        &'a self,
         spec: RoundSpec,
-        next: &N,
+        next: &'a N,
         req: Request,
-        kept: Option<&Request>,
-        extensions: &mut Extensions,
+        kept: Option<&'a Request>,
+        extensions: &'a mut Extensions,
+        handover: Handover<'a>,
         is_final: F,
-    ) -> Round
+    ) -> impl Future<Output = Round> + Send + 'a
     where
-        F: Fn(&RequestEvidence, &reqwest_middleware::Result<Response>, u32) -> bool + Sync,
+        F: Fn(&RequestEvidence, &reqwest_middleware::Result<Response>, u32) -> bool
+            + Send
+            + Sync
+            + 'a,
     {
-        let recorded_before = RequestRecord::attempts_recorded(extensions);
-        // What the hedges are copied from: the request the retry loop keeps, else a copy
-        // of `req` (a body that cannot be copied sends none).
-        let template = match kept {
-            Some(kept) => Template::Kept(kept),
-            None => Template::Own(crate::stage::copy_request(&req).map(Box::new)),
-        };
-        // Each hedge runs with a copy of the caller's extensions, less this logical
-        // request's records (merged back after the race, renumbered).
-        let base = BaseSnapshot::take(extensions);
-        let window = self.adaptive_window(&spec.origin);
-        let delay = self.delay_from(window.as_deref().and_then(Window::estimate));
-        // Read only by a breaker inside that cuts the copy (at the deadline or its attempt
-        // timeout): without either, a copy dropped is no verdict however it ends.
-        let lost = (spec.deadline.is_some() || spec.attempt_timeout.is_some())
-            .then(|| Arc::new(AtomicBool::new(false)));
-        let outcome = {
-            let mut first = std::pin::pin!(Some(first_copy(
-                next.clone(),
-                &spec,
-                lost.as_ref(),
-                req,
-                &mut *extensions
-            )));
-            let started = Instant::now();
-            let due = HedgeTimer::first_due(delay, &spec, started);
-            match alone(first.as_mut(), due).await {
-                Some(output) => self.alone_won(output, &spec, window.as_deref()),
-                None => {
-                    let inputs = RaceInputs {
-                        spec: &spec,
-                        next,
-                        is_final: &is_final,
-                        template,
-                        base,
-                    };
-                    let race = Race::after_timer(self, inputs, delay, lost, first, started);
-                    race.run(window.as_deref()).await
+        async move {
+            let recorded_before = RequestRecord::attempts_recorded(extensions);
+            // What the hedges are copied from: the request the retry loop keeps, else a
+            // copy of `req` (a body that cannot be copied sends none).
+            let template = match kept {
+                Some(kept) => Template::Kept(kept),
+                None => Template::Own(crate::stage::copy_request(&req).map(Box::new)),
+            };
+            // Each hedge runs with a copy of the caller's extensions, less this logical
+            // request's records (merged back after the race, renumbered).
+            let base = BaseSnapshot::take(extensions);
+            let window = self.adaptive_window(&spec.origin);
+            let delay = self.delay_from(window.as_deref().and_then(Window::estimate));
+            // Read only by a breaker inside that cuts the copy (at the deadline or its
+            // attempt timeout): without either, a copy dropped is no verdict however it
+            // ends.
+            let lost = (spec.deadline.is_some() || spec.attempt_timeout.is_some())
+                .then(|| Arc::new(AtomicBool::new(false)));
+            let outcome = {
+                let mut first = std::pin::pin!(Some(first_copy(
+                    next.clone(),
+                    &spec,
+                    lost.as_ref(),
+                    req,
+                    &mut *extensions,
+                    handover,
+                )));
+                let started = Instant::now();
+                let due = HedgeTimer::first_due(delay, &spec, started);
+                match alone(first.as_mut(), due).await {
+                    Some(output) => return self.alone_won(output, &spec, window.as_deref()),
+                    // Boxed (rare: the timer fired): the round's own future, boxed for
+                    // every hedged request, stays the first copy's and its timer's size.
+                    None => {
+                        Box::pin(
+                            Race::after_timer(
+                                self,
+                                RaceInputs {
+                                    spec: &spec,
+                                    next,
+                                    is_final: &is_final,
+                                    template,
+                                    base,
+                                },
+                                delay,
+                                lost,
+                                first,
+                                started,
+                            )
+                            .run(window.as_deref()),
+                        )
+                        .await
+                    }
                 }
-            }
-        };
-        outcome.merge_into(extensions, recorded_before)
+            };
+            outcome.merge_into(extensions, recorded_before)
+        }
     }
 
     /// The first copy answered before any hedge was due: it is the round's outcome (as the
-    /// last copy in flight it wins, whatever it is).
+    /// last copy in flight it wins, whatever it is). It ran as a plain attempt runs, on the
+    /// caller's extensions, so it left there what a plain attempt leaves (its evidence,
+    /// numbered as this attempt, and its record in the history, or none when nothing
+    /// inside wrote one): the retry's decision finishes it as it finishes a plain attempt,
+    /// and nothing is merged.
     fn alone_won(
         &self,
         (result, ext): InFlightOutput<'_>,
         spec: &RoundSpec,
         window: Option<&Window>,
-    ) -> RaceOutcome {
-        let evidence = copy_evidence(&result, ext.get(), spec.attempt);
+    ) -> Round {
         if let Some(window) = window {
+            let evidence = copy_evidence(&result, ext.get(), spec.attempt);
             self.record_first_copy(window, FirstCopy::Won(&evidence), std::iter::empty());
         }
-        RaceOutcome {
-            result,
-            evidence,
-            hedge_extensions: None,
-            losers: Vec::new(),
-            hedges: 0,
-        }
+        Round { result, hedges: 0 }
     }
 }
 
-/// The first copy's future, on the caller's extensions. Each copy works out for itself
-/// what the stages inside need (a hedged round is rare; its copies outlive what this
-/// round could lend them).
+/// The first copy's future, on the caller's extensions, with what the retry loop lends a
+/// plain attempt (`handover`: the request's origin, the kept request to replay, the
+/// composed stack's place). Each hedge works out for itself what the stages inside need.
 fn first_copy<'x, N: RestOfStack + 'x>(
     next: N,
     spec: &RoundSpec,
     lost: Option<&Arc<AtomicBool>>,
     req: Request,
     extensions: &'x mut Extensions,
-) -> impl Future<Output = InFlightOutput<'x>> + Send + 'x {
+    handover: Handover<'x>,
+) -> impl Future<Output = FirstOutput<'x>> + Send + 'x {
     let (cut, scope) = copy_scope(spec, lost, false);
-    let (attempt, owner) = (spec.attempt, spec.owner);
-    async move {
-        let handover = Handover::default();
-        let result = run_attempt(
-            next,
-            req,
-            &mut *extensions,
-            handover,
-            owner,
-            cut,
-            Some(scope),
-            attempt,
-        )
-        .await;
-        (result, InFlightExtensions::Caller(extensions))
-    }
+    // Without a deadline or an attempt timeout the scope is the default one (no cut, no
+    // "lost" flag, no hedge), which the stages inside assume when there is none: as for
+    // a plain attempt, none is handed inward.
+    let scope = (spec.deadline.is_some() || spec.attempt_timeout.is_some()).then_some(scope);
+    run_attempt(
+        next,
+        req,
+        extensions,
+        handover,
+        spec.owner,
+        cut,
+        scope,
+        spec.attempt,
+    )
 }
 
 /// Runs the first copy alone until it answers (`Some`) or the first hedge is `due`
@@ -404,7 +430,7 @@ where
         Box::pin(async move {
             let owner = crate::stage::scope::owner_of_copy(&ext);
             let handover = Handover::default();
-            let result = run_attempt(
+            let (result, _) = run_attempt(
                 next,
                 req,
                 &mut ext,

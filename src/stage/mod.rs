@@ -36,6 +36,10 @@
 //! 4. An optional stage is chosen before its first poll ([`Either`]); a left-out stage's
 //!    slot costs nothing ([`RetrySlot`], [`BoxedWhenPresent`]); an attempt's cut holds
 //!    the inside once ([`CutAt`]).
+//! 5. A future that is boxed is made inside `Box::pin(..)`'s argument, not bound to a name
+//!    first: rustc keeps a moved-from local's room in the enclosing future while it is in
+//!    scope (the hedged round bound to a name kept every request's retry loop at 4 632
+//!    bytes instead of 952).
 
 use std::future::Future;
 

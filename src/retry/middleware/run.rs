@@ -97,7 +97,7 @@ impl RetryMiddleware {
                         (Box::pin(sent).await, 0)
                     } else if let Some((hedging, spec)) = run.hedged_round(&prepared, owner) {
                         let is_final = run.is_final(kept.as_ref().map(Request::url));
-                        // Only a hedged request carries the race (boxed: stage cost rule 2),
+                        // Only a hedged request carries the race (boxed: stage cost rules 2, 5),
                         // made in the box's argument: bound to a name first, the round (about
                         // 4 KB) would keep a slot in every request's loop future (rustc keeps a
                         // moved-from local's room while it is in scope: 4 632 → 952 bytes).

@@ -35,15 +35,19 @@ impl Partition {
 /// Hashed once, when it is made (with the flights' own random keys, so no URL chosen by
 /// an attacker can aim at one bucket): the map of flights then hashes a `u64`
 /// ([`PreHashed`]) on each of its operations instead of the URL and the headers.
+///
+/// Cheap to clone (the map of flights and the leader each hold one): the URL and the
+/// headers are shared, not copied.
 #[derive(Clone, PartialEq, Eq)]
 pub(crate) struct FlightKey {
     hash: u64,
     partition: Partition,
     method: Method,
     version: Version,
-    url: String,
-    /// Every header, sorted by name; a repeated header's values in the order sent.
-    headers: Vec<(HeaderName, HeaderValue)>,
+    url: Arc<str>,
+    /// Every header, sorted by name; a repeated header's values in the order sent (`None`:
+    /// no header, nothing allocated).
+    headers: Option<Arc<[(HeaderName, HeaderValue)]>>,
     timeout: Option<Duration>,
 }
 
@@ -58,14 +62,17 @@ impl FlightKey {
         if !(req.method() == Method::GET || req.method() == Method::HEAD) || req.body().is_some() {
             return None;
         }
-        let mut headers: Vec<(HeaderName, HeaderValue)> = req
-            .headers()
-            .iter()
-            .map(|(n, v)| (n.clone(), v.clone()))
-            .collect();
-        // Stable: a repeated header keeps the order of its values.
-        headers.sort_by(|a, b| a.0.as_str().cmp(b.0.as_str()));
-        let url = req.url().as_str().to_owned();
+        let headers = (!req.headers().is_empty()).then(|| {
+            let mut headers: Vec<(HeaderName, HeaderValue)> = req
+                .headers()
+                .iter()
+                .map(|(n, v)| (n.clone(), v.clone()))
+                .collect();
+            // Stable: a repeated header keeps the order of its values.
+            headers.sort_by(|a, b| a.0.as_str().cmp(b.0.as_str()));
+            Arc::from(headers)
+        });
+        let url = Arc::from(req.url().as_str());
         let timeout = req.timeout().copied();
         let version = req.version();
         Some(FlightKey {

@@ -269,9 +269,9 @@ impl Stage for CoalesceGets {
             // whose landing cannot be shared, sends the request below: the one place the
             // inside's future is kept (one for three paths, each would size this one).
             let mut leader = None;
-            if let Some(key) = key {
+            if let Some(key) = &key {
                 loop {
-                    let landed = match self.flights.join(&key) {
+                    let landed = match self.flights.join(key) {
                         Joined::Leader(sender) => {
                             leader = Some(sender);
                             break;

@@ -140,7 +140,7 @@ fn rejected(rejection: LimitRejection, extensions: &mut Extensions) -> reqwest_m
 fn sample_of(
     evidence: Option<&RequestEvidence>,
     result: &reqwest_middleware::Result<Response>,
-    elapsed: Duration,
+    elapsed: impl FnOnce() -> Duration,
 ) -> Sample {
     let overload =
         |s: StatusCode| s == StatusCode::TOO_MANY_REQUESTS || s == StatusCode::SERVICE_UNAVAILABLE;
@@ -160,7 +160,7 @@ fn sample_of(
         // No transport step inside: the result speaks for itself.
         None => match result {
             Ok(r) if overload(r.status()) => Sample::Overload,
-            Ok(_) => Sample::Latency(elapsed),
+            Ok(_) => Sample::Latency(elapsed()),
             Err(reqwest_middleware::Error::Reqwest(e)) if e.is_timeout() => Sample::Overload,
             Err(_) => Sample::Ignored,
         },
@@ -216,12 +216,24 @@ impl Stage for ConcurrencyLimit {
                 permit.on_clock(clock.clone());
                 RequestRecord::attempts_recorded(extensions)
             });
-            let sent = owner.poll_as(next, |next| next.run(req, extensions, handover));
+            // The attempt's future is made where it is kept and pinned there, on either
+            // path (`CutAt`: made first and awaited by value, it is moved again, and kept
+            // twice in this future).
             let result = match clock {
-                // No attempt clock, nothing to cut here: the attempt's future is awaited
-                // as it is (wrapped, it would be moved once more).
-                None => sent.await,
-                Some(clock) => match CutAt::on_clock(sent, None, Some(clock)).await {
+                // No attempt clock, nothing to cut here.
+                None => {
+                    let sent =
+                        std::pin::pin!(owner.poll_as(next, |next| next.run(req, extensions, handover)));
+                    sent.await
+                }
+                Some(clock) => match {
+                    let cut = std::pin::pin!(CutAt {
+                        inner: owner.poll_as(next, |next| next.run(req, extensions, handover)),
+                        timer: crate::stage::cut_timer(None, Some(&clock)),
+                        clock: Some(clock),
+                    });
+                    cut.await
+                } {
                     Ok(result) => result,
                     Err(elapsed) => {
                         // Cut by the attempt timeout (or the deadline) here, the innermost
@@ -239,8 +251,11 @@ impl Stage for ConcurrencyLimit {
                     }
                 },
             };
-            let elapsed = permit.admitted_at().elapsed();
-            let sample = sample_of(RequestEvidence::of(extensions), &result, elapsed);
+            // The clock is read only when no evidence says how long the attempt took.
+            let admitted_at = permit.admitted_at();
+            let sample = sample_of(RequestEvidence::of(extensions), &result, || {
+                admitted_at.elapsed()
+            });
             hand_back(permit, sample, result)
         }
     }
@@ -299,12 +314,12 @@ mod tests {
             sample_of(
                 Some(&refused(NotProcessedProof::RefusedStream)),
                 &err,
-                ms(3)
+                || ms(3)
             ),
             Sample::Overload
         );
         assert_eq!(
-            sample_of(Some(&refused(NotProcessedProof::GoAway)), &err, ms(3)),
+            sample_of(Some(&refused(NotProcessedProof::GoAway)), &err, || ms(3)),
             Sample::Ignored
         );
     }
@@ -317,25 +332,25 @@ mod tests {
         ok.elapsed = ms(7);
         // The evidence's time wins over the middleware's own (which may include a token wait).
         assert_eq!(
-            sample_of(Some(&ok), &response(200), ms(90)),
+            sample_of(Some(&ok), &response(200), || ms(90)),
             Sample::Latency(ms(7))
         );
         for code in [429, 503] {
             let e = RequestEvidence::new(status(code), None, 1);
             assert_eq!(
-                sample_of(Some(&e), &response(code), ms(1)),
+                sample_of(Some(&e), &response(code), || ms(1)),
                 Sample::Overload
             );
         }
         let e = RequestEvidence::new(status(500), None, 1);
         assert_eq!(
-            sample_of(Some(&e), &response(500), ms(1)),
+            sample_of(Some(&e), &response(500), || ms(1)),
             Sample::Latency(ms(0))
         );
         let mut timeout = RequestEvidence::new(Transmission::Unknown, None, 1);
         timeout.failure = Some(FailureKind::Timeout);
         assert_eq!(
-            sample_of(Some(&timeout), &response(200), ms(1)),
+            sample_of(Some(&timeout), &response(200), || ms(1)),
             Sample::Overload
         );
         for kind in [
@@ -346,17 +361,17 @@ mod tests {
             FailureKind::ConcurrencyLimited,
         ] {
             let e = RequestEvidence::rejected_locally(kind, None, 1);
-            assert_eq!(sample_of(Some(&e), &response(200), ms(1)), Sample::Ignored);
+            assert_eq!(sample_of(Some(&e), &response(200), || ms(1)), Sample::Ignored);
         }
         // Without evidence: the response itself.
         assert_eq!(
-            sample_of(None, &response(204), ms(3)),
+            sample_of(None, &response(204), || ms(3)),
             Sample::Latency(ms(3))
         );
-        assert_eq!(sample_of(None, &response(503), ms(3)), Sample::Overload);
+        assert_eq!(sample_of(None, &response(503), || ms(3)), Sample::Overload);
         let other = Err(reqwest_middleware::Error::middleware(
             std::io::Error::other("x"),
         ));
-        assert_eq!(sample_of(None, &other, ms(3)), Sample::Ignored);
+        assert_eq!(sample_of(None, &other, || ms(3)), Sample::Ignored);
     }
 }

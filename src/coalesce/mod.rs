@@ -280,8 +280,7 @@ impl Stage for CoalesceGets {
                     };
                     // Boxed, as the reading of a shared body: a request nobody joined
                     // (the common case) does not carry their futures' state.
-                    let landing = match Box::pin(wait_within_deadline(landed, extensions)).await?
-                    {
+                    let landing = match Box::pin(wait_within_deadline(landed, extensions)).await? {
                         Waited::Abandoned => continue,
                         Waited::Landed(landing) => landing,
                     };

@@ -222,34 +222,38 @@ impl Stage for ConcurrencyLimit {
             let result = match clock {
                 // No attempt clock, nothing to cut here.
                 None => {
-                    let sent =
-                        std::pin::pin!(owner.poll_as(next, |next| next.run(req, extensions, handover)));
+                    let sent = std::pin::pin!(
+                        owner.poll_as(next, |next| next.run(req, extensions, handover))
+                    );
                     sent.await
                 }
-                Some(clock) => match {
-                    let cut = std::pin::pin!(CutAt {
-                        inner: owner.poll_as(next, |next| next.run(req, extensions, handover)),
-                        timer: crate::stage::cut_timer(None, Some(&clock)),
-                        clock: Some(clock),
-                    });
-                    cut.await
-                } {
-                    Ok(result) => result,
-                    Err(elapsed) => {
-                        // Cut by the attempt timeout (or the deadline) here, the innermost
-                        // gate: the evidence the retry's own cut would leave, and a timeout
-                        // for the limit (an overload signal).
-                        let started = permit.admitted_at();
-                        record_attempt_cut(
-                            extensions,
-                            &origin,
-                            recorded_before.unwrap_or(0),
-                            started,
-                        );
-                        permit.record(Sample::Overload);
-                        return Err(reqwest_middleware::Error::middleware(elapsed));
+                Some(clock) => {
+                    let outcome = {
+                        let cut = std::pin::pin!(CutAt {
+                            inner: owner.poll_as(next, |next| next.run(req, extensions, handover)),
+                            timer: crate::stage::cut_timer(None, Some(&clock)),
+                            clock: Some(clock),
+                        });
+                        cut.await
+                    };
+                    match outcome {
+                        Ok(result) => result,
+                        Err(elapsed) => {
+                            // Cut by the attempt timeout (or the deadline) here, the innermost
+                            // gate: the evidence the retry's own cut would leave, and a timeout
+                            // for the limit (an overload signal).
+                            let started = permit.admitted_at();
+                            record_attempt_cut(
+                                extensions,
+                                &origin,
+                                recorded_before.unwrap_or(0),
+                                started,
+                            );
+                            permit.record(Sample::Overload);
+                            return Err(reqwest_middleware::Error::middleware(elapsed));
+                        }
                     }
-                },
+                }
             };
             // The clock is read only when no evidence says how long the attempt took.
             let admitted_at = permit.admitted_at();
@@ -361,7 +365,10 @@ mod tests {
             FailureKind::ConcurrencyLimited,
         ] {
             let e = RequestEvidence::rejected_locally(kind, None, 1);
-            assert_eq!(sample_of(Some(&e), &response(200), || ms(1)), Sample::Ignored);
+            assert_eq!(
+                sample_of(Some(&e), &response(200), || ms(1)),
+                Sample::Ignored
+            );
         }
         // Without evidence: the response itself.
         assert_eq!(

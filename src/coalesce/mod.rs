@@ -291,9 +291,13 @@ impl Stage for CoalesceGets {
                     }
                 }
             }
-            let result = owner
-                .poll_as(next, |next| next.run(req, extensions, handover))
-                .await;
+            // Made where it is kept and pinned there (awaited by value, it would be moved
+            // once more).
+            let result = {
+                let sent =
+                    std::pin::pin!(owner.poll_as(next, |next| next.run(req, extensions, handover)));
+                sent.await
+            };
             let Some(leader) = leader else {
                 return result;
             };

@@ -12,7 +12,7 @@ use super::gradient::Sample;
 use super::registry::{Admission, LimitPermit, LimitRejection, LimiterRegistry};
 use crate::error::ResilienceError;
 use crate::record::{
-    Deadline, FailureKind, Inward, RequestEvidence, RequestRecord, Transmission,
+    AttemptClock, Deadline, FailureKind, Inward, RequestEvidence, RequestRecord, Transmission,
     record_attempt_cut, record_rejected_locally,
 };
 use crate::stage::CutAt;
@@ -206,16 +206,8 @@ impl Stage for ConcurrencyLimit {
                 }
                 Admission::Rejected(rejection) => return Err(rejected(rejection, extensions)),
             };
-            // Evidence left by an earlier attempt would otherwise be read as this one's when
-            // no transport step runs inside (the composed stack always has one).
-            if !handover.composed() {
-                let _ = RequestRecord::take_evidence(extensions);
-            }
-            let recorded_before = clock.as_ref().map(|clock| {
-                clock.restart(permit.admitted_at());
-                permit.on_clock(clock.clone());
-                RequestRecord::attempts_recorded(extensions)
-            });
+            let recorded_before =
+                start_attempt(&mut permit, clock.as_ref(), extensions, handover.composed());
             // The attempt's future is made where it is kept and pinned there, on either
             // path (`CutAt`: made first and awaited by value, it is moved again, and kept
             // twice in this future).
@@ -239,18 +231,13 @@ impl Stage for ConcurrencyLimit {
                     match outcome {
                         Ok(result) => result,
                         Err(elapsed) => {
-                            // Cut by the attempt timeout (or the deadline) here, the innermost
-                            // gate: the evidence the retry's own cut would leave, and a timeout
-                            // for the limit (an overload signal).
-                            let started = permit.admitted_at();
-                            record_attempt_cut(
+                            return Err(cut_here(
+                                permit,
+                                elapsed,
                                 extensions,
                                 &origin,
-                                recorded_before.unwrap_or(0),
-                                started,
-                            );
-                            permit.record(Sample::Overload);
-                            return Err(reqwest_middleware::Error::middleware(elapsed));
+                                recorded_before,
+                            ));
                         }
                     }
                 }
@@ -263,6 +250,43 @@ impl Stage for ConcurrencyLimit {
             hand_back(permit, sample, result)
         }
     }
+}
+
+/// The attempt starts under `permit`: on the attempt's `clock`, restarted from the
+/// admission, if it has one. How many attempts the history held before it (0 without a
+/// clock: only a cut reads it).
+fn start_attempt(
+    permit: &mut LimitPermit,
+    clock: Option<&AttemptClock>,
+    extensions: &mut Extensions,
+    composed: bool,
+) -> usize {
+    // Evidence left by an earlier attempt would otherwise be read as this one's when no
+    // transport step runs inside (the composed stack always has one).
+    if !composed {
+        let _ = RequestRecord::take_evidence(extensions);
+    }
+    let Some(clock) = clock else {
+        return 0;
+    };
+    clock.restart(permit.admitted_at());
+    permit.on_clock(clock.clone());
+    RequestRecord::attempts_recorded(extensions)
+}
+
+/// An attempt cut by the attempt timeout (or the deadline) here, the innermost gate: the
+/// evidence the retry's own cut would leave, and a timeout for the limit (an overload
+/// signal).
+fn cut_here(
+    permit: LimitPermit,
+    elapsed: tokio::time::error::Elapsed,
+    extensions: &mut Extensions,
+    origin: &crate::Origin,
+    recorded_before: usize,
+) -> reqwest_middleware::Error {
+    record_attempt_cut(extensions, origin, recorded_before, permit.admitted_at());
+    permit.record(Sample::Overload);
+    reqwest_middleware::Error::middleware(elapsed)
 }
 
 /// `result`, the permit given back with `sample`: at once for an error or a response

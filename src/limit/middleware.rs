@@ -208,38 +208,35 @@ impl Stage for ConcurrencyLimit {
             };
             let recorded_before =
                 start_attempt(&mut permit, clock.as_ref(), extensions, handover.composed());
-            // The attempt's future is made where it is kept and pinned there, on either
-            // path (`CutAt`: made first and awaited by value, it is moved again, and kept
-            // twice in this future).
-            let result = match clock {
-                // No attempt clock, nothing to cut here.
-                None => {
-                    let sent = std::pin::pin!(
-                        owner.poll_as(next, |next| next.run(req, extensions, handover))
-                    );
-                    sent.await
-                }
-                Some(clock) => {
-                    let outcome = {
-                        let cut = std::pin::pin!(CutAt {
-                            inner: owner.poll_as(next, |next| next.run(req, extensions, handover)),
-                            timer: crate::stage::cut_timer(None, Some(&clock)),
+            // The attempt's future is made once, where it is kept, and pinned there: the cut
+            // (with an attempt clock) holds only the pin (made first and handed to the cut,
+            // or awaited by value, the future would be moved again).
+            let outcome = {
+                let sent =
+                    std::pin::pin!(owner.poll_as(next, |next| next.run(req, extensions, handover)));
+                match clock {
+                    None => Ok(sent.await),
+                    Some(clock) => {
+                        let timer = crate::stage::cut_timer(None, Some(&clock));
+                        CutAt {
+                            inner: sent,
+                            timer,
                             clock: Some(clock),
-                        });
-                        cut.await
-                    };
-                    match outcome {
-                        Ok(result) => result,
-                        Err(elapsed) => {
-                            return Err(cut_here(
-                                permit,
-                                elapsed,
-                                extensions,
-                                &origin,
-                                recorded_before,
-                            ));
                         }
+                        .await
                     }
+                }
+            };
+            let result = match outcome {
+                Ok(result) => result,
+                Err(elapsed) => {
+                    return Err(cut_here(
+                        permit,
+                        elapsed,
+                        extensions,
+                        &origin,
+                        recorded_before,
+                    ));
                 }
             };
             // The clock is read only when no evidence says how long the attempt took.
@@ -255,6 +252,7 @@ impl Stage for ConcurrencyLimit {
 /// The attempt starts under `permit`: on the attempt's `clock`, restarted from the
 /// admission, if it has one. How many attempts the history held before it (0 without a
 /// clock: only a cut reads it).
+#[inline]
 fn start_attempt(
     permit: &mut LimitPermit,
     clock: Option<&AttemptClock>,

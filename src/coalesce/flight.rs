@@ -18,6 +18,7 @@
 //! first of them becomes the next leader and the others follow it.
 
 use std::collections::HashMap;
+use std::collections::hash_map::Entry;
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::watch;
@@ -54,7 +55,7 @@ pub(crate) enum Joined<'f> {
 /// The caller that sends. Dropped before [`land`](Self::land), it abandons the flight.
 pub(crate) struct Leader<'f> {
     flights: &'f Flights,
-    key: Option<FlightKey>,
+    key: Option<&'f FlightKey>,
     id: u64,
     /// The followers' channel, taken from the flight when it closes.
     sender: Option<watch::Sender<Published>>,
@@ -75,26 +76,28 @@ impl Flights {
     }
 
     /// Joins the flight of `key`, or starts it.
-    pub(crate) fn join(&self, key: &FlightKey) -> Joined<'_> {
+    pub(crate) fn join<'f>(&'f self, key: &'f FlightKey) -> Joined<'f> {
         let mut map = crate::sync::lock(&self.map);
-        if let Some(flight) = map.get_mut(key) {
-            flight.followers = flight.followers.saturating_add(1);
-            let sender = flight.sender.get_or_insert_with(|| watch::channel(None).0);
-            return Joined::Follower(sender.subscribe());
-        }
+        // One probe of the map (a key's clone shares its URL and headers).
+        let vacant = match map.entry(key.clone()) {
+            Entry::Occupied(mut flight) => {
+                let flight = flight.get_mut();
+                flight.followers = flight.followers.saturating_add(1);
+                let sender = flight.sender.get_or_insert_with(|| watch::channel(None).0);
+                return Joined::Follower(sender.subscribe());
+            }
+            Entry::Vacant(vacant) => vacant,
+        };
         static IDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         let id = IDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        map.insert(
-            key.clone(),
-            InFlight {
-                id,
-                followers: 0,
-                sender: None,
-            },
-        );
+        vacant.insert(InFlight {
+            id,
+            followers: 0,
+            sender: None,
+        });
         Joined::Leader(Leader {
             flights: self,
-            key: Some(key.clone()),
+            key: Some(key),
             id,
             sender: None,
         })
@@ -109,10 +112,14 @@ impl Flights {
     /// Takes the flight `id` of `key` out of the map.
     fn remove(&self, key: &FlightKey, id: u64) -> Option<InFlight> {
         let mut map = crate::sync::lock(&self.map);
-        match map.get(key) {
-            Some(flight) if flight.id == id => map.remove(key),
-            _ => None,
+        // One probe: another flight of the key (never seen: a leader removes only its
+        // own, once) is put back.
+        let (key, flight) = map.remove_entry(key)?;
+        if flight.id == id {
+            return Some(flight);
         }
+        map.insert(key, flight);
+        None
     }
 }
 
@@ -122,7 +129,7 @@ impl Leader<'_> {
         let Some(flight) = self
             .key
             .take()
-            .and_then(|key| self.flights.remove(&key, self.id))
+            .and_then(|key| self.flights.remove(key, self.id))
         else {
             return 0;
         };
@@ -176,7 +183,8 @@ mod tests {
     #[tokio::test]
     async fn followers_join_the_leader_until_it_closes_and_all_see_its_landing() {
         let flights = Flights::default();
-        let Joined::Leader(mut leader) = flights.join(&key(&flights, "http://a.test/")) else {
+        let a = key(&flights, "http://a.test/");
+        let Joined::Leader(mut leader) = flights.join(&a) else {
             panic!("the first caller leads");
         };
         let followers: Vec<_> = (0..3)
@@ -212,7 +220,8 @@ mod tests {
     #[tokio::test]
     async fn a_leader_dropped_before_it_lands_abandons_its_followers_and_its_key() {
         let flights = Flights::default();
-        let leader = flights.join(&key(&flights, "http://a.test/"));
+        let a = key(&flights, "http://a.test/");
+        let leader = flights.join(&a);
         let Joined::Follower(landed) = flights.join(&key(&flights, "http://a.test/")) else {
             panic!("the second caller follows");
         };

@@ -35,15 +35,19 @@ impl Partition {
 /// Hashed once, when it is made (with the flights' own random keys, so no URL chosen by
 /// an attacker can aim at one bucket): the map of flights then hashes a `u64`
 /// ([`PreHashed`]) on each of its operations instead of the URL and the headers.
+///
+/// Cheap to clone (the map of flights and the leader each hold one): the URL and the
+/// headers are shared, not copied.
 #[derive(Clone, PartialEq, Eq)]
 pub(crate) struct FlightKey {
     hash: u64,
     partition: Partition,
     method: Method,
     version: Version,
-    url: String,
-    /// Every header, sorted by name; a repeated header's values in the order sent.
-    headers: Vec<(HeaderName, HeaderValue)>,
+    url: Arc<str>,
+    /// Every header, sorted by name; a repeated header's values in the order sent (`None`:
+    /// no header, nothing allocated).
+    headers: Option<Arc<[(HeaderName, HeaderValue)]>>,
     timeout: Option<Duration>,
 }
 
@@ -58,18 +62,30 @@ impl FlightKey {
         if !(req.method() == Method::GET || req.method() == Method::HEAD) || req.body().is_some() {
             return None;
         }
-        let mut headers: Vec<(HeaderName, HeaderValue)> = req
-            .headers()
-            .iter()
-            .map(|(n, v)| (n.clone(), v.clone()))
-            .collect();
-        // Stable: a repeated header keeps the order of its values.
-        headers.sort_by(|a, b| a.0.as_str().cmp(b.0.as_str()));
-        let url = req.url().as_str().to_owned();
+        let headers = (!req.headers().is_empty()).then(|| {
+            let mut headers: Vec<(HeaderName, HeaderValue)> = req
+                .headers()
+                .iter()
+                .map(|(n, v)| (n.clone(), v.clone()))
+                .collect();
+            // Stable: a repeated header keeps the order of its values.
+            headers.sort_by(|a, b| a.0.as_str().cmp(b.0.as_str()));
+            Arc::from(headers)
+        });
+        let url: Arc<str> = Arc::from(req.url().as_str());
         let timeout = req.timeout().copied();
         let version = req.version();
+        let hash = hash_of(
+            hasher,
+            partition,
+            req.method() == Method::HEAD,
+            version,
+            &url,
+            headers.as_deref().unwrap_or_default(),
+            timeout,
+        );
         Some(FlightKey {
-            hash: hasher.hash_one((partition, req.method(), version, &url, &headers, timeout)),
+            hash,
             partition: partition.clone(),
             method: req.method().clone(),
             version,
@@ -78,6 +94,58 @@ impl FlightKey {
             timeout,
         })
     }
+}
+
+/// A key's hash, in few writes: each write into the (SipHash) hasher has a fixed cost,
+/// so the small fields go in as one block of bytes. Equal keys hash equal; unequal ones
+/// that collide are still told apart by `Eq`.
+fn hash_of(
+    hasher: &impl BuildHasher,
+    partition: &Partition,
+    head: bool,
+    version: Version,
+    url: &str,
+    headers: &[(HeaderName, HeaderValue)],
+    timeout: Option<Duration>,
+) -> u64 {
+    let mut block = [0u8; 24];
+    block[0] = u8::from(head);
+    block[1] = [
+        Version::HTTP_09,
+        Version::HTTP_10,
+        Version::HTTP_11,
+        Version::HTTP_2,
+        Version::HTTP_3,
+    ]
+    .iter()
+    .position(|v| *v == version)
+    .map_or(u8::MAX, |i| i as u8);
+    if let Some(timeout) = timeout {
+        block[2] = 1;
+        block[3..11].copy_from_slice(&timeout.as_secs().to_le_bytes());
+        block[11..15].copy_from_slice(&timeout.subsec_nanos().to_le_bytes());
+    }
+    let mut h = hasher.build_hasher();
+    match partition {
+        Partition::Own(id) => {
+            block[16..24].copy_from_slice(&id.to_le_bytes());
+            h.write(&block);
+        }
+        Partition::Named(name) => {
+            block[15] = 1;
+            h.write(&block);
+            h.write(name.as_bytes());
+            h.write_u8(0xff);
+        }
+    }
+    h.write(url.as_bytes());
+    for (name, value) in headers {
+        h.write_u8(0xff);
+        h.write(name.as_str().as_bytes());
+        h.write_u8(0xff);
+        h.write(value.as_bytes());
+    }
+    h.finish()
 }
 
 impl Hash for FlightKey {

@@ -264,56 +264,85 @@ impl Stage for CoalesceGets {
                 None => self.flights.key(&req, &self.partition),
                 Some(_) => None,
             };
-            let Some(key) = key else {
-                return owner
-                    .poll_as(next, |next| next.run(req, extensions, handover))
-                    .await;
-            };
             // Each pass ends with a landing, or with the leader gone and this caller
-            // joining again: as the next leader, or behind it.
-            loop {
-                let landed = match self.flights.join(&key) {
-                    Joined::Follower(landed) => landed,
-                    Joined::Leader(leader) => {
-                        let sent = owner.poll_as(next, |next| next.run(req, extensions, handover));
-                        let result = sent.await;
-                        if stopped_by_its_own_deadline(&result, extensions) {
-                            // The sender's own limit, not the request's outcome: as a
-                            // dropped sender, it hands the request over (the first
-                            // follower sends it again).
-                            drop(leader);
-                            return result;
+            // joining again: as the next leader, or behind it. A caller that leads, or
+            // whose landing cannot be shared, sends the request below: the one place the
+            // inside's future is kept (one for three paths, each would size this one).
+            let mut leader = None;
+            if let Some(key) = &key {
+                loop {
+                    let landed = match self.flights.join(key) {
+                        Joined::Leader(sender) => {
+                            leader = Some(sender);
+                            break;
                         }
-                        return self.land(leader, result, extensions).await;
+                        Joined::Follower(landed) => landed,
+                    };
+                    // Boxed, as the reading of a shared body: a request nobody joined
+                    // (the common case) does not carry their futures' state.
+                    let landing = match Box::pin(wait_within_deadline(landed, extensions)).await? {
+                        Waited::Abandoned => continue,
+                        Waited::Landed(landing) => landing,
+                    };
+                    match follow(&landing, extensions) {
+                        Some(result) => return result,
+                        // Not shareable: this caller sends its own request.
+                        None => break,
                     }
-                };
-                let landing = match wait_within_deadline(landed, extensions).await? {
-                    Waited::Abandoned => continue,
-                    Waited::Landed(landing) => landing,
-                };
-                return match follow(&landing, extensions) {
-                    Some(result) => result,
-                    // Not shareable: this caller sends its own request.
-                    None => {
-                        owner
-                            .poll_as(next, |next| next.run(req, extensions, handover))
-                            .await
-                    }
-                };
+                }
             }
+            // Made where it is kept and pinned there (awaited by value, it would be moved
+            // once more).
+            let result = {
+                let sent =
+                    std::pin::pin!(owner.poll_as(next, |next| next.run(req, extensions, handover)));
+                sent.await
+            };
+            let Some(leader) = leader else {
+                return result;
+            };
+            if stopped_by_its_own_deadline(&result, extensions) {
+                // The sender's own limit, not the request's outcome: as a dropped sender,
+                // it hands the request over (the first follower sends it again).
+                drop(leader);
+                return result;
+            }
+            // Others joined a body that can be shared: it is read whole for them (out
+            // of the `match`, whose scrutinee would be kept across the `.await`).
+            let (leader, response, callers) = match self.land(leader, result, extensions) {
+                Landed::Now(result) => return result,
+                Landed::ToShare {
+                    leader,
+                    response,
+                    callers,
+                } => (leader, response, callers),
+            };
+            Box::pin(self.share(leader, response, callers, extensions)).await
         }
     }
 }
 
+/// How the leader's request landed at its response head.
+enum Landed<'f> {
+    /// Its result: no one joined, it failed, or its body is not shared.
+    Now(reqwest_middleware::Result<Response>),
+    /// `callers` share `response`, whose body is to be read whole first.
+    ToShare {
+        leader: flight::Leader<'f>,
+        response: Response,
+        callers: u32,
+    },
+}
+
 impl CoalesceGets {
-    /// The leader's part once its request ended: read the body, close the flight, tell
-    /// the followers, and hand the leader its own response.
-    async fn land(
-        &self,
-        mut leader: flight::Leader<'_>,
+    /// The leader's part once its request ended: close the flight and tell the followers
+    /// how it landed, unless its body is to be read for them first.
+    fn land<'f>(
+        &'f self,
+        mut leader: flight::Leader<'f>,
         result: reqwest_middleware::Result<Response>,
         extensions: &mut Extensions,
-    ) -> reqwest_middleware::Result<Response> {
+    ) -> Landed<'f> {
         let response = match result {
             Ok(response) => response,
             Err(e) => {
@@ -326,7 +355,7 @@ impl CoalesceGets {
                     record,
                     callers,
                 }));
-                return Err(e);
+                return Landed::Now(Err(e));
             }
         };
         // The flight closes at the response head: a caller that comes while the body is
@@ -334,15 +363,30 @@ impl CoalesceGets {
         // as it came, unread.
         let followers = leader.close();
         if followers == 0 {
-            return Ok(response);
+            return Landed::Now(Ok(response));
         }
         if !body::shareable(&response, self.max_body) {
             // A stream, a body over the bound, the caller's own answer: the sender gets
             // it as it came, at its head, and each follower sends its own request.
             leader.land(Arc::new(Landing::NotShared));
-            return Ok(response);
+            return Landed::Now(Ok(response));
         }
-        let callers = followers.saturating_add(1);
+        Landed::ToShare {
+            leader,
+            response,
+            callers: followers.saturating_add(1),
+        }
+    }
+
+    /// Reads `response`'s body whole for the `callers` that share it, tells the followers,
+    /// and hands the leader its own copy.
+    async fn share(
+        &self,
+        leader: flight::Leader<'_>,
+        response: Response,
+        callers: u32,
+        extensions: &mut Extensions,
+    ) -> reqwest_middleware::Result<Response> {
         match body::read(response, self.max_body).await {
             body::Read::Whole { head, url, body } => {
                 let shared = SharedResponse::new(head, url, body, Record::of(extensions), callers);

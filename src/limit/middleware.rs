@@ -12,7 +12,7 @@ use super::gradient::Sample;
 use super::registry::{Admission, LimitPermit, LimitRejection, LimiterRegistry};
 use crate::error::ResilienceError;
 use crate::record::{
-    Deadline, FailureKind, Inward, RequestEvidence, RequestRecord, Transmission,
+    AttemptClock, Deadline, FailureKind, Inward, RequestEvidence, RequestRecord, Transmission,
     record_attempt_cut, record_rejected_locally,
 };
 use crate::stage::CutAt;
@@ -140,7 +140,7 @@ fn rejected(rejection: LimitRejection, extensions: &mut Extensions) -> reqwest_m
 fn sample_of(
     evidence: Option<&RequestEvidence>,
     result: &reqwest_middleware::Result<Response>,
-    elapsed: Duration,
+    elapsed: impl FnOnce() -> Duration,
 ) -> Sample {
     let overload =
         |s: StatusCode| s == StatusCode::TOO_MANY_REQUESTS || s == StatusCode::SERVICE_UNAVAILABLE;
@@ -160,7 +160,7 @@ fn sample_of(
         // No transport step inside: the result speaks for itself.
         None => match result {
             Ok(r) if overload(r.status()) => Sample::Overload,
-            Ok(_) => Sample::Latency(elapsed),
+            Ok(_) => Sample::Latency(elapsed()),
             Err(reqwest_middleware::Error::Reqwest(e)) if e.is_timeout() => Sample::Overload,
             Err(_) => Sample::Ignored,
         },
@@ -206,44 +206,85 @@ impl Stage for ConcurrencyLimit {
                 }
                 Admission::Rejected(rejection) => return Err(rejected(rejection, extensions)),
             };
-            // Evidence left by an earlier attempt would otherwise be read as this one's when
-            // no transport step runs inside (the composed stack always has one).
-            if !handover.composed() {
-                let _ = RequestRecord::take_evidence(extensions);
-            }
-            let recorded_before = clock.as_ref().map(|clock| {
-                clock.restart(permit.admitted_at());
-                permit.on_clock(clock.clone());
-                RequestRecord::attempts_recorded(extensions)
-            });
-            let sent = owner.poll_as(next, |next| next.run(req, extensions, handover));
-            let result = match clock {
-                // No attempt clock, nothing to cut here: the attempt's future is awaited
-                // as it is (wrapped, it would be moved once more).
-                None => sent.await,
-                Some(clock) => match CutAt::on_clock(sent, None, Some(clock)).await {
-                    Ok(result) => result,
-                    Err(elapsed) => {
-                        // Cut by the attempt timeout (or the deadline) here, the innermost
-                        // gate: the evidence the retry's own cut would leave, and a timeout
-                        // for the limit (an overload signal).
-                        let started = permit.admitted_at();
-                        record_attempt_cut(
-                            extensions,
-                            &origin,
-                            recorded_before.unwrap_or(0),
-                            started,
-                        );
-                        permit.record(Sample::Overload);
-                        return Err(reqwest_middleware::Error::middleware(elapsed));
+            let recorded_before =
+                start_attempt(&mut permit, clock.as_ref(), extensions, handover.composed());
+            // The attempt's future is made once, where it is kept, and pinned there: the cut
+            // (with an attempt clock) holds only the pin (made first and handed to the cut,
+            // or awaited by value, the future would be moved again).
+            let outcome = {
+                let sent =
+                    std::pin::pin!(owner.poll_as(next, |next| next.run(req, extensions, handover)));
+                match clock {
+                    None => Ok(sent.await),
+                    Some(clock) => {
+                        let timer = crate::stage::cut_timer(None, Some(&clock));
+                        CutAt {
+                            inner: sent,
+                            timer,
+                            clock: Some(clock),
+                        }
+                        .await
                     }
-                },
+                }
             };
-            let elapsed = permit.admitted_at().elapsed();
-            let sample = sample_of(RequestEvidence::of(extensions), &result, elapsed);
+            let result = match outcome {
+                Ok(result) => result,
+                Err(elapsed) => {
+                    return Err(cut_here(
+                        permit,
+                        elapsed,
+                        extensions,
+                        &origin,
+                        recorded_before,
+                    ));
+                }
+            };
+            // The clock is read only when no evidence says how long the attempt took.
+            let admitted_at = permit.admitted_at();
+            let sample = sample_of(RequestEvidence::of(extensions), &result, || {
+                admitted_at.elapsed()
+            });
             hand_back(permit, sample, result)
         }
     }
+}
+
+/// The attempt starts under `permit`: on the attempt's `clock`, restarted from the
+/// admission, if it has one. How many attempts the history held before it (0 without a
+/// clock: only a cut reads it).
+#[inline]
+fn start_attempt(
+    permit: &mut LimitPermit,
+    clock: Option<&AttemptClock>,
+    extensions: &mut Extensions,
+    composed: bool,
+) -> usize {
+    // Evidence left by an earlier attempt would otherwise be read as this one's when no
+    // transport step runs inside (the composed stack always has one).
+    if !composed {
+        let _ = RequestRecord::take_evidence(extensions);
+    }
+    let Some(clock) = clock else {
+        return 0;
+    };
+    clock.restart(permit.admitted_at());
+    permit.on_clock(clock.clone());
+    RequestRecord::attempts_recorded(extensions)
+}
+
+/// An attempt cut by the attempt timeout (or the deadline) here, the innermost gate: the
+/// evidence the retry's own cut would leave, and a timeout for the limit (an overload
+/// signal).
+fn cut_here(
+    permit: LimitPermit,
+    elapsed: tokio::time::error::Elapsed,
+    extensions: &mut Extensions,
+    origin: &crate::Origin,
+    recorded_before: usize,
+) -> reqwest_middleware::Error {
+    record_attempt_cut(extensions, origin, recorded_before, permit.admitted_at());
+    permit.record(Sample::Overload);
+    reqwest_middleware::Error::middleware(elapsed)
 }
 
 /// `result`, the permit given back with `sample`: at once for an error or a response
@@ -299,12 +340,12 @@ mod tests {
             sample_of(
                 Some(&refused(NotProcessedProof::RefusedStream)),
                 &err,
-                ms(3)
+                || ms(3)
             ),
             Sample::Overload
         );
         assert_eq!(
-            sample_of(Some(&refused(NotProcessedProof::GoAway)), &err, ms(3)),
+            sample_of(Some(&refused(NotProcessedProof::GoAway)), &err, || ms(3)),
             Sample::Ignored
         );
     }
@@ -317,25 +358,25 @@ mod tests {
         ok.elapsed = ms(7);
         // The evidence's time wins over the middleware's own (which may include a token wait).
         assert_eq!(
-            sample_of(Some(&ok), &response(200), ms(90)),
+            sample_of(Some(&ok), &response(200), || ms(90)),
             Sample::Latency(ms(7))
         );
         for code in [429, 503] {
             let e = RequestEvidence::new(status(code), None, 1);
             assert_eq!(
-                sample_of(Some(&e), &response(code), ms(1)),
+                sample_of(Some(&e), &response(code), || ms(1)),
                 Sample::Overload
             );
         }
         let e = RequestEvidence::new(status(500), None, 1);
         assert_eq!(
-            sample_of(Some(&e), &response(500), ms(1)),
+            sample_of(Some(&e), &response(500), || ms(1)),
             Sample::Latency(ms(0))
         );
         let mut timeout = RequestEvidence::new(Transmission::Unknown, None, 1);
         timeout.failure = Some(FailureKind::Timeout);
         assert_eq!(
-            sample_of(Some(&timeout), &response(200), ms(1)),
+            sample_of(Some(&timeout), &response(200), || ms(1)),
             Sample::Overload
         );
         for kind in [
@@ -346,17 +387,20 @@ mod tests {
             FailureKind::ConcurrencyLimited,
         ] {
             let e = RequestEvidence::rejected_locally(kind, None, 1);
-            assert_eq!(sample_of(Some(&e), &response(200), ms(1)), Sample::Ignored);
+            assert_eq!(
+                sample_of(Some(&e), &response(200), || ms(1)),
+                Sample::Ignored
+            );
         }
         // Without evidence: the response itself.
         assert_eq!(
-            sample_of(None, &response(204), ms(3)),
+            sample_of(None, &response(204), || ms(3)),
             Sample::Latency(ms(3))
         );
-        assert_eq!(sample_of(None, &response(503), ms(3)), Sample::Overload);
+        assert_eq!(sample_of(None, &response(503), || ms(3)), Sample::Overload);
         let other = Err(reqwest_middleware::Error::middleware(
             std::io::Error::other("x"),
         ));
-        assert_eq!(sample_of(None, &other, ms(3)), Sample::Ignored);
+        assert_eq!(sample_of(None, &other, || ms(3)), Sample::Ignored);
     }
 }

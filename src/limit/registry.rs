@@ -184,15 +184,15 @@ impl Entry {
     /// Feeds `sample` to the limit, gives the permit back when `release`, and passes the
     /// room there is on to the waiters.
     fn settle(&self, sample: Sample, admitted_with: u32, release: bool) {
-        let now = Instant::now();
         let (change, in_flight) = {
             let mut st = lock(&self.state);
             if release {
                 st.in_flight = st.in_flight.saturating_sub(1);
             }
             let before = st.limit.get();
+            // Only an adaptive limit reads the clock.
             if let Limit::Adaptive(a) = &mut st.limit {
-                a.sample(now, sample, admitted_with);
+                a.sample(Instant::now(), sample, admitted_with);
             }
             let after = st.limit.get();
             st.grant();

@@ -141,8 +141,10 @@ impl<T: Stage + 'static, B: Stage + 'static, L: Stage + 'static> Composed<T, B, 
         req: Request,
         extensions: &'a mut Extensions,
         next: N,
-    ) -> impl std::future::Future<Output = reqwest_middleware::Result<reqwest::Response>> + Send + 'a
-    {
+    ) -> Made<
+        'a,
+        impl std::future::Future<Output = reqwest_middleware::Result<reqwest::Response>> + Send + 'a,
+    > {
         // The checks and the clean-up of an earlier request's state, once for every
         // stage. Here, as the future is made: the middleware outside made it as it will
         // poll it (`scope::Ownership::poll_as`).
@@ -150,9 +152,9 @@ impl<T: Stage + 'static, B: Stage + 'static, L: Stage + 'static> Composed<T, B, 
         let owner = match crate::stage::scope::enter(extensions, middleware, is_retry, req.url()) {
             Ok(owner) => owner,
             Err(refused) => {
-                return Either::Skip {
+                return Made::Inline(Either::Skip {
                     future: std::future::ready(Err(refused)),
-                };
+                });
             }
         };
         let resume = self
@@ -168,25 +170,30 @@ impl<T: Stage + 'static, B: Stage + 'static, L: Stage + 'static> Composed<T, B, 
         let inner = Nested::new(&self.observer, inner);
         // Installed always: here, or after the user's per-attempt middlewares.
         let handover = Handover::default().within_composed();
-        Either::Stage {
-            future: match resume {
-                None => Either::Stage {
-                    future: owner.poll_made_as(inner.run(req, extensions, handover)),
-                },
-                // A body that may be resumed (opt-in): its response is wrapped once it
-                // comes. Boxed, so that this rarer future does not size every request's
-                // (stage cost rule 2).
-                Some((resumer, candidate)) => Either::Skip {
-                    future: Box::pin(async move {
-                        let result = owner
-                            .poll_made_as(inner.run(req, &mut *extensions, handover))
-                            .await;
-                        resumer.finish(candidate, result, extensions)
-                    }),
-                },
-            },
+        match resume {
+            None => Made::Inline(Either::Stage {
+                future: owner.poll_made_as(inner.run(req, extensions, handover)),
+            }),
+            // A body that may be resumed (opt-in): its response is wrapped once it comes.
+            // Boxed, so that this rarer future does not size every request's (stage cost
+            // rule 2), and handed on as it is (not boxed again).
+            Some((resumer, candidate)) => Made::Boxed(Box::pin(async move {
+                let result = owner
+                    .poll_made_as(inner.run(req, &mut *extensions, handover))
+                    .await;
+                resumer.finish(candidate, result, extensions)
+            })),
         }
     }
+}
+
+/// A request's future through the composed stack, as [`Composed::run_request`] made it:
+/// to be boxed by the `Middleware` impl, or boxed already (a body that may be resumed).
+/// Boxed again, the latter would cost a second allocation the size of the inline future,
+/// which it does not use.
+enum Made<'a, F> {
+    Inline(F),
+    Boxed(Handled<'a>),
 }
 
 impl<T: Stage + 'static, B: Stage + 'static, L: Stage + 'static> Middleware for Composed<T, B, L> {
@@ -202,7 +209,10 @@ impl<T: Stage + 'static, B: Stage + 'static, L: Stage + 'static> Middleware for 
         'life2: 'async_trait,
         Self: 'async_trait,
     {
-        Box::pin(self.run_request(req, extensions, next))
+        match self.run_request(req, extensions, next) {
+            Made::Inline(future) => Box::pin(future),
+            Made::Boxed(future) => future,
+        }
     }
 }
 
@@ -222,7 +232,10 @@ impl<T: Stage + 'static, B: Stage + 'static, L: Stage + 'static>
         'life2: 'async_trait,
         Self: 'async_trait,
     {
-        crate::stage::astral::boxed_for_astral(self.run_request(req, extensions, next))
+        match self.run_request(req, extensions, next) {
+            Made::Inline(future) => crate::stage::astral::boxed_for_astral(future),
+            Made::Boxed(future) => crate::stage::astral::boxed_for_astral(future),
+        }
     }
 }
 

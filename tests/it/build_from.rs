@@ -592,7 +592,10 @@ async fn assert_harmless_replays_only(client: &reqwest_middleware::ClientWithMid
         .send()
         .await
         .unwrap();
-    assert_eq!((response.status().as_u16(), refused.requests_seen()), (201, 3));
+    assert_eq!(
+        (response.status().as_u16(), refused.requests_seen()),
+        (201, 3)
+    );
 
     let always = H2Server::start(|_| H2Action::GoAwayBelow).await;
     let _ = client.get(always.url("/")).send().await;

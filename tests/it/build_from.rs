@@ -506,14 +506,7 @@ async fn build_from_turns_reqwest_s_goaway_replays_off_when_the_stack_retries() 
         (Transmission::Unknown, Some(FailureKind::GoAway))
     );
 
-    let server = H2Server::start(|i| {
-        if i < 2 {
-            H2Action::GoAwayBelow
-        } else {
-            H2Action::Respond(200)
-        }
-    })
-    .await;
+    let server = twice_then(H2Action::GoAwayBelow, 200).await;
     let response = client.get(server.url("/")).send().await.unwrap();
     assert_eq!(response.status(), 200);
     assert_eq!(server.requests_seen(), 3);
@@ -566,26 +559,12 @@ async fn assert_harmless_replays_only(client: &reqwest_middleware::ClientWithMid
         (1, Transmission::Unknown, Some(FailureKind::GoAway))
     );
 
-    let get = H2Server::start(|i| {
-        if i < 2 {
-            H2Action::GoAwayBelow
-        } else {
-            H2Action::Respond(200)
-        }
-    })
-    .await;
+    let get = twice_then(H2Action::GoAwayBelow, 200).await;
     let response = client.get(get.url("/")).send().await.unwrap();
     assert_eq!((response.status().as_u16(), get.requests_seen()), (200, 3));
     assert_eq!(AttemptHistory::of_response(&response).unwrap().len(), 1);
 
-    let refused = H2Server::start(|i| {
-        if i < 2 {
-            H2Action::RefuseStream
-        } else {
-            H2Action::Respond(201)
-        }
-    })
-    .await;
+    let refused = twice_then(H2Action::RefuseStream, 201).await;
     let response = client
         .post(refused.url("/pay"))
         .body("1 EUR")
@@ -622,4 +601,16 @@ async fn recorded_client_keeps_only_reqwest_s_harmless_replays() {
         .with(reqwest_resilience::TransportEvidence::new())
         .build();
     assert_harmless_replays_only(&client).await;
+}
+
+/// A scripted HTTP/2 server whose first two streams meet `first`, answered `status` after.
+async fn twice_then(first: support::h2::H2Action, status: u16) -> support::h2::H2Server {
+    support::h2::H2Server::start(move |i| {
+        if i < 2 {
+            first
+        } else {
+            support::h2::H2Action::Respond(status)
+        }
+    })
+    .await
 }

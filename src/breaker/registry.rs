@@ -74,7 +74,7 @@ pub struct BreakerSnapshot {
 /// A request that its origin's breaker turned away; it was not sent.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
-pub struct BreakerRejection {
+pub(crate) struct BreakerRejection {
     /// Whose breaker.
     pub origin: Origin,
     /// Why.
@@ -305,7 +305,7 @@ struct RegistryState {
 /// policy with no failure counted), so the common request takes no mutex. Anything else
 /// (a failure, a pause, a probe, an Open or Isolated breaker, the failure-ratio policy's
 /// successes) takes that origin's own mutex to ask its `Breaker`, which stays the one
-/// source of truth. A [`BreakerPermit`] borrows the registry instead of cloning it, so no
+/// source of truth. An attempt's permit borrows the registry instead of cloning it, so no
 /// reference count is shared by all requests. No lock covers the whole registry, two
 /// origins only meet on a shard's read lock (shared, never held across an await), and a
 /// new origin takes its shard's write lock once.
@@ -434,7 +434,7 @@ impl BreakerRegistry {
     ///
     /// The [`BreakerPermit`] must be given its outcome with [`BreakerPermit::record`];
     /// dropped without one, it frees its HalfOpen probe slot.
-    pub fn acquire<'a>(
+    pub(crate) fn acquire<'a>(
         &'a self,
         origin: &'a Origin,
     ) -> Result<BreakerPermit<'a>, BreakerRejection> {
@@ -623,7 +623,7 @@ impl BreakerRegistry {
 /// that held it across the request was dropped) gives its slot back: a HalfOpen probe
 /// slot is freed for the next request, and nothing is counted.
 #[must_use = "record the outcome, or the attempt is not counted"]
-pub struct BreakerPermit<'a> {
+pub(crate) struct BreakerPermit<'a> {
     // Borrowed, not cloned: cloning the registry's `Arc` on every request would make its
     // reference count one cache line that every thread writes.
     registry: &'a BreakerRegistry,
@@ -645,23 +645,24 @@ impl fmt::Debug for BreakerPermit<'_> {
 
 impl BreakerPermit<'_> {
     /// Whether this attempt is a HalfOpen probe.
-    pub fn is_probe(&self) -> bool {
+    pub(crate) fn is_probe(&self) -> bool {
         self.ticket.is_some_and(|t| t.is_probe())
     }
 
     /// The origin the permit is for.
-    pub fn origin(&self) -> &Origin {
+    #[cfg(test)]
+    pub(crate) fn origin(&self) -> &Origin {
         self.origin
     }
 
     /// Counts the attempt's outcome (not timed: see [`record_timed`](Self::record_timed)).
-    pub fn record(self, outcome: Outcome) {
+    pub(crate) fn record(self, outcome: Outcome) {
         self.record_with_pause(outcome, None, None);
     }
 
     /// Counts the attempt's outcome and how long it took, from leaving for the network to
     /// its response head (see [`SlowCalls`](super::SlowCalls)).
-    pub fn record_timed(self, outcome: Outcome, took: Duration) {
+    pub(crate) fn record_timed(self, outcome: Outcome, took: Duration) {
         self.record_with_pause(outcome, Some(took), None);
     }
 

@@ -310,10 +310,11 @@ struct RegistryState {
 /// origins only meet on a shard's read lock (shared, never held across an await), and a
 /// new origin takes its shard's write lock once.
 ///
-/// Measured (`cargo bench --bench breaker`, release, a shared 2-core machine): 84–89 ns
-/// for `acquire` + `record` on the Closed path (110 ns when it took the mutex twice) and
-/// 79–82 ns for an Open rejection (about twice that under heavy load); a rejection
-/// through the whole middleware, evidence and error included, 370–390 ns.
+/// Measured (release, a shared 2-core machine): 84–89 ns for an attempt's admission and
+/// its record on the Closed path (110 ns when it took the mutex twice) and 79–82 ns for
+/// an Open rejection in the registry (about twice that under heavy load); a rejection
+/// through the whole middleware, evidence and error included, 370–390 ns
+/// (`cargo bench --bench breaker` measures through the middleware).
 ///
 /// # Bounds
 ///
@@ -340,24 +341,28 @@ struct RegistryState {
 ///
 /// # Example
 ///
+/// Two clients sharing one breaker per origin (what one sees trips it for both), an
+/// origin taken out of service by hand and put back:
+///
 /// ```
-/// use reqwest_resilience::Origin;
-/// use reqwest_resilience::breaker::{
-///     BreakerConfig, BreakerRegistry, BreakerState, Outcome, RejectReason,
-/// };
+/// use reqwest_resilience::{Origin, Resilience};
+/// use reqwest_resilience::breaker::{BreakerConfig, BreakerRegistry, BreakerState};
 ///
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// let registry = BreakerRegistry::new(BreakerConfig::default())?;
+/// let a = Resilience::new()
+///     .breaker(registry.clone())
+///     .build_from(reqwest::Client::builder())?;
+/// let b = Resilience::new()
+///     .breaker(registry.clone())
+///     .build_from(reqwest::Client::builder())?;
 /// let origin = Origin::parse("https://api.example.com")?;
-/// for _ in 0..5 {
-///     registry.acquire(&origin)?.record(Outcome::Failure);
-/// }
-/// assert_eq!(registry.state(&origin), Some(BreakerState::Open));
-/// let rejected = registry.acquire(&origin).unwrap_err();
-/// assert_eq!(rejected.reason, RejectReason::Open);
-/// // The first probe is due when the 30 s open period ends.
-/// assert!(rejected.retry_in.is_some_and(|d| d <= std::time::Duration::from_secs(30)));
-/// # Ok(()) }
+/// // Every request of `a` and `b` to the origin now fails fast, unsent.
+/// assert!(registry.isolate(&origin));
+/// assert_eq!(registry.state(&origin), Some(BreakerState::Isolated));
+/// registry.reset(&origin);
+/// assert_eq!(registry.state(&origin), Some(BreakerState::Closed));
+/// # drop((a, b)); Ok(()) }
 /// ```
 #[derive(Clone)]
 pub struct BreakerRegistry {

@@ -436,6 +436,21 @@ fn a_pause_or_isolation_stops_every_lock_free_acquire_that_starts_after_it() {
     }
 }
 
+/// The registry's former doc example: five failures open the default breaker; the next
+/// attempt is turned away, with the first probe due within the 30 s open period.
+#[tokio::test]
+async fn five_failures_open_the_default_breaker_and_the_next_attempt_is_turned_away() {
+    let registry = BreakerRegistry::new(BreakerConfig::default()).unwrap();
+    let origin = Origin::parse("https://api.example.com").unwrap();
+    for _ in 0..5 {
+        registry.acquire(&origin).unwrap().record(Outcome::Failure);
+    }
+    assert_eq!(registry.state(&origin), Some(BreakerState::Open));
+    let rejected = registry.acquire(&origin).unwrap_err();
+    assert_eq!(rejected.reason, RejectReason::Open);
+    assert!(rejected.retry_in.is_some_and(|d| d <= 30 * S));
+}
+
 // ---------------------------------------------------------------------------------------
 // The `tracing` events
 

@@ -331,8 +331,8 @@ struct RegistryState {
 /// nothing on the heap; with [`slow_calls`](BreakerConfig::slow_calls), its slow-call
 /// window of 136 bytes besides, made on the first timed call) in an `Arc<Mutex<_>>` beside two atomic words (the lock-free
 /// summary and the last use), plus the map slot (the [`Origin`] key and the `Arc`) and
-/// the origin's text; [`BreakerRegistry::BYTES_PER_ORIGIN`] (329 bytes) adds up the fixed
-/// part. The text is bounded too: a host over [`Origin::MAX_HOST_LEN`] (255) bytes or a
+/// the origin's text; the fixed part adds up to 329 bytes. The text is bounded too: a
+/// host over [`Origin::MAX_HOST_LEN`] (255) bytes or a
 /// scheme over [`Origin::MAX_SCHEME_LEN`] (32) has no origin
 /// ([`OriginError::TooLong`](crate::origin::OriginError::TooLong)), so no breaker, so
 /// one origin costs at most 329 + 300 bytes, and a registry at most `max_origins` times
@@ -392,7 +392,7 @@ impl BreakerRegistry {
     /// The fixed memory of one tracked origin, in bytes: the `Arc<Entry>` allocation
     /// (counts + mutex + `Breaker` + two atomic words) and the map slot (key, value, control byte). The
     /// origin's text (about 16 bytes plus its length) comes on top.
-    pub const BYTES_PER_ORIGIN: usize = 2 * std::mem::size_of::<usize>()
+    pub(crate) const BYTES_PER_ORIGIN: usize = 2 * std::mem::size_of::<usize>()
         + std::mem::size_of::<Entry>()
         + std::mem::size_of::<(Origin, Arc<()>)>()
         + 1;

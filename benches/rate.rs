@@ -22,6 +22,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use http::{HeaderMap, HeaderValue};
+use reqwest::ResponseBuilderExt;
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware};
 use reqwest_resilience::rate::{Rate, RateLimit, RateLimitConfig, RateLimitRegistry};
 
@@ -40,19 +41,21 @@ fn timed(n: u32, mut f: impl FnMut(u32)) -> f64 {
     started.elapsed().as_nanos() as f64 / f64::from(n)
 }
 
-/// Stands in for the network: a `200` with these header fields.
+/// Stands in for the network: a `200` from the request's URL with these header fields
+/// (the URL matters: the rate limit learns only from its origin's answers).
 struct Answer(HeaderMap);
 
 #[async_trait::async_trait]
 impl reqwest_middleware::Middleware for Answer {
     async fn handle(
         &self,
-        _: reqwest::Request,
+        req: reqwest::Request,
         _: &mut http::Extensions,
         _: reqwest_middleware::Next<'_>,
     ) -> reqwest_middleware::Result<reqwest::Response> {
         let mut response = http::Response::builder()
             .status(200)
+            .url(req.url().clone())
             .body("")
             .expect("a response");
         *response.headers_mut() = self.0.clone();
@@ -152,6 +155,13 @@ async fn stacks(one: &[reqwest::Request], plain: &HeaderMap) -> Stacks {
 }
 
 fn main() {
+    // anyhow captures a backtrace in every error it creates when RUST_BACKTRACE or
+    // RUST_LIB_BACKTRACE asks for one (microseconds each): measure the production
+    // setting unless RUST_LIB_BACKTRACE was chosen explicitly (as the breaker bench).
+    if std::env::var_os("RUST_LIB_BACKTRACE").is_none() {
+        // SAFETY: first statement of main, before any other thread exists.
+        unsafe { std::env::set_var("RUST_LIB_BACKTRACE", "0") };
+    }
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .build()

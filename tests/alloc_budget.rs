@@ -228,10 +228,6 @@ async fn extra_per_failed_request(client: &ClientWithMiddleware) -> f64 {
 #[tokio::test]
 async fn a_request_rejected_by_the_limiter_allocates_less_than_an_admitted_one() {
     use reqwest_resilience::limit::{ConcurrencyLimit, LimiterConfig, LimiterRegistry};
-    let full = LimiterRegistry::new(LimiterConfig::fixed(1)).unwrap();
-    let _held = full
-        .try_acquire(&Origin::parse(URL).unwrap())
-        .expect("the one permit");
     let through = |registry: &LimiterRegistry| {
         ClientBuilder::new(reqwest_client())
             .with(ConcurrencyLimit::new(registry.clone()))
@@ -239,6 +235,17 @@ async fn a_request_rejected_by_the_limiter_allocates_less_than_an_admitted_one()
             .with(Answer200)
             .build()
     };
+    // The one permit, held by a request that is never answered (parked before counting).
+    let full = LimiterRegistry::new(LimiterConfig::fixed(1)).unwrap();
+    let holder = ClientBuilder::new(reqwest_client())
+        .with(ConcurrencyLimit::new(full.clone()))
+        .with(NeverAnswers)
+        .build();
+    let held = tokio::spawn(async move { holder.get(URL).send().await });
+    let origin = Origin::parse(URL).unwrap();
+    while full.get(&origin).is_none_or(|s| s.in_flight == 0) {
+        tokio::task::yield_now().await;
+    }
     let error = allocations_of_one_middleware_error() as f64;
     let rejected = extra_per_failed_request(&through(&full)).await - error;
     let open = LimiterRegistry::new(LimiterConfig::fixed(1_000)).unwrap();
@@ -251,4 +258,20 @@ async fn a_request_rejected_by_the_limiter_allocates_less_than_an_admitted_one()
     // The transport step's 7 and the limiter's boxed future.
     assert_eq!(admitted, 8.0 + METRICS_ATTEMPT);
     assert!(rejected < admitted);
+    held.abort();
+}
+
+/// An innermost middleware that never answers: its request keeps its limiter permit.
+struct NeverAnswers;
+
+#[async_trait::async_trait]
+impl reqwest_middleware::Middleware for NeverAnswers {
+    async fn handle(
+        &self,
+        _: reqwest::Request,
+        _: &mut http::Extensions,
+        _: reqwest_middleware::Next<'_>,
+    ) -> reqwest_middleware::Result<reqwest::Response> {
+        std::future::pending().await
+    }
 }

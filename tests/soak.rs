@@ -1,6 +1,7 @@
 //! Soak: mixed traffic for minutes with 10⁶ distinct origins cycling through one bounded
-//! `BreakerRegistry` (through its acquire/record/pause API, no network), while loopback
-//! requests go through the full stack sharing that registry. Resident memory must stay flat
+//! `BreakerRegistry` (through the breaker middleware, ending in a stand-in transport that
+//! answers without a network, and the registry's `pause`), while loopback requests go
+//! through the full stack sharing that registry. Resident memory must stay flat
 //! once the registry is full: the registry forgets cold breakers instead of growing.
 //!
 //! Not in CI (it runs for minutes):
@@ -18,7 +19,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-use reqwest_resilience::breaker::{BreakerConfig, BreakerRegistry, BreakerState, Outcome};
+use http::Extensions;
+use reqwest::{Request, Response, ResponseBuilderExt};
+use reqwest_middleware::{ClientBuilder, Middleware, Next};
+use reqwest_resilience::breaker::{
+    BreakerConfig, BreakerRegistry, BreakerState, CircuitBreakerMiddleware,
+};
 use reqwest_resilience::{Origin, Resilience};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
@@ -73,6 +79,33 @@ async fn tiny_server() -> (std::net::SocketAddr, tokio::task::JoinHandle<()>) {
         }
     });
     (addr, task)
+}
+
+/// The end of the churn's stack: `500` for a request carrying `x-fail`, else `200`,
+/// without a network (10⁶ origins cannot all be loopback servers).
+struct Answer;
+
+#[async_trait::async_trait]
+impl Middleware for Answer {
+    async fn handle(
+        &self,
+        req: Request,
+        _: &mut Extensions,
+        _: Next<'_>,
+    ) -> reqwest_middleware::Result<Response> {
+        let status = if req.headers().contains_key("x-fail") {
+            500
+        } else {
+            200
+        };
+        Ok(Response::from(
+            http::Response::builder()
+                .status(status)
+                .url(req.url().clone())
+                .body(Vec::<u8>::new())
+                .unwrap(),
+        ))
+    }
 }
 
 struct Soak {
@@ -149,23 +182,28 @@ fn soak(s: Soak) -> SoakReport {
             });
         }
 
-        // Registry churn: origin i of 10⁶, one attempt each, about 1 % failures (so some
-        // breakers open and must be kept), and now and then a server-directed pause.
+        // Registry churn: origin i of 10⁶, one attempt each through the breaker middleware,
+        // about 1 % failures (so some breakers open and must be kept), and now and then a
+        // server-directed pause.
         let churn = {
             let (registry, http_requests) = (registry.clone(), http_requests.clone());
+            let breaker = ClientBuilder::new(reqwest::Client::new())
+                .with(CircuitBreakerMiddleware::new(registry.clone()))
+                .with(Answer)
+                .build();
             tokio::spawn(async move {
                 let (mut ops, mut i, mut rss_warm, mut cycles) = (0u64, 0u64, 0u64, 0u64);
                 let started = std::time::Instant::now();
                 while !done(s.until, cycles, &http_requests, started) {
-                    let origin =
-                        Origin::parse(&format!("https://h{}.example.test", i % s.origins)).unwrap();
-                    if let Ok(permit) = registry.acquire(&origin) {
-                        let outcome = if i % 97 < 5 {
-                            Outcome::Failure
-                        } else {
-                            Outcome::Success
-                        };
-                        permit.record(outcome);
+                    let url = format!("https://h{}.example.test/", i % s.origins);
+                    let origin = Origin::parse(&url).unwrap();
+                    let mut request = breaker.get(&url);
+                    if i % 97 < 5 {
+                        request = request.header("x-fail", "1");
+                    }
+                    // An open breaker turns the request away: an `Err`, as `acquire`'s was.
+                    if let Ok(response) = request.send().await {
+                        assert_eq!(response.status(), if i % 97 < 5 { 500 } else { 200 });
                     }
                     if i.is_multiple_of(10_007) {
                         registry.pause(&origin, Duration::from_millis(50));

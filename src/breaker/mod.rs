@@ -108,15 +108,15 @@ mod middleware;
 mod policy;
 mod registry;
 mod state;
+#[cfg(test)]
+mod tests;
 
 use std::time::Duration;
 
 pub use config::{BreakerConfig, OpenGrowth, PauseMode, SlowCalls};
 pub use middleware::CircuitBreakerMiddleware;
 pub use policy::{AttemptClassifier, DefaultClassifier, Outcome, TripPolicy};
-pub use registry::{
-    BreakerEvent, BreakerPermit, BreakerRegistry, BreakerRejection, BreakerSnapshot,
-};
+pub use registry::{BreakerEvent, BreakerRegistry, BreakerSnapshot};
 pub use state::{BreakerState, RejectReason, TripCause};
 
 pub use crate::record::RetryIn;

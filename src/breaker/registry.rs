@@ -74,7 +74,7 @@ pub struct BreakerSnapshot {
 /// A request that its origin's breaker turned away; it was not sent.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
-pub struct BreakerRejection {
+pub(crate) struct BreakerRejection {
     /// Whose breaker.
     pub origin: Origin,
     /// Why.
@@ -305,15 +305,16 @@ struct RegistryState {
 /// policy with no failure counted), so the common request takes no mutex. Anything else
 /// (a failure, a pause, a probe, an Open or Isolated breaker, the failure-ratio policy's
 /// successes) takes that origin's own mutex to ask its `Breaker`, which stays the one
-/// source of truth. A [`BreakerPermit`] borrows the registry instead of cloning it, so no
+/// source of truth. An attempt's permit borrows the registry instead of cloning it, so no
 /// reference count is shared by all requests. No lock covers the whole registry, two
 /// origins only meet on a shard's read lock (shared, never held across an await), and a
 /// new origin takes its shard's write lock once.
 ///
-/// Measured (`cargo bench --bench breaker`, release, a shared 2-core machine): 84–89 ns
-/// for `acquire` + `record` on the Closed path (110 ns when it took the mutex twice) and
-/// 79–82 ns for an Open rejection (about twice that under heavy load); a rejection
-/// through the whole middleware, evidence and error included, 370–390 ns.
+/// Measured (release, a shared 2-core machine): 84–89 ns for an attempt's admission and
+/// its record on the Closed path (110 ns when it took the mutex twice) and 79–82 ns for
+/// an Open rejection in the registry (about twice that under heavy load); a rejection
+/// through the whole middleware, evidence and error included, 370–390 ns
+/// (`cargo bench --bench breaker` measures through the middleware).
 ///
 /// # Bounds
 ///
@@ -330,8 +331,8 @@ struct RegistryState {
 /// nothing on the heap; with [`slow_calls`](BreakerConfig::slow_calls), its slow-call
 /// window of 136 bytes besides, made on the first timed call) in an `Arc<Mutex<_>>` beside two atomic words (the lock-free
 /// summary and the last use), plus the map slot (the [`Origin`] key and the `Arc`) and
-/// the origin's text; [`BreakerRegistry::BYTES_PER_ORIGIN`] (329 bytes) adds up the fixed
-/// part. The text is bounded too: a host over [`Origin::MAX_HOST_LEN`] (255) bytes or a
+/// the origin's text; the fixed part adds up to 329 bytes. The text is bounded too: a
+/// host over [`Origin::MAX_HOST_LEN`] (255) bytes or a
 /// scheme over [`Origin::MAX_SCHEME_LEN`] (32) has no origin
 /// ([`OriginError::TooLong`](crate::origin::OriginError::TooLong)), so no breaker, so
 /// one origin costs at most 329 + 300 bytes, and a registry at most `max_origins` times
@@ -340,24 +341,28 @@ struct RegistryState {
 ///
 /// # Example
 ///
+/// Two clients sharing one breaker per origin (what one sees trips it for both), an
+/// origin taken out of service by hand and put back:
+///
 /// ```
-/// use reqwest_resilience::Origin;
-/// use reqwest_resilience::breaker::{
-///     BreakerConfig, BreakerRegistry, BreakerState, Outcome, RejectReason,
-/// };
+/// use reqwest_resilience::{Origin, Resilience};
+/// use reqwest_resilience::breaker::{BreakerConfig, BreakerRegistry, BreakerState};
 ///
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// let registry = BreakerRegistry::new(BreakerConfig::default())?;
+/// let a = Resilience::new()
+///     .breaker(registry.clone())
+///     .build_from(reqwest::Client::builder())?;
+/// let b = Resilience::new()
+///     .breaker(registry.clone())
+///     .build_from(reqwest::Client::builder())?;
 /// let origin = Origin::parse("https://api.example.com")?;
-/// for _ in 0..5 {
-///     registry.acquire(&origin)?.record(Outcome::Failure);
-/// }
-/// assert_eq!(registry.state(&origin), Some(BreakerState::Open));
-/// let rejected = registry.acquire(&origin).unwrap_err();
-/// assert_eq!(rejected.reason, RejectReason::Open);
-/// // The first probe is due when the 30 s open period ends.
-/// assert!(rejected.retry_in.is_some_and(|d| d <= std::time::Duration::from_secs(30)));
-/// # Ok(()) }
+/// // Every request of `a` and `b` to the origin now fails fast, unsent.
+/// assert!(registry.isolate(&origin));
+/// assert_eq!(registry.state(&origin), Some(BreakerState::Isolated));
+/// registry.reset(&origin);
+/// assert_eq!(registry.state(&origin), Some(BreakerState::Closed));
+/// # drop((a, b)); Ok(()) }
 /// ```
 #[derive(Clone)]
 pub struct BreakerRegistry {
@@ -387,7 +392,7 @@ impl BreakerRegistry {
     /// The fixed memory of one tracked origin, in bytes: the `Arc<Entry>` allocation
     /// (counts + mutex + `Breaker` + two atomic words) and the map slot (key, value, control byte). The
     /// origin's text (about 16 bytes plus its length) comes on top.
-    pub const BYTES_PER_ORIGIN: usize = 2 * std::mem::size_of::<usize>()
+    pub(crate) const BYTES_PER_ORIGIN: usize = 2 * std::mem::size_of::<usize>()
         + std::mem::size_of::<Entry>()
         + std::mem::size_of::<(Origin, Arc<()>)>()
         + 1;
@@ -434,7 +439,7 @@ impl BreakerRegistry {
     ///
     /// The [`BreakerPermit`] must be given its outcome with [`BreakerPermit::record`];
     /// dropped without one, it frees its HalfOpen probe slot.
-    pub fn acquire<'a>(
+    pub(crate) fn acquire<'a>(
         &'a self,
         origin: &'a Origin,
     ) -> Result<BreakerPermit<'a>, BreakerRejection> {
@@ -623,7 +628,7 @@ impl BreakerRegistry {
 /// that held it across the request was dropped) gives its slot back: a HalfOpen probe
 /// slot is freed for the next request, and nothing is counted.
 #[must_use = "record the outcome, or the attempt is not counted"]
-pub struct BreakerPermit<'a> {
+pub(crate) struct BreakerPermit<'a> {
     // Borrowed, not cloned: cloning the registry's `Arc` on every request would make its
     // reference count one cache line that every thread writes.
     registry: &'a BreakerRegistry,
@@ -645,23 +650,24 @@ impl fmt::Debug for BreakerPermit<'_> {
 
 impl BreakerPermit<'_> {
     /// Whether this attempt is a HalfOpen probe.
-    pub fn is_probe(&self) -> bool {
+    pub(crate) fn is_probe(&self) -> bool {
         self.ticket.is_some_and(|t| t.is_probe())
     }
 
     /// The origin the permit is for.
-    pub fn origin(&self) -> &Origin {
+    #[cfg(test)]
+    pub(crate) fn origin(&self) -> &Origin {
         self.origin
     }
 
     /// Counts the attempt's outcome (not timed: see [`record_timed`](Self::record_timed)).
-    pub fn record(self, outcome: Outcome) {
+    pub(crate) fn record(self, outcome: Outcome) {
         self.record_with_pause(outcome, None, None);
     }
 
     /// Counts the attempt's outcome and how long it took, from leaving for the network to
     /// its response head (see [`SlowCalls`](super::SlowCalls)).
-    pub fn record_timed(self, outcome: Outcome, took: Duration) {
+    pub(crate) fn record_timed(self, outcome: Outcome, took: Duration) {
         self.record_with_pause(outcome, Some(took), None);
     }
 

@@ -35,7 +35,7 @@ use tokio::time::Instant;
 ///   relearns a server that really got slower. A client that never fills its limit
 ///   (application limited) is not probed while its windows confirm the reference, so a
 ///   healthy origin pays nothing.
-/// - An **overload signal** (a `429`, a `503`, a timeout: [`Sample::Overload`]) in a
+/// - An **overload signal** (a `429`, a `503`, a timeout) in a
 ///   window cuts the limit by [`Gradient::backoff_ratio`] (0.9), the multiplicative
 ///   decrease of Netflix's `AIMDLimit` and TCP: a server that says it is overloaded is
 ///   believed before its latency shows it. Once per window, so a burst of `503`s is one
@@ -243,7 +243,7 @@ impl Gradient {
 /// What one attempt tells the limit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
-pub enum Sample {
+pub(crate) enum Sample {
     /// The attempt was answered after this latency (time to the response head).
     Latency(Duration),
     /// The server signalled overload: a `429`, a `503`, or a timeout.

@@ -17,8 +17,7 @@
 //! - [`LimiterConfig`]: the policy, a bounded wait queue with its own timeout (default:
 //!   no queue, fail fast), the bound on origins.
 //! - [`LimiterRegistry`] (`registry.rs`): one limit per [`Origin`](crate::Origin),
-//!   bounded, shared across clients, with a [`snapshot`](LimiterRegistry::snapshot); the
-//!   RAII [`LimitPermit`].
+//!   bounded, shared across clients, with a [`snapshot`](LimiterRegistry::snapshot).
 //! - [`ConcurrencyLimit`] (`middleware.rs`): the `reqwest_middleware` step.
 //!
 //! # Place in the stack
@@ -70,14 +69,16 @@ mod config;
 mod gradient;
 mod middleware;
 mod registry;
+#[cfg(test)]
+mod tests;
 
 use std::time::Duration;
 
 pub use config::{LimitPolicy, LimiterConfig};
-pub use gradient::{Gradient, Sample};
+pub use gradient::Gradient;
 pub use middleware::ConcurrencyLimit;
 pub(crate) use middleware::LimitChoice;
-pub use registry::{LimitPermit, LimitRejection, LimitSnapshot, LimiterRegistry};
+pub use registry::{LimitSnapshot, LimiterRegistry};
 
 /// Instants are added to configured durations; a year keeps every sum far inside the
 /// clock's range.

@@ -38,7 +38,7 @@ pub struct LimitSnapshot {
 /// A request that its origin's concurrency limit turned away; it was not sent.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
-pub struct LimitRejection {
+pub(crate) struct LimitRejection {
     /// Where the request was going.
     pub origin: Origin,
     /// The limit at the rejection.
@@ -264,8 +264,8 @@ struct RegistryState {
 /// is common), an origin's limit is evictable on other grounds (nothing in flight and no
 /// one waiting, versus a Closed breaker), and the breaker's documented memory per origin
 /// does not grow for users who never limit. The price is a second lookup per attempt when
-/// both are on: a rejection by [`try_acquire`](Self::try_acquire), lookup included, is
-/// about 1 000 instructions (110–420 ns on a loaded 2-core machine; `benches/overload.rs`).
+/// both are on: a rejection, lookup included, is about 1 000 instructions (110–420 ns on a
+/// loaded 2-core machine).
 ///
 /// # Bounds
 ///
@@ -283,20 +283,26 @@ struct RegistryState {
 ///
 /// # Example
 ///
-/// ```
-/// use reqwest_resilience::Origin;
-/// use reqwest_resilience::limit::{LimiterConfig, LimiterRegistry, Sample};
+/// Two clients sharing a bulkhead of 2 attempts in flight to each origin, and what the
+/// registry knows of an origin:
 ///
-/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// ```
+/// use reqwest_resilience::{Origin, Resilience};
+/// use reqwest_resilience::limit::{LimiterConfig, LimiterRegistry};
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// let registry = LimiterRegistry::new(LimiterConfig::fixed(2))?;
+/// let a = Resilience::new()
+///     .concurrency_limit(registry.clone())
+///     .build_from(reqwest::Client::builder())?;
+/// let b = Resilience::new()
+///     .concurrency_limit(registry.clone())
+///     .build_from(reqwest::Client::builder())?;
+/// // Nothing sent yet: no origin has a limit of its own.
 /// let origin = Origin::parse("https://api.example.com")?;
-/// let a = registry.try_acquire(&origin)?;
-/// let _b = registry.try_acquire(&origin)?;
-/// let full = registry.try_acquire(&origin).unwrap_err();
-/// assert_eq!((full.limit, full.in_flight), (2, 2));
-/// a.record(Sample::Latency(std::time::Duration::from_millis(5)));
-/// assert_eq!(registry.get(&origin).unwrap().in_flight, 1);
-/// # Ok(()) }
+/// assert!(registry.get(&origin).is_none());
+/// assert!(registry.snapshot().is_empty());
+/// # drop((a, b)); Ok(()) }
 /// ```
 #[derive(Clone)]
 pub struct LimiterRegistry {
@@ -356,7 +362,8 @@ impl LimiterRegistry {
 
     /// Takes a permit for one attempt to `origin` if the limit allows it now, never
     /// waiting (whatever the queue configuration says).
-    pub fn try_acquire(&self, origin: &Origin) -> Result<LimitPermit, LimitRejection> {
+    #[cfg(test)]
+    pub(crate) fn try_acquire(&self, origin: &Origin) -> Result<LimitPermit, LimitRejection> {
         match self.admit(origin, None, false) {
             Admission::Admitted(permit) => Ok(permit),
             Admission::Rejected(r) => Err(r),
@@ -376,7 +383,8 @@ impl LimiterRegistry {
     ///
     /// Dropping the future gives up the place in the queue; a permit granted to it in
     /// the same instant is passed on to the next waiter, never lost.
-    pub async fn acquire(
+    #[cfg(test)]
+    pub(crate) async fn acquire(
         &self,
         origin: &Origin,
         deadline: Option<Instant>,
@@ -609,7 +617,7 @@ impl Drop for Queued {
 ///
 /// [`ConcurrencyLimit`]: super::ConcurrencyLimit
 #[must_use = "record the attempt's outcome, or the limit learns nothing from it"]
-pub struct LimitPermit {
+pub(crate) struct LimitPermit {
     entry: Arc<Entry>,
     admitted_with: u32,
     deadline: Option<Instant>,
@@ -673,19 +681,13 @@ impl LimitPermit {
         cut.is_some_and(|d| self.admitted_at < d && Instant::now() >= d)
     }
 
-    /// How many attempts were in flight to the origin when this one was admitted
-    /// (itself included).
-    pub fn admitted_with(&self) -> u32 {
-        self.admitted_with
-    }
-
     /// When the permit was taken.
-    pub fn admitted_at(&self) -> Instant {
+    pub(crate) fn admitted_at(&self) -> Instant {
         self.admitted_at
     }
 
     /// Gives the permit back with what the attempt showed.
-    pub fn record(mut self, sample: Sample) {
+    pub(crate) fn record(mut self, sample: Sample) {
         self.armed = false;
         self.entry.release(sample, self.admitted_with);
     }

@@ -12,7 +12,7 @@
 //! - `schedule.rs`: one origin's rate as pure arithmetic (GCRA, the server's allowance,
 //!   the probe), the clock passed in.
 //! - [`RateLimitRegistry`] (`registry.rs`): one rate per [`Origin`](crate::Origin),
-//!   bounded, shared across clients; [`Ticket`], a request's slot.
+//!   bounded, shared across clients, with a per-origin [`get`](RateLimitRegistry::get).
 //! - [`RateLimit`] (`middleware.rs`): the `reqwest_middleware` step.
 //!
 //! # Learned from the server
@@ -94,8 +94,10 @@ mod config;
 mod middleware;
 mod registry;
 mod schedule;
+#[cfg(test)]
+mod tests;
 
 pub use config::{Rate, RateLimitConfig};
 pub(crate) use middleware::RateChoice;
 pub use middleware::RateLimit;
-pub use registry::{RateLimitRegistry, RateRejection, RateSnapshot, Ticket};
+pub use registry::{RateLimitRegistry, RateSnapshot};

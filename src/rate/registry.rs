@@ -34,7 +34,7 @@ pub struct RateSnapshot {
 /// A request its origin's rate limit turned away; it was not sent.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
-pub struct RateRejection {
+pub(crate) struct RateRejection {
     /// Where the request was going.
     pub origin: Origin,
     /// When the origin's next slot is free (from the rejection).
@@ -129,22 +129,30 @@ struct Inner {
 /// Victims are chosen an eighth of a shard per scan, so a steady stream of new origins
 /// costs amortised O(1) each.
 ///
+/// # Example
+///
+/// Two clients sharing one rate of 2 requests per second to each origin, and what the
+/// registry knows of an origin:
+///
 /// ```
-/// use reqwest_resilience::Origin;
+/// use reqwest_resilience::{Origin, Resilience};
 /// use reqwest_resilience::rate::{Rate, RateLimitConfig, RateLimitRegistry};
 ///
-/// # #[tokio::main(flavor = "current_thread", start_paused = true)]
-/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-/// // On tokio's clock (paused here, so the example's figures are exact).
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// let registry = RateLimitRegistry::new(
 ///     RateLimitConfig::default().learn(false).rate(Rate::per_second(2)),
 /// )?;
+/// let a = Resilience::new()
+///     .rate_limit(registry.clone())
+///     .build_from(reqwest::Client::builder())?;
+/// let b = Resilience::new()
+///     .rate_limit(registry.clone())
+///     .build_from(reqwest::Client::builder())?;
+/// // Nothing sent yet: no origin has a rate of its own.
 /// let origin = Origin::parse("https://api.example.com")?;
-/// assert!(registry.try_acquire(&origin).is_ok());
-/// assert!(registry.try_acquire(&origin).is_ok());
-/// let over = registry.try_acquire(&origin).unwrap_err();
-/// assert_eq!(over.retry_in, std::time::Duration::from_millis(500));
-/// # Ok(()) }
+/// assert!(registry.get(&origin).is_none());
+/// assert_eq!(registry.len(), 0);
+/// # drop((a, b)); Ok(()) }
 /// ```
 #[derive(Clone)]
 pub struct RateLimitRegistry {
@@ -237,7 +245,8 @@ impl RateLimitRegistry {
     /// Takes a slot for one request to `origin` if one is free now, never waiting (nor
     /// for a probe's answer). The returned ticket tells the origin's rate what the answer
     /// said ([`Ticket::learn`]); dropped, it tells nothing.
-    pub fn try_acquire(&self, origin: &Origin) -> Result<Ticket, RateRejection> {
+    #[cfg(test)]
+    pub(crate) fn try_acquire(&self, origin: &Origin) -> Result<Ticket, RateRejection> {
         let entry = self.with_entry(origin, Arc::clone);
         let now = Instant::now();
         let verdict = lock(&entry.state).schedule.decide(now, now, false);
@@ -263,7 +272,8 @@ impl RateLimitRegistry {
     /// Dropping the future gives back the slot it took ahead (when no later slot was
     /// taken since: otherwise the slot stays spent, so the origin sees fewer requests,
     /// never more), and a probe's turn to the next request.
-    pub async fn acquire(
+    #[cfg(test)]
+    pub(crate) async fn acquire(
         &self,
         origin: &Origin,
         deadline: Option<Instant>,
@@ -409,7 +419,7 @@ impl Drop for TakenAhead {
 /// A request's slot, taken: [`learn`](Self::learn) tells its origin's rate what the
 /// answer's rate-limit fields said. Dropped without an answer, a probe's turn passes to
 /// the next request.
-pub struct Ticket {
+pub(crate) struct Ticket {
     /// `None` when there is nothing to tell the origin's rate (no learning, no probe).
     entry: Option<Arc<Entry>>,
     probe: bool,
@@ -433,13 +443,14 @@ impl Ticket {
     }
 
     /// Whether this request is its origin's probe: the others wait for its answer.
-    pub fn is_probe(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_probe(&self) -> bool {
         self.probe
     }
 
     /// Learns from an answer's header fields (a malformed rate-limit field is ignored:
     /// the answer then teaches nothing, though a probe's still ends the wait for it).
-    pub fn learn(mut self, headers: &http::HeaderMap) {
+    pub(crate) fn learn(mut self, headers: &http::HeaderMap) {
         let Some(entry) = self.entry.take() else {
             return;
         };

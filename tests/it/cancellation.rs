@@ -19,7 +19,7 @@ use http::{Extensions, StatusCode};
 use reqwest::{Request, Response, ResponseBuilderExt};
 use reqwest_middleware::{ClientBuilder, ClientWithMiddleware, Middleware, Next};
 use reqwest_resilience::breaker::{
-    BreakerConfig, BreakerRegistry, BreakerState, CircuitBreakerMiddleware, Outcome, TripPolicy,
+    BreakerConfig, BreakerRegistry, BreakerState, CircuitBreakerMiddleware, TripPolicy,
 };
 use reqwest_resilience::retry::RetryOutcome;
 use reqwest_resilience::{
@@ -138,6 +138,19 @@ fn fake(
 
 const URL: &str = "https://api.example.test/x";
 
+/// Trips `registry`'s breaker of [`URL`] (the configs here trip on one failure) with one
+/// `500` through the breaker middleware.
+async fn trip(registry: &BreakerRegistry) {
+    let (transport, _) = fake(0, |_, _| StatusCode::INTERNAL_SERVER_ERROR);
+    let client = ClientBuilder::new(reqwest::Client::new())
+        .with(CircuitBreakerMiddleware::new(registry.clone()))
+        .with(transport)
+        .build();
+    assert_eq!(client.get(URL).send().await.unwrap().status(), 500);
+    let origin = Origin::parse(URL).unwrap();
+    assert_eq!(registry.state(&origin), Some(BreakerState::Open));
+}
+
 async fn bounded<F: Future>(f: F) -> F::Output {
     tokio::time::timeout(Duration::from_secs(600), f)
         .await
@@ -154,7 +167,7 @@ async fn dropping_a_half_open_probe_at_every_await_point_frees_the_probe_slot() 
                 .policy(TripPolicy::consecutive_failures(1))
                 .open_duration(Duration::from_secs(1));
             let registry = BreakerRegistry::new(config).unwrap();
-            registry.acquire(&origin).unwrap().record(Outcome::Failure);
+            trip(&registry).await;
             tokio::time::advance(Duration::from_secs(1)).await;
             assert_eq!(registry.state(&origin), Some(BreakerState::HalfOpen));
 
@@ -455,7 +468,7 @@ async fn dropping_a_composed_stack_request_during_its_401_replay_frees_the_probe
                 .policy(TripPolicy::consecutive_failures(1))
                 .open_duration(Duration::from_secs(1));
             let registry = BreakerRegistry::new(config).unwrap();
-            registry.acquire(&origin).unwrap().record(Outcome::Failure);
+            trip(&registry).await;
             tokio::time::advance(Duration::from_secs(1)).await;
             assert_eq!(registry.state(&origin), Some(BreakerState::HalfOpen));
             // token-0 is rejected; any later token is accepted.

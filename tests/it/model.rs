@@ -4,21 +4,14 @@
 //!   refresh ahead, spacing after a failed refresh ahead, backoff after a failure without a
 //!   token, invalidation by identity), under random calls, invalidations, source failures
 //!   and clock steps;
-//! - the `BreakerRegistry` with permits held across operations, recorded or dropped in any
-//!   order, over several origins: probe accounting, the HalfOpen limit, and that nothing is
-//!   stuck once every permit is gone.
-//!
-//! (The single breaker's state machine has its own reference model in
-//! `src/breaker/state.rs`; this one is the registry and the permits' drop path.)
+//! - (the `BreakerRegistry`'s permits, held across operations, have their model in
+//!   `src/breaker/tests.rs`: the permit API is crate-private.)
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use proptest::prelude::*;
 use reqwest_resilience::auth::TokenErrorKind;
-use reqwest_resilience::breaker::{
-    BreakerConfig, BreakerPermit, BreakerRegistry, BreakerState, Outcome, RejectReason, TripPolicy,
-};
 use reqwest_resilience::{AccessToken, Origin, TokenManager};
 use tokio::time::Instant;
 
@@ -225,194 +218,6 @@ proptest! {
         ops in prop::collection::vec(token_op(), 1..80),
     ) {
         run_token_model(script, ops);
-    }
-}
-
-// ---------------------------------------------------------------------------------------
-// BreakerRegistry with held permits
-
-const ORIGINS: usize = 3;
-const PROBES: u32 = 2;
-const OPEN: Duration = Duration::from_millis(1_000);
-
-#[derive(Debug, Clone)]
-enum BreakerOp {
-    Acquire(usize),
-    Record(usize, u8),
-    Drop(usize),
-    Advance(u64),
-    Pause(usize, u64),
-}
-
-fn breaker_op() -> impl Strategy<Value = BreakerOp> {
-    prop_oneof![
-        4 => (0..ORIGINS).prop_map(BreakerOp::Acquire),
-        3 => (0usize..8, 0u8..3).prop_map(|(i, o)| BreakerOp::Record(i, o)),
-        2 => (0usize..8).prop_map(BreakerOp::Drop),
-        2 => (0u64..1_500).prop_map(BreakerOp::Advance),
-        1 => (0..ORIGINS, 0u64..2_000).prop_map(|(o, ms)| BreakerOp::Pause(o, ms)),
-    ]
-}
-
-fn outcome(o: u8) -> Outcome {
-    match o {
-        0 => Outcome::Success,
-        1 => Outcome::Failure,
-        _ => Outcome::Neutral,
-    }
-}
-
-fn run_registry_model(ops: Vec<BreakerOp>) {
-    paused_runtime().block_on(async {
-        let config = BreakerConfig::default()
-            .policy(TripPolicy::consecutive_failures(2))
-            .open_duration(OPEN)
-            .half_open_probes(PROBES)
-            .max_pause(Duration::from_secs(5));
-        let registry = BreakerRegistry::new(config).unwrap();
-        let origins: Vec<Origin> = (0..ORIGINS)
-            .map(|i| Origin::parse(&format!("https://o{i}.example.test")).unwrap())
-            .collect();
-        let mut held: Vec<(usize, BreakerPermit<'_>)> = Vec::new();
-        for (step, op) in ops.iter().enumerate() {
-            match *op {
-                BreakerOp::Acquire(o) => {
-                    let before = registry.state(&origins[o]);
-                    match registry.acquire(&origins[o]) {
-                        Ok(permit) => {
-                            // A Closed breaker hands out plain permits, never probes.
-                            if before == Some(BreakerState::Closed) || before.is_none() {
-                                assert!(!permit.is_probe(), "step {step}");
-                            }
-                            held.push((o, permit));
-                        }
-                        Err(r) => {
-                            assert_eq!(&r.origin, &origins[o]);
-                            if r.reason != RejectReason::Isolated {
-                                assert!(r.retry_in.is_some(), "step {step}: {r:?}");
-                            }
-                        }
-                    }
-                }
-                BreakerOp::Record(i, o) if i < held.len() => {
-                    let (_, permit) = held.remove(i);
-                    permit.record(outcome(o));
-                }
-                BreakerOp::Drop(i) if i < held.len() => {
-                    drop(held.remove(i));
-                }
-                BreakerOp::Advance(ms) => {
-                    tokio::time::advance(Duration::from_millis(ms)).await;
-                }
-                BreakerOp::Pause(o, ms) => {
-                    let applied = registry.pause(&origins[o], Duration::from_millis(ms));
-                    assert!(applied <= Duration::from_secs(5));
-                }
-                _ => {}
-            }
-            for snap in registry.snapshot() {
-                let o = origins.iter().position(|x| *x == snap.origin).unwrap();
-                let held_probes =
-                    held.iter().filter(|(h, p)| *h == o && p.is_probe()).count() as u32;
-                // Probes of an earlier HalfOpen period no longer count, so at most.
-                assert!(
-                    snap.probes_in_flight <= held_probes,
-                    "step {step}: {snap:?}, {held_probes} probe permits held"
-                );
-                assert!(snap.probes_in_flight <= PROBES, "step {step}: {snap:?}");
-                if snap.state == BreakerState::Closed {
-                    assert_eq!(snap.probes_in_flight, 0, "step {step}");
-                }
-            }
-            assert!(registry.len() <= ORIGINS);
-        }
-        // Once every permit is gone and the open period and pauses are over, every
-        // origin admits a request: nothing is stuck.
-        held.clear();
-        for snap in registry.snapshot() {
-            assert_eq!(snap.probes_in_flight, 0, "{snap:?}");
-        }
-        tokio::time::advance(Duration::from_secs(10)).await;
-        for origin in &origins {
-            let permit = registry
-                .acquire(origin)
-                .unwrap_or_else(|r| panic!("{origin} stuck: {r:?}"));
-            permit.record(Outcome::Success);
-        }
-    });
-}
-
-proptest! {
-    #![proptest_config(ProptestConfig::with_cases(512))]
-
-    #[test]
-    fn registry_permits_recorded_or_dropped_in_any_order_never_leak_a_probe_slot(
-        ops in prop::collection::vec(breaker_op(), 1..150),
-    ) {
-        run_registry_model(ops);
-    }
-}
-
-// ---------------------------------------------------------------------------------------
-// BreakerRegistry eviction under threads
-
-/// Eight origins are tripped (open for an hour) while four threads push a thousand other
-/// origins through a registry bounded at 64: the bound holds at every step, and no
-/// tripped breaker is ever forgotten (an evicted Open breaker would reopen the floodgates
-/// to a server known to be down).
-#[test]
-fn tripped_breakers_survive_eviction_races_across_threads() {
-    const TRIPPED: usize = 8;
-    const MAX: usize = 64;
-    let config = BreakerConfig::default()
-        .policy(TripPolicy::consecutive_failures(1))
-        .open_duration(Duration::from_secs(3600))
-        .max_origins(MAX);
-    let registry = BreakerRegistry::new(config).unwrap();
-    let tripped: Vec<Origin> = (0..TRIPPED)
-        .map(|i| Origin::parse(&format!("https://down{i}.example.test")).unwrap())
-        .collect();
-    for o in &tripped {
-        registry.acquire(o).unwrap().record(Outcome::Failure);
-        assert_eq!(registry.state(o), Some(BreakerState::Open));
-    }
-    let healthy: Vec<Origin> = (0..1_000)
-        .map(|n| Origin::parse(&format!("https://up{n}.example.test")).unwrap())
-        .collect();
-    std::thread::scope(|s| {
-        for t in 0..4u64 {
-            let (registry, tripped, healthy) = (&registry, &tripped, &healthy);
-            s.spawn(move || {
-                // Some permits stay in flight across iterations (their breakers must not
-                // be forgotten either), then are dropped unrecorded or recorded.
-                let mut held = Vec::new();
-                for i in 0..20_000u64 {
-                    let origin = &healthy[((i * 7919 + t * 104_729) % 1_000) as usize];
-                    match registry.acquire(origin) {
-                        Ok(permit) if i.is_multiple_of(5) => held.push(permit),
-                        Ok(permit) => permit.record(Outcome::Success),
-                        Err(r) => panic!("a healthy origin was rejected: {r:?}"),
-                    }
-                    if held.len() > 4 {
-                        let oldest = held.remove(0);
-                        if i.is_multiple_of(2) {
-                            oldest.record(Outcome::Neutral);
-                        }
-                    }
-                    assert!(registry.len() <= MAX);
-                    let check = &tripped[(i as usize) % TRIPPED];
-                    assert_eq!(
-                        registry.state(check),
-                        Some(BreakerState::Open),
-                        "{check} was forgotten"
-                    );
-                }
-            });
-        }
-    });
-    for o in &tripped {
-        let rejected = registry.acquire(o).unwrap_err();
-        assert_eq!(rejected.reason, RejectReason::Open);
     }
 }
 

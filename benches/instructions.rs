@@ -89,6 +89,38 @@ const ROWS: &[Row] = &[
                 .inside_transport_step()
         }),
     },
+    // Each default stage's share: the stack without it.
+    Row {
+        name: "`Resilience::new().no_breaker()`",
+        stacking: Stacking::Layers(|client, _| {
+            Resilience::new()
+                .no_breaker()
+                .install(reqwest_middleware::ClientBuilder::new(client))
+                .expect("stack")
+                .inside_transport_step()
+        }),
+    },
+    Row {
+        name: "`Resilience::new().no_retry()`",
+        stacking: Stacking::Layers(|client, _| {
+            Resilience::new()
+                .no_retry()
+                .install(reqwest_middleware::ClientBuilder::new(client))
+                .expect("stack")
+                .inside_transport_step()
+        }),
+    },
+    Row {
+        name: "`Resilience::new().no_retry().no_breaker()`",
+        stacking: Stacking::Layers(|client, _| {
+            Resilience::new()
+                .no_retry()
+                .no_breaker()
+                .install(reqwest_middleware::ClientBuilder::new(client))
+                .expect("stack")
+                .inside_transport_step()
+        }),
+    },
     Row {
         name: "`Resilience::new()` + a learned `rate_limit`",
         stacking: Stacking::Layers(|client, _| {
@@ -202,6 +234,27 @@ const ROWS: &[Row] = &[
         stacking: Stacking::Layers(|client, _| {
             ClientBuilder::new(client)
                 .with(RetryMiddleware::new())
+                .with(TransportEvidence::new())
+        }),
+    },
+    // The stages of `Resilience::new()` (then of the full stack) as middlewares of their
+    // own, each through `Next`: what the composed stack saves or costs against them.
+    Row {
+        name: "`RetryMiddleware` + `CircuitBreakerMiddleware` + `TransportEvidence`",
+        stacking: Stacking::Layers(|client, _| {
+            ClientBuilder::new(client)
+                .with(RetryMiddleware::new())
+                .with(CircuitBreakerMiddleware::default())
+                .with(TransportEvidence::new())
+        }),
+    },
+    Row {
+        name: "the same + `BearerAuth`, as four middlewares",
+        stacking: Stacking::Layers(|client, url| {
+            ClientBuilder::new(client)
+                .with(RetryMiddleware::new())
+                .with(CircuitBreakerMiddleware::default())
+                .with(bearer(url))
                 .with(TransportEvidence::new())
         }),
     },

@@ -399,8 +399,6 @@ impl Stage for CircuitBreakerMiddleware {
                 Ok(permit) => permit,
                 Err(rejection) => return Err(reject(&origin, rejection, extensions)),
             };
-            // Slow-call trips time an attempt the transport step did not time from here.
-            let admitted = self.registry.config().slow_calls.map(|_| Instant::now());
             let held = Held::under_cut(permit, scope, extensions, handover.composed());
             let clock = held.clock();
             // The inner future made where the cut keeps it, pinned there (`CutAt`: not
@@ -415,7 +413,7 @@ impl Stage for CircuitBreakerMiddleware {
             };
             let (result, permit) = held.end(outcome, extensions, &origin);
             if let Some(permit) = permit {
-                self.record_outcome(permit, &origin, extensions, &result, admitted);
+                self.record_outcome(permit, &origin, extensions, &result);
             }
             result
         }
@@ -444,8 +442,8 @@ impl CircuitBreakerMiddleware {
     }
 
     /// Counts the outcome of an attempt that ran to its end with the breaker's permit,
-    /// timed (under slow-call trips, `admitted` is set) by the transport step's
-    /// evidence, else from `admitted`.
+    /// timed (under slow-call trips) by the transport step's evidence, else from the
+    /// permit's admission.
     #[inline]
     fn record_outcome(
         &self,
@@ -453,14 +451,15 @@ impl CircuitBreakerMiddleware {
         origin: &Origin,
         extensions: &Extensions,
         result: &reqwest_middleware::Result<Response>,
-        admitted: Option<Instant>,
     ) {
         let evidence = RequestEvidence::of(extensions);
         let outcome = self.classifier.classify(evidence, result);
         let rate_limits =
             self.registry.config().rate_limit_pauses && !self.fields_left_to_rate_limit;
         let pause = server_pause(evidence, result, rate_limits);
-        let took = admitted.map(|at| evidence.map_or_else(|| at.elapsed(), |e| e.elapsed));
+        // Slow-call trips time an attempt the transport step did not time from its admission.
+        let took = (self.registry.config().slow_calls)
+            .map(|_| evidence.map_or_else(|| permit.acquired().elapsed(), |e| e.elapsed));
         if let Some(e) = evidence.filter(|e| e.proxy.is_some()) {
             // Through a proxy of a pool (see `guide::proxies`).
             if self.charged_to_proxy(e, took, pause) {
@@ -528,7 +527,8 @@ enum Held<'p> {
     Uncut(BreakerPermit<'p>),
     /// Under a cut: dropped past an attempt timeout, the guard counts the timeout.
     CutAt {
-        guard: CutAtDeadline<'p>,
+        /// Boxed: an attempt under no cut (the common case) does not carry it.
+        guard: Box<CutAtDeadline<'p>>,
         /// The history's length before the attempt.
         recorded_before: usize,
     },
@@ -574,14 +574,14 @@ impl<'p> Held<'p> {
             // once a gate inside stops it).
             cut => Held::CutAt {
                 recorded_before: RequestRecord::attempts_recorded(extensions),
-                guard: CutAtDeadline {
+                guard: Box::new(CutAtDeadline {
                     permit: Some(permit),
                     deadline: cut.unwrap_or(now),
                     timeout_cut,
                     started: now,
                     lost: scope.lost,
                     clock,
-                },
+                }),
             },
         }
     }
@@ -618,7 +618,7 @@ impl<'p> Held<'p> {
     ) {
         match (self, outcome) {
             (Held::Uncut(permit), Ok(result)) => (result, Some(permit)),
-            (Held::CutAt { guard, .. }, Ok(result)) => (result, guard.disarm()),
+            (Held::CutAt { guard, .. }, Ok(result)) => (result, (*guard).disarm()),
             (held, Err(elapsed)) => {
                 if let Held::CutAt {
                     guard,

@@ -649,6 +649,11 @@ impl fmt::Debug for BreakerPermit<'_> {
 }
 
 impl BreakerPermit<'_> {
+    /// When it was handed out: when the breaker admitted the attempt.
+    pub(crate) fn acquired(&self) -> Instant {
+        self.acquired
+    }
+
     /// Whether this attempt is a HalfOpen probe.
     pub(crate) fn is_probe(&self) -> bool {
         self.ticket.is_some_and(|t| t.is_probe())

@@ -467,8 +467,7 @@ pin_project_lite::pin_project! {
     pub(crate) struct CutAt<F> {
         #[pin]
         pub(crate) inner: F,
-        #[pin]
-        pub(crate) timer: Option<tokio::time::Timeout<std::future::Pending<()>>>,
+        pub(crate) timer: Option<CutTimer>,
         pub(crate) clock: Option<AttemptClock>,
     }
 }
@@ -477,7 +476,7 @@ impl<F: Future> CutAt<F> {
     pub(crate) fn new(inner: F, at: Option<tokio::time::Instant>) -> Self {
         CutAt {
             inner,
-            timer: at.map(|at| tokio::time::timeout_at(at, std::future::pending())),
+            timer: at.map(cut_timer_at),
             clock: None,
         }
     }
@@ -496,13 +495,23 @@ impl<F: Future> CutAt<F> {
     }
 }
 
+/// The timer of a [`CutAt`]: tokio's timeout of a future that never ends (its output is
+/// tokio's `Elapsed`, which only tokio makes). Boxed: its 112 bytes would otherwise size
+/// every attempt's future, cut or not (stage cost rule 2).
+pub(crate) type CutTimer = std::pin::Pin<Box<tokio::time::Timeout<std::future::Pending<()>>>>;
+
+/// A [`CutTimer`] firing at `at`.
+fn cut_timer_at(at: tokio::time::Instant) -> CutTimer {
+    Box::pin(tokio::time::timeout_at(at, std::future::pending()))
+}
+
 /// The timer of [`CutAt::on_clock`], for a cut written as a struct.
 pub(crate) fn cut_timer(
     at: Option<tokio::time::Instant>,
     clock: Option<&AttemptClock>,
-) -> Option<tokio::time::Timeout<std::future::Pending<()>>> {
+) -> Option<CutTimer> {
     let at = clock.map_or(at, AttemptClock::cut);
-    at.map(|at| tokio::time::timeout_at(at, std::future::pending()))
+    at.map(cut_timer_at)
 }
 
 impl<F: Future> Future for CutAt<F> {
@@ -513,13 +522,13 @@ impl<F: Future> Future for CutAt<F> {
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Self::Output> {
         use std::task::Poll;
-        let mut this = self.project();
+        let this = self.project();
         if let Poll::Ready(output) = this.inner.poll(cx) {
             return Poll::Ready(Ok(output));
         }
         loop {
             let Some(Poll::Ready(Err(elapsed))) =
-                this.timer.as_mut().as_pin_mut().map(|timer| timer.poll(cx))
+                this.timer.as_mut().map(|timer| timer.as_mut().poll(cx))
             else {
                 return Poll::Pending;
             };
@@ -533,9 +542,7 @@ impl<F: Future> Future for CutAt<F> {
             };
             match moved {
                 None => return Poll::Ready(Err(elapsed)),
-                Some(at) => this
-                    .timer
-                    .set(at.map(|at| tokio::time::timeout_at(at, std::future::pending()))),
+                Some(at) => *this.timer = at.map(cut_timer_at),
             }
         }
     }

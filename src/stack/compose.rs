@@ -331,12 +331,13 @@ mod tests {
 
     /// The largest allocation glibc serves from its per-thread cache; a larger one takes
     /// the arena's lock. Measured (`benches/instructions.rs`): the default attempt future
-    /// at 1 224 bytes cost `Resilience::new()` about 700 instructions and 10 atomic
-    /// operations per request more than at 1 032.
+    /// at 1 224 bytes cost `Resilience::new()` about 650 instructions and 12 atomic
+    /// operations per request more, end to end, than at 1 032.
     const THREAD_CACHE_LIMIT: usize = 1032;
 
-    /// Makes (and never polls) what the retry loop of the default stack boxes for each
-    /// attempt (`RestOfStack::run_boxed`) over the `Next` it is handed, and keeps its size.
+    /// Makes (and never polls) what the retry loop of the default stack (`Resilience::new()`'s
+    /// stages, as `assemble` builds them) boxes for each attempt (`RestOfStack::run_boxed`)
+    /// over the `Next` it is handed, and keeps its size.
     struct AttemptSize(Arc<AtomicUsize>);
 
     #[async_trait::async_trait]

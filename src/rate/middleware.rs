@@ -5,8 +5,9 @@ use crate::stage::{Handover, RestOfStack, Stage, standalone_middleware};
 use http::Extensions;
 use reqwest::{Request, Response};
 
-use super::registry::{Admission, RateLimitRegistry, RateRejection};
+use super::registry::{Admission, RateLimitRegistry, RateRejection, Ticket, Waiting};
 use crate::error::ResilienceError;
+use crate::origin::Origin;
 use crate::record::{Deadline, FailureKind, Inward, record_rejected_locally};
 
 /// A per-origin rate limit, from a shared [`RateLimitRegistry`].
@@ -104,6 +105,42 @@ fn rejected(rejection: RateRejection, extensions: &mut Extensions) -> reqwest_mi
 
 standalone_middleware!(RateLimit);
 
+impl RateLimit {
+    /// The registry's verdict now, under the request's deadline: a ticket, a wait (boxed:
+    /// rare), or the rejection's error.
+    fn admit_now(
+        &self,
+        origin: &Origin,
+        extensions: &mut Extensions,
+    ) -> reqwest_middleware::Result<Result<Ticket, Box<Waiting>>> {
+        let deadline = extensions.get::<Deadline>().map(|d| d.0);
+        match self.registry.admit(origin, deadline) {
+            Admission::Go(ticket) => Ok(Ok(ticket)),
+            Admission::Wait(waiting) => Ok(Err(Box::new(waiting))),
+            Admission::Rejected(rejection) => Err(rejected(rejection, extensions)),
+        }
+    }
+
+    /// Waits for a slot. A wait is not part of the attempt: its timeout clock stops, and
+    /// starts on leaving.
+    async fn wait_for_slot(
+        &self,
+        origin: &Origin,
+        waiting: Waiting,
+        extensions: &mut Extensions,
+    ) -> reqwest_middleware::Result<Ticket> {
+        let clock = Inward::clock(extensions);
+        if let Some(clock) = &clock {
+            clock.stop();
+        }
+        let waited = self.registry.wait(origin, waiting).await;
+        if let Some(clock) = &clock {
+            clock.restart(tokio::time::Instant::now());
+        }
+        waited.map_err(|rejection| rejected(rejection, extensions))
+    }
+}
+
 impl Stage for RateLimit {
     #[allow(clippy::manual_async_fn)]
     fn serve<'a, N: RestOfStack + 'a>(
@@ -121,26 +158,12 @@ impl Stage for RateLimit {
                     .poll_as(next, |next| next.run(req, extensions, handover))
                     .await;
             };
-            let deadline = extensions.get::<Deadline>().map(|d| d.0);
-            let ticket = match self.registry.admit(&origin, deadline) {
-                Admission::Go(ticket) => ticket,
-                // Rare: the wait for a slot (boxed: stage cost rule 2). A wait is not
-                // part of the attempt: its timeout clock stops, and starts on leaving.
-                Admission::Wait(waiting) => {
-                    let clock = Inward::clock(extensions);
-                    if let Some(clock) = &clock {
-                        clock.stop();
-                    }
-                    let waited = Box::pin(self.registry.wait(&origin, waiting)).await;
-                    if let Some(clock) = &clock {
-                        clock.restart(tokio::time::Instant::now());
-                    }
-                    match waited {
-                        Ok(ticket) => ticket,
-                        Err(rejection) => return Err(rejected(rejection, extensions)),
-                    }
-                }
-                Admission::Rejected(rejection) => return Err(rejected(rejection, extensions)),
+            // What is kept across the rare wait is a pointer, not the registry's whole
+            // verdict, so the attempt's future stays small (stage cost rule 6).
+            let ticket = match self.admit_now(&origin, extensions)? {
+                Ok(ticket) => ticket,
+                // Rare: the wait for a slot (boxed: stage cost rule 2).
+                Err(waiting) => Box::pin(self.wait_for_slot(&origin, *waiting, extensions)).await?,
             };
             let result = owner
                 .poll_as(next, |next| next.run(req, extensions, handover))

@@ -40,10 +40,11 @@
 //!    first: rustc keeps a moved-from local's room in the enclosing future while it is in
 //!    scope (the hedged round bound to a name kept every request's retry loop at 4 632
 //!    bytes instead of 952).
-//! 6. The default stack's attempt future, boxed by the retry loop for each attempt, stays
-//!    within the largest allocation glibc serves from its thread cache (1 032 bytes; a
-//!    larger one takes the arena's lock): state only a cut attempt needs (its timer, the
-//!    breaker's cut guard) is boxed when there is a cut. `stack::compose`'s test keeps it
+//! 6. The futures the default stack boxes (each attempt's, and the rate limit's when it
+//!    has one) stay within the largest allocation glibc serves from its thread cache
+//!    (1 032 bytes; a larger one takes the arena's lock): state only a cut attempt needs
+//!    (its timer, the breaker's cut guard) is boxed when there is a cut, and what a rare
+//!    wait keeps across its `.await` is a pointer. `stack::compose`'s test keeps them
 //!    there.
 
 use std::future::Future;

@@ -135,32 +135,46 @@ mod enabled {
     fn origin(origin: Option<&Origin>) -> SharedString {
         origin.map_or(SharedString::const_str(""), |o| labels_of(o).origin)
     }
-    /// The `http.request.method` labels; the last is OpenTelemetry's value for a method
-    /// it does not know, which keeps the set bounded.
-    const METHOD_LABELS: [&str; 10] = [
-        "GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH", "_OTHER",
+
+    /// The methods with a label of their own (their names); any other is labelled
+    /// `_OTHER`, OpenTelemetry's value for a method it does not know, which keeps the set
+    /// bounded.
+    static KNOWN_METHODS: [http::Method; 9] = [
+        http::Method::GET,
+        http::Method::HEAD,
+        http::Method::POST,
+        http::Method::PUT,
+        http::Method::DELETE,
+        http::Method::CONNECT,
+        http::Method::OPTIONS,
+        http::Method::TRACE,
+        http::Method::PATCH,
     ];
 
     pub(crate) fn method_label(method: &http::Method) -> MethodLabel {
-        use http::Method;
-        MethodLabel(match *method {
-            Method::GET => 0,
-            Method::HEAD => 1,
-            Method::POST => 2,
-            Method::PUT => 3,
-            Method::DELETE => 4,
-            Method::CONNECT => 5,
-            Method::OPTIONS => 6,
-            Method::TRACE => 7,
-            Method::PATCH => 8,
-            _ => 9,
-        })
+        let known = KNOWN_METHODS.iter().position(|m| m == method);
+        // At most 9: fits the byte.
+        MethodLabel(known.unwrap_or(KNOWN_METHODS.len()) as u8)
     }
 
     impl MethodLabel {
         fn text(self) -> &'static str {
-            METHOD_LABELS[usize::from(self.0)]
+            KNOWN_METHODS
+                .get(usize::from(self.0))
+                .map_or("_OTHER", http::Method::as_str)
         }
+    }
+
+    #[test]
+    fn each_known_method_is_labelled_by_its_name_and_any_other_as_other() {
+        use http::Method;
+        let label = |m: Method| method_label(&m).text();
+        assert_eq!(label(Method::GET), "GET");
+        assert_eq!(label(Method::POST), "POST");
+        assert_eq!(label(Method::PATCH), "PATCH");
+        assert_eq!(label(Method::CONNECT), "CONNECT");
+        let purge = Method::from_bytes(b"PURGE").expect("a method");
+        assert_eq!(label(purge), "_OTHER");
     }
 
     /// How many origins get a label of their own (see the module docs).

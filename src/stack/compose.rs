@@ -24,12 +24,18 @@ macro_rules! nested_from_retry {
 /// boxes) for each attempt.
 macro_rules! nested_inside_retry {
     ($stages:expr, $inner:expr) => {{
-        let inner = Nested::new(&$stages.transport, $inner);
-        let inner = Nested::new(&$stages.bearer, inner);
-        let inner = Nested::new(&$stages.limit, inner);
-        let inner = Nested::new(&$stages.rate, inner);
+        let inner = Nested::new(&$stages.rate, nested_inside_rate!($stages, $inner));
         let inner = Nested::new(&$stages.breaker, inner);
         Nested::new(&$stages.token_first, inner)
+    }};
+}
+
+/// The stages inside the rate limit, nested around `$inner`.
+macro_rules! nested_inside_rate {
+    ($stages:expr, $inner:expr) => {{
+        let inner = Nested::new(&$stages.transport, $inner);
+        let inner = Nested::new(&$stages.bearer, inner);
+        Nested::new(&$stages.limit, inner)
     }};
 }
 
@@ -375,10 +381,8 @@ mod tests {
             let registry = crate::rate::RateLimitRegistry::new(Default::default())
                 .expect("the default rate limit");
             let rate = crate::rate::RateLimit::new(registry);
-            let inner = Nested::new(&stages.transport, Innermost::Next(next));
-            let inner = Nested::new(&stages.bearer, inner);
-            let inner = Nested::new(&stages.limit, inner);
-            let rated = rate.serve(copy, extensions, handover, inner);
+            let inside = nested_inside_rate!(stages, Innermost::Next(next));
+            let rated = rate.serve(copy, extensions, handover, inside);
             self.0[1].store(std::mem::size_of_val(&rated), Ordering::Relaxed);
             Err(reqwest_middleware::Error::middleware(
                 std::io::Error::other("not sent"),

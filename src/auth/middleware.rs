@@ -5,7 +5,9 @@ use std::fmt;
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use crate::stage::{Handover, RestOfStack, Stage, standalone_middleware};
+use crate::stage::{
+    HandedRequest, Handover, RequestSlot, RestOfStack, Stage, standalone_middleware,
+};
 use crate::upload::ReplayableBody;
 use http::{Extensions, HeaderValue, StatusCode, header};
 use reqwest::{Request, Response, Url};
@@ -349,7 +351,7 @@ impl Stage for TokenFirst {
     #[allow(clippy::manual_async_fn)]
     fn serve<'a, N: RestOfStack + 'a>(
         &'a self,
-        req: Request,
+        req: HandedRequest<'a>,
         extensions: &'a mut Extensions,
         handover: Handover<'a>,
         next: N,
@@ -371,7 +373,7 @@ impl Stage for BearerAuth {
     #[allow(clippy::manual_async_fn)]
     fn serve<'a, N: RestOfStack + 'a>(
         &'a self,
-        mut req: Request,
+        mut req: HandedRequest<'a>,
         extensions: &'a mut Extensions,
         handover: Handover<'a>,
         next: N,
@@ -512,8 +514,9 @@ impl BearerAuth {
         if let Err(e) = attach(&mut replay, &fresh) {
             return Err(token_unavailable(e, replay.url(), extensions));
         }
+        let mut slot = RequestSlot::new(replay);
         owner
-            .poll_as(next, |next| next.run(replay, extensions, handover))
+            .poll_as(next, |next| next.run(slot.hand(), extensions, handover))
             .await
     }
 }

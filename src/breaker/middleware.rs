@@ -6,9 +6,9 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::time::{Duration, SystemTime};
 
-use crate::stage::{Handover, RestOfStack, Stage, standalone_middleware};
+use crate::stage::{HandedRequest, Handover, RestOfStack, Stage, standalone_middleware};
 use http::{Extensions, StatusCode};
-use reqwest::{Request, Response};
+use reqwest::Response;
 use tokio::time::Instant;
 use tokio::time::error::Elapsed;
 
@@ -378,7 +378,7 @@ impl Stage for CircuitBreakerMiddleware {
     #[allow(clippy::manual_async_fn)]
     fn serve<'a, N: RestOfStack + 'a>(
         &'a self,
-        req: Request,
+        req: HandedRequest<'a>,
         extensions: &'a mut Extensions,
         handover: Handover<'a>,
         next: N,

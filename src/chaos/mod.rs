@@ -81,10 +81,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use http::Extensions;
-use reqwest::{Request, Response};
+use reqwest::Response;
 
 use crate::error::ResilienceError;
-use crate::stage::{Handover, RestOfStack, Stage, standalone_middleware};
+use crate::stage::{HandedRequest, Handover, RestOfStack, Stage, standalone_middleware};
 use plan::Rates;
 pub use plan::{Fault, Injection};
 use sockets::Sockets;
@@ -252,7 +252,7 @@ impl Stage for Chaos {
     #[allow(clippy::manual_async_fn)]
     fn serve<'a, N: RestOfStack + 'a>(
         &'a self,
-        req: Request,
+        req: HandedRequest<'a>,
         extensions: &'a mut Extensions,
         handover: Handover<'a>,
         next: N,
@@ -300,7 +300,7 @@ impl Chaos {
     async fn inject<'a, N: RestOfStack + 'a>(
         &'a self,
         fault: Fault,
-        mut req: Request,
+        mut req: HandedRequest<'a>,
         extensions: &'a mut Extensions,
         handover: Handover<'a>,
         next: N,
@@ -327,7 +327,7 @@ impl Chaos {
         let result = if fault == Fault::RefusedStream {
             sockets
                 .h2
-                .execute(req)
+                .execute(req.take())
                 .await
                 .map_err(reqwest_middleware::Error::from)
         } else {

@@ -142,11 +142,11 @@ mod landing;
 use std::sync::Arc;
 
 use http::Extensions;
-use reqwest::{Request, Response};
+use reqwest::Response;
 
 use crate::error::ResilienceError;
 use crate::record::{Deadline, RetryOutcome, SharedRole, StopReason};
-use crate::stage::{Handover, RestOfStack, Stage, standalone_middleware};
+use crate::stage::{HandedRequest, Handover, RestOfStack, Stage, standalone_middleware};
 use flight::{Flights, Joined, Waited};
 use key::Partition;
 use landing::{Landing, Record, SharedResponse};
@@ -252,7 +252,7 @@ impl Stage for CoalesceGets {
     #[allow(clippy::manual_async_fn)]
     fn serve<'a, N: RestOfStack + 'a>(
         &'a self,
-        req: Request,
+        req: HandedRequest<'a>,
         extensions: &'a mut Extensions,
         handover: Handover<'a>,
         next: N,

@@ -1,7 +1,7 @@
 //! [`TransportEvidence`]: the innermost middleware, which observes each attempt.
 
 use http::Extensions;
-use reqwest::{Request, Response};
+use reqwest::Response;
 
 use super::classify_error;
 use crate::error::ResilienceError;
@@ -11,7 +11,7 @@ use crate::record::{
     next_attempt,
 };
 use crate::redirect::{ClientRedirects, Declared, HopCount, Recording};
-use crate::stage::{Handover, RestOfStack, Stage, standalone_middleware};
+use crate::stage::{HandedRequest, Handover, RestOfStack, Stage, standalone_middleware};
 
 /// The transport step: register it last (innermost), right before the `reqwest::Client`.
 ///
@@ -106,7 +106,7 @@ impl Stage for TransportEvidence {
     #[allow(clippy::manual_async_fn)]
     fn serve<'a, N: RestOfStack + 'a>(
         &'a self,
-        mut req: Request,
+        mut req: HandedRequest<'a>,
         extensions: &'a mut Extensions,
         handover: Handover<'a>,
         next: N,
@@ -290,7 +290,7 @@ fn trace_attempt(evidence: &RequestEvidence) {
 /// Takes what the evidence needs from the request and hands it on, synchronously
 /// ([stage cost rule 3](crate::stage#cost-rules)).
 fn hand_on<'a, N: RestOfStack + 'a>(
-    req: Request,
+    req: HandedRequest<'a>,
     extensions: &'a mut Extensions,
     handover: Handover<'a>,
     next: N,

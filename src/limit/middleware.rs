@@ -3,9 +3,9 @@
 
 use std::time::Duration;
 
-use crate::stage::{Handover, RestOfStack, Stage, standalone_middleware};
+use crate::stage::{HandedRequest, Handover, RestOfStack, Stage, standalone_middleware};
 use http::{Extensions, StatusCode};
-use reqwest::{Request, Response};
+use reqwest::Response;
 
 use super::body::hold_until_body_end;
 use super::gradient::Sample;
@@ -173,7 +173,7 @@ impl Stage for ConcurrencyLimit {
     #[allow(clippy::manual_async_fn)]
     fn serve<'a, N: RestOfStack + 'a>(
         &'a self,
-        req: Request,
+        req: HandedRequest<'a>,
         extensions: &'a mut Extensions,
         handover: Handover<'a>,
         next: N,

@@ -12,7 +12,7 @@ use crate::origin::Origin;
 use crate::record::{
     AttemptHistory, FailureKind, ProxyUsed, RequestRecord, record_rejected_locally,
 };
-use crate::stage::{Handled, Handover, RestOfStack};
+use crate::stage::{HandedRequest, Handled, Handover, RestOfStack};
 
 /// One proxy: its client (built with `.proxy(..)`) and its origin.
 struct Route {
@@ -215,14 +215,14 @@ impl<N: RestOfStack> RestOfStack for Innermost<'_, N> {
 
     fn run<'a>(
         self,
-        req: Request,
+        req: HandedRequest<'a>,
         extensions: &'a mut Extensions,
         handover: Handover<'a>,
     ) -> impl Future<Output = reqwest_middleware::Result<Response>> + Send + 'a
     where
         Self: 'a,
     {
-        self.run_boxed(req, extensions, handover)
+        self.run_boxed(req.take(), extensions, handover)
     }
 
     fn run_boxed<'a>(

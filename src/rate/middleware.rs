@@ -1,9 +1,9 @@
 //! [`RateLimit`]: takes a slot from the origin's rate before each attempt, and teaches the
 //! rate what the answer's rate-limit fields said.
 
-use crate::stage::{Handover, RestOfStack, Stage, standalone_middleware};
+use crate::stage::{HandedRequest, Handover, RestOfStack, Stage, standalone_middleware};
 use http::Extensions;
-use reqwest::{Request, Response};
+use reqwest::Response;
 
 use super::registry::{Admission, RateLimitRegistry, RateRejection, Ticket, Waiting};
 use crate::error::ResilienceError;
@@ -145,7 +145,7 @@ impl Stage for RateLimit {
     #[allow(clippy::manual_async_fn)]
     fn serve<'a, N: RestOfStack + 'a>(
         &'a self,
-        req: Request,
+        req: HandedRequest<'a>,
         extensions: &'a mut Extensions,
         handover: Handover<'a>,
         next: N,

@@ -9,7 +9,8 @@ use reqwest_middleware::{Middleware, Next};
 use super::observer::RequestObserver;
 use crate::proxy::Innermost;
 use crate::stage::{
-    Absent, BoxedWhenPresent, Either, Handled, Handover, Nested, RestOfStack, RetrySlot, Stage,
+    Absent, BoxedWhenPresent, Either, HandedRequest, Handled, Handover, Nested, RequestSlot,
+    RestOfStack, RetrySlot, Stage,
 };
 
 /// The stages from the retry loop inward, nested around `$inner` in the one order they
@@ -181,9 +182,14 @@ impl<T: Stage + 'static, B: Stage + 'static, L: Stage + 'static> Composed<T, B, 
         let inner = Nested::new(&self.observer, inner);
         // Installed always: here, or after the user's per-attempt middlewares.
         let handover = Handover::default().within_composed();
+        // The request's one place while the stages work on it (stage cost rule 3).
+        let mut slot = RequestSlot::new(req);
         match resume {
             None => Made::Inline(Either::Stage {
-                future: owner.poll_made_as(inner.run(req, extensions, handover)),
+                future: async move {
+                    let inner = inner.run(slot.hand(), extensions, handover);
+                    owner.poll_made_as(inner).await
+                },
             }),
             // A body that may be resumed (opt-in): its response is wrapped once it comes.
             // Boxed, so that this rarer future does not size every request's (stage cost
@@ -192,8 +198,8 @@ impl<T: Stage + 'static, B: Stage + 'static, L: Stage + 'static> Composed<T, B, 
             // cache (stage cost rule 6), which cost ~400 instructions per request more
             // than a second allocation (`benches/instructions.rs`, resumed bodies).
             Some((resumer, candidate)) => Made::Boxed(Box::pin(async move {
-                let result =
-                    Box::pin(owner.poll_made_as(inner.run(req, &mut *extensions, handover))).await;
+                let inner = inner.run(slot.hand(), &mut *extensions, handover);
+                let result = Box::pin(owner.poll_made_as(inner)).await;
                 resumer.finish(candidate, result, extensions)
             })),
         }
@@ -304,8 +310,9 @@ impl<T: Stage + 'static, B: Stage + 'static, L: Stage + 'static> crate::resume::
             let inner = nested_from_retry!(self, ClientCall(&self.client));
             let inner = Nested::new(&self.observer, inner);
             let handover = Handover::default().within_composed();
+            let mut slot = RequestSlot::new(req);
             owner
-                .poll_made_as(inner.run(req, &mut extensions, handover))
+                .poll_made_as(inner.run(slot.hand(), &mut extensions, handover))
                 .await
         })
     }
@@ -318,14 +325,14 @@ struct ClientCall<'c>(&'c reqwest::Client);
 impl RestOfStack for ClientCall<'_> {
     fn run<'a>(
         self,
-        req: Request,
+        req: HandedRequest<'a>,
         _: &'a mut Extensions,
         _: Handover<'a>,
     ) -> impl Future<Output = reqwest_middleware::Result<reqwest::Response>> + Send + 'a
     where
         Self: 'a,
     {
-        let sent = self.0.execute(req);
+        let sent = self.0.execute(req.take());
         async move { sent.await.map_err(reqwest_middleware::Error::Reqwest) }
     }
 }
@@ -375,14 +382,16 @@ mod tests {
             let handover = Handover::default().within_composed();
             let copy = crate::stage::copy_head(&req);
             let inside = nested_inside_retry!(stages, Innermost::Next(next.clone()));
-            let attempt = inside.run(req, extensions, handover);
-            self.0[0].store(std::mem::size_of_val(&attempt), Ordering::Relaxed);
+            // What the retry loop boxes for each attempt (`RestOfStack::run_boxed`).
+            let attempt = inside.run_boxed(req, extensions, handover);
+            self.0[0].store(std::mem::size_of_val(&*attempt), Ordering::Relaxed);
             drop(attempt);
             let registry = crate::rate::RateLimitRegistry::new(Default::default())
                 .expect("the default rate limit");
             let rate = crate::rate::RateLimit::new(registry);
             let inside = nested_inside_rate!(stages, Innermost::Next(next));
-            let rated = rate.serve(copy, extensions, handover, inside);
+            let mut slot = RequestSlot::new(copy);
+            let rated = rate.serve(slot.hand(), extensions, handover, inside);
             self.0[1].store(std::mem::size_of_val(&rated), Ordering::Relaxed);
             Err(reqwest_middleware::Error::middleware(
                 std::io::Error::other("not sent"),

@@ -5,10 +5,10 @@
 use std::sync::Arc;
 
 use http::Extensions;
-use reqwest::{Request, Response};
+use reqwest::Response;
 
 use crate::record::{AttemptDecision, AttemptHistory, RequestEvidence};
-use crate::stage::{Handover, RestOfStack, Stage, standalone_middleware};
+use crate::stage::{HandedRequest, Handover, RestOfStack, Stage, standalone_middleware};
 
 /// The [`on_attempt`](super::Resilience::on_attempt) hook, as the builder keeps it and the
 /// observer calls it.
@@ -42,7 +42,7 @@ impl Stage for RequestObserver {
     #[allow(clippy::manual_async_fn)]
     fn serve<'a, N: RestOfStack + 'a>(
         &'a self,
-        req: Request,
+        req: HandedRequest<'a>,
         extensions: &'a mut Extensions,
         handover: Handover<'a>,
         next: N,

@@ -20,9 +20,9 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use http::Extensions;
-use reqwest::{Request, Response};
+use reqwest::Response;
 
-use super::{Handover, RestOfStack};
+use super::{HandedRequest, Handover, RestOfStack};
 
 use crate::error::astral::{from_astral, into_astral};
 
@@ -72,7 +72,7 @@ impl RestOfStack for astral_reqwest_middleware::Next<'_> {
 
     fn run<'a>(
         self,
-        req: Request,
+        req: HandedRequest<'a>,
         extensions: &'a mut Extensions,
         _: Handover<'a>,
     ) -> impl Future<Output = reqwest_middleware::Result<Response>> + Send + 'a
@@ -81,7 +81,7 @@ impl RestOfStack for astral_reqwest_middleware::Next<'_> {
     {
         // Past a `Next` nothing of ours is known.
         ConvertError::new(
-            astral_reqwest_middleware::Next::run(self, req, extensions),
+            astral_reqwest_middleware::Next::run(self, req.take(), extensions),
             from_astral,
         )
     }

@@ -2,6 +2,8 @@
 //! and with feature `astral` the fork's, both from the one stage (its inside being either
 //! crate's `Next`).
 
+use super::{Handover, RequestSlot, RestOfStack, Stage};
+
 /// A [`Stage`](super::Stage) used alone in the fork's client: its fork `Middleware` impl,
 /// beside reqwest-middleware's (see [`standalone_middleware!`]).
 #[cfg(feature = "astral")]
@@ -20,12 +22,8 @@ macro_rules! standalone_astral_middleware {
                 'life2: 'async_trait,
                 Self: 'async_trait,
             {
-                $crate::stage::astral::boxed_for_astral($crate::stage::Stage::serve(
-                    self,
-                    req,
-                    extensions,
-                    $crate::stage::Handover::default(),
-                    next,
+                $crate::stage::astral::boxed_for_astral($crate::stage::standalone::serve_alone(
+                    self, req, extensions, next,
                 ))
             }
         }
@@ -57,15 +55,28 @@ macro_rules! standalone_middleware {
                 'life2: 'async_trait,
                 Self: 'async_trait,
             {
-                Box::pin($crate::stage::Stage::serve(
-                    self,
-                    req,
-                    extensions,
-                    $crate::stage::Handover::default(),
-                    next,
+                Box::pin($crate::stage::standalone::serve_alone(
+                    self, req, extensions, next,
                 ))
             }
         }
     };
 }
 pub(crate) use standalone_middleware;
+
+/// `stage` used alone: the request's one place ([`RequestSlot`]) in the future
+/// reqwest-middleware boxes, the stage on it with nothing handed over.
+pub(crate) fn serve_alone<'a, S: Stage, N: RestOfStack + 'a>(
+    stage: &'a S,
+    req: reqwest::Request,
+    extensions: &'a mut http::Extensions,
+    next: N,
+) -> impl Future<Output = reqwest_middleware::Result<reqwest::Response>> + Send + 'a {
+    let mut slot = RequestSlot::new(req);
+    async move {
+        let handed = slot.hand();
+        stage
+            .serve(handed, extensions, Handover::default(), next)
+            .await
+    }
+}

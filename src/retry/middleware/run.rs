@@ -27,7 +27,7 @@ use crate::record::{
 use crate::retry::attempt_timeout::{self, attempt_cut};
 use crate::retry::hedge::{Hedging, RoundSpec};
 use crate::retry::{Idempotent, MaxRetries, Verdict, Withdrawal, is_idempotent};
-use crate::stage::{Handover, RestOfStack, Stage, standalone_middleware};
+use crate::stage::{HandedRequest, Handover, RestOfStack, Stage, standalone_middleware};
 use crate::upload::ReplayableBody;
 
 standalone_middleware!(RetryMiddleware);
@@ -35,12 +35,12 @@ standalone_middleware!(RetryMiddleware);
 impl Stage for RetryMiddleware {
     fn serve<'a, N: RestOfStack + 'a>(
         &'a self,
-        req: Request,
+        req: HandedRequest<'a>,
         extensions: &'a mut Extensions,
         handover: Handover<'a>,
         next: N,
     ) -> impl Future<Output = reqwest_middleware::Result<Response>> + Send + 'a {
-        self.attempts(Some(req), extensions, handover, next)
+        self.attempts(req, extensions, handover, next)
     }
 }
 
@@ -48,15 +48,13 @@ impl RetryMiddleware {
     /// The retry loop for one logical request: prepare an attempt, run it (plain or as a
     /// hedged round), decide, and either stop or wait and go round again.
     ///
-    /// The caller's request is `kept` (always `Some` when the loop starts) untouched while
-    /// an attempt sends a copy of it, so the stages inside can replay it after a `401`;
-    /// the last attempt possible sends it itself. The future holds the request in that
-    /// one place (an argument of its own besides would be a second 264 bytes: stage cost
-    /// rule 3).
+    /// The caller's request is `kept` untouched while an attempt sends a copy of it, so
+    /// the stages inside can replay it after a `401`; the last attempt possible sends it
+    /// itself.
     #[allow(clippy::manual_async_fn)]
     fn attempts<'a, N: RestOfStack + 'a>(
         &'a self,
-        mut kept: Option<Request>,
+        req: HandedRequest<'a>,
         extensions: &'a mut Extensions,
         handover: Handover<'a>,
         next: N,
@@ -64,12 +62,10 @@ impl RetryMiddleware {
         async move {
             // The owner of the request clears what an earlier one left behind, a deadline
             // handed on for a request whose future was dropped included.
-            let Some(first) = kept.as_ref() else {
-                unreachable!("serve hands the request in")
-            };
-            let owner = handover.enter(extensions, "RetryMiddleware", true, first.url())?;
+            let owner = handover.enter(extensions, "RetryMiddleware", true, req.url())?;
             let timeout = attempt_timeout::for_request(extensions, self.config.attempt_timeout)?;
-            let mut run = RequestRun::begin(&self.config, first, extensions, handover, timeout);
+            let mut run = RequestRun::begin(&self.config, &req, extensions, handover, timeout);
+            let mut kept = Some(req);
             if let (Some(_), Some(req)) = (&run.upload, kept.as_mut()) {
                 // A replayable upload's body is opened for each attempt: the request's
                 // own, if it had one, is never sent (nor copied, which would fail).
@@ -88,26 +84,28 @@ impl RetryMiddleware {
                     };
                     let (result, hedges) = if let Some(upload) = &run.upload {
                         // Rare: an upload opens its body first, and is never hedged (boxed:
-                        // stage cost rule 2; the request is not held across an `.await` of
-                        // every request's future, rule 3).
-                        let handover = handover.with_spare(kept.as_ref());
+                        // stage cost rule 2; the attempt's copy is not held across an
+                        // `.await` of every request's future, rule 3).
+                        let handover = handover.with_spare(kept.as_deref());
                         let sent = run.upload_attempt(
                             upload, &next, req, extensions, handover, owner, &prepared,
                         );
                         (Box::pin(sent).await, 0)
                     } else if let Some((hedging, spec)) = run.hedged_round(&prepared, owner) {
-                        let is_final = run.is_final(kept.as_ref().map(Request::url));
+                        let is_final = run.is_final(kept.as_deref().map(Request::url));
                         // Only a hedged request carries the race (boxed: stage cost rules 2, 5),
                         // made in the box's argument: bound to a name first, the round (about
                         // 4 KB) would keep a slot in every request's loop future (rustc keeps a
                         // moved-from local's room while it is in scope: 4 632 → 952 bytes).
                         // The first copy gets what a plain attempt gets.
-                        let handover = handover.with_spare(kept.as_ref()).with_origin(&run.origin);
+                        let handover = handover
+                            .with_spare(kept.as_deref())
+                            .with_origin(&run.origin);
                         let round = Box::pin(hedging.round(
                             spec,
                             &next,
                             req,
-                            kept.as_ref(),
+                            kept.as_deref(),
                             extensions,
                             handover,
                             is_final,
@@ -115,13 +113,13 @@ impl RetryMiddleware {
                         .await;
                         (round.result, round.hedges)
                     } else {
-                        let handover = handover.with_spare(kept.as_ref());
+                        let handover = handover.with_spare(kept.as_deref());
                         let (sent, end) =
                             run.start_attempt(&next, req, extensions, handover, owner, &prepared);
                         let outcome = sent.await;
                         (end.finish(outcome, extensions, &run.origin), 0)
                     };
-                    let kept_url = kept.as_ref().map(Request::url);
+                    let kept_url = kept.as_deref().map(Request::url);
                     let retry = match run.decide(&result, extensions, prepared, hedges, kept_url) {
                         Ok(retry) => retry,
                         Err(stopped) => return run.finish(result, stopped, extensions),
@@ -269,13 +267,13 @@ impl<'a> RequestRun<'a> {
     #[inline]
     fn prepare(
         &mut self,
-        kept: &mut Option<Request>,
+        kept: &mut Option<HandedRequest<'_>>,
         extensions: &mut Extensions,
     ) -> Option<(PreparedAttempt, Request)> {
         // Copying only when a retry is still possible keeps streaming bodies (and
         // `MaxRetries(0)`) on the single-send path.
         let copy = kept
-            .as_ref()
+            .as_deref()
             .filter(|_| {
                 self.state
                     .retry_possible(self.config.max_not_processed_retries)
@@ -284,7 +282,7 @@ impl<'a> RequestRun<'a> {
         let req = match copy {
             Some(copy) => copy,
             None => {
-                let last = kept.take()?;
+                let last = kept.take()?.take();
                 // The strategy still asks for the URL after this attempt.
                 self.last_url = Some(Box::new(last.url().clone()));
                 last

@@ -148,6 +148,10 @@ pub(crate) mod stage;
 mod sync;
 pub(crate) mod tls_alert;
 pub(crate) mod token;
+// The integration tests' helper, for the unit tests' scoped subscribers too.
+#[cfg(all(test, feature = "tracing"))]
+#[path = "../tests/support/tracing_scope.rs"]
+mod tracing_scope;
 pub mod upload;
 
 /// The `async_trait` attribute, for implementing [`TokenSource`] (or a

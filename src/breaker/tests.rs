@@ -509,7 +509,7 @@ mod events {
     #[tokio::test(start_paused = true)]
     async fn one_event_per_state_change_and_per_pause_with_origin_and_states() {
         let capture = Capture::default();
-        let _guard = tracing::subscriber::set_default(capture.clone());
+        let _guard = crate::tracing_scope::scoped(capture.clone());
         let reg = BreakerRegistry::new(
             BreakerConfig::default()
                 .policy(TripPolicy::consecutive_failures(2))

@@ -261,7 +261,7 @@ mod events {
     #[tokio::test(start_paused = true)]
     async fn one_event_per_limit_change_and_per_rejection_with_origin_and_counts() {
         let capture = Capture::default();
-        let _guard = tracing::subscriber::set_default(capture.clone());
+        let _guard = crate::tracing_scope::scoped(capture.clone());
         let g = Gradient::default()
             .min_limit(1)
             .initial_limit(2)

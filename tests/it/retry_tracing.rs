@@ -1,6 +1,6 @@
-//! The retry middleware's `tracing` events (feature `tracing`). A test binary of its own:
-//! tracing caches per-callsite interest process-wide, so a scoped subscriber in one test
-//! races with callsites first hit by tests on other threads.
+//! The retry middleware's `tracing` events (feature `tracing`). Each test's subscriber is
+//! scoped with `support::tracing_scope`: tracing caches per-callsite interest process-wide,
+//! and a callsite first reached by a test thread without a subscriber would stay silent.
 
 #![cfg(feature = "tracing")]
 
@@ -65,7 +65,7 @@ mod tracing_capture {
 #[tokio::test(start_paused = true)]
 async fn one_tracing_event_per_decision_with_otel_resend_count_method_delay_and_reason() {
     let capture = tracing_capture::Capture::default();
-    let _guard = tracing::subscriber::set_default(capture.clone());
+    let _guard = support::tracing_scope::scoped(capture.clone());
     let server = FaultServer::sequence(
         vec![Action::status(503), Action::status(503)],
         Action::ok("ok"),
@@ -181,7 +181,7 @@ async fn retry_events_of_a_reset(
     retry: reqwest_resilience::retry::RetryMiddlewareBuilder,
 ) -> (Vec<Vec<(String, String)>>, String) {
     let capture = tracing_capture::Capture::default();
-    let _guard = tracing::subscriber::set_default(capture.clone());
+    let _guard = support::tracing_scope::scoped(capture.clone());
     let server = FaultServer::always(Action::ReadThenReset).await;
     let c = ClientBuilder::new(support::loopback_client())
         .with(retry.max_retries(1).build().unwrap())

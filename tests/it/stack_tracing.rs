@@ -78,7 +78,7 @@ fn get(fields: &Fields, name: &str) -> Option<String> {
 #[tokio::test(start_paused = true)]
 async fn one_span_per_logical_request_with_otel_fields_and_one_event_per_attempt() {
     let capture = Capture::default();
-    let _guard = tracing::subscriber::set_default(capture.clone());
+    let _guard = support::tracing_scope::scoped(capture.clone());
     let server = FaultServer::sequence(vec![Action::status(503)], Action::ok("done")).await;
     let client = Resilience::new()
         .retry(
@@ -161,7 +161,7 @@ async fn one_span_per_logical_request_with_otel_fields_and_one_event_per_attempt
 #[tokio::test(start_paused = true)]
 async fn a_failed_request_records_error_type_on_its_span() {
     let capture = Capture::default();
-    let _guard = tracing::subscriber::set_default(capture.clone());
+    let _guard = support::tracing_scope::scoped(capture.clone());
     let port = support::refused_port();
     let client = Resilience::new()
         .no_retry()
@@ -190,7 +190,7 @@ async fn a_failed_request_records_error_type_on_its_span() {
 async fn a_request_that_got_no_bearer_token_records_error_type_token_unavailable() {
     use reqwest_resilience::{AccessToken, BearerAuth, Origin, TokenManager};
     let capture = Capture::default();
-    let _guard = tracing::subscriber::set_default(capture.clone());
+    let _guard = support::tracing_scope::scoped(capture.clone());
     let server = FaultServer::always(Action::ok("never")).await;
     let tokens = TokenManager::new(|| async {
         Err::<AccessToken, _>(std::io::Error::other("identity provider down"))
@@ -268,7 +268,7 @@ async fn the_span_is_internal_with_url_full_redacting_credentials_and_query_valu
     ];
     for (keep_query, request, expected) in cases {
         let capture = Capture::default();
-        let _guard = tracing::subscriber::set_default(capture.clone());
+        let _guard = support::tracing_scope::scoped(capture.clone());
         let client = Resilience::new()
             .span_url_query(keep_query)
             .build(plain_reqwest())
@@ -305,7 +305,7 @@ async fn url_full_redacts_a_query_that_is_only_a_secret_and_keys_that_are_not_na
     ];
     for (query, expected) in cases {
         let capture = Capture::default();
-        let _guard = tracing::subscriber::set_default(capture.clone());
+        let _guard = support::tracing_scope::scoped(capture.clone());
         let client = Resilience::new().build(plain_reqwest()).unwrap();
         let url = format!("http://127.0.0.1:{port}/hook{query}");
         let response = client.get(&url).send().await.unwrap();

@@ -55,6 +55,8 @@ pub mod servers;
 pub mod tinyproxy;
 pub mod tls;
 pub mod tls_faults;
+#[cfg(feature = "tracing")]
+pub mod tracing_scope;
 pub mod upload;
 
 use std::io;

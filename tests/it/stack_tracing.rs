@@ -1,6 +1,6 @@
 //! The `tracing` side of the `Resilience` stack: one span per logical request with
-//! OpenTelemetry's HTTP client field names, and one event per attempt. In its own binary
-//! because it installs a (thread-scoped) subscriber.
+//! OpenTelemetry's HTTP client field names, and one event per attempt. Each test's
+//! subscriber is scoped with `support::tracing_scope` (tests on other threads run beside it).
 #![cfg(feature = "tracing")]
 
 use crate::support;

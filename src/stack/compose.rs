@@ -353,9 +353,10 @@ mod tests {
 
     /// Makes (and never polls) the futures the default stack boxes (`Resilience::new()`'s
     /// stages as `assemble` builds them) over the `Next` it is handed, and keeps their
-    /// sizes: each attempt's (`RestOfStack::run_boxed`), and the learned rate limit's
-    /// when the stack has one (`BoxedWhenPresent`, over the stages inside it).
-    struct BoxedSizes(Arc<[AtomicUsize; 2]>);
+    /// sizes: each attempt's (`RestOfStack::run_boxed`), the learned rate limit's when the
+    /// stack has one (`BoxedWhenPresent`, over the stages inside it), and the request's
+    /// (what `Middleware::handle` boxes).
+    struct BoxedSizes(Arc<[AtomicUsize; 3]>);
 
     #[async_trait::async_trait]
     impl Middleware for BoxedSizes {
@@ -381,6 +382,7 @@ mod tests {
             };
             let handover = Handover::default().within_composed();
             let copy = crate::stage::copy_head(&req);
+            let whole = crate::stage::copy_head(&req);
             let inside = nested_inside_retry!(stages, Innermost::Next(next.clone()));
             // What the retry loop boxes for each attempt (`RestOfStack::run_boxed`).
             let attempt = inside.run_boxed(req, extensions, handover);
@@ -389,10 +391,16 @@ mod tests {
             let registry = crate::rate::RateLimitRegistry::new(Default::default())
                 .expect("the default rate limit");
             let rate = crate::rate::RateLimit::new(registry);
-            let inside = nested_inside_rate!(stages, Innermost::Next(next));
+            let inside = nested_inside_rate!(stages, Innermost::Next(next.clone()));
             let mut slot = RequestSlot::new(copy);
             let rated = rate.serve(slot.hand(), extensions, handover, inside);
             self.0[1].store(std::mem::size_of_val(&rated), Ordering::Relaxed);
+            drop(rated);
+            let request = match stages.run_request(whole, extensions, next) {
+                Made::Inline(future) => std::mem::size_of_val(&future),
+                Made::Boxed(future) => std::mem::size_of_val(&*future),
+            };
+            self.0[2].store(request, Ordering::Relaxed);
             Err(reqwest_middleware::Error::middleware(
                 std::io::Error::other("not sent"),
             ))
@@ -401,13 +409,18 @@ mod tests {
 
     #[tokio::test]
     async fn the_futures_the_default_stack_boxes_fit_the_allocators_thread_cache() {
-        let sizes = Arc::new([AtomicUsize::new(0), AtomicUsize::new(0)]);
+        let sizes = Arc::new([
+            AtomicUsize::new(0),
+            AtomicUsize::new(0),
+            AtomicUsize::new(0),
+        ]);
         let client = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
             .with(BoxedSizes(sizes.clone()))
             .build();
         let sent = client.get("http://127.0.0.1:9/").send().await;
         assert!(sent.is_err(), "nothing is sent");
-        for (future, size) in ["attempt", "rate limit"].into_iter().zip(sizes.iter()) {
+        let futures = ["attempt", "rate limit", "request"];
+        for (future, size) in futures.into_iter().zip(sizes.iter()) {
             let size = size.load(Ordering::Relaxed);
             assert!(size > 0, "the probe made the {future} future");
             assert!(

@@ -33,18 +33,6 @@ use crate::upload::ReplayableBody;
 standalone_middleware!(RetryMiddleware);
 
 impl Stage for RetryMiddleware {
-    fn serve<'a, N: RestOfStack + 'a>(
-        &'a self,
-        req: HandedRequest<'a>,
-        extensions: &'a mut Extensions,
-        handover: Handover<'a>,
-        next: N,
-    ) -> impl Future<Output = reqwest_middleware::Result<Response>> + Send + 'a {
-        self.attempts(req, extensions, handover, next)
-    }
-}
-
-impl RetryMiddleware {
     /// The retry loop for one logical request: prepare an attempt, run it (plain or as a
     /// hedged round), decide, and either stop or wait and go round again.
     ///
@@ -52,7 +40,7 @@ impl RetryMiddleware {
     /// the stages inside can replay it after a `401`; the last attempt possible sends it
     /// itself.
     #[allow(clippy::manual_async_fn)]
-    fn attempts<'a, N: RestOfStack + 'a>(
+    fn serve<'a, N: RestOfStack + 'a>(
         &'a self,
         req: HandedRequest<'a>,
         extensions: &'a mut Extensions,

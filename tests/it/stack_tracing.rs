@@ -329,3 +329,23 @@ async fn url_full_redacts_a_query_that_is_only_a_secret_and_keys_that_are_not_na
     }
     assert_eq!(server.requests_seen(), 4);
 }
+
+/// An event the test below reaches first from a thread with no subscriber of its own.
+fn probe_event() {
+    tracing::info!(target: TARGET, probe = "scoped", "probe");
+}
+
+#[test]
+fn a_callsite_first_reached_on_a_thread_without_a_subscriber_still_reaches_a_scoped_one() {
+    let capture = Capture::default();
+    let _guard = support::tracing_scope::scoped(capture.clone());
+    // Registered by a thread with no subscriber, while this thread's is in place: with only
+    // one subscriber registered, tracing-core would cache that thread's `never`.
+    std::thread::spawn(probe_event)
+        .join()
+        .expect("the probe thread ends");
+    probe_event();
+    let events = capture.events.lock().unwrap();
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert_eq!(events[0].get("probe").map(String::as_str), Some("scoped"));
+}

@@ -127,6 +127,7 @@ pub mod guide;
 pub mod limit;
 pub mod metrics;
 pub mod misconfig;
+pub mod network;
 pub mod origin;
 mod origin_map;
 mod protocol_nacks;

@@ -452,6 +452,9 @@ mod enabled {
             FailureKind::ConcurrencyLimited => "concurrency_limited",
             FailureKind::RateLimited => "rate_limited",
             FailureKind::Cancelled => "cancelled",
+            FailureKind::ConnectTimeout => "connect_timeout",
+            FailureKind::NoProgress => "no_progress",
+            FailureKind::NetworkChanged => "network_changed",
         }
     }
 }

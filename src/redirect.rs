@@ -243,6 +243,19 @@ pub(crate) struct HopCount {
     /// A connection was started by a client of [`recorded_client`]: that client's
     /// redirects are recorded, whatever the transport step was told.
     pub(crate) proven: bool,
+    /// The addresses the attempt's new connection tried (`crate::network`'s connector).
+    pub(crate) connect: Option<std::sync::Arc<crate::record::ConnectAttempts>>,
+}
+
+/// Leaves `attempts` in the record of the attempt being polled on this thread (none:
+/// the connection is being made for the pool, outside any attempt).
+#[allow(dead_code)] // the address race's (crate::network), next
+pub(crate) fn record_connect(attempts: std::sync::Arc<crate::record::ConnectAttempts>) {
+    HOPS.with(|hops| {
+        if let Some(current) = hops.borrow_mut().last_mut() {
+            current.connect = Some(attempts);
+        }
+    });
 }
 
 thread_local! {

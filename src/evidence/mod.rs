@@ -139,6 +139,6 @@ pub(crate) use crate::classify::classify_error;
 pub use middleware::TransportEvidence;
 
 pub use crate::record::{
-    AttemptDecision, AttemptHistory, AttemptRecord, FailureKind, NotProcessedProof, Redirects,
-    RequestEvidence, Shared, SharedRole, Transmission,
+    AddressOutcome, AddressTried, AttemptDecision, AttemptHistory, AttemptRecord, ConnectAttempts,
+    FailureKind, NotProcessedProof, Redirects, RequestEvidence, Shared, SharedRole, Transmission,
 };

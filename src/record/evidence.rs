@@ -103,6 +103,23 @@ pub enum FailureKind {
     /// refused before it was sent (always with [`Transmission::NotSent`]) and is never
     /// retried. See [`Misconfiguration`](crate::misconfig::Misconfiguration).
     Misconfigured,
+    /// Every address of the host timed out while connecting (the connect timeout per
+    /// address, [`Network::connect_timeout`](crate::network::Network::connect_timeout)):
+    /// a host, or a path to it, that drops what is sent to it. Always with
+    /// [`Transmission::NotSent`]; not retried, since a retry would wait as long again (the
+    /// request's connect budget is spent).
+    ConnectTimeout,
+    /// No byte came from the server for the no-progress bound
+    /// ([`Network::no_progress`](crate::network::Network::no_progress)): a stuck server or
+    /// a dead path. [`Transmission::Unknown`] before the response head (an idempotent
+    /// request is retried, another is not), a body failure after it.
+    NoProgress,
+    /// The machine's network changed (an address or a link came or went, or the process
+    /// woke from a suspend) while the attempt waited on a connection opened before it:
+    /// the attempt was cut, so that it runs again at once on a new connection. Only an
+    /// idempotent request is cut (always with [`Transmission::Unknown`]). Says nothing
+    /// about the origin.
+    NetworkChanged,
     /// A copy of a hedged request, dropped without an outcome because another copy
     /// answered first (always with [`Transmission::Unknown`]: nothing below the transport
     /// step reports whether its bytes had gone out, so it may have reached the server).
@@ -220,6 +237,11 @@ pub struct RequestEvidence {
     /// The proxy of a [`ProxyPool`](crate::proxy::ProxyPool) that carried the attempt
     /// (`None`: sent without one). [`origin`](Self::origin) stays the target's.
     pub proxy: Option<Origin>,
+    /// Every address the attempt's new connection tried, with each one's outcome (`None`:
+    /// no connection was opened for it, a pooled one was reused, or the client is not one
+    /// of [`build_from`](crate::Resilience::build_from) or
+    /// [`recorded_client`](crate::redirect::recorded_client)).
+    pub connect: Option<std::sync::Arc<super::ConnectAttempts>>,
     /// Whether the outcome is the proxy's rather than the target's (a failed connection
     /// to the proxy, a `407`, a status the pool rotates on): the breaker charges
     /// [`proxy`](Self::proxy), and the next attempt takes the next proxy. See
@@ -241,6 +263,7 @@ impl RequestEvidence {
             redirects: Redirects::None,
             final_origin: None,
             proxy: None,
+            connect: None,
             charged_to_proxy: false,
         }
     }

@@ -25,6 +25,7 @@
 //! [`clear_earlier_request`] when it enters it. A field added to the record and not
 //! cleared there would leak into the next request: add both in this module.
 
+mod connect;
 mod continuation;
 mod decision;
 mod evidence;
@@ -32,6 +33,7 @@ mod history;
 mod keys;
 mod request_record;
 
+pub use connect::{AddressOutcome, AddressTried, ConnectAttempts};
 pub use continuation::OperationAttempt;
 pub(crate) use continuation::{Continuation, HandedBack, PassEnd, Spent};
 pub use decision::{AttemptDecision, RetryReason, StopReason};

@@ -240,6 +240,8 @@ pub struct Resilience {
     pub(super) proxies: Option<crate::proxy::ProxyPool>,
     /// The pool's clients, built by `build_from`.
     pub(super) routes: Option<crate::proxy::Routes>,
+    /// How `build_from`'s clients connect and how long they wait on the network.
+    pub(super) network: crate::network::Network,
 }
 
 impl Default for Resilience {
@@ -264,6 +266,7 @@ impl fmt::Debug for Resilience {
             .field("resume_bodies", &self.resume_bodies)
             // The pool's Debug shows each proxy's origin, never its credentials.
             .field("proxies", &self.proxies)
+            .field("network", &self.network)
             .finish_non_exhaustive()
     }
 }
@@ -288,6 +291,7 @@ impl Resilience {
             resume_bodies: false,
             proxies: None,
             routes: None,
+            network: crate::network::Network::new(),
         }
     }
 

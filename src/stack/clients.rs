@@ -57,7 +57,8 @@ impl Resilience {
         }
         let policy = self.redirect_policy.take().unwrap_or_default();
         let own_retries = !matches!(self.retry, RetryKind::Off);
-        let build = |builder, policy| build(builder, policy, own_retries);
+        let network = self.network.clone();
+        let build = |builder, policy| build(network.apply(builder), policy, own_retries);
         let client = match self.proxies.take() {
             None => build(builders.next_builder(), crate::redirect::recorded(policy))?,
             Some(_) if !B::MANY => {
@@ -113,4 +114,26 @@ fn build(
         builder.retry(crate::protocol_nacks::harmless_replays())
     };
     builder.build().map_err(ResilienceError::ClientBuild)
+}
+
+impl Resilience {
+    /// How the clients [`build_from`](Self::build_from) builds connect and how long they
+    /// wait on the network (default [`Network::new`](crate::network::Network::new): every
+    /// wait bounded, addresses raced, a changed network noticed); see
+    /// [`crate::network`]. A client handed to [`build`](Self::build) is the caller's own:
+    /// this does not reach it.
+    ///
+    /// ```
+    /// use reqwest_resilience::Resilience;
+    /// use reqwest_resilience::network::Network;
+    ///
+    /// # fn main() -> Result<(), reqwest_resilience::ResilienceError> {
+    /// // reqwest's client as it is, without the stack's network settings:
+    /// let client = Resilience::new().network(Network::off()).build_from(reqwest::Client::builder())?;
+    /// # drop(client); Ok(()) }
+    /// ```
+    pub fn network(mut self, network: crate::network::Network) -> Self {
+        self.network = network;
+        self
+    }
 }

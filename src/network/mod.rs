@@ -1,0 +1,58 @@
+//! Network weather: the faults of the path between the client and the server, which the
+//! server never sees — a Wi-Fi that drops, a VPN that reconnects, a laptop that sleeps, a
+//! NAT that forgets a flow, a host with one dead address.
+//!
+//! A client built by [`Resilience::build_from`](crate::Resilience::build_from) (or
+//! [`redirect::recorded_client`](crate::redirect::recorded_client)) bounds every wait by
+//! default, without cutting slow answers:
+//!
+//! | setting | default | anchor |
+//! |---|---|---|
+//! | [`connect_timeout`](Network::connect_timeout) | 10 s per address | OkHttp's `connectTimeout` |
+//! | [`attempt_delay`](Network::attempt_delay) | a new address every 250 ms, families interleaved | RFC 8305 (Happy Eyeballs v2) §5 |
+//! | [`failed_address_memory`](Network::failed_address_memory) | an address that failed is tried last for 10 min | OkHttp's route database |
+//! | [`no_progress`](Network::no_progress) | 300 s without a byte from the server ends the attempt | Firefox's `network.http.response.timeout` |
+//! | [`http2_keep_alive`](Network::http2_keep_alive) | a PING every 30 s, 20 s for its answer | hyper's ping timeout; Chromium's HTTP/2 health checks |
+//! | [`watch_changes`](Network::watch_changes) | on: a change of the machine's addresses, or a wake from a suspend, retires pooled connections | Chromium's `OnIPAddressChanged` |
+//! | TCP keep-alive 15 s × 3, `TCP_USER_TIMEOUT` 30 s | reqwest 0.13's own, kept | reqwest |
+//!
+//! Each default is overridable on [`Network`], handed to
+//! [`Resilience::network`](crate::Resilience::network); [`Network::off`] leaves the
+//! client as reqwest builds it.
+//!
+//! # What each setting does
+//!
+//! - **Addresses race** (RFC 8305): the host's addresses are tried one after another,
+//!   IPv6 and IPv4 interleaved, a new one every `attempt_delay` while the earlier ones
+//!   are still trying (at once when one fails); the first to connect carries the request
+//!   and the others are dropped. An address that failed is tried last for that host until
+//!   it connects again (at most `failed_address_memory`), so the next connections to a
+//!   host with one dead address do not wait on it. Every address tried, with its outcome,
+//!   is in [`RequestEvidence::connect`](crate::RequestEvidence::connect).
+//! - **A dead host fails as fast as bare reqwest.** When every address timed out, the
+//!   attempt fails [`ConnectTimeout`](crate::FailureKind::ConnectTimeout) and is not
+//!   retried: a retry would wait as long again, so the request's connect budget is one
+//!   connect timeout. A refused connection is still retried (it costs nothing). The
+//!   breaker counts each as a failure, and once it opens the next requests fail at once.
+//!   A dead address of a live host costs the request nothing but the attempt delay, and is
+//!   never the origin's failure.
+//! - **No progress**: an attempt that receives no byte for `no_progress` — no response
+//!   head, or no body chunk once the head came — is cut with
+//!   [`NoProgress`](crate::FailureKind::NoProgress), decided by the decision table (a
+//!   `GET` retried, a `POST` not). Streams that send bytes (an LLM's tokens, server-sent
+//!   events' comments) are never cut; the wait for the head counts from the end of the
+//!   request's body, so a long upload is not cut either.
+//! - **A changed network is noticed**: when the machine's addresses change (an interface
+//!   up or down, a VPN up or down, a new Wi-Fi) or the process wakes from a suspend (the
+//!   wall clock jumped ahead of the monotonic one), connections opened before it are not
+//!   reused: new requests open fresh ones, and an idempotent request waiting on an old
+//!   one is cut ([`NetworkChanged`](crate::FailureKind::NetworkChanged)) and sent again
+//!   at once. A `POST` in flight is left to finish: it is never sent twice.
+//!
+//! A setting of reqwest's own that this module sets (`dns_resolver`, the HTTP/2 keep-alive
+//! pings) replaces the same setting on the builder handed to `build_from`: set it here.
+
+mod client;
+mod config;
+
+pub use config::Network;

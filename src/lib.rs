@@ -141,6 +141,7 @@ pub mod ratelimit_fields;
 mod ratelimit_fields;
 pub(crate) mod record;
 pub mod redirect;
+mod response_body;
 pub mod resume;
 pub mod retry;
 pub mod retry_after;

@@ -310,6 +310,7 @@ mod enabled {
             RetryReason::BreakerRejected => "breaker_rejected",
             RetryReason::NotProcessed => "not_processed",
             RetryReason::GoAway => "go_away",
+            RetryReason::NetworkChanged => "network_changed",
             RetryReason::Transient => "transient",
             RetryReason::Status(_) => "status",
             RetryReason::BodyInterrupted => "body_interrupted",

@@ -453,6 +453,7 @@ impl AttemptClassifier for DefaultClassifier {
             return match e.failure {
                 Some(
                     FailureKind::GoAway
+                    | FailureKind::NetworkChanged
                     | FailureKind::BreakerOpen
                     | FailureKind::Paused
                     | FailureKind::TokenUnavailable

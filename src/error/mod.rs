@@ -138,6 +138,24 @@ pub enum ResilienceError {
     /// opened for an attempt (the file is missing, unreadable); that attempt was not sent
     /// (`Transmission::NotSent`) and is not retried. The I/O error is kept as `source()`.
     UploadBody(UploadBodyError),
+    /// No byte came from the server for the no-progress bound
+    /// ([`Network::no_progress`](crate::network::Network::no_progress)) before the
+    /// response head: the attempt was cut (`Transmission::Unknown`,
+    /// [`FailureKind::NoProgress`](crate::FailureKind::NoProgress)).
+    NoProgress {
+        /// The origin that sent nothing.
+        origin: Origin,
+        /// The bound that passed.
+        after: std::time::Duration,
+    },
+    /// The machine's network changed (or the process woke from a suspend) while the
+    /// attempt waited on a connection opened before it: the attempt was cut, to run
+    /// again on a new connection (`Transmission::Unknown`,
+    /// [`FailureKind::NetworkChanged`](crate::FailureKind::NetworkChanged)).
+    NetworkChanged {
+        /// The origin the attempt went to.
+        origin: Origin,
+    },
 }
 
 impl fmt::Display for ResilienceError {
@@ -185,6 +203,16 @@ impl fmt::Display for ResilienceError {
             ),
             ResilienceError::ClientBuild(_) => f.write_str("the reqwest client could not be built"),
             ResilienceError::UploadBody(e) => write!(f, "{e}: not sent"),
+            ResilienceError::NoProgress { origin, after } => {
+                write!(
+                    f,
+                    "no byte from {origin} for {after:?}: the attempt was cut"
+                )
+            }
+            ResilienceError::NetworkChanged { origin } => write!(
+                f,
+                "the network changed under the attempt to {origin}: cut, to be sent again on a new connection"
+            ),
         }
     }
 }

@@ -71,6 +71,8 @@ use crate::stage::{HandedRequest, Handover, RestOfStack, Stage, standalone_middl
 #[derive(Debug, Clone, Default)]
 pub struct TransportEvidence {
     redirects: Declared,
+    /// The network's state, for a client `build_from` built (`crate::network`).
+    weather: Option<std::sync::Arc<crate::network::weather::Weather>>,
 }
 
 impl TransportEvidence {
@@ -90,7 +92,18 @@ impl TransportEvidence {
     pub fn with_client_redirects(redirects: ClientRedirects) -> Self {
         TransportEvidence {
             redirects: Declared::new(redirects),
+            weather: None,
         }
+    }
+
+    /// The same step over a client `build_from` built: its attempts watched for progress
+    /// and for changes of the network.
+    pub(crate) fn with_weather(
+        mut self,
+        weather: Option<std::sync::Arc<crate::network::weather::Weather>>,
+    ) -> Self {
+        self.weather = weather;
+        self
     }
 
     /// What this step assumes about the client's redirects now: the declaration, or
@@ -127,18 +140,16 @@ impl Stage for TransportEvidence {
             let unsafe_unobserved = declared == ClientRedirects::Unobserved
                 && !crate::record::idempotent_request(req.method(), req.headers());
             let routed = next.routed();
+            let weather = self.weather.as_deref();
+            let prepared = weather.map(|w| super::weather::prepare(w, &mut req, routed));
+            let (client, watch) = match prepared {
+                Some(p) => (p.client, Some(p.watch)),
+                None => (None, None),
+            };
+            let next = super::weather::OnClient { client, next };
             let (origin, attempt, started, method, url_key, sent) =
                 hand_on(req, &mut *extensions, handover, next);
-            // Unobserved is watched too: a client of `redirect::recorded_client` proves itself
-            // by the connections it opens (a refused connect then stays `NotSent`, for any
-            // method), and a hop the recorded policy saw is proof.
-            let watch = declared != ClientRedirects::Off;
-            let (result, hops) = if watch {
-                let (result, hops) = Recording::new(sent).await;
-                (result, Some(hops))
-            } else {
-                (sent.await, None)
-            };
+            let (result, hops, cut) = observe(sent, watch, declared, (&origin, attempt)).await;
             // Read again: a response of another attempt may have proven the declaration
             // false meanwhile.
             let client = assumed(self.redirects.current(), hops.as_ref());
@@ -150,7 +161,9 @@ impl Stage for TransportEvidence {
                 // this attempt's.
                 return result;
             }
-            let mut evidence = evidence_of(&result, origin, attempt);
+            let result = result.map(|r| super::weather::bound_response(r, weather));
+            let mut evidence = cut.unwrap_or_else(|| evidence_of(&result, origin, attempt));
+            evidence.connect = hops.as_ref().and_then(|h| h.connect.clone());
             self.judge_redirects(
                 &mut evidence,
                 &result,
@@ -227,6 +240,44 @@ fn assumed(declared: ClientRedirects, hops: Option<&HopCount>) -> ClientRedirect
     match declared {
         ClientRedirects::Unobserved if hops.is_some_and(|h| h.proven) => ClientRedirects::Recorded,
         declared => declared,
+    }
+}
+
+/// The attempt's outcome, with the hops the client recorded when it is `watched` (not
+/// [`ClientRedirects::Off`]), and the evidence of the cut when `watch` cut it.
+async fn observe<F: Future<Output = reqwest_middleware::Result<Response>>>(
+    sent: F,
+    watch: Option<crate::network::progress::Watch>,
+    declared: ClientRedirects,
+    (origin, attempt): (&Option<Origin>, u32),
+) -> (
+    reqwest_middleware::Result<Response>,
+    Option<HopCount>,
+    Option<RequestEvidence>,
+) {
+    let watched = declared != ClientRedirects::Off;
+    let Some(watch) = watch else {
+        return if watched {
+            let (result, hops) = Recording::new(sent).await;
+            (result, Some(hops), None)
+        } else {
+            (sent.await, None, None)
+        };
+    };
+    // Boxed: the timers would size every attempt's future (stage cost rule 2).
+    let guarded = Box::pin(crate::network::progress::guarded(sent, watch));
+    let (outcome, hops) = if watched {
+        let (outcome, hops) = Recording::new(guarded).await;
+        (outcome, Some(hops))
+    } else {
+        (guarded.await, None)
+    };
+    match outcome {
+        Ok(result) => (result, hops, None),
+        Err(cut) => {
+            let (evidence, error) = super::weather::cut(cut, origin.clone(), attempt);
+            (Err(error), hops, Some(evidence))
+        }
     }
 }
 

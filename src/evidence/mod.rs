@@ -134,6 +134,7 @@
 //! above.
 
 mod middleware;
+mod weather;
 
 pub(crate) use crate::classify::classify_error;
 pub use middleware::TransportEvidence;

@@ -4,7 +4,7 @@
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use reqwest::{Body, Response, ResponseBuilderExt};
+use reqwest::{Body, Response};
 
 use super::registry::LimitPermit;
 
@@ -56,38 +56,22 @@ impl http_body::Body for PermitBody {
     }
 }
 
-/// `response`, its body holding `permit` until it ends or is dropped.
-///
-/// reqwest rebuilds a `Response` from an `http::Response` whose body it wraps: status,
-/// version, headers and extensions (the remote address, `Response::upgrade`'s handle, a
-/// middleware's records) move across, the URL is put back, and the body keeps its
-/// decoding and its timeouts (they are inside it). The price is three boxed bodies and a
-/// copy of the URL per response with a body; the URL goes into the response's own
-/// extensions (no map of its own to build and merge).
+/// `response`, its body holding `permit` until it ends or is dropped
+/// ([`crate::response_body::map_body`]).
 pub(super) fn hold_until_body_end(response: Response, permit: LimitPermit) -> Response {
-    let url = response.url().clone();
-    let (mut parts, body) = http::Response::<Body>::from(response).into_parts();
-    let body = Body::wrap(PermitBody {
-        inner: body,
-        permit: Some(permit),
-        ended: false,
-    });
-    // reqwest keeps the URL in an extension of its own, which only its builder sets: the
-    // builder is given the response's extensions to set it in, and hands them back. A
-    // builder that was only given an extension never fails.
-    let mut with_url = http::Response::builder();
-    if let Some(extensions) = with_url.extensions_mut() {
-        std::mem::swap(extensions, &mut parts.extensions);
-    }
-    if let Ok(with_url) = with_url.url(url).body(()) {
-        parts.extensions = with_url.into_parts().0.extensions;
-    }
-    Response::from(http::Response::from_parts(parts, body))
+    crate::response_body::map_body(response, |body| {
+        Body::wrap(PermitBody {
+            inner: body,
+            permit: Some(permit),
+            ended: false,
+        })
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use reqwest::ResponseBuilderExt;
     use crate::Origin;
     use crate::limit::LimiterConfig;
     use crate::limit::registry::{Admission, LimiterRegistry};

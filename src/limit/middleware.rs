@@ -154,7 +154,7 @@ fn sample_of(
             (Transmission::ResponseReceived(s), _) if overload(s) => Sample::Overload,
             // The transport step's own time: a token wait in `BearerAuth` is not latency.
             (Transmission::ResponseReceived(_), _) => Sample::Latency(e.elapsed),
-            (_, Some(FailureKind::Timeout)) => Sample::Overload,
+            (_, Some(FailureKind::Timeout | FailureKind::NoProgress)) => Sample::Overload,
             _ => Sample::Ignored,
         },
         // No transport step inside: the result speaks for itself.

@@ -29,6 +29,8 @@ pub struct Network {
     pub(crate) http2_keep_alive: Option<(Duration, Duration)>,
     pub(crate) watch_changes: bool,
     pub(crate) resolver: Option<Arc<dyn reqwest::dns::Resolve>>,
+    /// The wall clock the suspend check compares with the monotonic one.
+    pub(crate) wall_clock: Option<super::weather::WallClock>,
     /// `false` for [`Network::off`]: the client as reqwest builds it.
     pub(crate) on: bool,
 }
@@ -81,6 +83,7 @@ impl Network {
             )),
             watch_changes: true,
             resolver: None,
+            wall_clock: None,
             on: true,
         }
     }
@@ -141,6 +144,17 @@ impl Network {
     /// connections opened before it. Default on.
     pub fn watch_changes(mut self, watch: bool) -> Self {
         self.watch_changes = watch;
+        self
+    }
+
+    /// The wall clock the suspend check reads (default `SystemTime::now`): a test of an
+    /// application can make the process seem to wake from a suspend by returning a time
+    /// ahead of the real one.
+    pub fn wall_clock(
+        mut self,
+        clock: impl Fn() -> std::time::SystemTime + Send + Sync + 'static,
+    ) -> Self {
+        self.wall_clock = Some(Arc::new(clock));
         self
     }
 

@@ -52,7 +52,13 @@
 //! A setting of reqwest's own that this module sets (`dns_resolver`, the HTTP/2 keep-alive
 //! pings) replaces the same setting on the builder handed to `build_from`: set it here.
 
+mod changes;
 mod client;
 mod config;
+pub(crate) mod progress;
+mod suspend;
+mod watch;
+pub(crate) mod weather;
 
 pub use config::Network;
+pub use progress::NoProgress;

@@ -58,6 +58,11 @@ pub enum RetryReason {
     /// (`max_not_processed_retries`), and free of the retry budget (a rotation is not a
     /// failure). A non-idempotent request stops: the stream may have been processed.
     GoAway,
+    /// The machine's network changed under an idempotent attempt
+    /// ([`FailureKind::NetworkChanged`]): taken like [`GoAway`](Self::GoAway), at once, on
+    /// a connection opened after the change, outside `max_retries`, under the same cap,
+    /// free of the retry budget.
+    NetworkChanged,
     /// An idempotent request got no response (reset, timeout, closed, unknown).
     Transient,
     /// A retryable status (408, 429, 500, 502, 503, 504).
@@ -128,6 +133,9 @@ impl fmt::Display for RetryReason {
             RetryReason::NotProcessed => f.write_str("the server did not process it"),
             RetryReason::GoAway => {
                 f.write_str("the server closed the connection (GOAWAY) under an idempotent request")
+            }
+            RetryReason::NetworkChanged => {
+                f.write_str("the network changed under an idempotent request")
             }
             RetryReason::Transient => f.write_str("an idempotent request got no response"),
             RetryReason::Status(s) => write!(f, "retryable status {}", s.as_u16()),

@@ -303,6 +303,11 @@ impl<S: RetryStrategy + ?Sized> RetryStrategy for std::sync::Arc<S> {
 /// at once ([`RetryReason::GoAway`], under the same cap, free of the retry budget), a
 /// non-idempotent one stops ([`StopReason::MayHaveBeenProcessed`]).
 ///
+/// An idempotent attempt cut because the machine's network changed under it
+/// ([`FailureKind::NetworkChanged`]) is sent again the same way, at once, on a connection
+/// opened after the change ([`RetryReason::NetworkChanged`], under the same cap, free of
+/// the retry budget): the server is not to blame.
+///
 /// A request over its origin's concurrency limit was not sent either, but is not
 /// retried: the limit says the origin already has as many of our attempts as it should
 /// serve at once, so a retry after a backoff would return to a full origin (or, with a
@@ -371,6 +376,13 @@ impl RetryStrategy for DefaultStrategy {
                 && ctx.not_processed_retries < ctx.max_not_processed_retries =>
             {
                 Verdict::Retry(RetryReason::GoAway)
+            }
+            // Cut because the network changed under it: at once, on a fresh connection.
+            _ if ev.failure == Some(FailureKind::NetworkChanged)
+                && ctx.idempotent
+                && ctx.not_processed_retries < ctx.max_not_processed_retries =>
+            {
+                Verdict::Retry(RetryReason::NetworkChanged)
             }
             _ if ctx.idempotent => Verdict::Retry(RetryReason::Transient),
             _ if ev.not_processed.is_some() => Verdict::Stop(StopReason::NotProcessedRetryUsed),

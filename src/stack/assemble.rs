@@ -39,7 +39,8 @@ impl Resilience {
         // then follows it as a middleware of its own.
         let transport = TransportEvidence::with_client_redirects(
             self.client_redirects.unwrap_or(ClientRedirects::Unobserved),
-        );
+        )
+        .with_weather(self.weather);
         // A resumed body's range requests go through the stages over the client itself.
         let resume = client.map(|client| ResumeSetup {
             by_default: self.resume_bodies,

@@ -242,6 +242,8 @@ pub struct Resilience {
     pub(super) routes: Option<crate::proxy::Routes>,
     /// How `build_from`'s clients connect and how long they wait on the network.
     pub(super) network: crate::network::Network,
+    /// The network's state for `build_from`'s client, made by `build_from`.
+    pub(super) weather: Option<Arc<crate::network::weather::Weather>>,
 }
 
 impl Default for Resilience {
@@ -292,6 +294,7 @@ impl Resilience {
             proxies: None,
             routes: None,
             network: crate::network::Network::new(),
+            weather: None,
         }
     }
 

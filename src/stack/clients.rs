@@ -12,7 +12,7 @@ use crate::redirect::ClientRedirects;
 mod sealed {
     pub trait Sealed {}
     impl Sealed for reqwest::ClientBuilder {}
-    impl<F: FnMut() -> reqwest::ClientBuilder> Sealed for F {}
+    impl<F: FnMut() -> reqwest::ClientBuilder + Send + 'static> Sealed for F {}
 }
 
 /// What [`Resilience::build_from`] takes: a `reqwest::ClientBuilder` (one client), or a
@@ -26,6 +26,10 @@ pub trait ClientBuilders: sealed::Sealed {
     /// The next builder (a single builder's first call takes it).
     #[doc(hidden)]
     fn next_builder(&mut self) -> reqwest::ClientBuilder;
+    /// What gives the builders for the clients built again after a network change
+    /// (`None`: a single builder can give no more).
+    #[doc(hidden)]
+    fn into_maker(self) -> Option<Box<dyn FnMut() -> reqwest::ClientBuilder + Send>>;
 }
 
 impl ClientBuilders for reqwest::ClientBuilder {
@@ -33,12 +37,18 @@ impl ClientBuilders for reqwest::ClientBuilder {
     fn next_builder(&mut self) -> reqwest::ClientBuilder {
         std::mem::replace(self, reqwest::Client::builder())
     }
+    fn into_maker(self) -> Option<Box<dyn FnMut() -> reqwest::ClientBuilder + Send>> {
+        None
+    }
 }
 
-impl<F: FnMut() -> reqwest::ClientBuilder> ClientBuilders for F {
+impl<F: FnMut() -> reqwest::ClientBuilder + Send + 'static> ClientBuilders for F {
     const MANY: bool = true;
     fn next_builder(&mut self) -> reqwest::ClientBuilder {
         self()
+    }
+    fn into_maker(self) -> Option<Box<dyn FnMut() -> reqwest::ClientBuilder + Send>> {
+        Some(Box::new(self))
     }
 }
 
@@ -55,12 +65,15 @@ impl Resilience {
                 setting: "client_redirects",
             }));
         }
-        let policy = self.redirect_policy.take().unwrap_or_default();
+        // One policy for every client (reqwest's is not `Clone`).
+        let policy = Arc::new(self.redirect_policy.take().unwrap_or_default());
         let own_retries = !matches!(self.retry, RetryKind::Off);
         let network = self.network.clone();
-        let build = |builder, policy| build(network.apply(builder), policy, own_retries);
+        let build = |builder, policy: &Arc<reqwest::redirect::Policy>| {
+            build(network.apply(builder), recorded(policy), own_retries)
+        };
         let client = match self.proxies.take() {
-            None => build(builders.next_builder(), crate::redirect::recorded(policy))?,
+            None => build(builders.next_builder(), &policy)?,
             Some(_) if !B::MANY => {
                 return Err(ResilienceError::InvalidStack(
                     StackError::ProxiesNeedBuildFrom {
@@ -70,28 +83,52 @@ impl Resilience {
             }
             Some(pool) => {
                 let proxies = pool.check()?;
-                // One policy for every client (reqwest's is not `Clone`).
-                let policy = Arc::new(policy);
-                let recorded = || {
-                    let policy = policy.clone();
-                    crate::redirect::recorded(reqwest::redirect::Policy::custom(move |a| {
-                        policy.redirect(a)
-                    }))
-                };
                 let clients = proxies
                     .into_iter()
                     .map(|(proxy, origin)| {
                         let builder = builders.next_builder().proxy(proxy);
-                        Ok((build(builder, recorded())?, origin))
+                        Ok((build(builder, &policy)?, origin))
                     })
                     .collect::<Result<Vec<_>, ResilienceError>>()?;
                 self.routes = Some(pool.into_routes(clients));
-                build(builders.next_builder(), recorded())?
+                build(builders.next_builder(), &policy)?
             }
         };
+        self.weather = self.network.on.then(|| {
+            // A proxy pool's clients are its own: only the stack's client is built again.
+            let maker = builders.into_maker().filter(|_| self.routes.is_none());
+            let fresh = maker.map(|mut maker| {
+                let network = self.network.clone();
+                let make: crate::network::weather::MakeClient = Box::new(move || {
+                    build_fresh(network.apply(maker()), recorded(&policy), own_retries)
+                });
+                crate::network::weather::FreshClients::new(make)
+            });
+            Arc::new(crate::network::weather::Weather::new(
+                self.network.clone(),
+                fresh,
+            ))
+        });
         self.client_redirects = Some(ClientRedirects::Recorded);
         Ok((self, client))
     }
+}
+
+/// `policy` wrapped in [`recorded`](crate::redirect::recorded), for one more client.
+fn recorded(policy: &Arc<reqwest::redirect::Policy>) -> reqwest::redirect::Policy {
+    let policy = policy.clone();
+    crate::redirect::recorded(reqwest::redirect::Policy::custom(move |a| {
+        policy.redirect(a)
+    }))
+}
+
+/// [`build`], for a client built again after a network change.
+fn build_fresh(
+    builder: reqwest::ClientBuilder,
+    policy: reqwest::redirect::Policy,
+    own_retries: bool,
+) -> Option<reqwest::Client> {
+    build(builder, policy, own_retries).ok()
 }
 
 /// Builds a client with `policy` for its redirects; when the stack retries

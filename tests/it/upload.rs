@@ -65,8 +65,14 @@ fn builder() -> reqwest::ClientBuilder {
         .pool_max_idle_per_host(0)
 }
 
+/// The stack under test, without the no-progress bound: these tests run on tokio's paused
+/// clock against servers on threads (and processes) of their own, and a paused clock jumps
+/// to the next timer whenever the runtime waits on them, which would cut an upload the
+/// server is still reading (the bound is tested in `tests/it/network.rs`).
 fn stack() -> Resilience {
-    Resilience::new().retry(support::exact_retry())
+    Resilience::new()
+        .retry(support::exact_retry())
+        .network(reqwest_resilience::network::Network::new().no_progress(None))
 }
 
 /// A temporary file of `len` pattern bytes, removed on drop.

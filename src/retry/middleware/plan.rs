@@ -280,13 +280,16 @@ impl Config {
 /// `max_not_processed_retries`: a refused stream, or an idempotent request's connection
 /// rotated under it.
 fn at_once(reason: RetryReason) -> bool {
-    matches!(reason, RetryReason::NotProcessed | RetryReason::GoAway)
+    matches!(
+        reason,
+        RetryReason::NotProcessed | RetryReason::GoAway | RetryReason::NetworkChanged
+    )
 }
 
 /// Whether a retry for `reason` is bounded by its own cap alone, not by the retry budget:
 /// a connection rotation is not a failure to ration.
 fn free_of_budget(reason: RetryReason) -> bool {
-    reason == RetryReason::GoAway
+    matches!(reason, RetryReason::GoAway | RetryReason::NetworkChanged)
 }
 
 #[cfg(test)]

@@ -140,8 +140,8 @@ impl Stage for TransportEvidence {
             let unsafe_unobserved = declared == ClientRedirects::Unobserved
                 && !crate::record::idempotent_request(req.method(), req.headers());
             let routed = next.routed();
-            let weather = self.weather.as_deref();
-            let prepared = weather.map(|w| super::weather::prepare(w, &mut req, routed));
+            let prepared =
+                (self.weather.as_deref()).map(|w| super::weather::prepare(w, &mut req, routed));
             let (client, watch) = match prepared {
                 Some(p) => (p.client, Some(p.watch)),
                 None => (None, None),
@@ -149,7 +149,14 @@ impl Stage for TransportEvidence {
             let next = super::weather::OnClient { client, next };
             let (origin, attempt, started, method, url_key, sent) =
                 hand_on(req, &mut *extensions, handover, next);
-            let (result, hops, cut) = observe(sent, watch, declared, (&origin, attempt)).await;
+            let sent = crate::network::progress::Guarded::new(sent, watch);
+            let (outcome, hops) = if declared != ClientRedirects::Off {
+                let (outcome, hops) = Recording::new(sent).await;
+                (outcome, Some(hops))
+            } else {
+                (sent.await, None)
+            };
+            let (result, cut) = super::weather::outcome(outcome, &origin, attempt);
             // Read again: a response of another attempt may have proven the declaration
             // false meanwhile.
             let client = assumed(self.redirects.current(), hops.as_ref());
@@ -161,7 +168,7 @@ impl Stage for TransportEvidence {
                 // this attempt's.
                 return result;
             }
-            let result = result.map(|r| super::weather::bound_response(r, weather));
+            let result = result.map(|r| super::weather::bound_response(r, self.weather.as_deref()));
             let mut evidence = cut.unwrap_or_else(|| evidence_of(&result, origin, attempt));
             evidence.connect = hops.as_ref().and_then(|h| h.connect.clone());
             self.judge_redirects(
@@ -240,44 +247,6 @@ fn assumed(declared: ClientRedirects, hops: Option<&HopCount>) -> ClientRedirect
     match declared {
         ClientRedirects::Unobserved if hops.is_some_and(|h| h.proven) => ClientRedirects::Recorded,
         declared => declared,
-    }
-}
-
-/// The attempt's outcome, with the hops the client recorded when it is `watched` (not
-/// [`ClientRedirects::Off`]), and the evidence of the cut when `watch` cut it.
-async fn observe<F: Future<Output = reqwest_middleware::Result<Response>>>(
-    sent: F,
-    watch: Option<crate::network::progress::Watch>,
-    declared: ClientRedirects,
-    (origin, attempt): (&Option<Origin>, u32),
-) -> (
-    reqwest_middleware::Result<Response>,
-    Option<HopCount>,
-    Option<RequestEvidence>,
-) {
-    let watched = declared != ClientRedirects::Off;
-    let Some(watch) = watch else {
-        return if watched {
-            let (result, hops) = Recording::new(sent).await;
-            (result, Some(hops), None)
-        } else {
-            (sent.await, None, None)
-        };
-    };
-    // Boxed: the timers would size every attempt's future (stage cost rule 2).
-    let guarded = Box::pin(crate::network::progress::guarded(sent, watch));
-    let (outcome, hops) = if watched {
-        let (outcome, hops) = Recording::new(guarded).await;
-        (outcome, Some(hops))
-    } else {
-        (guarded.await, None)
-    };
-    match outcome {
-        Ok(result) => (result, hops, None),
-        Err(cut) => {
-            let (evidence, error) = super::weather::cut(cut, origin.clone(), attempt);
-            (Err(error), hops, Some(evidence))
-        }
     }
 }
 

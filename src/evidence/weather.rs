@@ -44,8 +44,26 @@ pub(super) fn prepare(weather: &Weather, req: &mut Request, routed: bool) -> Pre
     }
 }
 
+/// The attempt's result, and the evidence of the cut when one cut it.
+pub(super) fn outcome(
+    outcome: Result<reqwest_middleware::Result<Response>, Cut>,
+    origin: &Option<Origin>,
+    attempt: u32,
+) -> (
+    reqwest_middleware::Result<Response>,
+    Option<RequestEvidence>,
+) {
+    match outcome {
+        Ok(result) => (result, None),
+        Err(c) => {
+            let (evidence, error) = cut(c, origin.clone(), attempt);
+            (Err(error), Some(evidence))
+        }
+    }
+}
+
 /// The evidence and the error of an attempt `guarded` cut.
-pub(super) fn cut(
+fn cut(
     cut: Cut,
     origin: Option<Origin>,
     attempt: u32,

@@ -71,10 +71,10 @@ pub(super) fn hold_until_body_end(response: Response, permit: LimitPermit) -> Re
 #[cfg(test)]
 mod tests {
     use super::*;
-    use reqwest::ResponseBuilderExt;
     use crate::Origin;
     use crate::limit::LimiterConfig;
     use crate::limit::registry::{Admission, LimiterRegistry};
+    use reqwest::ResponseBuilderExt;
 
     #[tokio::test]
     async fn a_body_that_says_it_ended_gives_the_permit_back_and_is_not_polled_again() {

@@ -134,6 +134,38 @@ pub(crate) async fn guarded<F: Future>(sent: F, watch: Watch) -> Result<F::Outpu
 }
 
 pin_project_lite::pin_project! {
+    /// An attempt's future, [`guarded`] when there is something to watch (in a box: its
+    /// timers would size every attempt's future, watched or not).
+    #[project = GuardedProj]
+    pub(crate) enum Guarded<'a, F: Future> {
+        Plain { #[pin] sent: F },
+        Watched { guarded: Pin<Box<dyn Future<Output = Result<F::Output, Cut>> + Send + 'a>> },
+    }
+}
+
+impl<'a, F: Future + Send + 'a> Guarded<'a, F> {
+    pub(crate) fn new(sent: F, watch: Option<Watch>) -> Self {
+        match watch {
+            None => Guarded::Plain { sent },
+            Some(watch) => Guarded::Watched {
+                guarded: Box::pin(guarded(sent, watch)),
+            },
+        }
+    }
+}
+
+impl<F: Future> Future for Guarded<'_, F> {
+    type Output = Result<F::Output, Cut>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.project() {
+            GuardedProj::Plain { sent } => sent.poll(cx).map(Ok),
+            GuardedProj::Watched { guarded } => guarded.as_mut().poll(cx),
+        }
+    }
+}
+
+pin_project_lite::pin_project! {
     /// A request body that marks `stamp` as the connection takes each piece of it.
     struct UploadBody {
         #[pin]

@@ -33,6 +33,7 @@ mod like_reqwest_retry;
 mod limit;
 mod metrics;
 mod model;
+mod network;
 mod nginx;
 mod ownership;
 mod parts_together;

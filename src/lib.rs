@@ -16,13 +16,18 @@
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! // Retry → CircuitBreaker → TransportEvidence with the defaults, over a client built
-//! // with the redirect policy the stack watches: the whole decision table applies.
-//! let client = Resilience::new().build_from(reqwest::Client::builder())?;
+//! // with the redirect policy the stack watches: the whole decision table applies. Handed
+//! // the builder's function, the stack can build the client again with fresh
+//! // connections when the network changes (`network`).
+//! let client = Resilience::new().build_from(reqwest::Client::builder)?;
 //! let body = client.get("https://api.example.com/v1/items").send().await?.text().await?;
 //! # let _ = body; Ok(()) }
 //! ```
 //!
-//! Build the client with [`Resilience::build_from`]: a client built elsewhere and handed to
+//! Build the client with [`Resilience::build_from`] (your settings in a closure:
+//! `build_from(|| reqwest::Client::builder().user_agent("my-app/1.0"))`): every wait on
+//! the network is then bounded, a host's addresses raced, a changed network noticed
+//! ([`network`]). A client built elsewhere and handed to
 //! [`Resilience::build`] hides its redirects from the stack, so a POST whose connection
 //! was refused is tried once ([`guide::redirects`]).
 //!

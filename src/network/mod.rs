@@ -49,6 +49,25 @@
 //!   one is cut ([`NetworkChanged`](crate::FailureKind::NetworkChanged)) and sent again
 //!   at once. A `POST` in flight is left to finish: it is never sent twice.
 //!
+//! # Limits
+//!
+//! - **A suspend is noticed at the next attempt's start** (and by the address change a
+//!   wake usually brings): an attempt in flight across a sleep is cut then.
+//! - **Retiring pooled connections needs a client that can be built again**:
+//!   `build_from(reqwest::Client::builder)` or any closure returning a builder. From a
+//!   single `ClientBuilder` (and with a proxy pool, whose clients are the pool's) the
+//!   client keeps its pool after a change: waiting attempts are still cut and sent again,
+//!   but a later request may take a connection pooled before the change, bounded then by
+//!   the no-progress bound and the system's timeouts.
+//! - **What the system buffers is not seen**: the no-progress bound counts an upload's
+//!   progress as the connection takes each piece of its body, so the few MiB the system
+//!   holds in its socket buffers drain unseen. An upload slower than that per bound
+//!   (about 10 KiB/s with 300 s) can be cut: raise `no_progress` for such links.
+//! - **Tests on tokio's paused clock**: every bound here is a tokio timer, and a paused
+//!   clock jumps to the next timer whenever the runtime waits on a server outside it (a
+//!   thread, a process): there, turn the bound off (`Network::new().no_progress(None)`)
+//!   or use [`Network::off`].
+//!
 //! A setting of reqwest's own that this module sets (`dns_resolver`, the HTTP/2 keep-alive
 //! pings) replaces the same setting on the builder handed to `build_from`: set it here.
 

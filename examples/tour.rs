@@ -8,6 +8,8 @@
 //! seconds long (see the README).
 
 mod common;
+#[path = "tour/weather.rs"]
+mod weather;
 
 use std::error::Error;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -180,6 +182,7 @@ async fn main() -> Result<(), BoxError> {
     resumed_download(&mut tour).await?;
     proxy_pool(&mut tour).await?;
     replayed_upload(&mut tour).await?;
+    weather::dropped_path(&mut tour).await?;
 
     println!("\nSummary");
     println!("{:<34} {:<26} {:<26} ok", "scene", "expected", "observed");

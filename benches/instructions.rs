@@ -203,6 +203,17 @@ const ROWS: &[Row] = &[
         }),
     },
     Row {
+        name: "`Resilience::new()` by `build_from`, `Network::off()`",
+        // The same client without the network settings: the difference is what the
+        // no-progress bound, the change watch and the address race cost per request.
+        stacking: Stacking::Built(|_| {
+            Resilience::new()
+                .network(reqwest_resilience::network::Network::off())
+                .build_from(|| reqwest::Client::builder().no_proxy())
+                .expect("stack")
+        }),
+    },
+    Row {
         name: "full stack with `BearerAuth`",
         stacking: Stacking::Layers(|client, url| {
             Resilience::new()

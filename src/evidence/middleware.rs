@@ -168,7 +168,6 @@ impl Stage for TransportEvidence {
                 // this attempt's.
                 return result;
             }
-            let result = result.map(|r| super::weather::bound_response(r, self.weather.as_deref()));
             let mut evidence = cut.unwrap_or_else(|| evidence_of(&result, origin, attempt));
             evidence.connect = hops.as_ref().and_then(|h| h.connect.clone());
             self.judge_redirects(
@@ -198,7 +197,8 @@ impl Stage for TransportEvidence {
                     history: full,
                     ..RequestRecord::default()
                 });
-                response
+                // After the record: the response's extensions are then a map already.
+                super::weather::bound_response(response, self.weather.as_deref())
             });
             record.evidence = Some(evidence);
             result

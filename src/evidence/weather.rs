@@ -8,7 +8,7 @@ use http::Extensions;
 use reqwest::{Request, Response};
 
 use crate::error::ResilienceError;
-use crate::network::progress::{Cut, Stamp, Watch};
+use crate::network::progress::{Cut, Watch};
 use crate::network::weather::Weather;
 use crate::origin::Origin;
 use crate::record::{FailureKind, RequestEvidence, Transmission};
@@ -27,9 +27,8 @@ pub(super) fn prepare(weather: &Weather, req: &mut Request, routed: bool) -> Pre
     let generation = weather.look();
     let idempotent = crate::record::idempotent_request(req.method(), req.headers());
     let no_progress = weather.network.no_progress.map(|bound| {
-        let stamp = Stamp::new();
-        crate::network::progress::report_upload(req, &stamp);
-        (bound, stamp)
+        let upload = crate::network::progress::report_upload(req);
+        (bound, tokio::time::Instant::now(), upload)
     });
     Prepared {
         watch: Watch {
@@ -91,9 +90,11 @@ fn cut(
     (evidence, error)
 }
 
-/// The response of a watched attempt: its body bounded too.
+/// The response of a watched attempt: its body bounded too, unless it is small enough to
+/// come with its head ([`crate::network::progress::comes_with_head`]).
 pub(super) fn bound_response(response: Response, weather: Option<&Weather>) -> Response {
     match weather.and_then(|w| w.network.no_progress) {
+        Some(_) if crate::network::progress::comes_with_head(&response) => response,
         Some(bound) => crate::network::progress::bound_body(response, bound),
         None => response,
     }

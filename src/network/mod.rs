@@ -59,6 +59,9 @@
 //!   client keeps its pool after a change: waiting attempts are still cut and sent again,
 //!   but a later request may take a connection pooled before the change, bounded then by
 //!   the no-progress bound and the system's timeouts.
+//! - **A small body is not watched**: one whose `Content-Length` is at most 16 KiB comes
+//!   in the same reads as its head, and watching every body would cost each response a
+//!   rebuild; a server that stalls inside such a body is bounded by the system alone.
 //! - **What the system buffers is not seen**: the no-progress bound counts an upload's
 //!   progress as the connection takes each piece of its body, so the few MiB the system
 //!   holds in its socket buffers drain unseen. An upload slower than that per bound

@@ -49,7 +49,7 @@ pub(crate) struct Stamp {
 }
 
 impl Stamp {
-    pub(crate) fn new() -> Arc<Stamp> {
+    fn new() -> Arc<Stamp> {
         Arc::new(Stamp {
             start: Instant::now(),
             last_ms: AtomicU64::new(0),
@@ -77,8 +77,9 @@ pub(crate) enum Cut {
 
 /// What [`guarded`] watches besides the attempt.
 pub(crate) struct Watch {
-    /// The bound and the attempt's progress.
-    pub(crate) no_progress: Option<(Duration, Arc<Stamp>)>,
+    /// The bound, the attempt's start, and its upload's progress (for a request with a
+    /// body handed on in pieces).
+    pub(crate) no_progress: Option<(Duration, Instant, Option<Arc<Stamp>>)>,
     /// Later changes of the network, and the count at the attempt's start: only for an
     /// attempt harmless to repeat.
     pub(crate) changes: Option<(tokio::sync::watch::Receiver<u64>, u64)>,
@@ -99,7 +100,7 @@ pub(crate) async fn guarded<F: Future>(sent: F, watch: Watch) -> Result<F::Outpu
     let mut timer = pin!(
         no_progress
             .as_ref()
-            .map(|(bound, stamp)| tokio::time::sleep_until(stamp.start + *bound))
+            .map(|(bound, start, _)| tokio::time::sleep_until(*start + *bound))
     );
     let mut changed = pin!(async move {
         if let Some((mut rx, at)) = changes {
@@ -118,10 +119,11 @@ pub(crate) async fn guarded<F: Future>(sent: F, watch: Watch) -> Result<F::Outpu
         if changed.as_mut().poll(cx).is_ready() {
             return Poll::Ready(Err(Cut::NetworkChanged));
         }
-        if let (Some(mut sleep), Some((bound, stamp))) = (timer.as_mut().as_pin_mut(), &no_progress)
+        if let (Some(mut sleep), Some((bound, start, upload))) =
+            (timer.as_mut().as_pin_mut(), &no_progress)
         {
             while sleep.as_mut().poll(cx).is_ready() {
-                let due = stamp.last() + *bound;
+                let due = upload.as_ref().map_or(*start, |s| s.last()) + *bound;
                 if due <= Instant::now() {
                     return Poll::Ready(Err(Cut::NoProgress(*bound)));
                 }
@@ -217,23 +219,23 @@ impl http_body::Body for UploadBody {
     }
 }
 
-/// Hands `request`'s body on in pieces that mark `stamp` as the connection takes them
-/// (a request without a body is left as it is).
-pub(crate) fn report_upload(request: &mut reqwest::Request, stamp: &Arc<Stamp>) {
-    let Some(body) = request.body_mut().take() else {
-        return;
-    };
+/// Hands `request`'s body on in pieces that mark the stamp returned as the connection
+/// takes them (a request without a body, or with a small buffered one, is left as it is).
+pub(crate) fn report_upload(request: &mut reqwest::Request) -> Option<Arc<Stamp>> {
+    let body = request.body_mut().take()?;
     // A buffered body that fits one piece goes out at once, and stays replayable for
     // reqwest's own replays of a refused HTTP/2 stream.
     if body.as_bytes().is_some_and(|b| b.len() <= UPLOAD_PIECE) {
         *request.body_mut() = Some(body);
-        return;
+        return None;
     }
+    let stamp = Stamp::new();
     *request.body_mut() = Some(reqwest::Body::wrap(UploadBody {
         inner: body,
         rest: Bytes::new(),
         stamp: stamp.clone(),
     }));
+    Some(stamp)
 }
 
 pin_project_lite::pin_project! {
@@ -287,6 +289,18 @@ impl http_body::Body for BoundBody {
     fn size_hint(&self) -> http_body::SizeHint {
         self.inner.size_hint()
     }
+}
+
+/// The largest body left unwatched: one this small that the server sends with its head
+/// (a JSON answer, an error page) arrives in the same reads as the head. Watching every
+/// body would cost each response a rebuild (three boxed bodies and a copy of its URL:
+/// `benches/instructions.rs`), for a server that stalls inside a few KiB.
+const SMALL_BODY: u64 = 16 * 1024;
+
+/// Whether `response`'s body is empty or known to be at most [`SMALL_BODY`]: it is not
+/// bounded.
+pub(crate) fn comes_with_head(response: &reqwest::Response) -> bool {
+    response.content_length().is_some_and(|n| n <= SMALL_BODY)
 }
 
 /// `response` whose body fails with [`NoProgress`] when no byte comes for `bound`.

@@ -99,11 +99,9 @@ async fn a_slow_answer_within_the_bound_is_not_cut() {
 
 #[tokio::test(start_paused = true)]
 async fn a_body_that_stops_after_its_head_fails_at_the_bound_with_no_progress() {
-    let server = FaultServer::always(Action::BodyAfter(
-        Duration::from_secs(400),
-        b"late".to_vec(),
-    ))
-    .await;
+    // A body larger than the ones the stack leaves unwatched (16 KiB comes with its head).
+    let body = vec![b'x'; 64 * 1024];
+    let server = FaultServer::always(Action::BodyAfter(Duration::from_secs(400), body)).await;
     let client = stack().build_from(builder).unwrap();
     let response = client.get(server.url("/file")).send().await.unwrap();
     assert_eq!(response.status(), 200);

@@ -184,29 +184,40 @@ impl Stage for TransportEvidence {
             crate::metrics::attempt(method, &evidence);
             #[cfg(feature = "tracing")]
             trace_attempt(&evidence);
-            let record = RequestRecord::get(extensions);
-            let history = record.history.get_or_insert_with(AttemptHistory::default);
-            history.push(evidence.clone());
-            // After a retry or a `401` replay the response carries a copy of the history (the
-            // retry's last decision comes with its `RetryOutcome`); a single record needs no
-            // copy: `AttemptHistory::of_response` rebuilds it from the evidence.
-            let full = (history.len() > 1).then(|| history.clone());
-            let result = result.map(|mut response| {
-                response.extensions_mut().insert(RequestRecord {
-                    evidence: Some(evidence.clone()),
-                    history: full,
-                    ..RequestRecord::default()
-                });
-                // After the record: the response's extensions are then a map already.
-                super::weather::bound_response(response, self.weather.as_deref())
-            });
-            record.evidence = Some(evidence);
-            result
+            self.keep(extensions, evidence, result)
         }
     }
 }
 
 impl TransportEvidence {
+    /// Keeps the attempt's `evidence` in the request's record and its history, and on a
+    /// response a record of its own (bounded by the network weather's idle bound).
+    fn keep(
+        &self,
+        extensions: &mut Extensions,
+        evidence: RequestEvidence,
+        result: reqwest_middleware::Result<Response>,
+    ) -> reqwest_middleware::Result<Response> {
+        let record = RequestRecord::get(extensions);
+        let history = record.history.get_or_insert_with(AttemptHistory::default);
+        history.push(evidence.clone());
+        // After a retry or a `401` replay the response carries a copy of the history (the
+        // retry's last decision comes with its `RetryOutcome`); a single record needs no
+        // copy: `AttemptHistory::of_response` rebuilds it from the evidence.
+        let full = (history.len() > 1).then(|| history.clone());
+        let result = result.map(|mut response| {
+            response.extensions_mut().insert(RequestRecord {
+                evidence: Some(evidence.clone()),
+                history: full,
+                ..RequestRecord::default()
+            });
+            // After the record: the response's extensions are then a map already.
+            super::weather::bound_response(response, self.weather.as_deref())
+        });
+        record.evidence = Some(evidence);
+        result
+    }
+
     /// Applies what the client's redirects prove to `evidence` (see [`apply_redirects`]),
     /// and reports once a non-idempotent request through an `Unobserved` client
     /// (`unsafe_unobserved`) left unsent that cannot be retried for want of proof that no

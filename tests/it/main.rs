@@ -51,3 +51,4 @@ mod strategy;
 mod tls_alerts;
 mod upload;
 mod visible_retries;
+mod weather;

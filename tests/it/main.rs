@@ -52,3 +52,4 @@ mod strategy;
 mod tls_alerts;
 mod upload;
 mod visible_retries;
+mod weather;

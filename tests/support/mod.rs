@@ -48,6 +48,7 @@
 pub mod gate;
 pub mod h2;
 pub mod held_port;
+pub mod netns;
 pub mod nginx;
 pub mod nginx_files;
 pub mod ranged;

@@ -42,8 +42,9 @@
 //!   `GET` retried, a `POST` not). Streams that send bytes (an LLM's tokens, server-sent
 //!   events' comments) are never cut; the wait for the head counts from the end of the
 //!   request's body, so a long upload is not cut either.
-//! - **A changed network is noticed**: when the machine's addresses change (an interface
-//!   up or down, a VPN up or down, a new Wi-Fi) or the process wakes from a suspend (the
+//! - **A changed network is noticed**: when the machine's addresses change (a VPN up or
+//!   down, a new Wi-Fi), a link carrying an address goes down or up (seen as its IPv6
+//!   link-local address going or coming), or the process wakes from a suspend (the
 //!   wall clock jumped ahead of the monotonic one), connections opened before it are not
 //!   reused: new requests open fresh ones, and an idempotent request waiting on an old
 //!   one is cut ([`NetworkChanged`](crate::FailureKind::NetworkChanged)) and sent again

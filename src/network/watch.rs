@@ -2,11 +2,16 @@
 //! netlink on Linux, the system configuration store on macOS, `NotifyIpInterfaceChange`
 //! on Windows) and bumps a [`Changes`] count at each one that matters.
 //!
+//! A link going down or up shows as its IPv6 link-local address going or coming (the
+//! kernel removes it on a link down, adds it on a link up): that counts as a change when
+//! the interface carries an address that matters (a veth or bridge of a container, with
+//! only a link-local address, does not).
+//!
 //! Started by the first attempt that needs it (a runtime is then running), and ended when
 //! the last [`Changes`] handle goes: the task holds only a weak reference and a receiver
 //! that closes then, so it never outlives the stack.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::future::Future;
 use std::net::IpAddr;
 use std::sync::{Arc, Weak};
@@ -22,11 +27,30 @@ fn matters(addr: IpAddr) -> bool {
     }
 }
 
-/// The addresses the machine has now (what `if-watch` will report first as `Up`).
-fn current_addresses() -> HashSet<IpAddr> {
+/// The addresses the machine has now (what `if-watch` will report first as `Up`), each
+/// with its interface's name.
+fn current_addresses() -> HashMap<IpAddr, Option<String>> {
     if_addrs::get_if_addrs()
-        .map(|all| all.into_iter().map(|i| i.ip()).collect())
+        .map(|all| all.into_iter().map(|i| (i.ip(), Some(i.name))).collect())
         .unwrap_or_default()
+}
+
+/// Whether `addr`'s coming (`up`) or going changes the paths: an address that matters, or a
+/// link-local one (its link up or down) of an interface that carries one that matters.
+/// `known` is the snapshot before the event for a going address, after it for a coming one;
+/// an address whose interface could not be read (it went before the watch read it: a link
+/// down right after it came up) counts as a change when it goes, not when it comes.
+fn is_change(addr: IpAddr, up: bool, known: &HashMap<IpAddr, Option<String>>) -> bool {
+    if matters(addr) {
+        return true;
+    }
+    match known.get(&addr) {
+        None => false,
+        Some(None) => !up,
+        Some(Some(interface)) => known
+            .iter()
+            .any(|(other, name)| name.as_ref() == Some(interface) && matters(*other)),
+    }
 }
 
 /// Starts the watch for `changes` on the current runtime; `false` when the system offers
@@ -49,7 +73,7 @@ pub(crate) fn start(changes: &Arc<Changes>) -> bool {
 
 async fn watch(
     mut watcher: if_watch::tokio::IfWatcher,
-    mut known: HashSet<IpAddr>,
+    mut known: HashMap<IpAddr, Option<String>>,
     changes: Weak<Changes>,
     mut gone: tokio::sync::watch::Receiver<u64>,
 ) {
@@ -67,8 +91,18 @@ async fn watch(
             return;
         };
         let changed = match event {
-            Ok(if_watch::IfEvent::Up(net)) => known.insert(net.addr()) && matters(net.addr()),
-            Ok(if_watch::IfEvent::Down(net)) => known.remove(&net.addr()) && matters(net.addr()),
+            Ok(if_watch::IfEvent::Up(net)) => {
+                let addr = net.addr();
+                // The interface's name is not in the event: read it from the system.
+                let named = current_addresses().remove(&addr).flatten();
+                let new = known.insert(addr, named).is_none();
+                new && is_change(addr, true, &known)
+            }
+            Ok(if_watch::IfEvent::Down(net)) => {
+                let addr = net.addr();
+                let change = is_change(addr, false, &known);
+                known.remove(&addr).is_some() && change
+            }
             // The system's socket failed: nothing more will come.
             Err(_) => return,
         };
@@ -93,5 +127,27 @@ mod tests {
         for a in ["198.18.0.1", "2001:db8::1", "10.0.0.7"] {
             assert!(matters(a.parse().unwrap()), "{a}");
         }
+    }
+
+    #[test]
+    fn a_link_local_address_is_a_change_only_on_an_interface_with_one_that_matters() {
+        let known: HashMap<IpAddr, Option<String>> = [
+            ("198.18.0.2", Some("wlan0")),
+            ("fe80::1", Some("wlan0")),
+            ("fe80::2", Some("veth7")),
+            ("fe80::3", None),
+            ("127.0.0.1", Some("lo")),
+        ]
+        .into_iter()
+        .map(|(a, n)| (a.parse().unwrap(), n.map(str::to_string)))
+        .collect();
+        let change = |a: &str, up| is_change(a.parse().unwrap(), up, &known);
+        assert!(change("fe80::1", true) && change("fe80::1", false));
+        assert!(!change("fe80::2", true) && !change("fe80::2", false));
+        assert!(!change("fe80::3", true), "its interface unread, coming");
+        assert!(change("fe80::3", false), "its interface unread, going");
+        assert!(!change("127.0.0.1", false));
+        assert!(!change("fe80::9", false), "unknown");
+        assert!(change("10.1.2.3", true));
     }
 }

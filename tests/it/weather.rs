@@ -132,7 +132,6 @@ fn the_stack_does_not_cut_a_slow_answer() {
 }
 
 #[test]
-#[ignore = "needs the no-progress bound (merged from main)"]
 fn the_stack_cuts_a_stuck_get_after_no_progress_and_sends_it_again_but_never_a_post() {
     let Some(lab) = Lab::new_or_skip() else {
         return;
@@ -276,7 +275,6 @@ fn a_dead_pooled_path_the_stack_sends_the_get_again_on_a_new_connection_and_the_
 }
 
 #[test]
-#[ignore = "needs the network-change watch and the no-progress bound (merged from main)"]
 fn a_network_change_cuts_the_get_on_the_dead_path_at_once_and_leaves_the_post() {
     let Some(lab) = Lab::new_or_skip() else {
         return;
@@ -511,7 +509,6 @@ fn a_link_down_then_up_bare_reqwest_finishes_the_post_and_reuses_the_connection(
 }
 
 #[test]
-#[ignore = "needs the network-change watch (merged from main)"]
 fn a_link_down_then_up_the_stack_leaves_the_post_and_retires_the_connection() {
     let Some(lab) = Lab::new_or_skip() else {
         return;

@@ -13,7 +13,7 @@ use std::io;
 use http::StatusCode;
 
 use crate::chain;
-use crate::error::BodyIncomplete;
+use crate::error::{BodyIncomplete, UploadBodyError};
 use crate::record::{FailureKind, NotProcessedProof, Transmission};
 
 /// What the error chain of a failed attempt proves.
@@ -51,7 +51,25 @@ pub(crate) fn classify_error(err: &reqwest::Error) -> Classification {
 /// its kinds (rules 7–9).
 pub(crate) fn classify(err: &(dyn StdError + 'static)) -> Classification {
     let c = decide(&Facts::collect(err));
-    certificate_alert_after_handshake(c, err)
+    let c = certificate_alert_after_handshake(c, err);
+    callers_own_body(c, err)
+}
+
+/// Rule 18: the stack's own [`UploadBodyError`] in the chain (a
+/// [`ReplayableBody`](crate::upload::ReplayableBody)'s stream or file failed on this side
+/// while the body was sent) makes the kind [`FailureKind::UploadBody`], the caller's
+/// failure; the transmission stays as decided (part of the request may have gone out).
+fn callers_own_body(c: Classification, err: &(dyn StdError + 'static)) -> Classification {
+    if matches!(c.transmission, Transmission::ResponseReceived(_))
+        || chain::find::<UploadBodyError>(err).is_none()
+    {
+        return c;
+    }
+    Classification {
+        kind: FailureKind::UploadBody,
+        not_processed: None,
+        ..c
+    }
 }
 
 /// Rule 16: a peer's alert about a certificate (`crate::tls_alert`) that came after the

@@ -124,6 +124,13 @@ pub enum FailureKind {
     /// answered first (always with [`Transmission::Unknown`]: nothing below the transport
     /// step reports whether its bytes had gone out, so it may have reached the server).
     Cancelled,
+    /// The request's own [`ReplayableBody`](crate::upload::ReplayableBody) broke on this
+    /// side while it was sent: its closure's stream yielded an error, or its file could
+    /// not be read (an [`UploadBodyError`](crate::upload::UploadBodyError) in the error's
+    /// chain). The caller's failure, not the server's: neutral for the origin's breaker and
+    /// never retried (a retry would open the same broken source again). The transmission
+    /// stays what the wire showed (`Unknown`: part of the request may have gone out).
+    UploadBody,
 }
 
 /// The server's proof that it did not process the request, so even a non-idempotent

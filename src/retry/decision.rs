@@ -277,7 +277,8 @@ impl<S: RetryStrategy + ?Sized> RetryStrategy for std::sync::Arc<S> {
 /// [`FailureKind::BodyInterrupted`], anything after a followed redirect,
 /// [`Redirects::Followed`]) only when the request is idempotent; 408, 500, 502, 503, 504
 /// when idempotent or with `Retry-After`; 429 always; certificate, builder, redirect and
-/// decode errors never.
+/// decode errors never, nor an upload body that broke on this side
+/// ([`FailureKind::UploadBody`]: the caller's stream or file).
 ///
 /// A request that got no bearer token was not sent, so it is retried like any `NotSent`
 /// attempt, whatever its method and whatever [`TokenErrorKind`](crate::auth::TokenErrorKind)
@@ -432,6 +433,7 @@ fn is_permanent(kind: FailureKind) -> bool {
         kind,
         FailureKind::Certificate
             | FailureKind::Builder
+            | FailureKind::UploadBody
             | FailureKind::Redirect
             | FailureKind::Decode
             | FailureKind::ConnectPermanent
@@ -753,6 +755,7 @@ mod tests {
                 FailureKind::Other,
                 FailureKind::Misconfigured,
                 FailureKind::Cancelled,
+                FailureKind::UploadBody,
             ]))
         }
 

@@ -42,7 +42,10 @@
 //! stream is sent chunked, unless the request carries a `Content-Length` of its own.
 //! A file that cannot be opened ends the attempt before it leaves:
 //! [`ResilienceError::UploadBody`], `NotSent`, not
-//! retried.
+//! retried. A body that breaks on this side while it is sent (the closure's stream yields
+//! an error, the file cannot be read) is the caller's failure:
+//! [`FailureKind::UploadBody`](crate::FailureKind::UploadBody), neutral for the origin's
+//! breaker, not retried (the closure is not called again).
 //!
 //! Attach it with `.with_extension(..)` (reqwest-middleware's `RequestBuilder`, or the
 //! astral fork's); the request needs no `.body(..)`. The body is opened by this crate's

@@ -802,3 +802,55 @@ async fn a_put_whose_stream_breaks_locally_is_not_retried() {
     assert_eq!(outcome.attempts, 1);
     assert_eq!(outcome.stop, StopReason::Permanent(FailureKind::UploadBody));
 }
+
+/// A GET carrying a closure's body of unknown length: hyper drops such a body of a GET
+/// unless the request says `Transfer-Encoding: chunked`, so the stack says it. The server
+/// reads the whole body, exactly once.
+#[tokio::test(start_paused = true)]
+async fn a_get_with_a_closures_body_sends_it_chunked() {
+    let server = UploadServer::start(vec![], Step::Respond(200, vec![]));
+    let client = stack().build_from(builder()).unwrap();
+    let (body, digest) = small_stream_body();
+
+    let exchange = client
+        .get(server.url("/search"))
+        .with_extension(body)
+        .send_with_history()
+        .await;
+
+    assert_eq!(exchange.result.unwrap().status(), StatusCode::OK);
+    assert_eq!(exchange.outcome.unwrap().attempts, 1);
+    let seen = server.received();
+    assert_eq!(seen.len(), 1);
+    assert_eq!(seen[0].method, "GET");
+    assert!(seen[0].complete);
+    assert_eq!(seen[0].header("transfer-encoding"), Some("chunked"));
+    assert_eq!(seen[0].header("content-length"), None);
+    assert_eq!(seen[0].len, 16 * 4096);
+    assert_eq!(seen[0].digest, digest);
+    assert_eq!(server.connections(), 1);
+}
+
+/// A GET whose closure body comes with a `Content-Length` of the caller's is sent with it,
+/// not chunked.
+#[tokio::test(start_paused = true)]
+async fn a_get_with_a_closures_body_and_its_length_sends_that_length() {
+    let server = UploadServer::start(vec![], Step::Respond(200, vec![]));
+    let client = stack().build_from(builder()).unwrap();
+    let (body, digest) = small_stream_body();
+
+    let exchange = client
+        .get(server.url("/search"))
+        .header("content-length", (16 * 4096).to_string())
+        .with_extension(body)
+        .send_with_history()
+        .await;
+
+    assert_eq!(exchange.result.unwrap().status(), StatusCode::OK);
+    let seen = server.received();
+    assert_eq!(seen.len(), 1);
+    assert!(seen[0].complete);
+    assert_eq!(seen[0].header("transfer-encoding"), None);
+    assert_eq!(seen[0].header("content-length"), Some("65536"));
+    assert_eq!((seen[0].len, seen[0].digest), (16 * 4096, digest));
+}

@@ -46,7 +46,7 @@
 //! [`ResilienceError::UploadBody`], `NotSent`, not
 //! retried. A body that breaks on this side while it is sent (the closure's stream yields
 //! an error, the file cannot be read) is the caller's failure:
-//! [`FailureKind::UploadBody`](crate::FailureKind::UploadBody), neutral for the origin's
+//! [`FailureKind::UploadBody`], neutral for the origin's
 //! breaker, not retried (the closure is not called again).
 //!
 //! Attach it with `.with_extension(..)` (reqwest-middleware's `RequestBuilder`, or the

@@ -288,7 +288,8 @@ async fn every_proxy_refusing_leaves_the_target_closed() {
     let (oa, ob) = (origin(&a.url("")), origin(&b.url("")));
     let history = AttemptHistory::of(&ext).unwrap();
     // Both proxies refused; the third attempt finds both breakers open and is refused
-    // unsent, with the breaker's 30 s "retry in", past the 5 s deadline: returned at once.
+    // unsent, with the breaker's 30 s "retry in": an open breaker fails fast, returned at
+    // once (issue 42).
     let evidence: Vec<_> = history.attempts().iter().map(|r| &r.evidence).collect();
     assert_eq!(
         route(history)[..2],
@@ -316,7 +317,7 @@ async fn every_proxy_refusing_leaves_the_target_closed() {
     let outcome = reqwest_resilience::retry::RetryOutcome::of(&ext).unwrap();
     assert_eq!(
         (outcome.attempts, outcome.stop),
-        (3, StopReason::DeadlineExceeded)
+        (3, StopReason::BreakerRejected)
     );
 }
 

@@ -277,6 +277,9 @@ fn connect_facts(from: &(dyn StdError + 'static), top: Option<&reqwest::Error>) 
         }
         // hyper-util's ConnectError messages: "tcp connect error", "tcp open error", …
         c.tcp |= display.starts_with("tcp ");
+        // A proxy that answered the `CONNECT` with an error status could not reach the
+        // target: a failed connect to it, by the proxy.
+        c.tcp |= is_tunnel_refusal(e);
         let lower = text.to_ascii_lowercase();
         c.tls |= ["tls", "ssl", "handshake"]
             .iter()
@@ -286,6 +289,21 @@ fn connect_facts(from: &(dyn StdError + 'static), top: Option<&reqwest::Error>) 
     // reqwest's connect timeout wraps its private `TimedOut`, found by `is_timeout`.
     c.tcp |= top.is_some_and(reqwest::Error::is_timeout);
     c
+}
+
+/// Whether `e` is a `CONNECT` a proxy answered with a status other than `200` and `407`:
+/// hyper-util's tunnel (reqwest 0.13's, for every TLS backend) reports that as its private
+/// `TunnelError::TunnelUnsuccessful` ("tunnel error: unsuccessful", no source) and hands
+/// out no status.
+/// Its other errors are not this: a connection to the proxy that failed (`ConnectFailed`,
+/// with the I/O error beneath), an I/O error or an early close during the `CONNECT` (`Io`,
+/// `TunnelUnexpectedEof`), a `407` (`ProxyAuthRequired`), headers too long. Matched by its
+/// `Debug` and `Display` together, at the type's own link (no source), so an error of
+/// another crate with the same text does not match.
+pub(crate) fn is_tunnel_refusal(e: &(dyn StdError + 'static)) -> bool {
+    e.source().is_none()
+        && e.to_string() == "tunnel error: unsuccessful"
+        && format!("{e:?}") == "TunnelUnsuccessful"
 }
 
 fn is_certificate_text(text: &str) -> bool {

@@ -149,6 +149,12 @@ impl Routes {
         };
         let route = &self.routes[at];
         let target_tls = req.url().scheme() == "https";
+        // Left now, so that an attempt cut before it completes (an attempt timeout, the
+        // deadline) keeps its proxy; replaced by the outcome's below.
+        extensions.insert(ProxyUsed {
+            origin: route.origin.clone(),
+            charged: false,
+        });
         let sent = route.client.execute(req);
         Box::pin(async move {
             let result = sent.await;

@@ -341,9 +341,27 @@ impl RequestEvidence {
 
 /// The proxy a [`ProxyPool`](crate::proxy::ProxyPool) sent an attempt through, left in the
 /// request's extensions for the transport step around it, which writes it into the
-/// attempt's evidence ([`RequestEvidence::proxy`]).
+/// attempt's evidence ([`RequestEvidence::proxy`]). Left when the attempt leaves (not
+/// charged), so that an attempt cut before it completes keeps its proxy
+/// ([`carry_into_cut`](Self::carry_into_cut)); replaced by the outcome's when it completes.
 #[derive(Clone)]
 pub(crate) struct ProxyUsed {
     pub(crate) origin: Origin,
     pub(crate) charged: bool,
+}
+
+impl ProxyUsed {
+    /// Gives the evidence of an attempt cut by a timeout (or the deadline) the proxy it
+    /// went through, taken out of `extensions`: a cut counts for the target, as a timeout
+    /// through a proxy does (see [`guide::proxies`](crate::guide::proxies)), so it is not
+    /// charged to the proxy.
+    pub(crate) fn carry_into_cut(
+        extensions: &mut http::Extensions,
+        evidence: &mut RequestEvidence,
+    ) {
+        if let Some(used) = extensions.remove::<ProxyUsed>() {
+            evidence.proxy = Some(used.origin);
+            evidence.charged_to_proxy = false;
+        }
+    }
 }

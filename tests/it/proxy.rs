@@ -749,3 +749,53 @@ async fn an_isolated_proxy_is_taken_out_of_the_pool() {
     assert_eq!(body(client.get(target).send().await.unwrap()).await, "a");
     assert_eq!((a.requests_seen(), b.requests_seen()), (2, 2));
 }
+
+/// An attempt cut by the attempt timeout through a proxy keeps its proxy: the evidence
+/// names it (not charged to it), the timeout counts for the target, and the proxy, which
+/// took the request, has a success. No tinyproxy needed: the "proxy" is a loopback server
+/// that reads the proxied request and never answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_attempt_cut_by_its_timeout_through_a_proxy_keeps_the_proxy() {
+    let stalling = FaultServer::always(Action::Stall).await;
+    // A failure ratio, so that the window counts each outcome (a success too).
+    let breakers =
+        BreakerRegistry::new(BreakerConfig::default().policy(TripPolicy::failure_ratio(
+            0.5,
+            Duration::from_secs(60),
+            100,
+        )))
+        .unwrap();
+    let client = Resilience::new()
+        .retry(quick_retry_builder(0).attempt_timeout(Duration::from_millis(300)))
+        .breaker(breakers.clone())
+        .proxies(ProxyPool::new([stalling.url("")]))
+        .build_from(settings)
+        .unwrap();
+    let target = "http://api.example.test/slow";
+    let (result, ext) = get(&client, target).await;
+    assert!(result.is_err());
+    let history = AttemptHistory::of(&ext).unwrap();
+    let proxy = origin(&stalling.url(""));
+    assert_eq!(
+        route(history),
+        vec![(Some(proxy.clone()), false, Transmission::Unknown)]
+    );
+    let evidence = &history.attempts()[0].evidence;
+    assert_eq!(evidence.failure, Some(FailureKind::Timeout));
+    assert_eq!(evidence.origin, Some(origin(target)));
+    assert_eq!(evidence.outcome_origin(), Some(&origin(target)));
+    assert_eq!(
+        reqwest_resilience::RequestEvidence::of(&ext).map(|e| e.proxy.clone()),
+        Some(Some(proxy.clone()))
+    );
+    assert_eq!(stalling.requests_seen(), 1);
+    let snapshot = breakers.snapshot();
+    let window = |o: &Origin| {
+        snapshot
+            .iter()
+            .find(|s| &s.origin == o)
+            .map(|s| (s.state, s.window_attempts, s.window_failures))
+    };
+    assert_eq!(window(&proxy), Some((BreakerState::Closed, 1, 0)));
+    assert_eq!(window(&origin(target)), Some((BreakerState::Closed, 1, 1)));
+}

@@ -13,7 +13,7 @@ use std::io;
 use http::StatusCode;
 
 use crate::chain;
-use crate::error::BodyIncomplete;
+use crate::error::{BodyIncomplete, UploadBodyError};
 use crate::record::{FailureKind, NotProcessedProof, Transmission};
 
 /// What the error chain of a failed attempt proves.
@@ -51,7 +51,25 @@ pub(crate) fn classify_error(err: &reqwest::Error) -> Classification {
 /// its kinds (rules 7–9).
 pub(crate) fn classify(err: &(dyn StdError + 'static)) -> Classification {
     let c = decide(&Facts::collect(err));
-    certificate_alert_after_handshake(c, err)
+    let c = certificate_alert_after_handshake(c, err);
+    callers_own_body(c, err)
+}
+
+/// Rule 18: the stack's own [`UploadBodyError`] in the chain (a
+/// [`ReplayableBody`](crate::upload::ReplayableBody)'s stream or file failed on this side
+/// while the body was sent) makes the kind [`FailureKind::UploadBody`], the caller's
+/// failure; the transmission stays as decided (part of the request may have gone out).
+fn callers_own_body(c: Classification, err: &(dyn StdError + 'static)) -> Classification {
+    if matches!(c.transmission, Transmission::ResponseReceived(_))
+        || chain::find::<UploadBodyError>(err).is_none()
+    {
+        return c;
+    }
+    Classification {
+        kind: FailureKind::UploadBody,
+        not_processed: None,
+        ..c
+    }
 }
 
 /// Rule 16: a peer's alert about a certificate (`crate::tls_alert`) that came after the
@@ -259,6 +277,9 @@ fn connect_facts(from: &(dyn StdError + 'static), top: Option<&reqwest::Error>) 
         }
         // hyper-util's ConnectError messages: "tcp connect error", "tcp open error", …
         c.tcp |= display.starts_with("tcp ");
+        // A proxy that answered the `CONNECT` with an error status could not reach the
+        // target: a failed connect to it, by the proxy.
+        c.tcp |= is_tunnel_refusal(e);
         let lower = text.to_ascii_lowercase();
         c.tls |= ["tls", "ssl", "handshake"]
             .iter()
@@ -268,6 +289,21 @@ fn connect_facts(from: &(dyn StdError + 'static), top: Option<&reqwest::Error>) 
     // reqwest's connect timeout wraps its private `TimedOut`, found by `is_timeout`.
     c.tcp |= top.is_some_and(reqwest::Error::is_timeout);
     c
+}
+
+/// Whether `e` is a `CONNECT` a proxy answered with a status other than `200` and `407`:
+/// hyper-util's tunnel (reqwest 0.13's, for every TLS backend) reports that as its private
+/// `TunnelError::TunnelUnsuccessful` ("tunnel error: unsuccessful", no source) and hands
+/// out no status.
+/// Its other errors are not this: a connection to the proxy that failed (`ConnectFailed`,
+/// with the I/O error beneath), an I/O error or an early close during the `CONNECT` (`Io`,
+/// `TunnelUnexpectedEof`), a `407` (`ProxyAuthRequired`), headers too long. Matched by its
+/// `Debug` and `Display` together, at the type's own link (no source), so an error of
+/// another crate with the same text does not match.
+pub(crate) fn is_tunnel_refusal(e: &(dyn StdError + 'static)) -> bool {
+    e.source().is_none()
+        && e.to_string() == "tunnel error: unsuccessful"
+        && format!("{e:?}") == "TunnelUnsuccessful"
 }
 
 fn is_certificate_text(text: &str) -> bool {

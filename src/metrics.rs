@@ -456,6 +456,7 @@ mod enabled {
             FailureKind::ConnectTimeout => "connect_timeout",
             FailureKind::NoProgress => "no_progress",
             FailureKind::NetworkChanged => "network_changed",
+            FailureKind::UploadBody => "upload_body",
         }
     }
 }

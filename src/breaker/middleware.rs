@@ -295,18 +295,26 @@ impl CutAtDeadline<'_> {
     }
 }
 
+impl CutAtDeadline<'_> {
+    /// The cut that counts as the attempt timeout's failure, if the attempt was so cut: a
+    /// request a gate inside still held locally (a limiter's queue) was not out, and its
+    /// cut says nothing about the server; nor does the caller's deadline alone.
+    fn timed_out(&self) -> Option<Instant> {
+        let waiting = self.clock.as_ref().is_some_and(AttemptClock::is_stopped);
+        self.cut().filter(|&cut| {
+            self.started < cut
+                && Instant::now() >= cut
+                && !waiting
+                && self.cut_by_timeout()
+                && !AttemptScope::is_lost(self.lost.as_ref())
+        })
+    }
+}
+
 impl Drop for CutAtDeadline<'_> {
     fn drop(&mut self) {
-        // A request a gate inside still held locally (a limiter's queue) was not out:
-        // its cut says nothing about the server.
-        let waiting = self.clock.as_ref().is_some_and(AttemptClock::is_stopped);
-        if let Some(permit) = self.permit.take()
-            && let Some(cut) = self.cut()
-            && self.started < cut
-            && Instant::now() >= cut
-            && !waiting
-            && self.cut_by_timeout()
-            && !AttemptScope::is_lost(self.lost.as_ref())
+        if let Some(cut) = self.timed_out()
+            && let Some(permit) = self.permit.take()
         {
             // A timeout is a transport failure, whatever a classifier would make of the
             // error, which it cannot see here; timed up to the cut.
@@ -508,6 +516,20 @@ impl CircuitBreakerMiddleware {
     }
 }
 
+/// An attempt through a proxy of a pool, cut by the attempt timeout: the timeout counts
+/// for the target (the guard's drop), and the proxy, which connected and carried the
+/// request, has its success (see [`guide::proxies`](crate::guide::proxies)).
+#[cold]
+fn proxy_carried_the_cut(registry: &BreakerRegistry, extensions: &Extensions) {
+    if let Some(proxy) = RequestEvidence::of(extensions)
+        .filter(|e| !e.charged_to_proxy)
+        .and_then(|e| e.proxy.as_ref())
+        && let Ok(permit) = registry.acquire(proxy)
+    {
+        permit.record(Outcome::Success);
+    }
+}
+
 /// A rejected attempt: counted in the metrics, its evidence left in the extensions, and
 /// its error.
 fn reject(
@@ -626,6 +648,11 @@ impl<'p> Held<'p> {
                 } = held
                 {
                     record_attempt_cut(extensions, origin, recorded_before, guard.started);
+                    if guard.timed_out().is_some()
+                        && let Some(permit) = &guard.permit
+                    {
+                        proxy_carried_the_cut(permit.registry(), extensions);
+                    }
                     // Its drop counts an attempt timeout; a deadline's cut is neutral.
                     drop(guard);
                 }

@@ -32,7 +32,10 @@
 //!   isolated by hand: no probe is scheduled, so retrying is pointless).
 //!
 //! A retry middleware outside it reads `RetryIn::of(&extensions)` after `next.run`
-//! and retries no sooner than that; the breaker removes a stale `RetryIn` at the start of
+//! and retries no sooner than that: this crate's returns an open breaker's rejection at
+//! once unless it waits for open breakers
+//! ([`wait_for_open_breakers`](crate::retry::RetryMiddlewareBuilder::wait_for_open_breakers)),
+//! and a pause's after its "retry in". The breaker removes a stale `RetryIn` at the start of
 //! every attempt, so one found there belongs to the attempt just made.
 //!
 //! # Routine server events

@@ -384,8 +384,10 @@ pub trait AttemptClassifier: Send + Sync + 'static {
 /// - **Nothing asked of the origin is neutral.** A rejection by another breaker or a pause
 ///   (`NotSent`, [`FailureKind::BreakerOpen`] / [`FailureKind::Paused`]), a bearer token
 ///   that could not be had (`NotSent`, [`FailureKind::TokenUnavailable`]: the identity
-///   provider failed, not the origin), a request that could not be built, and an error
-///   from a middleware inside the breaker with no evidence of an attempt.
+///   provider failed, not the origin), a request that could not be built, an upload body
+///   of the caller's that broke on this side ([`FailureKind::UploadBody`]: its stream's
+///   error, an unreadable file), and an error from a middleware inside the breaker with no
+///   evidence of an attempt.
 ///
 /// Everything else that failed without a response counts in full: refused connects, DNS
 /// and TLS failures, timeouts (reqwest's, and the retry middleware's attempt timeout),
@@ -461,6 +463,7 @@ impl AttemptClassifier for DefaultClassifier {
                     | FailureKind::ConcurrencyLimited
                     | FailureKind::RateLimited
                     | FailureKind::Builder
+                    | FailureKind::UploadBody
                     | FailureKind::Redirect
                     | FailureKind::Decode,
                 ) => Outcome::Neutral,
@@ -552,6 +555,7 @@ mod tests {
             (FailureKind::TokenUnavailable, Outcome::Neutral),
             (FailureKind::ConcurrencyLimited, Outcome::Neutral),
             (FailureKind::Builder, Outcome::Neutral),
+            (FailureKind::UploadBody, Outcome::Neutral),
         ] {
             let mut e = RequestEvidence::new(Transmission::Unknown, None, 1);
             e.failure = Some(kind);

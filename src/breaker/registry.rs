@@ -639,6 +639,13 @@ pub(crate) struct BreakerPermit<'a> {
     acquired: Instant,
 }
 
+impl<'a> BreakerPermit<'a> {
+    /// The registry that handed it out.
+    pub(crate) fn registry(&self) -> &'a BreakerRegistry {
+        self.registry
+    }
+}
+
 impl fmt::Debug for BreakerPermit<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("BreakerPermit")

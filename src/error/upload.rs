@@ -13,9 +13,13 @@ use std::path::{Path, PathBuf};
 /// and is not retried (a file that is missing now stays missing). It reaches the caller
 /// as [`ResilienceError::UploadBody`](crate::ResilienceError::UploadBody). A read that
 /// fails later (the file shrank, an I/O error) happens while the body is on the wire:
-/// reqwest reports it as a body error with this error as its source, and the attempt's
-/// evidence is that of any body broken in flight. An error a closure's stream yields
-/// arrives the same way, kept as this error's `source()`.
+/// reqwest reports it as a body error with this error as its source. An error a closure's
+/// stream yields arrives the same way, kept as this error's `source()`. Either is the
+/// caller's failure, not the server's: the attempt's kind is
+/// [`FailureKind::UploadBody`](crate::FailureKind::UploadBody) (its transmission what the
+/// wire showed, `Unknown`), neutral for the origin's breaker, and the request is not
+/// retried (a retry would open the same broken source again). Find it with
+/// [`chain::find`](crate::chain::find)`::<UploadBodyError>(&err)`.
 #[derive(Debug)]
 pub struct UploadBodyError {
     path: Option<PathBuf>,

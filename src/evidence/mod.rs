@@ -59,6 +59,7 @@
 //! | 15 | hyper-util's error has no `connect_info` (and is not a connect error) | `SentNoResponse` of rules 4–12 becomes `Unknown` | unchanged | hyper-util attaches the connection's info to every error of an actual send; without it, the error came from setting the connection up (HTTP/1 readiness, HTTP/2 handshake), which hyper-util reports as a send error but which never carried the request |
 //! | 17 | every address the connector tried timed out (`crate::network`'s address race) | `NotSent` | `ConnectTimeout` | no SYN was answered: nothing reached a server; see [`RequestEvidence::connect`] for each address |
 //! | 16 | a TLS alert about a certificate from the peer after the handshake (TLS 1.3 judges a client certificate after the client's `Finished`), under an `InvalidData` I/O error | as rules 4–15 decided | `Certificate` | no retry changes a certificate; see `tls_alert` in the crate's source for which alerts count |
+//! | 18 | the stack's own [`UploadBodyError`](crate::upload::UploadBodyError) in the chain, no response head (a [`ReplayableBody`](crate::upload::ReplayableBody)'s stream yielded an error, its file could not be read, while the body was sent) | as rules 4–16 decided | `UploadBody` | the caller's source failed on this side: neutral for the breaker, never retried |
 //!
 //! The kind of a connect failure (rule 3): reqwest's `is_dns` → `Dns`; a TLS peer
 //! certificate rejected → `Certificate`; an "invalid URL" from the connector (a scheme the

@@ -52,7 +52,8 @@ pub(crate) const MAX_ROTATION_RETRIES: u32 = 10;
 /// [`build_from`](crate::Resilience::build_from).
 ///
 /// By default a retry takes the next proxy after the proxy's own failure only (a refused
-/// or failed connection to it, a tunnel it refused, a `407`); [`rotate_on`](Self::rotate_on)
+/// or failed connection to it, a tunnel it broke off without an answer, a `407`; a
+/// `CONNECT` it answered with an error status is the target's failure); [`rotate_on`](Self::rotate_on)
 /// adds the target's statuses that mean "not from this proxy" (403, 429…), and
 /// [`rotate_always`](Self::rotate_always) sends every attempt through the next proxy.
 /// A proxy whose breaker is open is passed over, and one isolated by hand

@@ -112,12 +112,17 @@ impl Routes {
     }
 
     /// Whether `result` is the proxy's outcome rather than the target's (see
-    /// [`guide::proxies`](crate::guide::proxies)): a failed connection (to the proxy, or a
-    /// tunnel it refused), a `407`, a status the pool rotates on. A TLS failure is the
+    /// [`guide::proxies`](crate::guide::proxies)): a failed connection to the proxy (or a
+    /// tunnel it broke off without an answer), a `407`, a status the pool rotates on. A
+    /// `CONNECT` the proxy answered with an error status is the target's. A TLS failure is the
     /// target's when its handshake runs through the tunnel (`target_tls`: an `https`
     /// target), the proxy's only when the proxy's is the one handshake on the way.
     fn charged(&self, result: &Result<Response, reqwest::Error>, target_tls: bool) -> bool {
         match result {
+            // The proxy answered the `CONNECT` with an error status: it could not reach the
+            // target (tinyproxy's `500 Unable to connect`, a `502`/`503`/`504`), a failure
+            // of the target reported by a working proxy.
+            Err(e) if e.is_connect() && tunnel_refused_by_answer(e) => false,
             Err(e) if e.is_connect() => {
                 let kind = crate::classify::classify_error(e).kind;
                 !(target_tls && matches!(kind, FailureKind::Tls | FailureKind::Certificate))
@@ -144,6 +149,12 @@ impl Routes {
         };
         let route = &self.routes[at];
         let target_tls = req.url().scheme() == "https";
+        // Left now, so that an attempt cut before it completes (an attempt timeout, the
+        // deadline) keeps its proxy; replaced by the outcome's below.
+        extensions.insert(ProxyUsed {
+            origin: route.origin.clone(),
+            charged: false,
+        });
         let sent = route.client.execute(req);
         Box::pin(async move {
             let result = sent.await;
@@ -196,6 +207,12 @@ impl Routes {
         }
         reqwest_middleware::Error::middleware(rejection)
     }
+}
+
+/// Whether a failed connect is a `CONNECT` the proxy answered with an error status
+/// ([`is_tunnel_refusal`](crate::classify::is_tunnel_refusal)).
+fn tunnel_refused_by_answer(e: &reqwest::Error) -> bool {
+    crate::chain::links(e).any(crate::classify::is_tunnel_refusal)
 }
 
 /// The innermost call of a composed stack: the rest of the client's chain (`Next`), or

@@ -42,8 +42,10 @@ pub enum AttemptDecision {
 pub enum RetryReason {
     /// Proven not sent (connect refused, DNS, TLS handshake): safe for any method.
     NotSent,
-    /// Rejected locally by an open circuit breaker or a server-directed pause; retried after
-    /// the breaker's own "retry in".
+    /// Rejected locally by a server-directed pause, or by an open circuit breaker when the
+    /// middleware waits for open breakers
+    /// ([`wait_for_open_breakers`](crate::retry::RetryMiddlewareBuilder::wait_for_open_breakers));
+    /// retried after the breaker's own "retry in".
     BreakerRejected,
     /// The server proved it did not process the request (HTTP/2 `REFUSED_STREAM`, or a
     /// `GOAWAY` whose last stream id is below the request's stream): safe for any method,
@@ -103,7 +105,13 @@ pub enum StopReason {
     /// manager's next fetch lies beyond the cap, under either policy (a retry at the cap
     /// would meet the same error: the request ends at once with the token error).
     RetryAfterTooLong,
-    /// A circuit breaker rejected the request and did not say when to retry.
+    /// An open circuit breaker rejected the request
+    /// ([`FailureKind::BreakerOpen`](crate::FailureKind::BreakerOpen)): a breaker fails
+    /// fast, so the request is not retried after its open period unless the middleware
+    /// waits for open breakers
+    /// ([`wait_for_open_breakers`](crate::retry::RetryMiddlewareBuilder::wait_for_open_breakers))
+    /// and the breaker opens within that wait; or a breaker (or pause) rejected it without
+    /// saying when to retry.
     BreakerRejected,
     /// The request body is a stream that cannot be replayed: sent once. A request that
     /// carries a [`ReplayableBody`](crate::upload::ReplayableBody) opens a body for each
@@ -164,9 +172,7 @@ impl fmt::Display for StopReason {
             StopReason::BudgetExhausted => f.write_str("retry budget exhausted"),
             StopReason::DeadlineExceeded => f.write_str("the deadline would pass"),
             StopReason::RetryAfterTooLong => f.write_str("Retry-After exceeds the cap"),
-            StopReason::BreakerRejected => {
-                f.write_str("a circuit breaker rejected it without a retry time")
-            }
+            StopReason::BreakerRejected => f.write_str("an open circuit breaker rejected it"),
             StopReason::BodyNotClonable => f.write_str("the body cannot be replayed"),
             StopReason::RedirectFollowed => {
                 f.write_str("a redirect was followed: the first hop was processed")

@@ -124,6 +124,13 @@ pub enum FailureKind {
     /// answered first (always with [`Transmission::Unknown`]: nothing below the transport
     /// step reports whether its bytes had gone out, so it may have reached the server).
     Cancelled,
+    /// The request's own [`ReplayableBody`](crate::upload::ReplayableBody) broke on this
+    /// side while it was sent: its closure's stream yielded an error, or its file could
+    /// not be read (an [`UploadBodyError`](crate::upload::UploadBodyError) in the error's
+    /// chain). The caller's failure, not the server's: neutral for the origin's breaker and
+    /// never retried (a retry would open the same broken source again). The transmission
+    /// stays what the wire showed (`Unknown`: part of the request may have gone out).
+    UploadBody,
 }
 
 /// The server's proof that it did not process the request, so even a non-idempotent
@@ -334,9 +341,27 @@ impl RequestEvidence {
 
 /// The proxy a [`ProxyPool`](crate::proxy::ProxyPool) sent an attempt through, left in the
 /// request's extensions for the transport step around it, which writes it into the
-/// attempt's evidence ([`RequestEvidence::proxy`]).
+/// attempt's evidence ([`RequestEvidence::proxy`]). Left when the attempt leaves (not
+/// charged), so that an attempt cut before it completes keeps its proxy
+/// ([`carry_into_cut`](Self::carry_into_cut)); replaced by the outcome's when it completes.
 #[derive(Clone)]
 pub(crate) struct ProxyUsed {
     pub(crate) origin: Origin,
     pub(crate) charged: bool,
+}
+
+impl ProxyUsed {
+    /// Gives the evidence of an attempt cut by a timeout (or the deadline) the proxy it
+    /// went through, taken out of `extensions`: a cut counts for the target, as a timeout
+    /// through a proxy does (see [`guide::proxies`](crate::guide::proxies)), so it is not
+    /// charged to the proxy.
+    pub(crate) fn carry_into_cut(
+        extensions: &mut http::Extensions,
+        evidence: &mut RequestEvidence,
+    ) {
+        if let Some(used) = extensions.remove::<ProxyUsed>() {
+            evidence.proxy = Some(used.origin);
+            evidence.charged_to_proxy = false;
+        }
+    }
 }

@@ -301,6 +301,14 @@ pub(crate) fn record_attempt_cut(
     recorded_before: usize,
     started: tokio::time::Instant,
 ) {
+    let mut evidence = RequestEvidence::cut_at_deadline(
+        Some(origin.clone()),
+        next_attempt(recorded_before),
+        started,
+    );
+    // Through a proxy of a pool: the cut attempt keeps it (taken out either way, so it is
+    // never read as a later attempt's).
+    super::ProxyUsed::carry_into_cut(extensions, &mut evidence);
     let record = RequestRecord::get(extensions);
     let history = record.history.get_or_insert_with(AttemptHistory::default);
     if history.len() != recorded_before {
@@ -308,11 +316,6 @@ pub(crate) fn record_attempt_cut(
         // middleware between it and this one was still working: that record stands.
         return;
     }
-    let evidence = RequestEvidence::cut_at_deadline(
-        Some(origin.clone()),
-        next_attempt(recorded_before),
-        started,
-    );
     history.push(evidence.clone());
     record.evidence = Some(evidence);
 }

@@ -190,10 +190,10 @@ impl AttemptEnd {
                         .as_ref()
                         .and_then(AttemptClock::started)
                         .unwrap_or(started);
-                    crate::record::RequestRecord::set_evidence(
-                        extensions,
-                        RequestEvidence::cut_at_deadline(origin.clone(), attempt, started),
-                    );
+                    let mut evidence =
+                        RequestEvidence::cut_at_deadline(origin.clone(), attempt, started);
+                    crate::record::ProxyUsed::carry_into_cut(extensions, &mut evidence);
+                    crate::record::RequestRecord::set_evidence(extensions, evidence);
                 }
                 Err(reqwest_middleware::Error::middleware(elapsed))
             }

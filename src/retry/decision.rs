@@ -277,7 +277,18 @@ impl<S: RetryStrategy + ?Sized> RetryStrategy for std::sync::Arc<S> {
 /// [`FailureKind::BodyInterrupted`], anything after a followed redirect,
 /// [`Redirects::Followed`]) only when the request is idempotent; 408, 500, 502, 503, 504
 /// when idempotent or with `Retry-After`; 429 always; certificate, builder, redirect and
-/// decode errors never.
+/// decode errors never, nor an upload body that broke on this side
+/// ([`FailureKind::UploadBody`]: the caller's stream or file).
+///
+/// A request an open breaker turned away ([`FailureKind::BreakerOpen`]: the stack's
+/// breaker, or a proxy pool whose every proxy's breaker is open) gets
+/// [`RetryReason::BreakerRejected`] here, but the middleware fails it at once
+/// ([`StopReason::BreakerRejected`]), for every strategy: a breaker is there to fail fast.
+/// Only a middleware that
+/// [waits for open breakers](super::RetryMiddlewareBuilder::wait_for_open_breakers) retries
+/// it, after the breaker's "retry in" when that is within its bound and ends before the
+/// request's deadline. A server-directed pause ([`FailureKind::Paused`]) is retried after
+/// its "retry in".
 ///
 /// A request that got no bearer token was not sent, so it is retried like any `NotSent`
 /// attempt, whatever its method and whatever [`TokenErrorKind`](crate::auth::TokenErrorKind)
@@ -349,6 +360,8 @@ impl RetryStrategy for DefaultStrategy {
         }
         match ev.transmission {
             Transmission::NotSent => match ev.failure {
+                // An open breaker's is stopped by the middleware unless it waits for open
+                // breakers (see the type's docs); a pause's is waited out.
                 Some(FailureKind::BreakerOpen | FailureKind::Paused) => {
                     Verdict::Retry(RetryReason::BreakerRejected)
                 }
@@ -432,6 +445,7 @@ fn is_permanent(kind: FailureKind) -> bool {
         kind,
         FailureKind::Certificate
             | FailureKind::Builder
+            | FailureKind::UploadBody
             | FailureKind::Redirect
             | FailureKind::Decode
             | FailureKind::ConnectPermanent
@@ -753,6 +767,7 @@ mod tests {
                 FailureKind::Other,
                 FailureKind::Misconfigured,
                 FailureKind::Cancelled,
+                FailureKind::UploadBody,
             ]))
         }
 

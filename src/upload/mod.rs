@@ -39,10 +39,15 @@
 //! length is read when it is opened and sent as `Content-Length` (a server that needs the
 //! length up front, such as S3's `PutObject` or one answering `411 Length Required` to a
 //! chunked body, takes it; nginx takes either); a closure's
-//! stream is sent chunked, unless the request carries a `Content-Length` of its own.
+//! stream is sent chunked, unless the request carries a `Content-Length` of its own, for
+//! every method: the stack sets `Transfer-Encoding: chunked` on the request, without which
+//! hyper would silently drop the body of a GET, HEAD or CONNECT.
 //! A file that cannot be opened ends the attempt before it leaves:
 //! [`ResilienceError::UploadBody`], `NotSent`, not
-//! retried.
+//! retried. A body that breaks on this side while it is sent (the closure's stream yields
+//! an error, the file cannot be read) is the caller's failure:
+//! [`FailureKind::UploadBody`], neutral for the origin's
+//! breaker, not retried (the closure is not called again).
 //!
 //! Attach it with `.with_extension(..)` (reqwest-middleware's `RequestBuilder`, or the
 //! astral fork's); the request needs no `.body(..)`. The body is opened by this crate's
@@ -92,7 +97,8 @@ impl ReplayableBody {
 
     /// A body made by `make` for each attempt: a fresh stream of chunks (anything
     /// `Into<Bytes>`: `Vec<u8>`, `String`, `Bytes`…), sent chunked unless the request
-    /// carries a `Content-Length` of its own. `make` is called once per attempt, the
+    /// carries a `Content-Length` of its own, whatever the method (the stack sets
+    /// `Transfer-Encoding: chunked`, without which hyper would drop the body of a GET). `make` is called once per attempt, the
     /// first included; the stream is polled as the body is sent, never collected.
     pub fn from_fn<F, S, B, E>(make: F) -> Self
     where
@@ -132,9 +138,21 @@ impl ReplayableBody {
     ) -> reqwest_middleware::Result<()> {
         match self.open().await {
             Ok((body, len)) => {
-                if let Some(len) = len {
-                    req.headers_mut()
-                        .insert(http::header::CONTENT_LENGTH, http::HeaderValue::from(len));
+                let headers = req.headers_mut();
+                match len {
+                    Some(len) => {
+                        headers.insert(http::header::CONTENT_LENGTH, http::HeaderValue::from(len));
+                    }
+                    // hyper sends a body of unknown length chunked for most methods but drops
+                    // it, silently, from a GET, HEAD or CONNECT unless the request says
+                    // `Transfer-Encoding: chunked` (HTTP/2 strips the header and sends the
+                    // body as DATA frames).
+                    None if !headers.contains_key(http::header::CONTENT_LENGTH) => {
+                        headers
+                            .entry(http::header::TRANSFER_ENCODING)
+                            .or_insert(http::HeaderValue::from_static("chunked"));
+                    }
+                    None => {}
                 }
                 *req.body_mut() = Some(body);
                 Ok(())

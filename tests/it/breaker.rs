@@ -1051,3 +1051,144 @@ async fn a_wait_in_the_limiters_queue_never_makes_a_call_slow() {
     );
     assert_eq!(server.requests_seen(), 2);
 }
+
+/// A retry (1 s backoff, no jitter, no budget) outside the breaker, waiting out an open
+/// breaker up to `open_breaker_wait` when given.
+fn retrying_client(
+    registry: &BreakerRegistry,
+    open_breaker_wait: Option<Duration>,
+) -> ClientWithMiddleware {
+    let backoff = reqwest_resilience::Backoff::builder()
+        .jitter(reqwest_resilience::Jitter::None)
+        .build()
+        .unwrap();
+    let mut retry = reqwest_resilience::RetryMiddleware::builder()
+        .backoff(backoff)
+        .no_budget();
+    if let Some(wait) = open_breaker_wait {
+        retry = retry.wait_for_open_breakers(wait);
+    }
+    ClientBuilder::new(reqwest_client())
+        .with(retry.build().unwrap())
+        .with(CircuitBreakerMiddleware::new(registry.clone()))
+        .with(TransportEvidence::new())
+        .build()
+}
+
+/// A server whose first answer is a 500, then 200s; the breaker (one failure trips it, 30 s
+/// open) opened by a first request that is not retried.
+async fn tripped_by_one_500(
+    registry: &BreakerRegistry,
+    client: &ClientWithMiddleware,
+) -> FaultServer {
+    let server = FaultServer::sequence(vec![Action::status(500)], Action::ok("back")).await;
+    let mut ext = Extensions::new();
+    ext.insert(reqwest_resilience::retry::MaxRetries(0));
+    let (result, _) = get(client, &server.url("/"), ext).await;
+    assert_eq!(result.unwrap().status(), 500);
+    assert_eq!(registry.state(&origin(&server)), Some(BreakerState::Open));
+    server
+}
+
+fn one_failure_trips() -> BreakerRegistry {
+    registry(BreakerConfig::default().policy(TripPolicy::consecutive_failures(1)))
+}
+
+/// An open breaker fails fast: the retry outside it does not sleep out the open period
+/// (30 s) inside the request; one attempt, no time passes, the breaker's typed error.
+#[tokio::test(start_paused = true)]
+async fn an_open_breaker_fails_the_request_at_once_under_a_retry() {
+    let reg = one_failure_trips();
+    let c = retrying_client(&reg, None);
+    let server = tripped_by_one_500(&reg, &c).await;
+
+    let started = Instant::now();
+    let (result, ext) = get(&c, &server.url("/"), with_deadline(3600 * S)).await;
+
+    assert_eq!(started.elapsed(), Duration::ZERO);
+    let err = result.unwrap_err();
+    assert!(matches!(
+        ResilienceError::find(&err),
+        Some(ResilienceError::BreakerOpen { state: BreakerState::Open, retry_in: Some(d), .. })
+            if *d == 30 * S
+    ));
+    let outcome = reqwest_resilience::retry::RetryOutcome::of(&ext).unwrap();
+    assert_eq!(
+        (outcome.attempts, outcome.stop),
+        (1, reqwest_resilience::retry::StopReason::BreakerRejected)
+    );
+    let history = AttemptHistory::of(&ext).unwrap();
+    assert_eq!(history.len(), 1);
+    assert_eq!(
+        (
+            history.attempts()[0].evidence.transmission,
+            history.attempts()[0].evidence.failure
+        ),
+        (Transmission::NotSent, Some(FailureKind::BreakerOpen))
+    );
+    assert_eq!(
+        server.requests_seen(),
+        1,
+        "only the request that tripped it"
+    );
+}
+
+/// With `wait_for_open_breakers` and a deadline the open period fits, the request waits for
+/// the breaker's probe and gets the recovered server's answer.
+#[tokio::test(start_paused = true)]
+async fn with_the_opt_in_an_open_breaker_is_waited_out_within_the_deadline() {
+    let reg = one_failure_trips();
+    let c = retrying_client(&reg, Some(60 * S));
+    let server = tripped_by_one_500(&reg, &c).await;
+
+    let started = Instant::now();
+    let (result, ext) = get(&c, &server.url("/"), with_deadline(40 * S)).await;
+
+    assert_eq!(result.unwrap().status(), 200);
+    assert_eq!(
+        started.elapsed(),
+        30 * S,
+        "the breaker's remaining open period"
+    );
+    let outcome = reqwest_resilience::retry::RetryOutcome::of(&ext).unwrap();
+    assert_eq!(outcome.attempts, 2);
+    let history = AttemptHistory::of(&ext).unwrap();
+    assert_eq!(
+        history.attempts()[0].evidence.failure,
+        Some(FailureKind::BreakerOpen)
+    );
+    assert_eq!(
+        history.attempts()[1].evidence.transmission,
+        Transmission::ResponseReceived(http::StatusCode::OK)
+    );
+    assert_eq!(server.requests_seen(), 2);
+    assert_eq!(reg.state(&origin(&server)), Some(BreakerState::Closed));
+}
+
+/// With the opt-in but a deadline the open period does not fit (10 s of 30), or an open
+/// period longer than the opt-in's bound, the request fails at once.
+#[tokio::test(start_paused = true)]
+async fn with_the_opt_in_an_open_breaker_past_the_deadline_or_the_bound_fails_at_once() {
+    use reqwest_resilience::retry::StopReason;
+    for (wait, deadline, stop) in [
+        (60 * S, 10 * S, StopReason::DeadlineExceeded),
+        (20 * S, 3600 * S, StopReason::BreakerRejected),
+    ] {
+        let reg = one_failure_trips();
+        let c = retrying_client(&reg, Some(wait));
+        let server = tripped_by_one_500(&reg, &c).await;
+
+        let started = Instant::now();
+        let (result, ext) = get(&c, &server.url("/"), with_deadline(deadline)).await;
+
+        assert_eq!(started.elapsed(), Duration::ZERO);
+        let err = result.unwrap_err();
+        assert!(matches!(
+            ResilienceError::find(&err),
+            Some(ResilienceError::BreakerOpen { .. })
+        ));
+        let outcome = reqwest_resilience::retry::RetryOutcome::of(&ext).unwrap();
+        assert_eq!((outcome.attempts, outcome.stop), (1, stop));
+        assert_eq!(server.requests_seen(), 1);
+    }
+}

@@ -228,8 +228,8 @@ async fn a_breaker_rejection_is_found_by_find_with_retry_on_and_off_and_retry_er
             other => panic!("expected BreakerOpen, got {other:?} from {err:?}"),
         }
     }
-    // Without retry the rejection is the error; with it, the Retry wraps it (the 30 s
-    // wait does not fit the 5 s deadline) and says so.
+    // Without retry the rejection is the error; with it, the Retry wraps it (an open
+    // breaker fails fast, issue 42) and says so.
     assert!(matches!(
         ResilienceError::from_middleware_error(&bare),
         Some(ResilienceError::BreakerOpen { .. })
@@ -240,9 +240,9 @@ async fn a_breaker_rejection_is_found_by_find_with_retry_on_and_off_and_retry_er
     };
     assert_eq!(
         (retry.attempts(), retry.stop_reason()),
-        (1, StopReason::DeadlineExceeded)
+        (1, StopReason::BreakerRejected)
     );
-    assert_eq!(outcome(&ext).stop, StopReason::DeadlineExceeded);
+    assert_eq!(outcome(&ext).stop, StopReason::BreakerRejected);
 
     // The chain: the top error (displaying the Retry's summary), the RetryError, the
     // BreakerOpen; each message once.
@@ -258,7 +258,7 @@ async fn a_breaker_rejection_is_found_by_find_with_retry_on_and_off_and_retry_er
         messages[..2],
         [
             format!(
-                "request failed after 1 attempt; stopped: the deadline would pass; \
+                "request failed after 1 attempt; stopped: an open circuit breaker rejected it; \
                  the last attempt was not sent: the circuit breaker for {origin} is Open"
             ),
             "the last attempt failed".to_owned(),

@@ -288,7 +288,8 @@ async fn every_proxy_refusing_leaves_the_target_closed() {
     let (oa, ob) = (origin(&a.url("")), origin(&b.url("")));
     let history = AttemptHistory::of(&ext).unwrap();
     // Both proxies refused; the third attempt finds both breakers open and is refused
-    // unsent, with the breaker's 30 s "retry in", past the 5 s deadline: returned at once.
+    // unsent, with the breaker's 30 s "retry in": an open breaker fails fast, returned at
+    // once (issue 42).
     let evidence: Vec<_> = history.attempts().iter().map(|r| &r.evidence).collect();
     assert_eq!(
         route(history)[..2],
@@ -316,7 +317,7 @@ async fn every_proxy_refusing_leaves_the_target_closed() {
     let outcome = reqwest_resilience::retry::RetryOutcome::of(&ext).unwrap();
     assert_eq!(
         (outcome.attempts, outcome.stop),
-        (3, StopReason::DeadlineExceeded)
+        (3, StopReason::BreakerRejected)
     );
 }
 
@@ -565,13 +566,14 @@ async fn the_forks_client_goes_through_the_pool_too() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_https_tunnel_the_proxy_cannot_open_is_the_proxys() {
+async fn an_https_tunnel_the_proxy_cannot_open_is_the_targets() {
     let Some((p1, p2)) = two_proxies().await else {
         return;
     };
     // Nobody listens at the target: tinyproxy answers the CONNECT `500 Unable to connect`,
     // which reqwest reports as a failed connect (the status is not handed out), before any
-    // byte of the request went to the target.
+    // byte of the request went to the target. The proxy answered: the target's failure,
+    // and a success for the proxy, so the retries stay on it (issue 42).
     let down = HeldRefusedPort::new();
     let breakers = registry(5);
     let client = Resilience::new()
@@ -587,26 +589,100 @@ async fn an_https_tunnel_the_proxy_cannot_open_is_the_proxys() {
     let (o1, o2) = (origin(&p1.url()), origin(&p2.url()));
     assert_eq!(
         route(history),
-        vec![
-            (Some(o1.clone()), true, Transmission::NotSent),
-            (Some(o2.clone()), true, Transmission::NotSent),
-            (Some(o1.clone()), true, Transmission::NotSent),
-            (Some(o2.clone()), true, Transmission::NotSent),
-        ]
+        vec![(Some(o1.clone()), false, Transmission::NotSent); 4]
+    );
+    assert!(
+        history
+            .attempts()
+            .iter()
+            .all(|r| r.evidence.failure == Some(FailureKind::Connect))
     );
     let connect = format!("CONNECT 127.0.0.1:{}", down.port());
-    assert_eq!(requests(&p1).await, vec![connect.clone(), connect.clone()]);
-    assert_eq!(requests(&p2).await, vec![connect.clone(), connect]);
+    assert_eq!(requests(&p1).await, vec![connect; 4]);
+    assert_eq!(requests(&p2).await, Vec::<String>::new());
     let snapshot = breakers.snapshot();
     let failures = |o: &Origin| {
         snapshot
             .iter()
             .find(|s| &s.origin == o)
-            .unwrap()
-            .consecutive_failures
+            .map(|s| (s.state, s.consecutive_failures))
     };
-    assert_eq!((failures(&o1), failures(&o2)), (2, 2));
-    assert_eq!(failures(&origin(&target)), 0);
+    assert_eq!(failures(&o1), Some((BreakerState::Closed, 0)));
+    assert_eq!(failures(&o2), None, "never used");
+    assert_eq!(failures(&origin(&target)), Some((BreakerState::Closed, 4)));
+}
+
+/// One dead https target does not shut the proxies for every target: three requests to it
+/// through two working proxies open the target's breaker (its failures, reported by the
+/// proxy that answered the `CONNECT`), not the proxies', and a request to a healthy target
+/// through them passes at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_https_target_opens_its_own_breaker_not_the_proxies() {
+    let Some((p1, p2)) = two_proxies().await else {
+        return;
+    };
+    let down = HeldRefusedPort::new();
+    let healthy = FaultServer::always(Action::ok("up")).await;
+    let breakers = registry(2);
+    let client = Resilience::new()
+        .retry(quick_retry(1))
+        .breaker(breakers.clone())
+        .proxies(ProxyPool::new([p1.url(), p2.url()]))
+        .build_from(settings)
+        .unwrap();
+    let dead = format!("https://127.0.0.1:{}/t", down.port());
+    let (o1, o2) = (origin(&p1.url()), origin(&p2.url()));
+    let mut attempts = Vec::new();
+    for _ in 0..3 {
+        let (result, ext) = get(&client, &dead).await;
+        assert!(result.is_err());
+        let history = AttemptHistory::of(&ext).unwrap();
+        attempts.push(
+            history
+                .attempts()
+                .iter()
+                .map(|r| (r.evidence.proxy.clone(), r.evidence.failure))
+                .collect::<Vec<_>>(),
+        );
+    }
+    // The first request's two attempts went through p1 (a success for it each time) and
+    // opened the target's breaker; the next two were refused by it at once.
+    let tunnel = (Some(o1.clone()), Some(FailureKind::Connect));
+    let refused = (None, Some(FailureKind::BreakerOpen));
+    assert_eq!(
+        attempts,
+        vec![
+            vec![tunnel.clone(), tunnel],
+            vec![refused.clone()],
+            vec![refused]
+        ]
+    );
+    let connect = format!("CONNECT 127.0.0.1:{}", down.port());
+    assert_eq!(requests(&p1).await, vec![connect; 2]);
+    assert_eq!(requests(&p2).await, Vec::<String>::new());
+    assert_eq!(breakers.state(&o1), Some(BreakerState::Closed));
+    assert_eq!(breakers.state(&o2), None);
+    assert_eq!(breakers.state(&origin(&dead)), Some(BreakerState::Open));
+    let p1_failures = breakers
+        .snapshot()
+        .into_iter()
+        .find(|s| s.origin == o1)
+        .map(|s| s.consecutive_failures);
+    assert_eq!(p1_failures, Some(0));
+
+    let url = healthy.url("/h");
+    let (result, ext) = get(&client, &url).await;
+    assert_eq!(result.unwrap().status(), 200);
+    let history = AttemptHistory::of(&ext).unwrap();
+    assert_eq!(
+        route(history),
+        vec![(
+            Some(o1.clone()),
+            false,
+            Transmission::ResponseReceived(http::StatusCode::OK)
+        )]
+    );
+    assert_eq!(healthy.requests_seen(), 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -672,4 +748,54 @@ async fn an_isolated_proxy_is_taken_out_of_the_pool() {
     breakers.reset(&origin(&a.url("")));
     assert_eq!(body(client.get(target).send().await.unwrap()).await, "a");
     assert_eq!((a.requests_seen(), b.requests_seen()), (2, 2));
+}
+
+/// An attempt cut by the attempt timeout through a proxy keeps its proxy: the evidence
+/// names it (not charged to it), the timeout counts for the target, and the proxy, which
+/// took the request, has a success. No tinyproxy needed: the "proxy" is a loopback server
+/// that reads the proxied request and never answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_attempt_cut_by_its_timeout_through_a_proxy_keeps_the_proxy() {
+    let stalling = FaultServer::always(Action::Stall).await;
+    // A failure ratio, so that the window counts each outcome (a success too).
+    let breakers =
+        BreakerRegistry::new(BreakerConfig::default().policy(TripPolicy::failure_ratio(
+            0.5,
+            Duration::from_secs(60),
+            100,
+        )))
+        .unwrap();
+    let client = Resilience::new()
+        .retry(quick_retry_builder(0).attempt_timeout(Duration::from_millis(300)))
+        .breaker(breakers.clone())
+        .proxies(ProxyPool::new([stalling.url("")]))
+        .build_from(settings)
+        .unwrap();
+    let target = "http://api.example.test/slow";
+    let (result, ext) = get(&client, target).await;
+    assert!(result.is_err());
+    let history = AttemptHistory::of(&ext).unwrap();
+    let proxy = origin(&stalling.url(""));
+    assert_eq!(
+        route(history),
+        vec![(Some(proxy.clone()), false, Transmission::Unknown)]
+    );
+    let evidence = &history.attempts()[0].evidence;
+    assert_eq!(evidence.failure, Some(FailureKind::Timeout));
+    assert_eq!(evidence.origin, Some(origin(target)));
+    assert_eq!(evidence.outcome_origin(), Some(&origin(target)));
+    assert_eq!(
+        reqwest_resilience::RequestEvidence::of(&ext).map(|e| e.proxy.clone()),
+        Some(Some(proxy.clone()))
+    );
+    assert_eq!(stalling.requests_seen(), 1);
+    let snapshot = breakers.snapshot();
+    let window = |o: &Origin| {
+        snapshot
+            .iter()
+            .find(|s| &s.origin == o)
+            .map(|s| (s.state, s.window_attempts, s.window_failures))
+    };
+    assert_eq!(window(&proxy), Some((BreakerState::Closed, 1, 0)));
+    assert_eq!(window(&origin(target)), Some((BreakerState::Closed, 1, 1)));
 }

@@ -832,8 +832,15 @@ fn with_rejections(
     paused: bool,
     retry_in: Option<Duration>,
 ) -> ClientWithMiddleware {
+    // Waiting out an open breaker is an opt-in (issue 42); the pauses wait without it.
     ClientBuilder::new(reqwest_client())
-        .with(plain().total_deadline(S(30)).build().unwrap())
+        .with(
+            plain()
+                .total_deadline(S(30))
+                .wait_for_open_breakers(S(60))
+                .build()
+                .unwrap(),
+        )
         .with(Rejecting {
             remaining: rejections.into(),
             paused,
@@ -1180,8 +1187,15 @@ async fn with_the_real_breaker_an_open_circuit_is_waited_out_not_hammered() {
             .open_duration(S(10)),
     )
     .unwrap();
+    // Waiting out an open breaker is an opt-in (issue 42).
     let c = ClientBuilder::new(reqwest_client())
-        .with(plain().max_retries(5).build().unwrap())
+        .with(
+            plain()
+                .max_retries(5)
+                .wait_for_open_breakers(S(60))
+                .build()
+                .unwrap(),
+        )
         .with(CircuitBreakerMiddleware::new(registry))
         .with(TransportEvidence::new())
         .build();
@@ -1227,7 +1241,14 @@ async fn with_the_real_breaker_an_open_circuit_past_the_deadline_returns_its_err
     )
     .unwrap();
     let c = ClientBuilder::new(reqwest_client())
-        .with(plain().max_retries(5).total_deadline(S(8)).build().unwrap())
+        .with(
+            plain()
+                .max_retries(5)
+                .total_deadline(S(8))
+                .wait_for_open_breakers(S(60))
+                .build()
+                .unwrap(),
+        )
         .with(CircuitBreakerMiddleware::new(registry))
         .with(TransportEvidence::new())
         .build();

@@ -238,8 +238,14 @@ async fn retry_is_outside_the_breaker_so_a_rejection_is_retried_after_the_open_p
             .open_duration(S(5)),
     )
     .unwrap();
+    // Waiting out an open breaker is an opt-in (issue 42): without it the rejection is
+    // returned at once.
     let client = Resilience::new()
-        .retry(RetryMiddleware::builder().backoff(exact_backoff()))
+        .retry(
+            RetryMiddleware::builder()
+                .backoff(exact_backoff())
+                .wait_for_open_breakers(S(60)),
+        )
         .breaker(registry.clone())
         .build(reqwest_client())
         .unwrap();

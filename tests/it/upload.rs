@@ -689,10 +689,168 @@ async fn a_closures_stream_error_is_an_upload_body_error_and_a_post_is_not_sent_
     );
     let outcome = exchange.outcome.unwrap();
     assert_eq!(outcome.attempts, 1);
-    assert_eq!(outcome.stop, StopReason::MayHaveBeenProcessed);
+    // The caller's own failure (issue 42): never retried, whatever the method.
+    assert_eq!(outcome.stop, StopReason::Permanent(FailureKind::UploadBody));
     // hyper drops the connection when the body fails: the server saw one connection and
     // never a whole body (whether the head reached it first is hyper's buffering).
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert_eq!(server.connections(), 1);
     assert!(server.received().iter().all(|r| !r.complete));
+}
+
+/// A closure body whose stream breaks on this side after one 4 KiB chunk (the caller's own
+/// read error), counting how often the closure is called.
+fn broken_stream_body(made: &Arc<AtomicUsize>) -> ReplayableBody {
+    let made = made.clone();
+    ReplayableBody::from_fn(move || {
+        made.fetch_add(1, Ordering::SeqCst);
+        let chunks: Vec<Result<Vec<u8>, std::io::Error>> = vec![
+            Ok(vec![1u8; 4096]),
+            Err(std::io::Error::other("the caller's source broke")),
+        ];
+        futures_util::stream::iter(chunks)
+    })
+}
+
+/// The caller's own stream error says nothing about the server: two such uploads leave the
+/// origin's breaker (tripping after 2 failures) closed, and another caller's GET goes out
+/// at once, answered on its first attempt.
+#[tokio::test(start_paused = true)]
+async fn a_callers_stream_error_leaves_the_servers_breaker_closed() {
+    let server = UploadServer::start(vec![], Step::Respond(200, vec![]));
+    let breakers = reqwest_resilience::BreakerRegistry::new(
+        reqwest_resilience::BreakerConfig::default()
+            .policy(reqwest_resilience::breaker::TripPolicy::consecutive_failures(2)),
+    )
+    .unwrap();
+    let client = stack()
+        .breaker(breakers.clone())
+        .build_from(builder())
+        .unwrap();
+    let made = Arc::new(AtomicUsize::new(0));
+    for _ in 0..2 {
+        let exchange = client
+            .post(server.url("/upload"))
+            .with_extension(broken_stream_body(&made))
+            .send_with_history()
+            .await;
+        assert!(exchange.result.is_err());
+        assert_eq!(
+            attempts(&exchange.history),
+            vec![(Transmission::Unknown, Some(FailureKind::UploadBody))]
+        );
+        assert_eq!(exchange.outcome.unwrap().attempts, 1);
+    }
+    let origin = Origin::parse(&server.url("")).unwrap();
+    assert_eq!(
+        breakers.state(&origin),
+        Some(reqwest_resilience::BreakerState::Closed)
+    );
+    let failures = breakers
+        .snapshot()
+        .into_iter()
+        .find(|s| s.origin == origin)
+        .map(|s| s.consecutive_failures);
+    assert_eq!(failures, Some(0));
+
+    let started = tokio::time::Instant::now();
+    let exchange = client.get(server.url("/status")).send_with_history().await;
+    assert_eq!(exchange.result.unwrap().status(), StatusCode::OK);
+    assert_eq!(exchange.outcome.unwrap().attempts, 1);
+    assert_eq!(
+        attempts(&exchange.history),
+        vec![(Transmission::ResponseReceived(StatusCode::OK), None)]
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(made.load(Ordering::SeqCst), 2);
+}
+
+/// An idempotent PUT whose stream breaks on this side is not retried: the closure is called
+/// once, and the error is the stack's own `UploadBodyError` with the caller's error beneath.
+#[tokio::test(start_paused = true)]
+async fn a_put_whose_stream_breaks_locally_is_not_retried() {
+    let server = UploadServer::start(vec![], Step::Respond(201, vec![]));
+    let client = stack().build_from(builder()).unwrap();
+    let made = Arc::new(AtomicUsize::new(0));
+
+    let exchange = client
+        .put(server.url("/upload"))
+        .with_extension(broken_stream_body(&made))
+        .send_with_history()
+        .await;
+
+    assert_eq!(made.load(Ordering::SeqCst), 1);
+    let err = exchange.result.unwrap_err();
+    let found =
+        reqwest_resilience::chain::find::<reqwest_resilience::upload::UploadBodyError>(&err)
+            .expect("an UploadBodyError in the chain");
+    assert!(!found.is_open());
+    assert_eq!(found.path(), None);
+    assert_eq!(
+        found.io_error().map(ToString::to_string),
+        Some("the caller's source broke".to_owned())
+    );
+    assert_eq!(
+        attempts(&exchange.history),
+        vec![(Transmission::Unknown, Some(FailureKind::UploadBody))]
+    );
+    let outcome = exchange.outcome.unwrap();
+    assert_eq!(outcome.attempts, 1);
+    assert_eq!(outcome.stop, StopReason::Permanent(FailureKind::UploadBody));
+}
+
+/// A GET carrying a closure's body of unknown length: hyper drops such a body of a GET
+/// unless the request says `Transfer-Encoding: chunked`, so the stack says it. The server
+/// reads the whole body, exactly once.
+#[tokio::test(start_paused = true)]
+async fn a_get_with_a_closures_body_sends_it_chunked() {
+    let server = UploadServer::start(vec![], Step::Respond(200, vec![]));
+    let client = stack().build_from(builder()).unwrap();
+    let (body, digest) = small_stream_body();
+
+    let exchange = client
+        .get(server.url("/search"))
+        .with_extension(body)
+        .send_with_history()
+        .await;
+
+    assert_eq!(exchange.result.unwrap().status(), StatusCode::OK);
+    assert_eq!(exchange.outcome.unwrap().attempts, 1);
+    let seen = server.received();
+    assert_eq!(seen.len(), 1);
+    assert_eq!(seen[0].method, "GET");
+    assert!(seen[0].complete);
+    assert_eq!(seen[0].header("transfer-encoding"), Some("chunked"));
+    assert_eq!(seen[0].header("content-length"), None);
+    assert_eq!(seen[0].len, 16 * 4096);
+    assert_eq!(seen[0].digest, digest);
+    assert_eq!(server.connections(), 1);
+}
+
+/// A GET whose closure body comes with a `Content-Length` of the caller's is sent with it,
+/// not chunked.
+#[tokio::test(start_paused = true)]
+async fn a_get_with_a_closures_body_and_its_length_sends_that_length() {
+    let server = UploadServer::start(vec![], Step::Respond(200, vec![]));
+    let client = stack().build_from(builder()).unwrap();
+    let (body, digest) = small_stream_body();
+
+    let exchange = client
+        .get(server.url("/search"))
+        .header("content-length", (16 * 4096).to_string())
+        .with_extension(body)
+        .send_with_history()
+        .await;
+
+    assert_eq!(exchange.result.unwrap().status(), StatusCode::OK);
+    let seen = server.received();
+    assert_eq!(seen.len(), 1);
+    assert!(seen[0].complete);
+    assert_eq!(seen[0].header("transfer-encoding"), None);
+    assert_eq!(seen[0].header("content-length"), Some("65536"));
+    assert_eq!((seen[0].len, seen[0].digest), (16 * 4096, digest));
 }

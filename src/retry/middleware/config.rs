@@ -127,6 +127,9 @@ pub(super) struct Config {
     /// The cap on [`RetryReason::NotProcessed`](crate::retry::RetryReason::NotProcessed)
     /// retries per request.
     pub(super) max_not_processed_retries: u32,
+    /// The longest open breaker's "retry in" a request waits out
+    /// ([`RetryMiddlewareBuilder::wait_for_open_breakers`]); `None`: it fails at once.
+    pub(super) open_breaker_wait: Option<Duration>,
     /// Called before each retry's wait.
     pub(super) before_sleep: Option<Arc<BeforeSleep>>,
     /// The level of the event before each retry.
@@ -174,6 +177,7 @@ impl RetryMiddleware {
                 attempt_timeout: None,
                 hedging: None,
                 max_not_processed_retries: DEFAULT_MAX_NOT_PROCESSED_RETRIES,
+                open_breaker_wait: None,
                 before_sleep: None,
                 #[cfg(feature = "tracing")]
                 retry_event_level: tracing::Level::WARN,
@@ -237,6 +241,7 @@ impl fmt::Debug for RetryMiddleware {
             .field("attempt_timeout", &c.attempt_timeout)
             .field("hedging", &c.hedging)
             .field("max_not_processed_retries", &c.max_not_processed_retries)
+            .field("open_breaker_wait", &c.open_breaker_wait)
             .field("error_wrapping", &c.error_wrapping)
             .field("before_sleep", &c.before_sleep.is_some())
             .finish_non_exhaustive()
@@ -328,6 +333,42 @@ impl RetryMiddlewareBuilder {
     /// per-request [`Deadline`](crate::retry::Deadline) extension replaces it.
     pub fn total_deadline(mut self, total: Duration) -> Self {
         self.config.deadline = Some(total);
+        self
+    }
+
+    /// Waits out an open circuit breaker, when it will let requests through again within
+    /// `max_wait` and before the request's deadline. Off by default: a request an open
+    /// breaker turns away ([`FailureKind::BreakerOpen`](crate::FailureKind::BreakerOpen),
+    /// `NotSent`: the stack's breaker, or a [proxy pool](crate::proxy) whose every proxy's
+    /// breaker is open) fails at once with
+    /// [`ResilienceError::BreakerOpen`](crate::ResilienceError::BreakerOpen)
+    /// ([`StopReason::BreakerRejected`](crate::retry::StopReason::BreakerRejected)): a
+    /// breaker is there to fail fast, and a request that sleeps out its open period (30 s by
+    /// default, longer with [`OpenGrowth`](crate::breaker::OpenGrowth)) is a request that
+    /// hangs. With it, the retry waits the breaker's remaining open period ("retry in")
+    /// when that is at most `max_wait` and ends no later than the request's
+    /// [`Deadline`](crate::retry::Deadline) (or [`total_deadline`](Self::total_deadline)),
+    /// then spends one retry on the probe; otherwise the request fails at once
+    /// ([`StopReason::BreakerRejected`](crate::retry::StopReason::BreakerRejected), or
+    /// [`DeadlineExceeded`](crate::retry::StopReason::DeadlineExceeded) when the wait would
+    /// pass the deadline). A server-directed pause (`Retry-After`,
+    /// [`FailureKind::Paused`](crate::FailureKind::Paused)) is not an open breaker: it is
+    /// waited out as before, with or without this.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use reqwest_resilience::RetryMiddleware;
+    ///
+    /// // A batch job that would rather wait for a recovering server than fail.
+    /// let retry = RetryMiddleware::builder()
+    ///     .wait_for_open_breakers(Duration::from_secs(30))
+    ///     .total_deadline(Duration::from_secs(120))
+    ///     .build()?;
+    /// # drop(retry);
+    /// # Ok::<(), reqwest_resilience::ResilienceError>(())
+    /// ```
+    pub fn wait_for_open_breakers(mut self, max_wait: Duration) -> Self {
+        self.config.open_breaker_wait = Some(max_wait);
         self
     }
 

@@ -206,7 +206,18 @@ impl Config {
             // The breaker's "retry in" comes with its error (`ResilienceError::retry_in`) or
             // as `retry_after` on its evidence. Retrying into an open breaker before it says
             // so would be a tight loop.
-            return match (retry_in.or(evidence.retry_after), requested) {
+            let wait = retry_in.or(evidence.retry_after);
+            if evidence.failure == Some(FailureKind::BreakerOpen) {
+                // An open breaker fails fast, unless the caller asked to wait it out and
+                // it opens within that (the deadline is checked by the caller).
+                return match (self.open_breaker_wait, wait) {
+                    (Some(max), Some(wait)) if wait <= max => {
+                        Ok(requested.map_or(wait, |own| own.max(wait)))
+                    }
+                    _ => Err(StopReason::BreakerRejected),
+                };
+            }
+            return match (wait, requested) {
                 (Some(wait), own) => Ok(own.map_or(wait, |own| own.max(wait))),
                 (None, Some(own)) => Ok(own),
                 (None, None) => Err(StopReason::BreakerRejected),
@@ -406,11 +417,28 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn plan_waits_for_the_breaker_or_returns_at_once() {
-        let c = config(no_jitter());
+        let fails_fast = config(no_jitter());
+        let c = config(no_jitter().wait_for_open_breakers(Duration::from_secs(60)));
         let now = Instant::now();
         let ev = RequestEvidence::rejected_locally(FailureKind::BreakerOpen, None, 1);
         let st = state(0, 3, None);
         let r = RetryReason::BreakerRejected;
+        // By default an open breaker fails fast, whatever its "retry in".
+        assert_eq!(
+            delay_of(fails_fast.plan(r, &ev, Some(Duration::from_secs(5)), true, &st, now)),
+            Err(StopReason::BreakerRejected)
+        );
+        // With the opt-in, not beyond its bound.
+        assert_eq!(
+            delay_of(c.plan(r, &ev, Some(Duration::from_secs(61)), true, &st, now)),
+            Err(StopReason::BreakerRejected)
+        );
+        // A pause is waited out either way.
+        let paused = RequestEvidence::rejected_locally(FailureKind::Paused, None, 1);
+        assert_eq!(
+            delay_of(fails_fast.plan(r, &paused, Some(Duration::from_secs(5)), true, &st, now)),
+            Ok(Duration::from_secs(5))
+        );
         assert_eq!(
             delay_of(c.plan(r, &ev, Some(Duration::from_secs(5)), true, &st, now)),
             Ok(Duration::from_secs(5))
@@ -448,12 +476,26 @@ mod tests {
             own(&give_up, S503, &response(503, None), None, s(600)),
             Err(StopReason::RetryAfterTooLong)
         );
-        // Never before an open breaker's "retry in", which alone is no longer required.
-        let breaker = RequestEvidence::rejected_locally(FailureKind::BreakerOpen, None, 1);
+        // Never before a pause's "retry in", which alone is no longer required.
+        let pause = RequestEvidence::rejected_locally(FailureKind::Paused, None, 1);
         let r = RetryReason::BreakerRejected;
-        assert_eq!(own(&c, r, &breaker, Some(s(5)), s(1)), Ok(s(5)));
-        assert_eq!(own(&c, r, &breaker, Some(s(5)), s(9)), Ok(s(9)));
-        assert_eq!(own(&c, r, &breaker, None, s(2)), Ok(s(2)));
+        assert_eq!(own(&c, r, &pause, Some(s(5)), s(1)), Ok(s(5)));
+        assert_eq!(own(&c, r, &pause, Some(s(5)), s(9)), Ok(s(9)));
+        assert_eq!(own(&c, r, &pause, None, s(2)), Ok(s(2)));
+        // An open breaker fails fast, whatever the strategy asks; with the opt-in, as a
+        // pause, but only with a "retry in" within its bound.
+        let breaker = RequestEvidence::rejected_locally(FailureKind::BreakerOpen, None, 1);
+        assert_eq!(
+            own(&c, r, &breaker, Some(s(5)), s(1)),
+            Err(StopReason::BreakerRejected)
+        );
+        let waits = config(no_jitter().wait_for_open_breakers(s(60)));
+        assert_eq!(own(&waits, r, &breaker, Some(s(5)), s(1)), Ok(s(5)));
+        assert_eq!(own(&waits, r, &breaker, Some(s(5)), s(9)), Ok(s(9)));
+        assert_eq!(
+            own(&waits, r, &breaker, None, s(2)),
+            Err(StopReason::BreakerRejected)
+        );
         // Never before the token manager's next fetch.
         let mut token = RequestEvidence::rejected_locally(FailureKind::TokenUnavailable, None, 1);
         token.retry_after = Some(s(20));
@@ -567,7 +609,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_breakers_retry_in_comes_from_its_error_else_from_its_evidence() {
-        let c = config(no_jitter());
+        let c = config(no_jitter().wait_for_open_breakers(Duration::from_secs(120)));
         let now = Instant::now();
         let st = state(0, 3, None);
         let s = Duration::from_secs;

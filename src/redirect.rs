@@ -151,6 +151,11 @@ pub fn recorded(policy: reqwest::redirect::Policy) -> reqwest::redirect::Policy 
 /// default sends that again for any method, and hyper can fail that way a stream the
 /// server had taken: a `POST` run twice). This replaces a `.retry(..)` set on `builder`.
 ///
+/// The client gets [`crate::network`]'s defaults ([`Network::new`](crate::network::Network::new):
+/// the address race, a connect timeout per address, HTTP/2 keep-alive pings), as one from
+/// [`Resilience::build_from`](crate::Resilience::build_from) does; they replace the same
+/// settings of `builder` (its `dns_resolver`).
+///
 /// Nothing is assumed where nothing was proven: an attempt that opened no connection (a
 /// pooled one was reused) is judged as the declaration says. A middleware that sends
 /// requests of another such client from *inside* the transport step (where only a
@@ -174,7 +179,8 @@ pub fn recorded_client(
     builder: reqwest::ClientBuilder,
     policy: reqwest::redirect::Policy,
 ) -> Result<reqwest::Client, reqwest::Error> {
-    builder
+    crate::network::Network::new()
+        .apply(builder)
         .redirect(recorded(policy))
         .connector_layer(ProvesRecorded)
         .retry(crate::protocol_nacks::harmless_replays())

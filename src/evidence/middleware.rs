@@ -6,11 +6,11 @@ use reqwest::Response;
 use super::classify_error;
 use crate::error::ResilienceError;
 use crate::origin::Origin;
+use crate::record::polled::{HopCount, Recording};
 use crate::record::{
     AttemptHistory, FailureKind, Redirects, RequestEvidence, RequestRecord, Transmission,
     next_attempt,
 };
-use crate::record::polled::{HopCount, Recording};
 use crate::redirect::{ClientRedirects, Declared};
 use crate::stage::{HandedRequest, Handover, RestOfStack, Stage, standalone_middleware};
 

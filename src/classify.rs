@@ -118,6 +118,8 @@ pub(crate) struct ConnectFacts {
     invalid_url: bool,
     tcp: bool,
     tls: bool,
+    /// `crate::network`'s race: every address timed out (rule 17).
+    all_timed_out: bool,
 }
 
 /// What the layers of one error chain say, before any rule is applied.
@@ -255,6 +257,12 @@ fn connect_facts(from: &(dyn StdError + 'static), top: Option<&reqwest::Error>) 
             is_certificate_text(&text) || crate::tls_alert::is_certificate_alert(&text);
         // hyper-util's HttpConnector: "invalid URL, scheme is not http" and friends.
         c.invalid_url |= text.contains("invalid URL");
+        if let Some(failed) = e.downcast_ref::<crate::network::ConnectFailed>() {
+            c.tcp |= failed.tcp();
+            c.all_timed_out |= failed.all_timed_out();
+        }
+        // A connection that gave way to another address, not replayed: a TCP-stage fact.
+        c.tcp |= e.is::<crate::network::AddressRaced>();
         let kinds: Vec<io::ErrorKind> = e
             .downcast_ref::<io::Error>()
             .map(|io| chain::io_kinds(io).collect())
@@ -353,6 +361,8 @@ fn decide_by_layer(f: &Facts) -> Classification {
             K::Certificate
         } else if c.invalid_url {
             K::ConnectPermanent
+        } else if c.all_timed_out {
+            K::ConnectTimeout
         } else if c.tcp {
             K::Connect
         } else if c.tls {
@@ -474,6 +484,13 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(decide(&connect(tcp)), c(T::NotSent, K::Connect));
+        // Rule 17: every address of the race timed out.
+        let dead = ConnectFacts {
+            tcp: true,
+            all_timed_out: true,
+            ..Default::default()
+        };
+        assert_eq!(decide(&connect(dead)), c(T::NotSent, K::ConnectTimeout));
         let tls = ConnectFacts {
             tls: true,
             ..Default::default()

@@ -21,7 +21,7 @@
 //! |---|---|---|---|
 //! | `http.client.request.duration` | histogram, seconds | `http.request.method` (`GET` … or `_OTHER`), `server.address`, `server.port`, `http.response.status_code` (a response), `error.type` (the [`FailureKind`] in snake case, or the status code for a 4xx/5xx response) | each attempt that reached the transport step, from handing the request on to the response head or the failure (the body is not timed; local rejections are not requests on the wire) |
 //! | `reqwest_resilience.retry.retries` | counter | `origin`, `reason`: `not_sent`, `breaker_rejected`, `not_processed`, `go_away`, `transient`, `status`, `body_interrupted` | each retry decided (before its backoff), a resume of a broken body and an [operation](crate::retry::Operation) run again included |
-//! | `reqwest_resilience.retry.stops` | counter | `origin`, `reason`: `final_response`, `status_not_safe`, `permanent`, `may_have_been_processed`, `not_processed_retry_used`, `retries_exhausted`, `budget_exhausted`, `deadline_exceeded`, `retry_after_too_long`, `breaker_rejected`, `body_not_clonable`, `redirect_followed`, `concurrency_limited`, `rate_limited` | each logical request the retry middleware ends (a success is `final_response`) |
+//! | `reqwest_resilience.retry.stops` | counter | `origin`, `reason`: `final_response`, `status_not_safe`, `permanent`, `may_have_been_processed`, `not_processed_retry_used`, `retries_exhausted`, `budget_exhausted`, `deadline_exceeded`, `retry_after_too_long`, `breaker_rejected`, `body_not_clonable`, `redirect_followed`, `concurrency_limited`, `rate_limited`, `connect_timed_out` | each logical request the retry middleware ends (a success is `final_response`) |
 //! | `reqwest_resilience.retry.budget_exhausted` | counter | `origin` | a retry the decision table allowed and the [`RetryBudget`](crate::RetryBudget) refused |
 //! | `reqwest_resilience.breaker.transitions` | counter | `origin`, `from`, `to`: `closed`, `open`, `half_open`, `isolated` | each breaker state change |
 //! | `reqwest_resilience.breaker.rejections` | counter | `origin`, `reason`: `open`, `probes_busy`, `isolated`, `paused` | each request a breaker or a pause turned away unsent |
@@ -335,6 +335,7 @@ mod enabled {
             StopReason::RedirectFollowed => "redirect_followed",
             StopReason::ConcurrencyLimited => "concurrency_limited",
             StopReason::RateLimited => "rate_limited",
+            StopReason::ConnectTimedOut => "connect_timed_out",
             StopReason::HandedBack => "handed_back",
         };
         counter!(STOPS, "origin" => origin(at), "reason" => label).increment(1);

@@ -16,13 +16,20 @@ use std::error::Error as StdError;
 /// twice, with no budget (reqwest's default has none either). An `Idempotency-Key`
 /// header, which reqwest's classifier cannot see, does not count here: a retry part sends
 /// such a `POST` again itself.
+///
+/// Both also replay, for any method, a request whose new connection gave way to another
+/// address of the host that answered first ([`crate::network`]'s race): it was not sent.
 pub(crate) fn harmless_replays() -> reqwest::retry::Builder {
     reqwest::retry::for_host(AnyHost)
         .no_budget()
         .max_retries_per_request(2)
         .classify_fn(|attempt| {
-            let harmless = attempt.error().and_then(nack).is_some_and(|nack| {
-                nack == Nack::RefusedStream || crate::record::idempotent_method(attempt.method())
+            let harmless = attempt.error().is_some_and(|e| {
+                raced(e)
+                    || nack(e).is_some_and(|nack| {
+                        nack == Nack::RefusedStream
+                            || crate::record::idempotent_method(attempt.method())
+                    })
             });
             if harmless {
                 attempt.retryable()
@@ -30,6 +37,27 @@ pub(crate) fn harmless_replays() -> reqwest::retry::Builder {
                 attempt.success()
             }
         })
+}
+
+/// The replays of a client whose stack retries by itself (instead of reqwest's
+/// `retry::never()`): only a request whose connection gave way to another address
+/// ([`crate::network`]'s race), at once, for any method: it was not sent.
+pub(crate) fn race_replays() -> reqwest::retry::Builder {
+    reqwest::retry::for_host(AnyHost)
+        .no_budget()
+        .max_retries_per_request(2)
+        .classify_fn(|attempt| {
+            if attempt.error().is_some_and(raced) {
+                attempt.retryable()
+            } else {
+                attempt.success()
+            }
+        })
+}
+
+/// Whether `err` is a connection that gave way to another address of its host.
+fn raced(err: &(dyn StdError + 'static)) -> bool {
+    crate::chain::find::<crate::network::AddressRaced>(err).is_some()
 }
 
 /// The protocol NACKs reqwest would replay.

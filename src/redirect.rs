@@ -52,9 +52,6 @@
 //! # drop(client); Ok(()) }
 //! ```
 
-use std::cell::RefCell;
-use std::future::Future;
-use std::pin::Pin;
 use std::task::{Context, Poll};
 
 /// What the transport step may assume about the redirects the `reqwest::Client` below it
@@ -132,12 +129,7 @@ impl Declared {
 /// client sharing the policy) it does nothing.
 pub fn recorded(policy: reqwest::redirect::Policy) -> reqwest::redirect::Policy {
     reqwest::redirect::Policy::custom(move |attempt| {
-        HOPS.with(|hops| {
-            if let Some(current) = hops.borrow_mut().last_mut() {
-                current.consulted = current.consulted.saturating_add(1);
-                current.last_location = crate::origin::Origin::from_url(attempt.url()).ok();
-            }
-        });
+        crate::record::polled::note_hop(crate::origin::Origin::from_url(attempt.url()).ok());
         policy.redirect(attempt)
     })
 }
@@ -158,6 +150,11 @@ pub fn recorded(policy: reqwest::redirect::Policy) -> reqwest::redirect::Policy 
 /// method, and one failed by its `GOAWAY`, only for an idempotent method (reqwest's
 /// default sends that again for any method, and hyper can fail that way a stream the
 /// server had taken: a `POST` run twice). This replaces a `.retry(..)` set on `builder`.
+///
+/// The client gets [`crate::network`]'s defaults ([`Network::new`](crate::network::Network::new):
+/// the address race, a connect timeout per address, HTTP/2 keep-alive pings), as one from
+/// [`Resilience::build_from`](crate::Resilience::build_from) does; they replace the same
+/// settings of `builder` (its `dns_resolver`).
 ///
 /// Nothing is assumed where nothing was proven: an attempt that opened no connection (a
 /// pooled one was reused) is judged as the declaration says. A middleware that sends
@@ -182,7 +179,8 @@ pub fn recorded_client(
     builder: reqwest::ClientBuilder,
     policy: reqwest::redirect::Policy,
 ) -> Result<reqwest::Client, reqwest::Error> {
-    builder
+    crate::network::Network::new()
+        .apply(builder)
         .redirect(recorded(policy))
         .connector_layer(ProvesRecorded)
         .retry(crate::protocol_nacks::harmless_replays())
@@ -216,11 +214,7 @@ impl<S: tower_service::Service<R>, R> tower_service::Service<R> for Proving<S> {
     }
 
     fn call(&mut self, request: R) -> S::Future {
-        HOPS.with(|hops| {
-            if let Some(current) = hops.borrow_mut().last_mut() {
-                current.proven = true;
-            }
-        });
+        crate::record::polled::note_proven();
         self.0.call(request)
     }
 }
@@ -229,85 +223,6 @@ impl<S: tower_service::Service<R>, R> tower_service::Service<R> for Proving<S> {
 /// from the request's `http::Uri`, which has no fragment.
 pub(crate) fn without_fragment(url: &reqwest::Url) -> &str {
     &url[..url::Position::AfterQuery]
-}
-
-/// Redirects seen during one attempt by the [`recorded`] policy.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub(crate) struct HopCount {
-    /// How often the policy was consulted: each time a `3xx` with a usable `Location`
-    /// came back, so the first hop was answered as soon as this is 1.
-    pub(crate) consulted: u32,
-    /// The origin of the last `Location` the policy was asked about: where the hop after
-    /// it went, if it was followed.
-    pub(crate) last_location: Option<crate::origin::Origin>,
-    /// A connection was started by a client of [`recorded_client`]: that client's
-    /// redirects are recorded, whatever the transport step was told.
-    pub(crate) proven: bool,
-    /// The addresses the attempt's new connection tried (`crate::network`'s connector).
-    pub(crate) connect: Option<std::sync::Arc<crate::record::ConnectAttempts>>,
-}
-
-/// Leaves `attempts` in the record of the attempt being polled on this thread (none:
-/// the connection is being made for the pool, outside any attempt).
-#[allow(dead_code)] // the address race's (crate::network), next
-pub(crate) fn record_connect(attempts: std::sync::Arc<crate::record::ConnectAttempts>) {
-    HOPS.with(|hops| {
-        if let Some(current) = hops.borrow_mut().last_mut() {
-            current.connect = Some(attempts);
-        }
-    });
-}
-
-thread_local! {
-    /// One record per attempt being polled on this thread, innermost last (an attempt
-    /// may, through a user's middleware, run another client's attempt inside its poll).
-    static HOPS: RefCell<Vec<HopCount>> = const { RefCell::new(Vec::new()) };
-}
-
-/// Pops this attempt's record even if its poll unwinds.
-struct Installed;
-
-impl Drop for Installed {
-    fn drop(&mut self) {
-        HOPS.with(|hops| {
-            hops.borrow_mut().pop();
-        });
-    }
-}
-
-pin_project_lite::pin_project! {
-    /// An attempt's future with a hop record installed around each of its polls.
-    pub(crate) struct Recording<F> {
-        #[pin]
-        inner: F,
-        hops: HopCount,
-    }
-}
-
-impl<F> Recording<F> {
-    pub(crate) fn new(inner: F) -> Self {
-        Recording {
-            inner,
-            hops: HopCount::default(),
-        }
-    }
-}
-
-impl<F: Future> Future for Recording<F> {
-    type Output = (F::Output, HopCount);
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let this = self.project();
-        HOPS.with(|hops| hops.borrow_mut().push(std::mem::take(this.hops)));
-        let installed = Installed;
-        let polled = this.inner.poll(cx);
-        // The record back and off the stack in one access; the guard pops only on unwind.
-        *this.hops = HOPS
-            .with(|hops| hops.borrow_mut().pop())
-            .unwrap_or_default();
-        std::mem::forget(installed);
-        polled.map(|output| (output, std::mem::take(this.hops)))
-    }
 }
 
 #[cfg(test)]
@@ -336,31 +251,5 @@ mod tests {
         let unobserved = Declared::new(ClientRedirects::Unobserved);
         assert!(!unobserved.disprove());
         assert!(unobserved.disproved.is_none());
-    }
-
-    fn consult() {
-        HOPS.with(|hops| {
-            if let Some(current) = hops.borrow_mut().last_mut() {
-                current.consulted += 1;
-            }
-        });
-    }
-
-    #[tokio::test]
-    async fn each_attempt_counts_only_its_own_hops_across_polls_and_nesting() {
-        let (output, hops) = Recording::new(async {
-            consult();
-            tokio::task::yield_now().await;
-            consult();
-            // A nested attempt (another client inside a user's middleware) has its own.
-            let ((), inner) = Recording::new(async { consult() }).await;
-            assert_eq!(inner.consulted, 1);
-            7
-        })
-        .await;
-        assert_eq!((output, hops.consulted), (7, 2));
-        // Outside any attempt the record is empty, and consulting does nothing.
-        consult();
-        assert!(HOPS.with(|h| h.borrow().is_empty()));
     }
 }

@@ -6,11 +6,12 @@ use reqwest::Response;
 use super::classify_error;
 use crate::error::ResilienceError;
 use crate::origin::Origin;
+use crate::record::polled::{HopCount, Recording};
 use crate::record::{
     AttemptHistory, FailureKind, Redirects, RequestEvidence, RequestRecord, Transmission,
     next_attempt,
 };
-use crate::redirect::{ClientRedirects, Declared, HopCount, Recording};
+use crate::redirect::{ClientRedirects, Declared};
 use crate::stage::{HandedRequest, Handover, RestOfStack, Stage, standalone_middleware};
 
 /// The transport step: register it last (innermost), right before the `reqwest::Client`.
@@ -169,7 +170,7 @@ impl Stage for TransportEvidence {
                 return result;
             }
             let mut evidence = cut.unwrap_or_else(|| evidence_of(&result, origin, attempt));
-            evidence.connect = hops.as_ref().and_then(|h| h.connect.clone());
+            evidence.connect = hops.as_ref().and_then(HopCount::connect);
             self.judge_redirects(
                 &mut evidence,
                 &result,

@@ -75,13 +75,19 @@
 //! A setting of reqwest's own that this module sets (`dns_resolver`, the HTTP/2 keep-alive
 //! pings) replaces the same setting on the builder handed to `build_from`: set it here.
 
+mod answer;
 mod changes;
 mod client;
 mod config;
+mod failed;
 pub(crate) mod progress;
+mod race;
+mod resolve;
 mod suspend;
 mod watch;
 pub(crate) mod weather;
 
 pub use config::Network;
+pub(crate) use failed::AddressRaced;
+pub use failed::ConnectFailed;
 pub use progress::NoProgress;

@@ -22,6 +22,12 @@ pub enum AddressOutcome {
     Handshake,
     /// Another failure of this address.
     Failed,
+    /// The address accepted a connection first, but the race's connection to it was a
+    /// probe that could not carry the request: reqwest sent the request again at once on
+    /// a new connection, which tries this address first. Seen only when that second
+    /// connection was not made (a request body that cannot be copied); otherwise the
+    /// second connection's outcome replaces it.
+    Answered,
     /// Not finished: another address connected first, so this one was abandoned.
     Abandoned,
 }

@@ -127,6 +127,10 @@ pub enum StopReason {
     /// The origin's rate limit rejected the request (after its wait for a slot):
     /// retrying after a backoff would only spend the quota again.
     RateLimited,
+    /// Every address of the host timed out while connecting
+    /// ([`FailureKind::ConnectTimeout`](super::FailureKind::ConnectTimeout)): a retry would
+    /// wait as long again, so the request's connect budget is one connect timeout.
+    ConnectTimedOut,
     /// The retry middleware decided to retry and handed the retry to the caller's loop
     /// ([`Steps`](crate::retry::Steps)), which makes it: the request was sent once, and
     /// its decision is in the history (`Retry` after its delay).
@@ -181,6 +185,9 @@ impl fmt::Display for StopReason {
                 f.write_str("the origin's concurrency limit was reached")
             }
             StopReason::RateLimited => f.write_str("the origin's rate limit was reached"),
+            StopReason::ConnectTimedOut => {
+                f.write_str("every address of the host timed out while connecting")
+            }
             StopReason::HandedBack => f.write_str("the retry was handed back to the caller's loop"),
         }
     }

@@ -31,6 +31,7 @@ mod decision;
 mod evidence;
 mod history;
 mod keys;
+pub(crate) mod polled;
 mod request_record;
 
 pub use connect::{AddressOutcome, AddressTried, ConnectAttempts};

@@ -376,6 +376,9 @@ impl RetryStrategy for DefaultStrategy {
                 // Turned away by the origin's rate: its wait for a slot already ran
                 // (within the deadline); a retry would only spend the quota again.
                 Some(FailureKind::RateLimited) => Verdict::Stop(StopReason::RateLimited),
+                // Every address timed out: a retry would wait as long again (the
+                // request's connect budget is one connect timeout).
+                Some(FailureKind::ConnectTimeout) => Verdict::Stop(StopReason::ConnectTimedOut),
                 _ => Verdict::Retry(RetryReason::NotSent),
             },
             _ if ev.not_processed.is_some()

@@ -146,7 +146,7 @@ fn build(
 ) -> Result<reqwest::Client, ResilienceError> {
     let builder = builder.redirect(policy);
     let builder = if own_retries {
-        builder.retry(reqwest::retry::never())
+        builder.retry(crate::protocol_nacks::race_replays())
     } else {
         builder.retry(crate::protocol_nacks::harmless_replays())
     };

@@ -34,6 +34,7 @@ mod limit;
 mod metrics;
 mod model;
 mod network;
+mod network_race;
 mod nginx;
 mod ownership;
 mod parts_together;

@@ -338,7 +338,6 @@ fn a_host_that_drops_syns_fails_bare_reqwests_connect_at_its_connect_timeout() {
 }
 
 #[test]
-#[ignore = "needs the address race's ConnectTimeout (merged from wt-race)"]
 fn a_host_that_drops_syns_costs_the_stack_one_connect_timeout_not_retried() {
     let Some(lab) = Lab::new_or_skip() else {
         return;
@@ -429,7 +428,6 @@ fn two_addresses_the_first_dead_bare_reqwest_waits_on_it_for_every_connection() 
 }
 
 #[test]
-#[ignore = "needs the address race (merged from wt-race)"]
 fn two_addresses_the_first_dead_the_stack_races_to_the_second_and_then_tries_it_first() {
     let Some(lab) = Lab::new_or_skip() else {
         return;
@@ -460,8 +458,14 @@ fn two_addresses_the_first_dead_the_stack_races_to_the_second_and_then_tries_it_
         (two.tried[0].address, two.tried[0].outcome),
         (live, AddressOutcome::Connected)
     );
+    // The race's probe that found the live address (closed unused), then one connection
+    // per request.
     let locals: Vec<_> = server.accepted().iter().map(|a| a.local).collect();
-    assert_eq!(locals, [live, live]);
+    assert_eq!(locals, [live, live, live]);
+    assert_eq!(
+        (server.saw("GET", "/one"), server.saw("GET", "/two")),
+        (1, 1)
+    );
 }
 
 // (e) The client's link down, then up.
@@ -538,7 +542,6 @@ fn a_link_down_then_up_the_stack_leaves_the_post_and_retires_the_connection() {
 // (f) The breaker opens on a dead host, then rejects at once.
 
 #[test]
-#[ignore = "needs the address race's ConnectTimeout, not retried (merged from wt-race)"]
 fn a_dead_host_opens_the_breaker_after_five_requests_of_one_attempt_each() {
     let Some(lab) = Lab::new_or_skip() else {
         return;

@@ -42,7 +42,10 @@
 //!
 //! - the first address connects first (a healthy host, the common case: probes start only
 //!   after the attempt delay): its connection carries the request, the probes are dropped;
-//! - a probe connects first: the connection gives way, reqwest sends the request again at
+//! - a probe connects first: for an `https` connection, reqwest's may be in its TLS
+//!   handshake, so it is waited for until three of the probe's round trips from its start
+//!   (a first address as near as the probe's would be done by then); then the connection
+//!   gives way, reqwest sends the request again at
 //!   once on a new connection (a replay below every middleware, for any method: nothing
 //!   was sent), whose first address is the one that answered. The request's one attempt
 //!   records both addresses: the first `Abandoned`, the other `Connected`

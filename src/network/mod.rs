@@ -28,7 +28,33 @@
 //!   and the others are dropped. An address that failed is tried last for that host until
 //!   it connects again (at most `failed_address_memory`), so the next connections to a
 //!   host with one dead address do not wait on it. Every address tried, with its outcome,
-//!   is in [`RequestEvidence::connect`](crate::RequestEvidence::connect).
+//!   is in [`RequestEvidence::connect`](crate::RequestEvidence::connect); when none
+//!   connected, the error chain holds a [`ConnectFailed`] naming each.
+//!
+//! # The race
+//!
+//! reqwest hands a connector layer one request per connection, which it cannot copy, so
+//! only one connection through reqwest's connector (its TCP options, its TLS) can be made
+//! for it. The race therefore sends reqwest's connection to the first address (the
+//! client's resolver answers that one alone) and tries each later address, one every
+//! `attempt_delay` (at once when the ones before failed), with a plain TCP connect of its
+//! own, a probe, each bounded by `connect_timeout`:
+//!
+//! - the first address connects first (a healthy host, the common case: probes start only
+//!   after the attempt delay): its connection carries the request, the probes are dropped;
+//! - a probe connects first: for an `https` connection, reqwest's may be in its TLS
+//!   handshake, so it is waited for until three of the probe's round trips from its start
+//!   (a first address as near as the probe's would be done by then); then the connection
+//!   gives way, reqwest sends the request again at
+//!   once on a new connection (a replay below every middleware, for any method: nothing
+//!   was sent), whose first address is the one that answered. The request's one attempt
+//!   records both addresses: the first `Abandoned`, the other `Connected`
+//!   ([`AddressOutcome`](crate::evidence::AddressOutcome)). The probe's connection is
+//!   closed unused: the server sees one connection more, once per memory;
+//! - nothing connects: [`ConnectFailed`], `ConnectTimeout` when every address timed out.
+//!
+//! The race runs only when a connection is opened: a request on a pooled connection does
+//! not reach it.
 //! - **A dead host fails as fast as bare reqwest.** When every address timed out, the
 //!   attempt fails [`ConnectTimeout`](crate::FailureKind::ConnectTimeout) and is not
 //!   retried: a retry would wait as long again, so the request's connect budget is one
@@ -51,6 +77,19 @@
 //!   at once. A `POST` in flight is left to finish: it is never sent twice.
 //!
 //! # Limits
+//!
+//! - **Not raced**: a connection through a proxy (the proxy's addresses are answered in
+//!   the race's order, tried by reqwest), a name given to `ClientBuilder::resolve` or
+//!   `resolve_to_addrs` (reqwest answers it without the resolver). Those are bounded by
+//!   `connect_timeout` as a whole and carry no connect record.
+//! - **A probe is a plain TCP connect**: it does not use reqwest's `local_address`,
+//!   `interface` or TCP options (the connection that carries the request does).
+//! - **A request whose body cannot be copied** (a stream) cannot be replayed: when a probe
+//!   wins, it fails unsent (`Connect`), with the address that answered recorded
+//!   `Answered`; the next connection tries that address first.
+//! - **reqwest's own `connect_timeout`**, set on the builder, bounds the whole race.
+//! - **A transport step declared [`ClientRedirects::Off`](crate::redirect::ClientRedirects::Off)**
+//!   records no hop and no connect record.
 //!
 //! - **A suspend is noticed at the next attempt's start** (and by the address change a
 //!   wake usually brings): an attempt in flight across a sleep is cut then.

@@ -78,31 +78,35 @@ where
     }
 
     fn call(&mut self, request: R) -> Self::Future {
-        let pending = Arc::new(pending_for(&request));
+        let (pending, tls) = pending_for(&request);
         let connecting = self.inner.call(request);
-        Box::pin(Race::new(connecting, pending, self.config.clone()))
+        let mut race = Race::new(connecting, Arc::new(pending), self.config.clone());
+        race.tls = tls;
+        Box::pin(race)
     }
 }
 
 /// The connection's host and ports, read from reqwest's request: its `Debug` is the
 /// destination URI's (`Unnameable(http://host:port/)`), the only way a layer can see it.
-/// An unreadable one races nothing (the connection is only bounded).
-fn pending_for(request: &impl std::fmt::Debug) -> Pending {
+/// An unreadable one races nothing (the connection is only bounded). With whether the
+/// connection has a TLS handshake after its TCP one (`https`).
+fn pending_for(request: &impl std::fmt::Debug) -> (Pending, bool) {
     let text = format!("{request:?}");
     let uri = text
         .strip_prefix("Unnameable(")
         .and_then(|t| t.strip_suffix(')'))
         .and_then(|t| t.parse::<http::Uri>().ok());
     let Some(uri) = uri else {
-        return Pending::new(String::new(), None, 0);
+        return (Pending::new(String::new(), None, 0), false);
     };
     let host = uri.host().unwrap_or_default();
     let host = host.trim_start_matches('[').trim_end_matches(']');
-    let default_port = match uri.scheme_str() {
-        Some("https") => 443,
-        _ => 80,
-    };
-    Pending::new(host.to_owned(), uri.port_u16(), default_port)
+    let tls = uri.scheme_str() == Some("https");
+    let default_port = if tls { 443 } else { 80 };
+    (
+        Pending::new(host.to_owned(), uri.port_u16(), default_port),
+        tls,
+    )
 }
 
 /// The addresses of a connection once known, and how each is doing.
@@ -114,6 +118,9 @@ struct Plan {
     /// The probes still running, by their index in `tried`.
     probes: Vec<(usize, Probe)>,
     next_start: Pin<Box<Sleep>>,
+    /// A probe that answered while reqwest's connection may be in its TLS handshake, and
+    /// until when that connection is waited for ([`handshake_grace`]).
+    held: Option<(usize, Pin<Box<Sleep>>)>,
 }
 
 type Probe = Pin<Box<dyn Future<Output = Result<(), AddressOutcome>> + Send>>;
@@ -130,6 +137,8 @@ struct Race<F> {
     /// addresses are known (resolution included), then from the first address's start.
     deadline: Option<Pin<Box<Sleep>>>,
     plan: Option<Plan>,
+    /// The connection has a TLS handshake after its TCP one.
+    tls: bool,
 }
 
 impl<F, C> Race<F>
@@ -147,6 +156,7 @@ where
             config,
             deadline,
             plan: None,
+            tls: false,
         };
         // An address in the URL is known at once: hyper-util asks no resolver for it.
         if let Ok(ip) = race.pending.host().parse::<IpAddr>() {
@@ -170,6 +180,7 @@ where
             started,
             tried,
             probes: Vec::new(),
+            held: None,
             next_start: Box::pin(tokio::time::sleep_until(
                 started + self.config.attempt_delay,
             )),
@@ -227,6 +238,9 @@ where
     fn connected(&mut self, conn: C) -> C {
         if let Some(mut plan) = self.plan.take() {
             plan.tried[0].outcome = AddressOutcome::Connected;
+            if let Some((held, _)) = plan.held {
+                plan.tried[held].outcome = AddressOutcome::Answered;
+            }
             self.config
                 .addresses
                 .worked(self.pending.host(), plan.addrs[0]);
@@ -242,7 +256,14 @@ where
     /// is over.
     fn poll_probes(&mut self, cx: &mut Context<'_>) -> Option<BoxError> {
         let plan = self.plan.as_mut()?;
-        loop {
+        'race: loop {
+            if let Some((winner, grace)) = &mut plan.held {
+                if self.connecting.is_some() && grace.as_mut().poll(cx).is_pending() {
+                    return None;
+                }
+                let winner = *winner;
+                return Some(self.raced(winner));
+            }
             let idle = self.connecting.is_none() && plan.probes.is_empty();
             let more = plan.tried.len() < plan.addrs.len();
             if more && (idle || plan.next_start.as_mut().poll(cx).is_ready()) {
@@ -256,7 +277,15 @@ where
                     Poll::Pending => i += 1,
                     Poll::Ready(Ok(())) => {
                         let winner = *index;
-                        return Some(self.raced(winner));
+                        let now = Instant::now();
+                        let grace =
+                            handshake_grace(plan.started, plan.tried[winner].started_after, now);
+                        if !self.tls || self.connecting.is_none() || grace <= now {
+                            return Some(self.raced(winner));
+                        }
+                        drop(plan.probes.swap_remove(i));
+                        plan.held = Some((winner, Box::pin(tokio::time::sleep_until(grace))));
+                        continue 'race;
                     }
                     Poll::Ready(Err(outcome)) => {
                         let index = *index;
@@ -346,6 +375,16 @@ where
     }
 }
 
+/// Until when reqwest's connection to the first address (started at `started`) is waited
+/// for after a probe, started `probe_after` later, answered at `now`: a TLS connection
+/// needs its TCP round trip and up to two more for the handshake (TLS 1.2), so a first
+/// address as near as the probe's is done by three of the probe's round trips. Without
+/// this a host farther than the attempt delay would lose every handshake to a probe.
+fn handshake_grace(started: Instant, probe_after: Duration, now: Instant) -> Instant {
+    let round_trip = now.saturating_duration_since(started + probe_after);
+    started + round_trip.saturating_mul(3)
+}
+
 /// Starts a probe of the next address of `plan`.
 fn start_probe(plan: &mut Plan, config: &RaceConfig) {
     let addr = plan.addrs[plan.tried.len()];
@@ -369,4 +408,42 @@ fn start_probe(plan: &mut Plan, config: &RaceConfig) {
     });
     plan.probes.push((plan.tried.len() - 1, probe));
     plan.next_start.as_mut().reset(now + config.attempt_delay);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// reqwest's request type as its `Debug` reads (a tuple struct around the `Uri`).
+    #[derive(Debug)]
+    struct Unnameable(#[allow(dead_code)] http::Uri);
+
+    #[test]
+    fn the_destination_is_read_from_reqwests_request() {
+        let (p, tls) = pending_for(&Unnameable("https://Race.test:8443/".parse().unwrap()));
+        assert_eq!((p.host(), tls), ("Race.test", true));
+        let any = SocketAddr::from(([192, 0, 2, 1], 0));
+        assert_eq!(p.port_for(any), 8443);
+        let (p, tls) = pending_for(&Unnameable("http://[::1]/".parse().unwrap()));
+        assert_eq!((p.host(), tls, p.port_for(any)), ("::1", false, 80));
+        // Anything else races nothing.
+        let (p, tls) = pending_for(&"http://race.test/");
+        assert_eq!((p.host(), tls), ("", false));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_tls_connection_is_waited_for_three_of_the_probes_round_trips() {
+        let started = Instant::now();
+        let after = Duration::from_millis(250);
+        // A probe answered in 150 ms (a far host): the first address's TCP and TLS
+        // round trips may take until 450 ms.
+        let now = started + after + Duration::from_millis(150);
+        assert_eq!(
+            handshake_grace(started, after, now),
+            started + Duration::from_millis(450)
+        );
+        // A near host: no wait past now.
+        let now = started + after + Duration::from_millis(1);
+        assert!(handshake_grace(started, after, now) <= now);
+    }
 }

@@ -271,7 +271,9 @@ impl<S: RetryStrategy + ?Sized> RetryStrategy for std::sync::Arc<S> {
 /// The decision table: [`guide::retries`](crate::guide::retries) gives it whole, row by
 /// row. In short, a `NotSent` attempt is retried whatever its method (not one over the
 /// concurrency limit, [`FailureKind::ConcurrencyLimited`], or over the origin's rate,
-/// [`FailureKind::RateLimited`]: their wait is their own); a request the server proved it
+/// [`FailureKind::RateLimited`]: their wait is their own; nor one whose every address
+/// timed out, [`FailureKind::ConnectTimeout`]: a retry would wait as long again,
+/// [`StopReason::ConnectTimedOut`]); a request the server proved it
 /// did not process ([`RequestEvidence::not_processed`]) is sent again at once; anything
 /// that may have been processed (`SentNoResponse`, `Unknown`, a body cut after the head,
 /// [`FailureKind::BodyInterrupted`], anything after a followed redirect,
@@ -551,6 +553,23 @@ mod tests {
         assert_eq!(
             decide(&ev, Method::POST, 0),
             Verdict::Retry(RetryReason::BreakerRejected)
+        );
+    }
+
+    #[test]
+    fn row_not_sent_every_address_timed_out_stops_for_any_method_but_refused_is_retried() {
+        let ev = evidence(Transmission::NotSent, Some(FailureKind::ConnectTimeout));
+        for method in [Method::GET, Method::POST] {
+            assert_eq!(
+                decide(&ev, method.clone(), 0),
+                Verdict::Stop(StopReason::ConnectTimedOut),
+                "{method}"
+            );
+        }
+        let ev = evidence(Transmission::NotSent, Some(FailureKind::Connect));
+        assert_eq!(
+            decide(&ev, Method::POST, 0),
+            Verdict::Retry(RetryReason::NotSent)
         );
     }
 

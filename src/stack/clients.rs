@@ -132,7 +132,8 @@ fn build_fresh(
 }
 
 /// Builds a client with `policy` for its redirects; when the stack retries
-/// (`own_retries`), with reqwest's own retries off: reqwest 0.13 sends again, below the
+/// (`own_retries`), with reqwest's own retries off but for the address race's replays
+/// ([`race_replays`](crate::protocol_nacks::race_replays)): reqwest 0.13 sends again, below the
 /// transport step, any request whose HTTP/2 stream failed with the server's
 /// `GOAWAY(NO_ERROR)` or `REFUSED_STREAM`, and hyper can fail a stream the server had
 /// already taken with that `GOAWAY` (hyper#2500): a `POST` executed twice that no evidence

@@ -37,7 +37,8 @@ impl Resilience {
     /// [`redirect_policy`](Self::redirect_policy), default reqwest's) and declares it
     /// ([`ClientRedirects::Recorded`]), then wraps it in the stack: the whole decision
     /// table, a refused connect of a `POST` retried, each hop charged to its own origin.
-    /// With a retry part, reqwest's own retries are off (`reqwest::retry::never()`): reqwest
+    /// With a retry part, reqwest's own retries are off (but for the replay of a request
+    /// whose new connection gave way to another address, see [`crate::network`]): reqwest
     /// sends again, where no evidence sees it, a request whose HTTP/2 stream failed with a
     /// `GOAWAY`, a `POST` included, and hyper can fail that way a stream the server had
     /// already taken; the retry middleware retries those itself, by the decision table.

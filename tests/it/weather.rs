@@ -11,8 +11,8 @@
 //! connection, the attempts and their evidence, the breaker's state.
 //!
 //! Tests marked `#[ignore = "needs …"]` assert the goals of the network work merged from
-//! main (the no-progress bound, the network-change watch, the address race and its
-//! `ConnectTimeout`); they fail until it is in this tree.
+//! main (the no-progress bound, the network-change watch); they fail until it is in this
+//! tree. The address race's run.
 
 use crate::support;
 

@@ -10,9 +10,8 @@
 //! asserted. What is asserted: how often the server saw each request and on which
 //! connection, the attempts and their evidence, the breaker's state.
 //!
-//! Tests marked `#[ignore = "needs …"]` assert the goals of the network work merged from
-//! main (the no-progress bound, the network-change watch); they fail until it is in this
-//! tree. The address race's run.
+//! Each fault is run for bare reqwest and for the stack: the bare test shows the wait the
+//! stack's test removes (the no-progress bound, the network watch, the address race).
 
 use crate::support;
 

@@ -81,6 +81,7 @@
 //!
 //! | feature | what it adds |
 //! |---|---|
+//! | `http2` (default) | reqwest's `http2`, and the HTTP/2 keep-alive pings of [`Network::http2_keep_alive`](network::Network::http2_keep_alive) |
 //! | `tracing` | a span per logical request, events per attempt, retry decision and breaker transition ([`guide::observability`]) |
 //! | `metrics` | instruments through the `metrics` facade ([`guide::metrics`]) |
 //! | `retry-policies` | `RetryMiddleware::new_with_policy` takes reqwest-retry's `retry_policies::RetryPolicy` (owned or `Arc<dyn RetryPolicy + Send + Sync>`) |
@@ -88,8 +89,8 @@
 //! | `astral` | every middleware and the stack also implement `astral-reqwest-middleware`'s `Middleware` ([`guide::astral`]) |
 //! | `chaos` | `chaos::Chaos`: seeded fault injection on loopback sockets of its own (turns on reqwest's `http2`, tokio's `net` and `io-util`) |
 //!
-//! No feature is on by default. reqwest is used without default features: choose your TLS
-//! backend in your own `reqwest` dependency. MSRV: Rust 1.88 (edition 2024).
+//! Only `http2` is on by default. reqwest is used without its default features: choose your
+//! TLS backend in your own `reqwest` dependency. MSRV: Rust 1.88 (edition 2024).
 //!
 //! # Layers
 //!

@@ -26,6 +26,11 @@ impl Network {
         let builder = builder
             .dns_resolver(Arc::new(Answering(addresses)))
             .connector_layer(race);
+        self.apply_http2(builder)
+    }
+
+    #[cfg(feature = "http2")]
+    fn apply_http2(&self, builder: reqwest::ClientBuilder) -> reqwest::ClientBuilder {
         match self.http2_keep_alive {
             Some((interval, timeout)) => builder
                 .http2_keep_alive_interval(interval)
@@ -33,5 +38,11 @@ impl Network {
                 .http2_keep_alive_while_idle(true),
             None => builder,
         }
+    }
+
+    /// Without feature `http2` reqwest has no HTTP/2 and no ping settings.
+    #[cfg(not(feature = "http2"))]
+    fn apply_http2(&self, builder: reqwest::ClientBuilder) -> reqwest::ClientBuilder {
+        builder
     }
 }

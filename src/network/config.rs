@@ -135,6 +135,8 @@ impl Network {
     /// HTTP/2 keep-alive pings: `Some((interval, timeout))` sends a PING after `interval`
     /// without a frame, on busy and idle connections alike, and closes the connection
     /// when its answer takes longer than `timeout`; `None`: no pings. Default 30 s, 20 s.
+    /// Applied with feature `http2` (on by default); without it reqwest speaks HTTP/1
+    /// only and there is no connection to ping.
     pub fn http2_keep_alive(mut self, ping: Option<(Duration, Duration)>) -> Self {
         self.http2_keep_alive = ping;
         self

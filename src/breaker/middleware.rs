@@ -318,10 +318,19 @@ impl Drop for CutAtDeadline<'_> {
         {
             // A timeout is a transport failure, whatever a classifier would make of the
             // error, which it cannot see here; timed up to the cut.
+            let registry = permit.registry();
             permit.record_timed(
                 Outcome::Failure,
                 cut.saturating_duration_since(self.started),
             );
+            // Through a proxy of a pool: the timeout counts for the target, and the proxy,
+            // which connected and carried the request, has its success (see
+            // [`guide::proxies`](crate::guide::proxies)).
+            if let Some(proxy) = self.clock.as_ref().and_then(AttemptClock::proxy)
+                && let Ok(permit) = registry.acquire(&proxy)
+            {
+                permit.record(Outcome::Success);
+            }
         }
         // Otherwise the permit is dropped unrecorded: nothing counted, a probe slot freed.
     }
@@ -516,20 +525,6 @@ impl CircuitBreakerMiddleware {
     }
 }
 
-/// An attempt through a proxy of a pool, cut by the attempt timeout: the timeout counts
-/// for the target (the guard's drop), and the proxy, which connected and carried the
-/// request, has its success (see [`guide::proxies`](crate::guide::proxies)).
-#[cold]
-fn proxy_carried_the_cut(registry: &BreakerRegistry, extensions: &Extensions) {
-    if let Some(proxy) = RequestEvidence::of(extensions)
-        .filter(|e| !e.charged_to_proxy)
-        .and_then(|e| e.proxy.as_ref())
-        && let Ok(permit) = registry.acquire(proxy)
-    {
-        permit.record(Outcome::Success);
-    }
-}
-
 /// A rejected attempt: counted in the metrics, its evidence left in the extensions, and
 /// its error.
 fn reject(
@@ -648,16 +643,78 @@ impl<'p> Held<'p> {
                 } = held
                 {
                     record_attempt_cut(extensions, origin, recorded_before, guard.started);
-                    if guard.timed_out().is_some()
-                        && let Some(permit) = &guard.permit
-                    {
-                        proxy_carried_the_cut(permit.registry(), extensions);
-                    }
-                    // Its drop counts an attempt timeout; a deadline's cut is neutral.
+                    // Its drop counts an attempt timeout (and the proxy's success); a
+                    // deadline's cut is neutral.
                     drop(guard);
                 }
                 (Err(reqwest_middleware::Error::middleware(elapsed)), None)
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::breaker::{BreakerConfig, BreakerState, TripPolicy};
+
+    /// The retry's timer fired first and dropped the breaker's future (a race of two
+    /// timers at one instant): the guard alone counts the cut, for the target a timeout
+    /// and for the proxy the attempt went out through a success.
+    #[tokio::test(start_paused = true)]
+    async fn a_cut_dropped_from_outside_counts_the_target_timeout_and_the_proxy_success() {
+        let policy = TripPolicy::failure_ratio(0.5, Duration::from_secs(60), 100);
+        let registry = BreakerRegistry::new(BreakerConfig::default().policy(policy)).unwrap();
+        let target = Origin::parse("http://api.example.test").unwrap();
+        let proxy = Origin::parse("http://127.0.0.1:3128").unwrap();
+        let now = Instant::now();
+        let clock = AttemptClock::start(Duration::from_millis(300), None, now);
+        clock.carried_by(&proxy);
+        let guard = CutAtDeadline {
+            permit: Some(registry.acquire(&target).unwrap()),
+            deadline: clock.cut().unwrap(),
+            timeout_cut: None,
+            started: now,
+            lost: None,
+            clock: Some(clock),
+        };
+        tokio::time::advance(Duration::from_millis(300)).await;
+        drop(guard);
+        let window = |o: &Origin| {
+            let snapshot = registry.snapshot();
+            let s = snapshot.iter().find(|s| &s.origin == o)?;
+            Some((s.state, s.window_attempts, s.window_failures))
+        };
+        assert_eq!(window(&target), Some((BreakerState::Closed, 1, 1)));
+        assert_eq!(window(&proxy), Some((BreakerState::Closed, 1, 0)));
+    }
+
+    /// A cut before the timeout (the caller's deadline alone) counts nothing, for the
+    /// target or the proxy.
+    #[tokio::test(start_paused = true)]
+    async fn a_deadline_cut_counts_nothing_for_the_target_or_the_proxy() {
+        let registry = BreakerRegistry::new(BreakerConfig::default()).unwrap();
+        let target = Origin::parse("http://api.example.test").unwrap();
+        let proxy = Origin::parse("http://127.0.0.1:3128").unwrap();
+        let now = Instant::now();
+        let deadline = now + Duration::from_millis(100);
+        let clock = AttemptClock::start(Duration::from_millis(300), Some(deadline), now);
+        clock.carried_by(&proxy);
+        let guard = CutAtDeadline {
+            permit: Some(registry.acquire(&target).unwrap()),
+            deadline,
+            timeout_cut: None,
+            started: now,
+            lost: None,
+            clock: Some(clock),
+        };
+        tokio::time::advance(Duration::from_millis(100)).await;
+        drop(guard);
+        let seen = registry
+            .snapshot()
+            .iter()
+            .map(|s| s.window_attempts)
+            .sum::<u32>();
+        assert_eq!(seen, 0);
     }
 }

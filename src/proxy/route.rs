@@ -10,7 +10,7 @@ use crate::breaker::{BreakerRegistry, BreakerState};
 use crate::error::ResilienceError;
 use crate::origin::Origin;
 use crate::record::{
-    AttemptHistory, FailureKind, ProxyUsed, RequestRecord, record_rejected_locally,
+    AttemptHistory, FailureKind, Inward, ProxyUsed, RequestRecord, record_rejected_locally,
 };
 use crate::stage::{HandedRequest, Handled, Handover, RestOfStack};
 
@@ -155,6 +155,13 @@ impl Routes {
             origin: route.origin.clone(),
             charged: false,
         });
+        // And on the attempt's clock, for the breaker counting a cut by its timeout: the
+        // stage whose timer fires first may drop the breaker's future before it reads
+        // the extensions. (A completed attempt is never cut: the stages between the
+        // breaker and the pool return in the poll the pool's answer comes in.)
+        if let Some(clock) = Inward::clock(extensions) {
+            clock.carried_by(&route.origin);
+        }
         let sent = route.client.execute(req);
         Box::pin(async move {
             let result = sent.await;

@@ -3,13 +3,14 @@
 //! [`Deadline`], and the crate-private keys a stage hands inward ([`HandedOnDeadline`],
 //! [`AttemptScope`]).
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use tokio::time::Instant;
 
 use super::decision::StopReason;
+use crate::origin::Origin;
 
 /// What the retry middleware did, left in the caller's extensions and the response's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -173,6 +174,9 @@ struct ClockState {
     base: Instant,
     /// Nanoseconds after `base` at which the clock last started, or [`STOPPED`].
     started: AtomicU64,
+    /// The proxy of a pool the attempt went out through: the breaker that counts the
+    /// attempt's cut gives it its success, whichever stage's timer fired first.
+    proxy: Mutex<Option<Origin>>,
 }
 
 /// The clock's `started` while the request waits locally.
@@ -186,7 +190,22 @@ impl AttemptClock {
             deadline,
             base: now,
             started: AtomicU64::new(0),
+            proxy: Mutex::new(None),
         }))
+    }
+
+    /// The attempt goes out through `proxy` (of a proxy pool).
+    pub(crate) fn carried_by(&self, proxy: &Origin) {
+        *self.0.proxy.lock().unwrap_or_else(PoisonError::into_inner) = Some(proxy.clone());
+    }
+
+    /// The proxy the attempt went out through, if any.
+    pub(crate) fn proxy(&self) -> Option<Origin> {
+        self.0
+            .proxy
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 
     /// The request waits locally (a queue, a pause): only the deadline cuts it.

@@ -755,7 +755,6 @@ async fn an_isolated_proxy_is_taken_out_of_the_pool() {
 /// took the request, has a success. No tinyproxy needed: the "proxy" is a loopback server
 /// that reads the proxied request and never answers.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "flaky (about one run in three, alone or in the suite): the proxy's breaker sometimes records nothing for the cut attempt (issue 42 point 5); the evidence always names the proxy"]
 async fn an_attempt_cut_by_its_timeout_through_a_proxy_keeps_the_proxy() {
     let stalling = FaultServer::always(Action::Stall).await;
     // A failure ratio, so that the window counts each outcome (a success too).

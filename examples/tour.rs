@@ -183,6 +183,7 @@ async fn main() -> Result<(), BoxError> {
     proxy_pool(&mut tour).await?;
     replayed_upload(&mut tour).await?;
     weather::dropped_path(&mut tour).await?;
+    weather::dead_address(&mut tour).await?;
 
     println!("\nSummary");
     println!("{:<34} {:<26} {:<26} ok", "scene", "expected", "observed");

@@ -260,6 +260,18 @@ const ROWS: &[Row] = &[
         }),
     },
     Row {
+        name: "prototype loop: retry alone",
+        stacking: Stacking::Layers(|client, _| {
+            ClientBuilder::new(client).with(RequestLoop::new().without_breaker().without_evidence())
+        }),
+    },
+    Row {
+        name: "prototype loop: retry + breaker + evidence, origin cached per thread",
+        stacking: Stacking::Layers(|client, _| {
+            ClientBuilder::new(client).with(RequestLoop::new().origin_cached())
+        }),
+    },
+    Row {
         name: "`RetryMiddleware` + `TransportEvidence`",
         stacking: Stacking::Layers(|client, _| {
             ClientBuilder::new(client)

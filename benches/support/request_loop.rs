@@ -7,8 +7,9 @@
 //!
 //! Per attempt:
 //! - *admit*: the origin's breaker (optional). The origin is derived once per logical
-//!   request with the public [`Origin::from_url`] (no per-thread cache: it builds the text
-//!   and hashes it every request); its state is found in one map shared by every clone of
+//!   request with the public [`Origin::from_url`], which builds its text and hashes it
+//!   every request ([`RequestLoop::origin_cached`]: through a per-thread cache of the last
+//!   origin, as the crate does inside); its state is found in one map shared by every clone of
 //!   the middleware, `RwLock<HashMap<Origin, Arc<OriginBreaker>>>` with std's SipHash
 //!   (read lock and an `Arc` clone per attempt; the write lock once per new origin);
 //!   the state itself is atomics (failures in a row, open-until). An open breaker rejects
@@ -28,6 +29,10 @@
 //! The record ([`LoopRecord`]: origin, last transmission, attempt count, a `Vec` of
 //! per-attempt entries) is stored once, into the response's extensions (into the caller's
 //! on an error or a rejection).
+//!
+//! Each hook can be left out to measure its share: [`RequestLoop::without_breaker`],
+//! [`RequestLoop::without_evidence`] (with both off, retry alone: no origin, no record, no
+//! clock read).
 //!
 //! Left out, against `Resilience::new()`: `Retry-After` (no header read), the retry budget,
 //! the total deadline, the attempt timeout, hedging, the 401 replay, the `Idempotency-Key`
@@ -61,6 +66,8 @@ const MAX_RETRIES: u32 = 3;
 /// The prototype middleware: retry, optionally the breaker, and the evidence record.
 pub struct RequestLoop {
     breakers: Option<Arc<Breakers>>,
+    evidence: bool,
+    origin_cached: bool,
     backoff: Backoff,
     random: SeededRandom,
 }
@@ -76,6 +83,8 @@ impl RequestLoop {
     pub fn new() -> Self {
         RequestLoop {
             breakers: Some(Arc::new(Breakers::new())),
+            evidence: true,
+            origin_cached: false,
             backoff: Backoff::builder().build().expect("the default backoff"),
             random: SeededRandom::new(43),
         }
@@ -84,6 +93,21 @@ impl RequestLoop {
     /// Without the breaker hook (retry and evidence only).
     pub fn without_breaker(mut self) -> Self {
         self.breakers = None;
+        self
+    }
+
+    /// Without the evidence record (with the breaker off too: retry alone, no origin).
+    pub fn without_evidence(mut self) -> Self {
+        self.evidence = false;
+        self
+    }
+
+    /// The origin through a per-thread cache of the last one (what the crate does inside,
+    /// with `Origin::cached`), built here from the public accessors: a hit compares the
+    /// URL's scheme, host and port with the cached origin's and clones it; a miss (another
+    /// origin, or one spelt differently) builds it with [`Origin::from_url`].
+    pub fn origin_cached(mut self) -> Self {
+        self.origin_cached = true;
         self
     }
 
@@ -172,34 +196,29 @@ impl reqwest_middleware::Middleware for RequestLoop {
         extensions: &mut http::Extensions,
         next: reqwest_middleware::Next<'_>,
     ) -> reqwest_middleware::Result<reqwest::Response> {
-        let origin = Origin::from_url(request.url()).ok();
+        let origin = self.origin(request.url());
         let idempotent = is_idempotent(request.method());
-        let mut record = LoopRecord {
+        let mut record = self.evidence.then(|| LoopRecord {
             origin: origin.clone(),
             transmission: Transmission::Unknown,
             attempts: 0,
             entries: Vec::new(),
-        };
+        });
         let mut request = request;
         let mut retries = 0;
         loop {
-            record.attempts += 1;
             let breaker = match self.admit(origin.as_ref()) {
                 Ok(breaker) => breaker,
-                Err(open) => {
-                    record.transmission = Transmission::NotSent;
-                    extensions.insert(record);
-                    return Err(reqwest_middleware::Error::middleware(open));
-                }
+                Err(open) => return Err(rejected(open, record, extensions)),
             };
             let spare = if retries < MAX_RETRIES {
                 request.try_clone()
             } else {
                 None
             };
-            let started = Instant::now();
+            let started = record.is_some().then(Instant::now);
             let outcome = next.clone().run(request, extensions).await;
-            let seen = observe(&mut record, breaker.as_deref(), &outcome, started);
+            let seen = observe(record.as_mut(), breaker.as_deref(), &outcome, started);
             match (self.decide(seen, idempotent, retries), spare) {
                 (Some(delay), Some(spare)) => {
                     drop(outcome);
@@ -214,6 +233,17 @@ impl reqwest_middleware::Middleware for RequestLoop {
 }
 
 impl RequestLoop {
+    /// The request's origin, when a hook needs one.
+    fn origin(&self, url: &reqwest::Url) -> Option<Origin> {
+        if !self.evidence && self.breakers.is_none() {
+            None
+        } else if self.origin_cached {
+            cached_origin(url)
+        } else {
+            Origin::from_url(url).ok()
+        }
+    }
+
     /// *admit*: the origin's breaker state, or the rejection of an open one. `None` when
     /// the hook is off or the URL has no origin.
     fn admit(&self, origin: Option<&Origin>) -> Result<Option<Arc<OriginBreaker>>, BreakerOpen> {
@@ -249,12 +279,11 @@ impl RequestLoop {
 /// *observe*: classifies and times the attempt, appends it to the record, and counts it
 /// in the breaker.
 fn observe(
-    record: &mut LoopRecord,
+    record: Option<&mut LoopRecord>,
     breaker: Option<&OriginBreaker>,
     outcome: &reqwest_middleware::Result<reqwest::Response>,
-    started: Instant,
+    started: Option<Instant>,
 ) -> Seen {
-    let elapsed = started.elapsed();
     let (transmission, connect_error, verdict) = match outcome {
         Ok(response) => {
             let status = response.status();
@@ -269,11 +298,14 @@ fn observe(
         }
         Err(_) => (Transmission::Unknown, false, Verdict::Failure),
     };
-    record.transmission = transmission;
-    record.entries.push(AttemptEntry {
-        transmission,
-        elapsed,
-    });
+    if let (Some(record), Some(started)) = (record, started) {
+        record.attempts += 1;
+        record.transmission = transmission;
+        record.entries.push(AttemptEntry {
+            transmission,
+            elapsed: started.elapsed(),
+        });
+    }
     if let Some(breaker) = breaker {
         breaker.record(verdict);
     }
@@ -286,9 +318,12 @@ fn observe(
 /// Stores the record where the caller will find it, and hands the outcome back.
 fn store(
     outcome: reqwest_middleware::Result<reqwest::Response>,
-    record: LoopRecord,
+    record: Option<LoopRecord>,
     extensions: &mut http::Extensions,
 ) -> reqwest_middleware::Result<reqwest::Response> {
+    let Some(record) = record else {
+        return outcome;
+    };
     match outcome {
         Ok(mut response) => {
             response.extensions_mut().insert(record);
@@ -299,6 +334,45 @@ fn store(
             Err(e)
         }
     }
+}
+
+/// The error of an attempt the breaker turned away, its record stored in the caller's
+/// extensions.
+fn rejected(
+    open: BreakerOpen,
+    record: Option<LoopRecord>,
+    extensions: &mut http::Extensions,
+) -> reqwest_middleware::Error {
+    if let Some(mut record) = record {
+        record.attempts += 1;
+        record.transmission = Transmission::NotSent;
+        extensions.insert(record);
+    }
+    reqwest_middleware::Error::middleware(open)
+}
+
+thread_local! {
+    /// The origin this thread derived last, for [`RequestLoop::origin_cached`].
+    static LAST_ORIGIN: std::cell::RefCell<Option<Origin>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// `url`'s origin: the thread's last one when the URL's scheme, host and port are its.
+fn cached_origin(url: &reqwest::Url) -> Option<Origin> {
+    LAST_ORIGIN.with(|last| {
+        let mut last = last.borrow_mut();
+        let hit = last.as_ref().filter(|o| {
+            o.scheme() == url.scheme()
+                && Some(o.host()) == url.host_str()
+                && Some(o.port()) == url.port_or_known_default()
+        });
+        if let Some(origin) = hit {
+            return Some(origin.clone());
+        }
+        let origin = Origin::from_url(url).ok()?;
+        *last = Some(origin.clone());
+        Some(origin)
+    })
 }
 
 fn verdict(status: StatusCode) -> Verdict {

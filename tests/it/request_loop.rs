@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use reqwest_resilience::{Backoff, Jitter, Transmission};
+use reqwest_resilience::{Backoff, Jitter, Origin, Transmission};
 
 use crate::support::{Action, FaultServer, loopback_client};
 
@@ -44,6 +44,20 @@ async fn a_503_is_retried_once_and_both_attempts_are_recorded() {
         ]
     );
     assert_eq!(server.requests_seen(), 2);
+}
+
+#[tokio::test]
+async fn the_origin_cached_per_thread_is_the_requests_own() {
+    let one = FaultServer::always(Action::ok("one")).await;
+    let two = FaultServer::always(Action::ok("two")).await;
+    let client = reqwest_middleware::ClientBuilder::new(loopback_client())
+        .with(RequestLoop::new().origin_cached())
+        .build();
+    for url in [one.url("/a"), one.url("/b"), two.url("/a"), one.url("/c")] {
+        let response = client.get(&url).send().await.unwrap();
+        let record = LoopRecord::of_response(&response).unwrap();
+        assert_eq!(record.origin, Some(Origin::parse(&url).unwrap()), "{url}");
+    }
 }
 
 #[tokio::test]

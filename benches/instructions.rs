@@ -271,6 +271,14 @@ const ROWS: &[Row] = &[
             ClientBuilder::new(client).with(RequestLoop::new().origin_cached())
         }),
     },
+    // With both of the crate's own savings on the success path (`Origin::cached`,
+    // `stage::copy_request`), rebuilt from public APIs: the floor of the real design.
+    Row {
+        name: "prototype loop: retry + breaker + evidence, origin cached, request copied by hand",
+        stacking: Stacking::Layers(|client, _| {
+            ClientBuilder::new(client).with(RequestLoop::new().origin_cached().copied_by_hand())
+        }),
+    },
     Row {
         name: "`RetryMiddleware` + `TransportEvidence`",
         stacking: Stacking::Layers(|client, _| {

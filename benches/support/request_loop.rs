@@ -15,7 +15,8 @@
 //!   the state itself is atomics (failures in a row, open-until). An open breaker rejects
 //!   with [`BreakerOpen`], not sent.
 //! - the attempt: one call of `next.clone().run(request, extensions)`, the request cloned
-//!   first (`try_clone`) only when a retry may follow (retries left).
+//!   first (`try_clone`; [`RequestLoop::copied_by_hand`]: as the crate copies one) only
+//!   when a retry may follow (retries left).
 //! - *observe*: the outcome classified (`ResponseReceived(status)`, `NotSent` for a
 //!   reqwest connect error, `Unknown` for any other error) and timed (two clock reads),
 //!   appended to the request's one [`LoopRecord`]; the breaker counts it (5xx, 401, 429 and
@@ -68,6 +69,7 @@ pub struct RequestLoop {
     breakers: Option<Arc<Breakers>>,
     evidence: bool,
     origin_cached: bool,
+    copied_by_hand: bool,
     backoff: Backoff,
     random: SeededRandom,
 }
@@ -85,6 +87,7 @@ impl RequestLoop {
             breakers: Some(Arc::new(Breakers::new())),
             evidence: true,
             origin_cached: false,
+            copied_by_hand: false,
             backoff: Backoff::builder().build().expect("the default backoff"),
             random: SeededRandom::new(43),
         }
@@ -108,6 +111,14 @@ impl RequestLoop {
     /// origin, or one spelt differently) builds it with [`Origin::from_url`].
     pub fn origin_cached(mut self) -> Self {
         self.origin_cached = true;
+        self
+    }
+
+    /// A request without a body copied for a retry by hand (method, URL, headers, version,
+    /// timeout: what the crate's `stage::copy_request` does) instead of `try_clone`, which
+    /// in reqwest 0.13 makes an extensions map for the timeout even when there is none.
+    pub fn copied_by_hand(mut self) -> Self {
+        self.copied_by_hand = true;
         self
     }
 
@@ -212,7 +223,7 @@ impl reqwest_middleware::Middleware for RequestLoop {
                 Err(open) => return Err(rejected(open, record, extensions)),
             };
             let spare = if retries < MAX_RETRIES {
-                request.try_clone()
+                self.copy(&request)
             } else {
                 None
             };
@@ -242,6 +253,20 @@ impl RequestLoop {
         } else {
             Origin::from_url(url).ok()
         }
+    }
+
+    /// A copy of `request` for a retry (`None`: its body is a stream).
+    fn copy(&self, request: &reqwest::Request) -> Option<reqwest::Request> {
+        if !self.copied_by_hand || request.body().is_some() {
+            return request.try_clone();
+        }
+        let mut copy = reqwest::Request::new(request.method().clone(), request.url().clone());
+        *copy.headers_mut() = request.headers().clone();
+        *copy.version_mut() = request.version();
+        if let Some(timeout) = request.timeout() {
+            *copy.timeout_mut() = Some(*timeout);
+        }
+        Some(copy)
     }
 
     /// *admit*: the origin's breaker state, or the rejection of an open one. `None` when

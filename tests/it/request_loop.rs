@@ -14,15 +14,20 @@ use crate::support::{Action, FaultServer, loopback_client};
 mod prototype;
 use prototype::{BreakerOpen, LoopRecord, RequestLoop};
 
-fn client() -> reqwest_middleware::ClientWithMiddleware {
+/// The prototype as the bench's rows stack it, with 1 ms backoff delays.
+fn client_with(prototype: RequestLoop) -> reqwest_middleware::ClientWithMiddleware {
     let backoff = Backoff::builder()
         .base(Duration::from_millis(1))
         .jitter(Jitter::None)
         .build()
         .unwrap();
     reqwest_middleware::ClientBuilder::new(loopback_client())
-        .with(RequestLoop::new().backoff(backoff))
+        .with(prototype.backoff(backoff))
         .build()
+}
+
+fn client() -> reqwest_middleware::ClientWithMiddleware {
+    client_with(RequestLoop::new())
 }
 
 fn transmissions(record: &LoopRecord) -> Vec<Transmission> {
@@ -31,8 +36,16 @@ fn transmissions(record: &LoopRecord) -> Vec<Transmission> {
 
 #[tokio::test]
 async fn a_503_is_retried_once_and_both_attempts_are_recorded() {
+    let plain = RequestLoop::new();
+    let saving = RequestLoop::new().origin_cached().copied_by_hand();
+    for prototype in [plain, saving] {
+        a_503_then_200(client_with(prototype)).await;
+    }
+}
+
+async fn a_503_then_200(client: reqwest_middleware::ClientWithMiddleware) {
     let server = FaultServer::sequence(vec![Action::status(503)], Action::ok("fine")).await;
-    let response = client().get(server.url("/a")).send().await.unwrap();
+    let response = client.get(server.url("/a")).send().await.unwrap();
     assert_eq!(response.status(), 200);
     let record = LoopRecord::of_response(&response).expect("the loop's record");
     assert_eq!(record.attempts, 2);
@@ -50,11 +63,10 @@ async fn a_503_is_retried_once_and_both_attempts_are_recorded() {
 async fn the_origin_cached_per_thread_is_the_requests_own() {
     let one = FaultServer::always(Action::ok("one")).await;
     let two = FaultServer::always(Action::ok("two")).await;
-    let client = reqwest_middleware::ClientBuilder::new(loopback_client())
-        .with(RequestLoop::new().origin_cached())
-        .build();
+    let client = client_with(RequestLoop::new().origin_cached());
     for url in [one.url("/a"), one.url("/b"), two.url("/a"), one.url("/c")] {
         let response = client.get(&url).send().await.unwrap();
+        assert_eq!(response.status(), 200);
         let record = LoopRecord::of_response(&response).unwrap();
         assert_eq!(record.origin, Some(Origin::parse(&url).unwrap()), "{url}");
     }

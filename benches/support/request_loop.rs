@@ -8,12 +8,12 @@
 //! Per attempt:
 //! - *admit*: the origin's breaker (optional). The origin is derived once per logical
 //!   request with the public [`Origin::from_url`], which builds its text and hashes it
-//!   every request ([`RequestLoop::origin_cached`]: through a per-thread cache of the last
-//!   origin, as the crate does inside); its state is found in one map shared by every clone of
-//!   the middleware, `RwLock<HashMap<Origin, Arc<OriginBreaker>>>` with std's SipHash
-//!   (read lock and an `Arc` clone per attempt; the write lock once per new origin);
-//!   the state itself is atomics (failures in a row, open-until). An open breaker rejects
-//!   with [`BreakerOpen`], not sent.
+//!   every request ([`RequestLoop::origin_cached`]: through a per-thread cache of the
+//!   last origin, as the crate does inside). Its state is found in one map shared by the
+//!   middleware's requests, `RwLock<HashMap<Origin, Arc<OriginBreaker>>>` with std's
+//!   SipHash (a read lock and an `Arc` clone per attempt; the write lock once per new
+//!   origin); the state itself is atomics (failures in a row, open-until). An open
+//!   breaker rejects with [`BreakerOpen`], not sent.
 //! - the attempt: one call of `next.clone().run(request, extensions)`, the request cloned
 //!   first (`try_clone`; [`RequestLoop::copied_by_hand`]: as the crate copies one) only
 //!   when a retry may follow (retries left).
@@ -29,7 +29,8 @@
 //!
 //! The record ([`LoopRecord`]: origin, last transmission, attempt count, a `Vec` of
 //! per-attempt entries) is stored once, into the response's extensions (into the caller's
-//! on an error or a rejection).
+//! on an error or a rejection): two allocations (the `Vec`'s, the extension's box), and
+//! the map's own when the response has no extension yet.
 //!
 //! Each hook can be left out to measure its share: [`RequestLoop::without_breaker`],
 //! [`RequestLoop::without_evidence`] (with both off, retry alone: no origin, no record, no

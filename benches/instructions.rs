@@ -47,6 +47,12 @@ use answer200::Answer200;
 mod pass_through;
 use pass_through::Passthrough;
 
+// Its record's accessors and its `backoff` setter serve the test of `tests/it`.
+#[allow(dead_code)]
+#[path = "support/request_loop.rs"]
+mod request_loop;
+use request_loop::RequestLoop;
+
 mod support;
 use support::{bearer, reqwest_retry_middleware, start_server};
 
@@ -238,6 +244,39 @@ const ROWS: &[Row] = &[
         name: "reqwest-retry 0.9 alone",
         stacking: Stacking::Layers(|client, _| {
             ClientBuilder::new(client).with(reqwest_retry_middleware())
+        }),
+    },
+    // Issue 43's one-loop prototype (`benches/support/request_loop.rs`): the floor of
+    // stages as synchronous hooks around one attempt, against reqwest-retry above and the
+    // pass-through middleware below.
+    Row {
+        name: "prototype loop: retry + breaker + evidence",
+        stacking: Stacking::Layers(|client, _| ClientBuilder::new(client).with(RequestLoop::new())),
+    },
+    Row {
+        name: "prototype loop: retry + evidence",
+        stacking: Stacking::Layers(|client, _| {
+            ClientBuilder::new(client).with(RequestLoop::new().without_breaker())
+        }),
+    },
+    Row {
+        name: "prototype loop: retry alone",
+        stacking: Stacking::Layers(|client, _| {
+            ClientBuilder::new(client).with(RequestLoop::new().without_breaker().without_evidence())
+        }),
+    },
+    Row {
+        name: "prototype loop: retry + breaker + evidence, origin cached per thread",
+        stacking: Stacking::Layers(|client, _| {
+            ClientBuilder::new(client).with(RequestLoop::new().origin_cached())
+        }),
+    },
+    // With both of the crate's own savings on the success path (`Origin::cached`,
+    // `stage::copy_request`), rebuilt from public APIs: the floor of the real design.
+    Row {
+        name: "prototype loop: retry + breaker + evidence, origin cached, request copied by hand",
+        stacking: Stacking::Layers(|client, _| {
+            ClientBuilder::new(client).with(RequestLoop::new().origin_cached().copied_by_hand())
         }),
     },
     Row {

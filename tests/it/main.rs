@@ -41,6 +41,7 @@ mod parts_together;
 mod proxy;
 mod rate_limit;
 mod redirect;
+mod request_loop;
 mod retry;
 mod retry_after;
 mod retry_tracing;

@@ -180,7 +180,7 @@ impl ProxyPool {
 
 /// The retries a request needs to try each of `proxies` once: one fewer, at most
 /// [`MAX_ROTATION_RETRIES`].
-fn retries_to_try(proxies: usize) -> u32 {
+pub(crate) fn retries_to_try(proxies: usize) -> u32 {
     u32::try_from(proxies.saturating_sub(1))
         .unwrap_or(u32::MAX)
         .min(MAX_ROTATION_RETRIES)

@@ -51,10 +51,9 @@ impl Routes {
         }
     }
 
-    /// The retries a request needs to try every proxy once (at most
-    /// [`MAX_ROTATION_RETRIES`](super::MAX_ROTATION_RETRIES)).
-    pub(crate) fn retries_to_try_all(&self) -> u32 {
-        super::retries_to_try(self.routes.len())
+    /// How many proxies.
+    pub(crate) fn len(&self) -> usize {
+        self.routes.len()
     }
 
     /// The same pool, passing over the proxies whose breaker in `breakers` is open.

@@ -273,7 +273,8 @@ impl<S: RetryStrategy + ?Sized> RetryStrategy for std::sync::Arc<S> {
 /// concurrency limit, [`FailureKind::ConcurrencyLimited`], or over the origin's rate,
 /// [`FailureKind::RateLimited`]: their wait is their own; nor one whose every address
 /// timed out, [`FailureKind::ConnectTimeout`]: a retry would wait as long again,
-/// [`StopReason::ConnectTimedOut`]); a request the server proved it
+/// [`StopReason::ConnectTimedOut`]; unless the connect was to a proxy of a pool, which
+/// sends the retry through its next proxy); a request the server proved it
 /// did not process ([`RequestEvidence::not_processed`]) is sent again at once; anything
 /// that may have been processed (`SentNoResponse`, `Unknown`, a body cut after the head,
 /// [`FailureKind::BodyInterrupted`], anything after a followed redirect,
@@ -361,28 +362,7 @@ impl RetryStrategy for DefaultStrategy {
             return decide_status(status, ctx.idempotent, ev.retry_after.is_some());
         }
         match ev.transmission {
-            Transmission::NotSent => match ev.failure {
-                // An open breaker's is stopped by the middleware unless it waits for open
-                // breakers (see the type's docs); a pause's is waited out.
-                Some(FailureKind::BreakerOpen | FailureKind::Paused) => {
-                    Verdict::Retry(RetryReason::BreakerRejected)
-                }
-                // Nothing was sent: safe for any method (the middleware waits for the token
-                // manager's next fetch, see the type's docs).
-                Some(FailureKind::TokenUnavailable) => Verdict::Retry(RetryReason::NotSent),
-                // Rejected locally by a full origin: the limiter's queue already waited
-                // (within the deadline) if one is configured; see the type's docs.
-                Some(FailureKind::ConcurrencyLimited) => {
-                    Verdict::Stop(StopReason::ConcurrencyLimited)
-                }
-                // Turned away by the origin's rate: its wait for a slot already ran
-                // (within the deadline); a retry would only spend the quota again.
-                Some(FailureKind::RateLimited) => Verdict::Stop(StopReason::RateLimited),
-                // Every address timed out: a retry would wait as long again (the
-                // request's connect budget is one connect timeout).
-                Some(FailureKind::ConnectTimeout) => Verdict::Stop(StopReason::ConnectTimedOut),
-                _ => Verdict::Retry(RetryReason::NotSent),
-            },
+            Transmission::NotSent => decide_not_sent(ev),
             _ if ev.not_processed.is_some()
                 && ctx.not_processed_retries < ctx.max_not_processed_retries =>
             {
@@ -406,6 +386,35 @@ impl RetryStrategy for DefaultStrategy {
             _ if ev.not_processed.is_some() => Verdict::Stop(StopReason::NotProcessedRetryUsed),
             _ => Verdict::Stop(StopReason::MayHaveBeenProcessed),
         }
+    }
+}
+
+/// An attempt that sent nothing: safe to send again for any method, unless a wait of its
+/// own already ran or a retry would wait as long again.
+fn decide_not_sent(ev: &RequestEvidence) -> Verdict {
+    match ev.failure {
+        // An open breaker's is stopped by the middleware unless it waits for open
+        // breakers (see the type's docs); a pause's is waited out.
+        Some(FailureKind::BreakerOpen | FailureKind::Paused) => {
+            Verdict::Retry(RetryReason::BreakerRejected)
+        }
+        // Nothing was sent: safe for any method (the middleware waits for the token
+        // manager's next fetch, see the type's docs).
+        Some(FailureKind::TokenUnavailable) => Verdict::Retry(RetryReason::NotSent),
+        // Rejected locally by a full origin: the limiter's queue already waited
+        // (within the deadline) if one is configured; see the type's docs.
+        Some(FailureKind::ConcurrencyLimited) => Verdict::Stop(StopReason::ConcurrencyLimited),
+        // Turned away by the origin's rate: its wait for a slot already ran
+        // (within the deadline); a retry would only spend the quota again.
+        Some(FailureKind::RateLimited) => Verdict::Stop(StopReason::RateLimited),
+        // Every address timed out: a retry would wait as long again (the
+        // request's connect budget is one connect timeout). Through a proxy of a
+        // pool, that proxy's: the retry goes through the next one (the retry
+        // middleware stops once every proxy, or this one again, timed out).
+        Some(FailureKind::ConnectTimeout) if !ev.charged_to_proxy => {
+            Verdict::Stop(StopReason::ConnectTimedOut)
+        }
+        _ => Verdict::Retry(RetryReason::NotSent),
     }
 }
 
@@ -567,6 +576,13 @@ mod tests {
             );
         }
         let ev = evidence(Transmission::NotSent, Some(FailureKind::Connect));
+        assert_eq!(
+            decide(&ev, Method::POST, 0),
+            Verdict::Retry(RetryReason::NotSent)
+        );
+        // A proxy's connect (a pool's): the retry goes through the next proxy.
+        let mut ev = evidence(Transmission::NotSent, Some(FailureKind::ConnectTimeout));
+        ev.charged_to_proxy = true;
         assert_eq!(
             decide(&ev, Method::POST, 0),
             Verdict::Retry(RetryReason::NotSent)

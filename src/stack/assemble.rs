@@ -24,8 +24,8 @@ impl Resilience {
     /// `reqwest::Client` below the stack when it is known (resumed bodies send their range
     /// requests over it).
     pub(super) fn assemble(self, client: Option<Client>) -> Result<Assembled, ResilienceError> {
-        let at_least = self.parts_fit(client.is_some())?;
-        let retry = build_retry(self.retry, at_least)?;
+        let proxies = self.parts_fit(client.is_some())?;
+        let retry = build_retry(self.retry, proxies)?;
         let limit = self.concurrency_limit.map(LimitChoice::build).transpose()?;
         let rate = self
             .rate_limit
@@ -149,16 +149,14 @@ impl Resilience {
             RetryKind::Builder(_) => {}
         }
         // A proxy pool set before this call raises the limit here as it would at build.
-        let at_least = match (&self.proxies, &self.routes) {
-            (Some(pool), _) => Some(pool.retries_to_try_all()),
-            (None, routes) => routes
-                .as_ref()
-                .map(crate::proxy::Routes::retries_to_try_all),
+        let proxies = match (&self.proxies, &self.routes) {
+            (Some(pool), _) => Some(pool.len()),
+            (None, routes) => routes.as_ref().map(crate::proxy::Routes::len),
         };
         let RetryKind::Builder(builder) = std::mem::replace(&mut self.retry, RetryKind::Off) else {
             unreachable!("matched above")
         };
-        let builder = raised(*builder, at_least);
+        let builder = raised(*builder, proxies);
         if let Err(e) = check_retry(&builder) {
             self.retry = RetryKind::Builder(Box::new(builder));
             return Err(e);
@@ -173,8 +171,8 @@ impl Resilience {
     /// Refuses resumed bodies without a retry stage or a client to send their range
     /// requests over (`has_client`), and a proxy pool the stack cannot serve: one whose
     /// clients `build_from` did not build, or one beside a stage that would send around
-    /// it. Else the retries a pool needs to try every proxy, if there is one.
-    fn parts_fit(&self, has_client: bool) -> Result<Option<u32>, ResilienceError> {
+    /// it. Else the number of proxies of its pool, if there is one.
+    fn parts_fit(&self, has_client: bool) -> Result<Option<usize>, ResilienceError> {
         if self.resume_bodies && matches!(self.retry, RetryKind::Off) {
             return Err(ResilienceError::InvalidStack(StackError::Conflict {
                 part: StackPart::Retry,
@@ -201,10 +199,7 @@ impl Resilience {
         } else if chaos {
             "chaos"
         } else {
-            return Ok(self
-                .routes
-                .as_ref()
-                .map(crate::proxy::Routes::retries_to_try_all));
+            return Ok(self.routes.as_ref().map(crate::proxy::Routes::len));
         };
         Err(ResilienceError::InvalidStack(
             StackError::ProxiesNeedBuildFrom { with },
@@ -212,28 +207,28 @@ impl Resilience {
     }
 }
 
-/// The retry middleware chosen, its limit raised to `at_least` (a proxy pool's retries
-/// to try every proxy) when it is built here.
+/// The retry middleware chosen, set for the stack's pool of `proxies` (if any) when it
+/// is built here.
 fn build_retry(
     choice: RetryKind,
-    at_least: Option<u32>,
+    proxies: Option<usize>,
 ) -> Result<Option<RetryMiddleware>, ResilienceError> {
     match choice {
         RetryKind::Prebuilt(retry) => Ok(Some(retry)),
         RetryKind::Off => Ok(None),
         RetryKind::Builder(builder) => {
-            let builder = raised(*builder, at_least);
+            let builder = raised(*builder, proxies);
             check_retry(&builder)?;
             builder.build().map(Some)
         }
     }
 }
 
-/// `builder` with its retry limit raised to `at_least`, if given (a proxy pool's retries
-/// to try every proxy).
-fn raised(builder: RetryMiddlewareBuilder, at_least: Option<u32>) -> RetryMiddlewareBuilder {
-    match at_least {
-        Some(n) => builder.at_least_retries(n),
+/// `builder` in front of a pool of `proxies`, if given: its retry limit raised to try
+/// every proxy once, a proxy whose connect timed out tried once per request.
+fn raised(builder: RetryMiddlewareBuilder, proxies: Option<usize>) -> RetryMiddlewareBuilder {
+    match proxies {
+        Some(n) => builder.for_proxy_pool(n, crate::proxy::retries_to_try(n)),
         None => builder,
     }
 }

@@ -799,3 +799,146 @@ async fn an_attempt_cut_by_its_timeout_through_a_proxy_keeps_the_proxy() {
     assert_eq!(window(&proxy), Some((BreakerState::Closed, 1, 0)));
     assert_eq!(window(&origin(target)), Some((BreakerState::Closed, 1, 1)));
 }
+
+/// A proxy whose SYNs go unanswered (a dead host: a loopback listener with a full accept
+/// queue) times out its connect; the retry goes through the next proxy, which answers.
+/// The dead proxy's breaker counts the failure, the target's nothing. No tinyproxy: the
+/// live "proxy" is a loopback server answering the proxied request.
+#[tokio::test(start_paused = true)]
+async fn a_proxy_that_drops_syns_is_passed_over_for_the_next() {
+    let dead = support::FullBacklog::start().await;
+    let live = FaultServer::always(Action::ok("via the live proxy")).await;
+    let dead_url = format!("http://{}", dead.addr());
+    let breakers = registry(5);
+    let client = Resilience::new()
+        .retry(quick_retry_builder(1))
+        .breaker(breakers.clone())
+        .proxies(ProxyPool::new([dead_url.clone(), live.url("")]))
+        .build_from(settings)
+        .unwrap();
+    let target = "http://api.example.test/x";
+    let (result, ext) = get(&client, target).await;
+    let history = AttemptHistory::of(&ext).unwrap();
+    let (dead_proxy, live_proxy) = (origin(&dead_url), origin(&live.url("")));
+    assert_eq!(
+        route(history),
+        vec![
+            (Some(dead_proxy.clone()), true, Transmission::NotSent),
+            (
+                Some(live_proxy.clone()),
+                false,
+                Transmission::ResponseReceived(200.try_into().unwrap())
+            ),
+        ]
+    );
+    assert_eq!(
+        history.attempts()[0].evidence.failure,
+        Some(FailureKind::ConnectTimeout)
+    );
+    assert_eq!(result.expect("through the live proxy").status(), 200);
+    assert_eq!(live.requests_seen(), 1);
+    let failures = |o: &Origin| {
+        let snapshot = breakers.snapshot();
+        snapshot
+            .iter()
+            .find(|s| &s.origin == o)
+            .map(|s| s.consecutive_failures)
+    };
+    assert_eq!(failures(&dead_proxy), Some(1));
+    assert_eq!(failures(&live_proxy), Some(0));
+    assert_eq!(failures(&origin(target)).unwrap_or(0), 0);
+}
+
+/// Every proxy of the pool drops SYNs: each is tried once, then the request stops,
+/// `ConnectTimedOut`: two connect timeouts (and the 1 ms backoff), not four. A pool of one
+/// such proxy stops after its one timeout, as a single dead host does.
+#[tokio::test(start_paused = true)]
+async fn every_proxy_dropping_syns_is_tried_once_then_the_request_stops() {
+    let timeout = reqwest_resilience::network::Network::DEFAULT_CONNECT_TIMEOUT;
+    for proxies in [1, 2] {
+        let mut dead = Vec::new();
+        for _ in 0..proxies {
+            dead.push(support::FullBacklog::start().await);
+        }
+        let urls: Vec<String> = dead
+            .iter()
+            .map(|d| format!("http://{}", d.addr()))
+            .collect();
+        let client = Resilience::new()
+            .retry(quick_retry_builder(3))
+            .breaker(registry(5))
+            .proxies(ProxyPool::new(urls.clone()))
+            .build_from(settings)
+            .unwrap();
+        let started = tokio::time::Instant::now();
+        let (result, ext) = get(&client, "http://api.example.test/x").await;
+        let elapsed = started.elapsed();
+        let history = AttemptHistory::of(&ext).unwrap();
+        let want: Vec<_> = urls
+            .iter()
+            .map(|u| (Some(origin(u)), true, Transmission::NotSent))
+            .collect();
+        assert_eq!(route(history), want, "{proxies} proxies");
+        assert!(
+            history
+                .attempts()
+                .iter()
+                .all(|r| r.evidence.failure == Some(FailureKind::ConnectTimeout))
+        );
+        assert!(matches!(
+            history.attempts().last().unwrap().decision,
+            Some(reqwest_resilience::AttemptDecision::Stop {
+                reason: StopReason::ConnectTimedOut,
+                ..
+            })
+        ));
+        assert!(result.is_err());
+        let backoffs = Duration::from_millis(1) * (proxies - 1);
+        assert_eq!(elapsed, timeout * proxies + backoffs, "{proxies} proxies");
+    }
+}
+
+/// A proxy whose connect timed out is not waited on twice in one request: with the
+/// proxy between the two dead ones isolated, the rotation comes back to the first, and
+/// its second timeout stops the request (three attempts, not the retry limit's four).
+#[tokio::test(start_paused = true)]
+async fn a_proxy_timing_out_twice_in_one_request_stops_it() {
+    let (a, c) = (
+        support::FullBacklog::start().await,
+        support::FullBacklog::start().await,
+    );
+    let b = FaultServer::always(Action::ok("isolated")).await;
+    let urls = [
+        format!("http://{}", a.addr()),
+        b.url(""),
+        format!("http://{}", c.addr()),
+    ];
+    let breakers = registry(5);
+    assert!(breakers.isolate(&origin(&urls[1])));
+    let client = Resilience::new()
+        .retry(quick_retry_builder(3))
+        .breaker(breakers.clone())
+        .proxies(ProxyPool::new(urls.clone()))
+        .build_from(settings)
+        .unwrap();
+    let (result, ext) = get(&client, "http://api.example.test/x").await;
+    let history = AttemptHistory::of(&ext).unwrap();
+    let (a, c) = (origin(&urls[0]), origin(&urls[2]));
+    assert_eq!(
+        route(history),
+        vec![
+            (Some(a.clone()), true, Transmission::NotSent),
+            (Some(c), true, Transmission::NotSent),
+            (Some(a), true, Transmission::NotSent),
+        ]
+    );
+    assert!(matches!(
+        history.attempts().last().unwrap().decision,
+        Some(reqwest_resilience::AttemptDecision::Stop {
+            reason: StopReason::ConnectTimedOut,
+            ..
+        })
+    ));
+    assert!(result.is_err());
+    assert_eq!(b.requests_seen(), 0);
+}

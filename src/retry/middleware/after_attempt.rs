@@ -104,10 +104,14 @@ impl Decision<'_> {
         if history.len() == self.recorded_before {
             history.push(evidence.clone());
         }
+        let proxies_spent = c.proxy_timeouts_spent(&evidence, history);
         let verdict = self.question.verdict(&evidence, result, attempt);
         let (reason, requested) = match verdict {
             // The deadline passed during the attempt: no time is left for another.
             _ if timed_out => (Err(StopReason::DeadlineExceeded), None),
+            Verdict::Retry(_) | Verdict::RetryAfter(..) if proxies_spent => {
+                (Err(StopReason::ConnectTimedOut), None)
+            }
             Verdict::Retry(reason) => (Ok(reason), None),
             Verdict::RetryAfter(reason, delay) => (Ok(reason), Some(delay)),
             Verdict::Stop(reason) => (Err(reason), None),

@@ -8,6 +8,8 @@ use std::time::{Duration, SystemTime};
 
 use crate::backoff::{Backoff, RandomSource, ThreadRandom};
 use crate::error::ResilienceError;
+use crate::origin::Origin;
+use crate::record::{AttemptHistory, FailureKind, RequestEvidence};
 use crate::retry::{
     BeforeSleep, DEFAULT_MAX_NOT_PROCESSED_RETRIES, DefaultStrategy, ErrorWrapping, Hedging,
     RetryBudget, RetryNotice, RetryStrategy,
@@ -130,6 +132,9 @@ pub(super) struct Config {
     /// The longest open breaker's "retry in" a request waits out
     /// ([`RetryMiddlewareBuilder::wait_for_open_breakers`]); `None`: it fails at once.
     pub(super) open_breaker_wait: Option<Duration>,
+    /// The proxies of the stack's pool (0: none): a request stops retrying proxies whose
+    /// connects time out once each of them has ([`Config::proxy_timeouts_spent`]).
+    pub(super) proxies: u32,
     /// Called before each retry's wait.
     pub(super) before_sleep: Option<Arc<BeforeSleep>>,
     /// The level of the event before each retry.
@@ -178,6 +183,7 @@ impl RetryMiddleware {
                 hedging: None,
                 max_not_processed_retries: DEFAULT_MAX_NOT_PROCESSED_RETRIES,
                 open_breaker_wait: None,
+                proxies: 0,
                 before_sleep: None,
                 #[cfg(feature = "tracing")]
                 retry_event_level: tracing::Level::WARN,
@@ -481,12 +487,14 @@ impl RetryMiddlewareBuilder {
         self
     }
 
-    /// The retry limit raised to `retries` when it is lower (a proxy pool's retries to
-    /// try every proxy).
-    pub(crate) fn at_least_retries(mut self, retries: u32) -> Self {
+    /// The retry in front of a pool of `proxies`: its limit raised to `retries` when it is
+    /// lower (the retries to try every proxy), and a proxy whose connect timed out tried
+    /// once per request.
+    pub(crate) fn for_proxy_pool(mut self, proxies: usize, retries: u32) -> Self {
         if self.config.max_retries() < retries {
             self.config.max_retries = Some(retries);
         }
+        self.config.proxies = u32::try_from(proxies).unwrap_or(u32::MAX);
         self
     }
 
@@ -535,6 +543,22 @@ impl RetryMiddlewareBuilder {
 }
 
 impl Config {
+    /// Whether a retry after `evidence`, an attempt whose connect through a proxy of the
+    /// pool timed out, would only wait on a dead proxy again: this proxy had timed out
+    /// earlier in this request, or each proxy of the pool has (`history` holds this
+    /// attempt). Then the request stops, [`StopReason::ConnectTimedOut`](crate::retry::StopReason::ConnectTimedOut).
+    #[inline]
+    pub(super) fn proxy_timeouts_spent(
+        &self,
+        evidence: &RequestEvidence,
+        history: &AttemptHistory,
+    ) -> bool {
+        self.proxies > 0
+            && evidence.charged_to_proxy
+            && evidence.failure == Some(FailureKind::ConnectTimeout)
+            && proxies_timed_out(evidence, history, self.proxies)
+    }
+
     /// The retry limit: the configured one, else the default for the delays chosen.
     #[inline]
     pub(super) fn max_retries(&self) -> u32 {
@@ -544,4 +568,27 @@ impl Config {
             Delays::External(_) => u32::MAX,
         })
     }
+}
+
+/// Whether `evidence`'s proxy timed out connecting before in `history`, or `proxies`
+/// distinct proxies have.
+#[cold]
+fn proxies_timed_out(evidence: &RequestEvidence, history: &AttemptHistory, proxies: u32) -> bool {
+    let mut timed_out: Vec<&Origin> = Vec::new();
+    let mut this_one = 0;
+    for e in history.attempts().iter().map(|r| &r.evidence) {
+        let Some(proxy) = e.proxy.as_ref() else {
+            continue;
+        };
+        if !(e.charged_to_proxy && e.failure == Some(FailureKind::ConnectTimeout)) {
+            continue;
+        }
+        if evidence.proxy.as_ref() == Some(proxy) {
+            this_one += 1;
+        }
+        if !timed_out.contains(&proxy) {
+            timed_out.push(proxy);
+        }
+    }
+    this_one > 1 || timed_out.len() >= usize::try_from(proxies).unwrap_or(usize::MAX)
 }

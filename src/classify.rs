@@ -118,7 +118,9 @@ pub(crate) struct ConnectFacts {
     invalid_url: bool,
     tcp: bool,
     tls: bool,
-    /// `crate::network`'s race: every address timed out (rule 17).
+    /// The connect timed out (rule 17): every address of `crate::network`'s race, or,
+    /// without the race's record, reqwest's `connect_timeout` or the system's (an
+    /// `ETIMEDOUT`: the SYN retries, `TCP_USER_TIMEOUT`).
     all_timed_out: bool,
 }
 
@@ -248,6 +250,10 @@ fn connect_facts(from: &(dyn StdError + 'static), top: Option<&reqwest::Error>) 
         dns: top.is_some_and(reqwest::Error::is_dns),
         ..ConnectFacts::default()
     };
+    // Without the race's record, a connect that timed out: reqwest's connect timeout
+    // (its private `TimedOut`, found by `is_timeout`) or an `ETIMEDOUT` below.
+    let mut raced = false;
+    let mut timed_out = top.is_some_and(reqwest::Error::is_timeout);
     let mut source = from.source();
     while let Some(e) = source {
         let display = e.to_string();
@@ -260,6 +266,7 @@ fn connect_facts(from: &(dyn StdError + 'static), top: Option<&reqwest::Error>) 
         if let Some(failed) = e.downcast_ref::<crate::network::ConnectFailed>() {
             c.tcp |= failed.tcp();
             c.all_timed_out |= failed.all_timed_out();
+            raced = true;
         }
         // A connection that gave way to another address, not replayed: a TCP-stage fact.
         c.tcp |= e.is::<crate::network::AddressRaced>();
@@ -276,8 +283,11 @@ fn connect_facts(from: &(dyn StdError + 'static), top: Option<&reqwest::Error>) 
                 | io::ErrorKind::NetworkUnreachable
                 | io::ErrorKind::NetworkDown
                 | io::ErrorKind::AddrNotAvailable
-                | io::ErrorKind::NotConnected
-                | io::ErrorKind::TimedOut => c.tcp = true,
+                | io::ErrorKind::NotConnected => c.tcp = true,
+                io::ErrorKind::TimedOut => {
+                    c.tcp = true;
+                    timed_out = true;
+                }
                 // rustls reports every handshake failure as `InvalidData`.
                 io::ErrorKind::InvalidData => c.tls = true,
                 _ => {}
@@ -296,6 +306,9 @@ fn connect_facts(from: &(dyn StdError + 'static), top: Option<&reqwest::Error>) 
     }
     // reqwest's connect timeout wraps its private `TimedOut`, found by `is_timeout`.
     c.tcp |= top.is_some_and(reqwest::Error::is_timeout);
+    // The race's record decides for its addresses (one timed out beside one refused is
+    // not a host that drops everything); without it, the connect's own timeout does.
+    c.all_timed_out |= timed_out && !raced;
     c
 }
 

@@ -127,9 +127,10 @@ pub enum StopReason {
     /// The origin's rate limit rejected the request (after its wait for a slot):
     /// retrying after a backoff would only spend the quota again.
     RateLimited,
-    /// Every address of the host timed out while connecting
+    /// The connect timed out
     /// ([`FailureKind::ConnectTimeout`](super::FailureKind::ConnectTimeout)): a retry would
-    /// wait as long again, so the request's connect budget is one connect timeout.
+    /// wait as long again, so the request's connect budget is one connect timeout (through
+    /// a proxy pool, one per proxy).
     ConnectTimedOut,
     /// The retry middleware decided to retry and handed the retry to the caller's loop
     /// ([`Steps`](crate::retry::Steps)), which makes it: the request was sent once, and

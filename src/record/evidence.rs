@@ -103,11 +103,14 @@ pub enum FailureKind {
     /// refused before it was sent (always with [`Transmission::NotSent`]) and is never
     /// retried. See [`Misconfiguration`](crate::misconfig::Misconfiguration).
     Misconfigured,
-    /// Every address of the host timed out while connecting (the connect timeout per
-    /// address, [`Network::connect_timeout`](crate::network::Network::connect_timeout)):
-    /// a host, or a path to it, that drops what is sent to it. Always with
-    /// [`Transmission::NotSent`]; not retried, since a retry would wait as long again (the
-    /// request's connect budget is spent).
+    /// The connect timed out: every address of the host (the connect timeout per address,
+    /// [`Network::connect_timeout`](crate::network::Network::connect_timeout)), or, on a
+    /// client without the address race, reqwest's `connect_timeout` or the system's
+    /// (`ETIMEDOUT`): a host, or a path to it, that drops what is sent to it.
+    /// [`Transmission::NotSent`] (`Unknown` on a client whose redirects are not
+    /// recorded); not retried, since a retry would wait as long again (the request's
+    /// connect budget is spent), but through a proxy of a pool, which retries through
+    /// its next proxy.
     ConnectTimeout,
     /// No byte came from the server for the no-progress bound
     /// ([`Network::no_progress`](crate::network::Network::no_progress)): a stuck server or

@@ -336,6 +336,13 @@ impl RetryStrategy for DefaultStrategy {
         if let Some(kind) = ev.failure.filter(|k| is_permanent(*k)) {
             return Verdict::Stop(StopReason::Permanent(kind));
         }
+        // The connect timed out: a retry would wait as long again, whatever hop it was
+        // (the request's connect budget is one connect timeout). Through a proxy of a
+        // pool, that proxy's: the retry goes through the next one (the retry middleware
+        // stops once every proxy, or this one again, timed out).
+        if ev.failure == Some(FailureKind::ConnectTimeout) && !ev.charged_to_proxy {
+            return Verdict::Stop(StopReason::ConnectTimedOut);
+        }
         // A later hop's answer does not make the first hop's request safe to repeat, and
         // where a redirect cannot be ruled out, neither does a failure's evidence.
         match ev.redirects {
@@ -390,7 +397,7 @@ impl RetryStrategy for DefaultStrategy {
 }
 
 /// An attempt that sent nothing: safe to send again for any method, unless a wait of its
-/// own already ran or a retry would wait as long again.
+/// own already ran.
 fn decide_not_sent(ev: &RequestEvidence) -> Verdict {
     match ev.failure {
         // An open breaker's is stopped by the middleware unless it waits for open
@@ -407,13 +414,6 @@ fn decide_not_sent(ev: &RequestEvidence) -> Verdict {
         // Turned away by the origin's rate: its wait for a slot already ran
         // (within the deadline); a retry would only spend the quota again.
         Some(FailureKind::RateLimited) => Verdict::Stop(StopReason::RateLimited),
-        // Every address timed out: a retry would wait as long again (the
-        // request's connect budget is one connect timeout). Through a proxy of a
-        // pool, that proxy's: the retry goes through the next one (the retry
-        // middleware stops once every proxy, or this one again, timed out).
-        Some(FailureKind::ConnectTimeout) if !ev.charged_to_proxy => {
-            Verdict::Stop(StopReason::ConnectTimedOut)
-        }
         _ => Verdict::Retry(RetryReason::NotSent),
     }
 }

@@ -157,8 +157,10 @@ async fn row01_port_with_no_listener_is_not_sent_connect() {
     assert_eq!(e.origin, Some(Origin::parse(&url).unwrap()));
 }
 
+/// reqwest's own `connect_timeout` passing is rule 17's `ConnectTimeout` (a retry would
+/// wait as long again), not rule 1's `Connect`.
 #[tokio::test]
-async fn row01_connect_timeout_against_a_full_backlog_is_not_sent_connect() {
+async fn row17_connect_timeout_against_a_full_backlog_is_not_sent_connect_timeout() {
     let backlog = FullBacklog::start().await;
     let client = with_evidence(
         raw_client()
@@ -170,7 +172,7 @@ async fn row01_connect_timeout_against_a_full_backlog_is_not_sent_connect() {
     let (result, history) = send(&client, post(&client, &url)).await;
     assert!(result.unwrap_err().is_timeout());
     let e = only_attempt(&history);
-    assert_failure(&e, Transmission::NotSent, FailureKind::Connect, None);
+    assert_failure(&e, Transmission::NotSent, FailureKind::ConnectTimeout, None);
 }
 
 // ---- row 2 -------------------------------------------------------------------------------

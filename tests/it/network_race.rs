@@ -301,3 +301,56 @@ async fn a_pooled_connection_carries_no_connect_record() {
     assert_eq!(RequestEvidence::of_response(&second).unwrap().connect, None);
     assert_eq!((live.connections(), live.requests_seen()), (1, 2));
 }
+
+/// The stack over the user's own client (`Resilience::build`: no race, the user's
+/// `connect_timeout`): a host that drops SYNs costs that timeout once, for a `GET` and a
+/// `POST` alike, not once per retry (before: 4 attempts and the backoff between them).
+#[tokio::test(start_paused = true)]
+async fn over_the_users_own_client_a_dead_host_costs_its_connect_timeout_once() {
+    let dead = FullBacklog::start().await;
+    let user_timeout = Duration::from_secs(2);
+    let own = reqwest::Client::builder()
+        .no_proxy()
+        .pool_max_idle_per_host(0)
+        .connect_timeout(user_timeout)
+        .build()
+        .unwrap();
+    let registry = registry();
+    let client = Resilience::new()
+        .retry(support::exact_retry())
+        .breaker(registry.clone())
+        .build(own)
+        .unwrap();
+    let url = format!("http://{}/x", dead.addr());
+    for method in [reqwest::Method::GET, reqwest::Method::POST] {
+        let started = Instant::now();
+        let exchange = client
+            .request(method.clone(), &url)
+            .send_with_history()
+            .await;
+        assert_eq!(started.elapsed(), user_timeout, "{method}");
+        assert!(exchange.result.is_err());
+        assert_eq!(exchange.history.len(), 1, "{method}");
+        let attempt = &exchange.history.attempts()[0];
+        // `Unknown`, not `NotSent`: the client's redirects are not recorded, so the
+        // connect that failed may have been a later hop's.
+        assert_eq!(
+            (attempt.evidence.transmission, attempt.evidence.failure),
+            (Transmission::Unknown, Some(FailureKind::ConnectTimeout)),
+            "{method}"
+        );
+        assert!(matches!(
+            attempt.decision,
+            Some(AttemptDecision::Stop {
+                reason: StopReason::ConnectTimedOut,
+                ..
+            })
+        ));
+        // No race ran: reqwest's own connector has no record of its addresses.
+        assert!(attempt.evidence.connect.is_none());
+    }
+    let origin = Origin::parse(&url).unwrap();
+    let snapshot = registry.snapshot();
+    let breaker = snapshot.iter().find(|s| s.origin == origin).unwrap();
+    assert_eq!(breaker.consecutive_failures, 2);
+}

@@ -369,6 +369,49 @@ fn a_host_that_drops_syns_costs_the_stack_one_connect_timeout_not_retried() {
     assert_eq!(server.connections(), 0);
 }
 
+/// The stack over the user's own client (`Resilience::build`: no race, no connect timeout
+/// of the stack's), whose only bound is the system's (`TCP_USER_TIMEOUT` 3 s here, 30 s
+/// by reqwest's default): its `ETIMEDOUT` is the request's connect budget, spent once
+/// (before: 4 attempts of it and the backoff between them).
+#[test]
+fn a_host_that_drops_syns_costs_a_stack_over_the_users_client_the_systems_timeout_once() {
+    let Some(lab) = Lab::new_or_skip() else {
+        return;
+    };
+    let server = lab.serve(|_, _| Action::ok("never"));
+    let _rule = lab.drop_syns_to(lab.server_ip(), PORT);
+    let registry = registry();
+    let get = lab.client(|| async {
+        let own = short_kernel_waits(bare()).build().unwrap();
+        let client = Resilience::new()
+            .breaker(registry.clone())
+            .build(own)
+            .unwrap();
+        let start = Instant::now();
+        let get = client.get(lab.url("/x")).send_with_history().await;
+        elapsed(
+            "SYNs dropped, stack over the user's client (TCP_USER_TIMEOUT 3 s)",
+            start,
+        );
+        get
+    });
+    assert!(get.result.is_err());
+    // `Unknown`: the user's client does not record its redirects (a later hop's connect
+    // cannot be told from the first's).
+    assert_eq!(
+        attempts(&get),
+        [(Transmission::Unknown, Some(FailureKind::ConnectTimeout))]
+    );
+    assert!(matches!(
+        get.history.attempts()[0].decision,
+        Some(AttemptDecision::Stop {
+            reason: reqwest_resilience::retry::StopReason::ConnectTimedOut,
+            ..
+        })
+    ));
+    assert_eq!(server.connections(), 0);
+}
+
 // (d) A name with two addresses, the first dropping SYNs.
 
 const TWO: &str = "weather.test";

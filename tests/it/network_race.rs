@@ -354,3 +354,97 @@ async fn over_the_users_own_client_a_dead_host_costs_its_connect_timeout_once() 
     let breaker = snapshot.iter().find(|s| s.origin == origin).unwrap();
     assert_eq!(breaker.consecutive_failures, 2);
 }
+
+/// Over `https` (the test certificate trusted, its name `localhost`), a name whose first
+/// address is dead: the race connects to the second, reqwest sends the request again on
+/// a connection to it, and its TLS handshake completes there: one attempt, one handshake,
+/// the request seen once.
+#[tokio::test(start_paused = true)]
+async fn over_https_a_dead_first_address_is_raced_past_and_the_handshake_is_made_on_the_second() {
+    let live = support::tls::TlsServer::start().await;
+    let dead = FullBacklog::start().await;
+    let live_addr: SocketAddr = live.url("").trim_start_matches("https://").parse().unwrap();
+    let cert = reqwest::Certificate::from_pem(support::tls::CERT_PEM).unwrap();
+    let network = Network::new()
+        .resolver(Arc::new(Fixed(vec![dead.addr(), live_addr])))
+        .no_progress(None);
+    let client = Resilience::new()
+        .retry(support::exact_retry())
+        .network(network)
+        .build_from(move || {
+            reqwest::Client::builder()
+                .no_proxy()
+                .pool_max_idle_per_host(0)
+                .tls_certs_only([cert.clone()])
+        })
+        .unwrap();
+    let started = Instant::now();
+    let exchange = client
+        .get("https://localhost/secure")
+        .send_with_history()
+        .await;
+    let response = exchange.result.expect("served by the live address");
+    assert_eq!(response.status(), 200);
+    assert_eq!(started.elapsed(), DELAY);
+    assert_eq!(exchange.history.len(), 1);
+    let record = connect_of(&exchange.history.attempts()[0].evidence);
+    assert_eq!(
+        record.tried,
+        [
+            tried(dead.addr(), AddressOutcome::Abandoned, Duration::ZERO),
+            tried(live_addr, AddressOutcome::Connected, DELAY),
+        ]
+    );
+    // The probe's connection (no handshake), then the one that carried the request.
+    assert_eq!(
+        (live.connections(), live.handshakes(), live.requests_seen()),
+        (2, 1, 1)
+    );
+}
+
+/// Over `https`, a first address that accepts the connection and never answers the TLS
+/// handshake (a stalled listener) and a live second: after the handshake's grace the
+/// race connects to the second, and the request is answered there once.
+#[tokio::test(start_paused = true)]
+async fn over_https_a_first_address_stalling_its_handshake_is_raced_past() {
+    let live = support::tls::TlsServer::start().await;
+    let stalled = FaultServer::always(Action::Stall).await;
+    let live_addr: SocketAddr = live.url("").trim_start_matches("https://").parse().unwrap();
+    let cert = reqwest::Certificate::from_pem(support::tls::CERT_PEM).unwrap();
+    let network = Network::new()
+        .resolver(Arc::new(Fixed(vec![stalled.addr(), live_addr])))
+        .no_progress(None);
+    let client = Resilience::new()
+        .retry(support::exact_retry())
+        .network(network)
+        .build_from(move || {
+            reqwest::Client::builder()
+                .no_proxy()
+                .pool_max_idle_per_host(0)
+                .tls_certs_only([cert.clone()])
+        })
+        .unwrap();
+    let started = Instant::now();
+    let exchange = client
+        .get("https://localhost/secure")
+        .send_with_history()
+        .await;
+    let response = exchange.result.expect("served by the live address");
+    assert_eq!(response.status(), 200);
+    // On a paused clock the probes' round trips are 0, and so is the grace they give.
+    assert_eq!(started.elapsed(), DELAY);
+    assert_eq!(exchange.history.len(), 1);
+    let record = connect_of(&exchange.history.attempts()[0].evidence);
+    assert_eq!(
+        record.tried,
+        [
+            tried(stalled.addr(), AddressOutcome::Abandoned, Duration::ZERO),
+            tried(live_addr, AddressOutcome::Connected, DELAY),
+        ]
+    );
+    assert_eq!((stalled.connections(), stalled.requests_seen()), (1, 0));
+    assert_eq!(
+        (live.connections(), live.handshakes(), live.requests_seen()),
+        (2, 1, 1)
+    );
+}

@@ -60,7 +60,7 @@ impl<S> tower_layer::Layer<S> for RaceLayer {
 /// reqwest's client clones its connector for every request, a pooled connection's too
 /// (six clones through its retry and redirect layers): the connector under the race is
 /// shared, and cloned only when a connection is made (a boxed service's clone is an
-/// allocation; measured by `benches/instructions.rs`, 12 per request otherwise).
+/// allocation: `benches/instructions.rs` counts 6 more per request otherwise).
 #[derive(Debug)]
 pub(crate) struct Racer<S> {
     inner: Arc<S>,

@@ -103,7 +103,8 @@ impl Network {
 
     /// How long one address may take to connect (TCP, then TLS and a proxy's tunnel);
     /// `None`: until the system gives up (`TCP_USER_TIMEOUT`, 30 s with reqwest's
-    /// defaults on Linux; minutes elsewhere). Default 10 s.
+    /// defaults on Linux; minutes elsewhere). Default 10 s. Zero is refused when the
+    /// client is built ([`ResilienceError::InvalidConfig`](crate::ResilienceError::InvalidConfig)).
     pub fn connect_timeout(mut self, timeout: Option<Duration>) -> Self {
         self.connect_timeout = timeout;
         self
@@ -126,7 +127,7 @@ impl Network {
 
     /// How long an attempt may receive nothing from the server before it is cut
     /// ([`FailureKind::NoProgress`](crate::FailureKind::NoProgress)); `None`: no bound.
-    /// Default 300 s.
+    /// Default 300 s. Zero is refused when the client is built.
     pub fn no_progress(mut self, bound: Option<Duration>) -> Self {
         self.no_progress = bound;
         self
@@ -135,6 +136,7 @@ impl Network {
     /// HTTP/2 keep-alive pings: `Some((interval, timeout))` sends a PING after `interval`
     /// without a frame, on busy and idle connections alike, and closes the connection
     /// when its answer takes longer than `timeout`; `None`: no pings. Default 30 s, 20 s.
+    /// A zero interval or timeout is refused when the client is built.
     /// Applied with feature `http2` (on by default); without it reqwest speaks HTTP/1
     /// only and there is no connection to ping.
     pub fn http2_keep_alive(mut self, ping: Option<(Duration, Duration)>) -> Self {
@@ -166,6 +168,26 @@ impl Network {
         self.resolver = Some(resolver);
         self
     }
+
+    /// Settings a client cannot work with, refused when the client is built: a zero
+    /// bound (`None` turns a bound off) would fail every connect or cut every attempt at
+    /// once, and a zero ping interval would ping without pause.
+    pub(crate) fn check(&self) -> Result<(), crate::ResilienceError> {
+        let zero = |d: Option<Duration>| d.is_some_and(|d| d.is_zero());
+        let (interval, timeout) = self.http2_keep_alive.unzip();
+        let refused = [
+            (zero(self.connect_timeout), "connect_timeout"),
+            (zero(self.no_progress), "no_progress"),
+            (zero(interval), "http2_keep_alive's interval"),
+            (zero(timeout), "http2_keep_alive's timeout"),
+        ];
+        match refused.iter().find(|(is_zero, _)| *is_zero) {
+            Some((_, setting)) => Err(crate::ResilienceError::InvalidConfig(format!(
+                "Network::{setting} is zero: use None to turn it off"
+            ))),
+            None => Ok(()),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -190,6 +212,42 @@ mod tests {
             (off.connect_timeout, off.no_progress, off.http2_keep_alive),
             (None, None, None)
         );
+    }
+
+    #[test]
+    fn a_zero_bound_is_refused_with_its_name_and_none_is_accepted() {
+        let zero = Duration::ZERO;
+        let s = Duration::from_secs(1);
+        let cases = [
+            (
+                Network::new().connect_timeout(Some(zero)),
+                "connect_timeout",
+            ),
+            (Network::new().no_progress(Some(zero)), "no_progress"),
+            (
+                Network::new().http2_keep_alive(Some((zero, s))),
+                "http2_keep_alive's interval",
+            ),
+            (
+                Network::new().http2_keep_alive(Some((s, zero))),
+                "http2_keep_alive's timeout",
+            ),
+        ];
+        for (network, setting) in cases {
+            match network.check() {
+                Err(crate::ResilienceError::InvalidConfig(text)) => assert_eq!(
+                    text,
+                    format!("Network::{setting} is zero: use None to turn it off")
+                ),
+                other => panic!("{setting}: {other:?}"),
+            }
+        }
+        let off = Network::new()
+            .connect_timeout(None)
+            .no_progress(None)
+            .http2_keep_alive(None);
+        assert!(off.check().is_ok());
+        assert!(Network::new().check().is_ok() && Network::off().check().is_ok());
     }
 
     #[test]

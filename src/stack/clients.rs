@@ -65,6 +65,7 @@ impl Resilience {
                 setting: "client_redirects",
             }));
         }
+        self.network.check()?;
         // One policy for every client (reqwest's is not `Clone`).
         let policy = Arc::new(self.redirect_policy.take().unwrap_or_default());
         let own_retries = !matches!(self.retry, RetryKind::Off);

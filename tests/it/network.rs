@@ -410,3 +410,30 @@ async fn an_upload_the_server_reads_slowly_is_not_cut_while_it_progresses() {
     assert_eq!(exchange.history.len(), 1);
     assert!(started.elapsed() > BOUND, "{:?}", started.elapsed());
 }
+
+/// A zero bound through the public API fails the build with a typed error naming the
+/// setting, for the stack's client and for a proxy pool's alike; `None` builds.
+#[test]
+fn a_zero_network_bound_fails_the_build_with_its_name() {
+    let zero = Some(Duration::ZERO);
+    let build = |network: Network| {
+        Resilience::new()
+            .network(network)
+            .build_from(reqwest::Client::builder)
+    };
+    match build(Network::new().connect_timeout(zero)) {
+        Err(ResilienceError::InvalidConfig(text)) => assert_eq!(
+            text,
+            "Network::connect_timeout is zero: use None to turn it off"
+        ),
+        other => panic!("{:?}", other.map(|_| "built")),
+    }
+    let pooled = Resilience::new()
+        .network(Network::new().no_progress(zero))
+        .proxies(reqwest_resilience::proxy::ProxyPool::new([
+            "http://127.0.0.1:9",
+        ]))
+        .build_from(reqwest::Client::builder);
+    assert!(matches!(pooled, Err(ResilienceError::InvalidConfig(_))));
+    assert!(build(Network::new().connect_timeout(None).no_progress(None)).is_ok());
+}

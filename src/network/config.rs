@@ -103,8 +103,9 @@ impl Network {
 
     /// How long one address may take to connect (TCP, then TLS and a proxy's tunnel);
     /// `None`: until the system gives up (`TCP_USER_TIMEOUT`, 30 s with reqwest's
-    /// defaults on Linux; minutes elsewhere). Default 10 s. Zero is refused when the
-    /// client is built ([`ResilienceError::InvalidConfig`](crate::ResilienceError::InvalidConfig)).
+    /// defaults on Linux; minutes elsewhere). Default 10 s. Zero, or over a day, is
+    /// refused when the client is built
+    /// ([`ResilienceError::InvalidConfig`](crate::ResilienceError::InvalidConfig)).
     pub fn connect_timeout(mut self, timeout: Option<Duration>) -> Self {
         self.connect_timeout = timeout;
         self
@@ -127,7 +128,7 @@ impl Network {
 
     /// How long an attempt may receive nothing from the server before it is cut
     /// ([`FailureKind::NoProgress`](crate::FailureKind::NoProgress)); `None`: no bound.
-    /// Default 300 s. Zero is refused when the client is built.
+    /// Default 300 s. Zero, or over a day, is refused when the client is built.
     pub fn no_progress(mut self, bound: Option<Duration>) -> Self {
         self.no_progress = bound;
         self
@@ -136,7 +137,7 @@ impl Network {
     /// HTTP/2 keep-alive pings: `Some((interval, timeout))` sends a PING after `interval`
     /// without a frame, on busy and idle connections alike, and closes the connection
     /// when its answer takes longer than `timeout`; `None`: no pings. Default 30 s, 20 s.
-    /// A zero interval or timeout is refused when the client is built.
+    /// An interval or timeout of zero, or over a day, is refused when the client is built.
     /// Applied with feature `http2` (on by default); without it reqwest speaks HTTP/1
     /// only and there is no connection to ping.
     pub fn http2_keep_alive(mut self, ping: Option<(Duration, Duration)>) -> Self {
@@ -170,23 +171,29 @@ impl Network {
     }
 
     /// Settings a client cannot work with, refused when the client is built: a zero
-    /// bound (`None` turns a bound off) would fail every connect or cut every attempt at
-    /// once, and a zero ping interval would ping without pause.
+    /// bound would fail every connect or cut every attempt at once (a zero ping interval
+    /// would ping without pause), and one over a day is no bound but one that overflows
+    /// the clock's arithmetic. `None` turns a bound off.
     pub(crate) fn check(&self) -> Result<(), crate::ResilienceError> {
-        let zero = |d: Option<Duration>| d.is_some_and(|d| d.is_zero());
+        const DAY: Duration = Duration::from_secs(24 * 60 * 60);
         let (interval, timeout) = self.http2_keep_alive.unzip();
-        let refused = [
-            (zero(self.connect_timeout), "connect_timeout"),
-            (zero(self.no_progress), "no_progress"),
-            (zero(interval), "http2_keep_alive's interval"),
-            (zero(timeout), "http2_keep_alive's timeout"),
+        let bounds = [
+            (self.connect_timeout, "connect_timeout"),
+            (self.no_progress, "no_progress"),
+            (interval, "http2_keep_alive's interval"),
+            (timeout, "http2_keep_alive's timeout"),
         ];
-        match refused.iter().find(|(is_zero, _)| *is_zero) {
-            Some((_, setting)) => Err(crate::ResilienceError::InvalidConfig(format!(
-                "Network::{setting} is zero: use None to turn it off"
-            ))),
-            None => Ok(()),
+        for (bound, setting) in bounds {
+            let wrong = match bound {
+                Some(d) if d.is_zero() => "is zero",
+                Some(d) if d > DAY => "exceeds a day",
+                _ => continue,
+            };
+            return Err(crate::ResilienceError::InvalidConfig(format!(
+                "Network::{setting} {wrong}: use None to turn it off"
+            )));
         }
+        Ok(())
     }
 }
 
@@ -215,7 +222,7 @@ mod tests {
     }
 
     #[test]
-    fn a_zero_bound_is_refused_with_its_name_and_none_is_accepted() {
+    fn a_zero_or_overlong_bound_is_refused_with_its_name_and_none_is_accepted() {
         let zero = Duration::ZERO;
         let s = Duration::from_secs(1);
         let cases = [
@@ -242,6 +249,14 @@ mod tests {
                 other => panic!("{setting}: {other:?}"),
             }
         }
+        let long = Network::new().connect_timeout(Some(Duration::MAX)).check();
+        assert!(matches!(
+            long,
+            Err(crate::ResilienceError::InvalidConfig(text))
+                if text == "Network::connect_timeout exceeds a day: use None to turn it off"
+        ));
+        let day = Duration::from_secs(24 * 60 * 60);
+        assert!(Network::new().no_progress(Some(day)).check().is_ok());
         let off = Network::new()
             .connect_timeout(None)
             .no_progress(None)

@@ -437,3 +437,19 @@ fn a_zero_network_bound_fails_the_build_with_its_name() {
     assert!(matches!(pooled, Err(ResilienceError::InvalidConfig(_))));
     assert!(build(Network::new().connect_timeout(None).no_progress(None)).is_ok());
 }
+
+/// `Duration::MAX` as "forever" is refused by name (it would overflow the clock), not a
+/// panic at the first request.
+#[test]
+fn an_overlong_network_bound_fails_the_build_with_its_name() {
+    let built = Resilience::new()
+        .network(Network::new().no_progress(Some(Duration::MAX)))
+        .build_from(reqwest::Client::builder);
+    match built {
+        Err(ResilienceError::InvalidConfig(text)) => assert_eq!(
+            text,
+            "Network::no_progress exceeds a day: use None to turn it off"
+        ),
+        other => panic!("{:?}", other.map(|_| "built")),
+    }
+}

@@ -453,3 +453,61 @@ fn an_overlong_network_bound_fails_the_build_with_its_name() {
         other => panic!("{:?}", other.map(|_| "built")),
     }
 }
+
+/// An HTTP/2 connection whose path dies under a request (the server goes silent, its
+/// socket open: no answer, no PING acknowledged): the keep-alive PING after 30 s goes
+/// unanswered for 20 s, hyper closes the connection, and the `GET` is sent again on a new
+/// one (after the 1 s backoff) and answered: 51 s, where without the pings the
+/// no-progress bound cuts it at 300 s. A `POST` on such a connection ends there, sent once.
+#[tokio::test(start_paused = true)]
+async fn an_http2_connection_gone_silent_is_found_dead_by_its_pings() {
+    use support::h2::{H2Action, H2Server};
+    // Requests 0, 2 and 3 meet a dead path; 1 and 4 are answered.
+    let server = H2Server::start(|i| match i {
+        0 | 2 | 3 => H2Action::Silence,
+        _ => H2Action::Respond(200),
+    })
+    .await;
+    let h2 = || builder().http2_prior_knowledge();
+    let client = stack().build_from(h2).unwrap();
+    let cut = (Transmission::Unknown, Some(FailureKind::Timeout));
+    let ok = (
+        Transmission::ResponseReceived(200.try_into().unwrap()),
+        None,
+    );
+
+    let started = tokio::time::Instant::now();
+    let get = client.get(server.url("/feed")).send_with_history().await;
+    assert_eq!(started.elapsed(), Duration::from_secs(51));
+    assert_eq!(attempts(&get.history), [cut, ok]);
+    assert_eq!(get.result.unwrap().status(), 200);
+
+    let started = tokio::time::Instant::now();
+    let post = client
+        .post(server.url("/pay"))
+        .body("1 EUR")
+        .send_with_history()
+        .await;
+    assert_eq!(started.elapsed(), Duration::from_secs(50));
+    assert_eq!(attempts(&post.history), [cut]);
+    let chain = support::chain_messages(&post.result.unwrap_err());
+    assert!(
+        chain.iter().any(|m| m == "keep-alive timed out"),
+        "{chain:?}"
+    );
+
+    // The same dead path without the pings: the no-progress bound finds it.
+    let unpinged = stack()
+        .network(Network::new().http2_keep_alive(None))
+        .build_from(h2)
+        .unwrap();
+    let started = tokio::time::Instant::now();
+    let get = unpinged.get(server.url("/feed")).send_with_history().await;
+    assert_eq!(started.elapsed(), BOUND + Duration::from_secs(1));
+    assert_eq!(
+        attempts(&get.history),
+        [(Transmission::Unknown, Some(FailureKind::NoProgress)), ok]
+    );
+    // Each request on a connection of its own (a dead one is never reused).
+    assert_eq!((server.requests_seen(), server.connections()), (5, 5));
+}

@@ -32,6 +32,9 @@ pub enum H2Action {
     /// `GOAWAY(NO_ERROR)` whose last-stream-id *is* the request's stream (so the server
     /// admits it may have processed it), then close the connection without answering.
     GoAwayIncludingThenClose,
+    /// Nothing more on this connection, in either direction, the socket left open: a
+    /// path that died under an HTTP/2 connection (its PINGs go unanswered too).
+    Silence,
 }
 
 const FRAME_DATA: u8 = 0x0;
@@ -221,6 +224,11 @@ async fn serve(mut s: TcpStream, seen: &AtomicUsize, script: &H2Script) -> std::
                 // Keep reading until the client closes, so the GOAWAY is not lost to an
                 // RST caused by unread data.
                 closing = true;
+            }
+            H2Action::Silence => {
+                // Held open, never read again: the client's frames are lost as on a dead
+                // path. Ends with the server (the connection task is aborted).
+                std::future::pending::<()>().await;
             }
             H2Action::GoAwayIncludingThenClose => {
                 let mut payload = stream.to_be_bytes().to_vec();

@@ -355,6 +355,25 @@ async fn over_the_users_own_client_a_dead_host_costs_its_connect_timeout_once() 
     assert_eq!(breaker.consecutive_failures, 2);
 }
 
+/// The default stack over a client trusting the test certificate (whose name is
+/// `localhost`), its resolver answering `addrs`.
+fn https_client(addrs: &[SocketAddr]) -> reqwest_middleware::ClientWithMiddleware {
+    let cert = reqwest::Certificate::from_pem(support::tls::CERT_PEM).unwrap();
+    let network = Network::new()
+        .resolver(Arc::new(Fixed(addrs.to_vec())))
+        .no_progress(None);
+    Resilience::new()
+        .retry(support::exact_retry())
+        .network(network)
+        .build_from(move || {
+            reqwest::Client::builder()
+                .no_proxy()
+                .pool_max_idle_per_host(0)
+                .tls_certs_only([cert.clone()])
+        })
+        .unwrap()
+}
+
 /// Over `https` (the test certificate trusted, its name `localhost`), a name whose first
 /// address is dead: the race connects to the second, reqwest sends the request again on
 /// a connection to it, and its TLS handshake completes there: one attempt, one handshake,
@@ -364,20 +383,7 @@ async fn over_https_a_dead_first_address_is_raced_past_and_the_handshake_is_made
     let live = support::tls::TlsServer::start().await;
     let dead = FullBacklog::start().await;
     let live_addr: SocketAddr = live.url("").trim_start_matches("https://").parse().unwrap();
-    let cert = reqwest::Certificate::from_pem(support::tls::CERT_PEM).unwrap();
-    let network = Network::new()
-        .resolver(Arc::new(Fixed(vec![dead.addr(), live_addr])))
-        .no_progress(None);
-    let client = Resilience::new()
-        .retry(support::exact_retry())
-        .network(network)
-        .build_from(move || {
-            reqwest::Client::builder()
-                .no_proxy()
-                .pool_max_idle_per_host(0)
-                .tls_certs_only([cert.clone()])
-        })
-        .unwrap();
+    let client = https_client(&[dead.addr(), live_addr]);
     let started = Instant::now();
     let exchange = client
         .get("https://localhost/secure")
@@ -410,20 +416,7 @@ async fn over_https_a_first_address_stalling_its_handshake_is_raced_past() {
     let live = support::tls::TlsServer::start().await;
     let stalled = FaultServer::always(Action::Stall).await;
     let live_addr: SocketAddr = live.url("").trim_start_matches("https://").parse().unwrap();
-    let cert = reqwest::Certificate::from_pem(support::tls::CERT_PEM).unwrap();
-    let network = Network::new()
-        .resolver(Arc::new(Fixed(vec![stalled.addr(), live_addr])))
-        .no_progress(None);
-    let client = Resilience::new()
-        .retry(support::exact_retry())
-        .network(network)
-        .build_from(move || {
-            reqwest::Client::builder()
-                .no_proxy()
-                .pool_max_idle_per_host(0)
-                .tls_certs_only([cert.clone()])
-        })
-        .unwrap();
+    let client = https_client(&[stalled.addr(), live_addr]);
     let started = Instant::now();
     let exchange = client
         .get("https://localhost/secure")

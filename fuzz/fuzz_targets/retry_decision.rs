@@ -29,7 +29,7 @@ use reqwest_resilience::retry::{
     AttemptContext, Deadline, DefaultStrategy, Idempotent, MaxRetries, RetryAfterPolicy,
     RetryReason, RetryStrategy, StopReason, Verdict,
 };
-use reqwest_resilience::{Backoff, Jitter, RetryBudget, RetryMiddleware};
+use reqwest_resilience::{AttemptHistory, Backoff, Jitter, RetryBudget, RetryMiddleware};
 use tokio::time::Instant;
 
 /// Reads the input a byte at a time; zeros once it runs out.
@@ -144,6 +144,12 @@ fn may_resend(e: &RequestEvidence, idempotent: bool, not_processed_retries: u32,
             e.not_processed.is_some() && not_processed_retries < cap
         }
         Transmission::ResponseReceived(s) => {
+            // A status charged to a pool's proxy is decided as a `503` (a `429` as itself).
+            let s = match s {
+                StatusCode::TOO_MANY_REQUESTS => s,
+                _ if e.charged_to_proxy => StatusCode::SERVICE_UNAVAILABLE,
+                _ => s,
+            };
             s == StatusCode::TOO_MANY_REQUESTS
                 || (matches!(s.as_u16(), 408 | 500 | 502 | 503 | 504) && e.retry_after.is_some())
         }
@@ -202,6 +208,10 @@ fn check_table(b: &mut Bytes<'_>) {
 struct Scripted {
     attempts: Vec<RequestEvidence>,
     calls: Arc<Mutex<Vec<RequestEvidence>>>,
+    /// At each call after the first, the previous attempt's evidence as the retry
+    /// middleware recorded it in the history (what its decision read: the scripted
+    /// answer as the crate describes it, not the script's own evidence).
+    decided: Arc<Mutex<Vec<RequestEvidence>>>,
 }
 
 #[async_trait::async_trait]
@@ -212,6 +222,9 @@ impl Middleware for Scripted {
         extensions: &mut Extensions,
         _next: Next<'_>,
     ) -> reqwest_middleware::Result<Response> {
+        if let Some(last) = AttemptHistory::of(extensions).and_then(|h| h.attempts().last()) {
+            self.decided.lock().unwrap().push(last.evidence.clone());
+        }
         let mut calls = self.calls.lock().unwrap();
         let e = self
             .attempts
@@ -305,11 +318,13 @@ fn check_loop(b: &mut Bytes<'_>) {
             };
             let retry = retry.build().unwrap();
             let calls = Arc::new(Mutex::new(Vec::new()));
+            let decided = Arc::new(Mutex::new(Vec::new()));
             let client = ClientBuilder::new(CLIENT.with(Clone::clone))
                 .with(retry)
                 .with(Scripted {
                     attempts,
                     calls: calls.clone(),
+                    decided: decided.clone(),
                 })
                 .build();
             let mut req = client
@@ -369,9 +384,12 @@ fn check_loop(b: &mut Bytes<'_>) {
                     calls.len() - 1
                 );
             }
+            // Every retry was decided on the evidence the middleware recorded for the
+            // attempt before it: that evidence must allow another attempt.
+            let decided = decided.lock().unwrap();
+            assert_eq!(decided.len(), calls.len() - 1);
             let mut not_processed_retries = 0;
-            for pair in calls.windows(2) {
-                let e = &pair[0];
+            for e in decided.iter() {
                 assert!(
                     may_resend(e, idempotent, not_processed_retries, np_cap),
                     "{method} idempotent={idempotent} resent after {e:?}"

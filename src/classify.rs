@@ -304,8 +304,8 @@ fn connect_facts(from: &(dyn StdError + 'static), top: Option<&reqwest::Error>) 
             .any(|w| lower.contains(w));
         source = e.source();
     }
-    // reqwest's connect timeout wraps its private `TimedOut`, found by `is_timeout`.
-    c.tcp |= top.is_some_and(reqwest::Error::is_timeout);
+    // reqwest's connect timeout (`timed_out` from the start) is a TCP-stage failure.
+    c.tcp |= timed_out;
     // The race's record decides for its addresses (one timed out beside one refused is
     // not a host that drops everything); without it, the connect's own timeout does.
     c.all_timed_out |= timed_out && !raced;

@@ -374,16 +374,13 @@ fn https_client(addrs: &[SocketAddr]) -> reqwest_middleware::ClientWithMiddlewar
         .unwrap()
 }
 
-/// Over `https` (the test certificate trusted, its name `localhost`), a name whose first
-/// address is dead: the race connects to the second, reqwest sends the request again on
-/// a connection to it, and its TLS handshake completes there: one attempt, one handshake,
-/// the request seen once.
-#[tokio::test(start_paused = true)]
-async fn over_https_a_dead_first_address_is_raced_past_and_the_handshake_is_made_on_the_second() {
+/// One `https` GET to `localhost` whose name answers `first`, then a live TLS server:
+/// raced past `first` after one attempt delay, in one attempt, the live server seeing
+/// the probe's connection (no handshake) and then the one that carried the request.
+async fn raced_past_over_https(first: SocketAddr) {
     let live = support::tls::TlsServer::start().await;
-    let dead = FullBacklog::start().await;
     let live_addr: SocketAddr = live.url("").trim_start_matches("https://").parse().unwrap();
-    let client = https_client(&[dead.addr(), live_addr]);
+    let client = https_client(&[first, live_addr]);
     let started = Instant::now();
     let exchange = client
         .get("https://localhost/secure")
@@ -391,53 +388,40 @@ async fn over_https_a_dead_first_address_is_raced_past_and_the_handshake_is_made
         .await;
     let response = exchange.result.expect("served by the live address");
     assert_eq!(response.status(), 200);
+    // On a paused clock the probes' round trips are 0, and so is the TLS grace they give.
     assert_eq!(started.elapsed(), DELAY);
     assert_eq!(exchange.history.len(), 1);
     let record = connect_of(&exchange.history.attempts()[0].evidence);
     assert_eq!(
         record.tried,
         [
-            tried(dead.addr(), AddressOutcome::Abandoned, Duration::ZERO),
+            tried(first, AddressOutcome::Abandoned, Duration::ZERO),
             tried(live_addr, AddressOutcome::Connected, DELAY),
         ]
     );
-    // The probe's connection (no handshake), then the one that carried the request.
     assert_eq!(
         (live.connections(), live.handshakes(), live.requests_seen()),
         (2, 1, 1)
     );
 }
 
+/// Over `https` (the test certificate trusted, its name `localhost`), a name whose first
+/// address is dead: the race connects to the second, reqwest sends the request again on
+/// a connection to it, and its TLS handshake completes there: one attempt, one handshake,
+/// the request seen once.
+#[tokio::test(start_paused = true)]
+async fn over_https_a_dead_first_address_is_raced_past_and_the_handshake_is_made_on_the_second() {
+    let dead = FullBacklog::start().await;
+    raced_past_over_https(dead.addr()).await;
+}
+
 /// Over `https`, a first address that accepts the connection and never answers the TLS
-/// handshake (a stalled listener) and a live second: after the handshake's grace the
-/// race connects to the second, and the request is answered there once.
+/// handshake (a stalled listener) and a live second: the race connects to the second,
+/// and the request is answered there once; the stalled address saw one connection and
+/// no request.
 #[tokio::test(start_paused = true)]
 async fn over_https_a_first_address_stalling_its_handshake_is_raced_past() {
-    let live = support::tls::TlsServer::start().await;
     let stalled = FaultServer::always(Action::Stall).await;
-    let live_addr: SocketAddr = live.url("").trim_start_matches("https://").parse().unwrap();
-    let client = https_client(&[stalled.addr(), live_addr]);
-    let started = Instant::now();
-    let exchange = client
-        .get("https://localhost/secure")
-        .send_with_history()
-        .await;
-    let response = exchange.result.expect("served by the live address");
-    assert_eq!(response.status(), 200);
-    // On a paused clock the probes' round trips are 0, and so is the grace they give.
-    assert_eq!(started.elapsed(), DELAY);
-    assert_eq!(exchange.history.len(), 1);
-    let record = connect_of(&exchange.history.attempts()[0].evidence);
-    assert_eq!(
-        record.tried,
-        [
-            tried(stalled.addr(), AddressOutcome::Abandoned, Duration::ZERO),
-            tried(live_addr, AddressOutcome::Connected, DELAY),
-        ]
-    );
+    raced_past_over_https(stalled.addr()).await;
     assert_eq!((stalled.connections(), stalled.requests_seen()), (1, 0));
-    assert_eq!(
-        (live.connections(), live.handshakes(), live.requests_seen()),
-        (2, 1, 1)
-    );
 }

@@ -410,13 +410,9 @@ impl Stage for CircuitBreakerMiddleware {
                     .poll_as(next, |next| next.run(req, extensions, handover))
                     .await;
             };
-            // The retry middleware's word on this attempt: its own cut, whether it is a hedge.
-            let scope = Inward::take_attempt(extensions).unwrap_or_default();
-            let permit = match self.admit(&origin, scope.hedge, extensions).await {
-                Ok(permit) => permit,
-                Err(rejection) => return Err(reject(&origin, rejection, extensions)),
-            };
-            let held = Held::under_cut(permit, scope, extensions, handover.composed());
+            let held = self
+                .admit_attempt(&origin, extensions, handover.composed())
+                .await?;
             let clock = held.clock();
             // The inner future made where the cut keeps it, pinned there (`CutAt`: not
             // moved again, neither into the cut nor by the `.await`).
@@ -428,12 +424,48 @@ impl Stage for CircuitBreakerMiddleware {
                 });
                 cut.await
             };
-            let (result, permit) = held.end(outcome, extensions, &origin);
-            if let Some(permit) = permit {
-                self.record_outcome(permit, &origin, extensions, &result);
-            }
-            result
+            self.end_attempt(held, outcome, extensions, &origin)
         }
+    }
+}
+
+impl CircuitBreakerMiddleware {
+    /// The breaker before an attempt to `origin` leaves: admitted (after waiting out a
+    /// pause, when it may) and held under the attempt's cut, or refused with its typed
+    /// error and its evidence left. `composed`: the composed stack runs it, with the
+    /// transport step inside.
+    #[inline]
+    pub(crate) async fn admit_attempt<'a>(
+        &'a self,
+        origin: &'a Origin,
+        extensions: &mut Extensions,
+        composed: bool,
+    ) -> Result<Admitted<'a>, reqwest_middleware::Error> {
+        // The retry middleware's word on this attempt: its own cut, whether it is a hedge.
+        let scope = Inward::take_attempt(extensions).unwrap_or_default();
+        match self.admit(origin, scope.hedge, extensions).await {
+            Ok(permit) => Ok(Admitted(Held::under_cut(
+                permit, scope, extensions, composed,
+            ))),
+            Err(rejection) => Err(reject(origin, rejection, extensions)),
+        }
+    }
+
+    /// The breaker once an attempt it admitted ended (or was cut: `outcome` is then
+    /// tokio's `Elapsed`): the outcome counted, the attempt's result.
+    #[inline]
+    pub(crate) fn end_attempt(
+        &self,
+        Admitted(held): Admitted<'_>,
+        outcome: Result<reqwest_middleware::Result<Response>, Elapsed>,
+        extensions: &mut Extensions,
+        origin: &Origin,
+    ) -> reqwest_middleware::Result<Response> {
+        let (result, permit) = held.end(outcome, extensions, origin);
+        if let Some(permit) = permit {
+            self.record_outcome(permit, origin, extensions, &result);
+        }
+        result
     }
 }
 
@@ -535,6 +567,24 @@ fn reject(
     crate::metrics::breaker_rejection(origin, rejection.reason);
     record_rejection(&rejection, extensions);
     reqwest_middleware::Error::middleware(ResilienceError::from(rejection))
+}
+
+/// An attempt the breaker admitted ([`CircuitBreakerMiddleware::admit_attempt`]), to be
+/// run under its cut and ended with [`CircuitBreakerMiddleware::end_attempt`]. Dropped
+/// instead (the attempt's future dropped), it counts what its cut says: see
+/// [`CutAtDeadline`].
+pub(crate) struct Admitted<'p>(Held<'p>);
+
+impl Admitted<'_> {
+    /// When the attempt is cut (`None`: never).
+    pub(crate) fn cut(&self) -> Option<Instant> {
+        self.0.cut()
+    }
+
+    /// The attempt's timeout clock, if it runs on one.
+    pub(crate) fn clock(&self) -> Option<AttemptClock> {
+        self.0.clock()
+    }
 }
 
 /// How an admitted attempt holds its permit while it runs.

@@ -135,58 +135,119 @@ impl Stage for TransportEvidence {
                 let origin = handover.origin(req.url());
                 Box::pin(upload.open_into(&mut req, extensions, origin)).await?;
             }
-            let declared = self.redirects.current();
-            // A request not harmless to repeat through a client whose redirects are not
-            // known: the one `judge_redirects` reports when it fails unsent and unproven.
-            let unsafe_unobserved = declared == ClientRedirects::Unobserved
-                && !crate::record::idempotent_request(req.method(), req.headers());
-            let routed = next.routed();
-            let prepared =
-                (self.weather.as_deref()).map(|w| super::weather::prepare(w, &mut req, routed));
-            let (client, watch) = match prepared {
-                Some(p) => (p.client, Some(p.watch)),
-                None => (None, None),
-            };
-            let next = super::weather::OnClient { client, next };
-            let (origin, attempt, started, method, url_key, sent) =
-                hand_on(req, &mut *extensions, handover, next);
-            let sent = crate::network::progress::Guarded::new(sent, watch);
-            let (outcome, hops) = if declared != ClientRedirects::Off {
-                let (outcome, hops) = Recording::new(sent).await;
-                (outcome, Some(hops))
-            } else {
-                (sent.await, None)
-            };
-            let (result, cut) = super::weather::outcome(outcome, &origin, attempt);
-            // Read again: a response of another attempt may have proven the declaration
-            // false meanwhile.
-            let client = assumed(self.redirects.current(), hops.as_ref());
-            if let Err(e) = &result
-                && refused_inside(e, routed)
-            {
-                // A middleware of this crate inside (or the proxy pool, every proxy's
-                // breaker open) refused the request unsent and left its evidence: that is
-                // this attempt's.
-                return result;
-            }
-            let mut evidence = cut.unwrap_or_else(|| evidence_of(&result, origin, attempt));
-            evidence.connect = hops.as_ref().and_then(HopCount::connect);
-            self.judge_redirects(
-                &mut evidence,
-                &result,
-                (url_key, client, hops),
-                unsafe_unobserved,
-            );
-            if routed && let Some(used) = extensions.remove::<crate::record::ProxyUsed>() {
-                evidence.proxy = Some(used.origin);
-                evidence.charged_to_proxy = used.charged;
-            }
-            evidence.elapsed = started.elapsed();
-            crate::metrics::attempt(method, &evidence);
-            #[cfg(feature = "tracing")]
-            trace_attempt(&evidence);
-            self.keep(extensions, evidence, result)
+            let (begun, sent) = self.send(req, &mut *extensions, handover, next);
+            let watched = sent.await;
+            self.conclude(begun, watched, extensions)
         }
+    }
+}
+
+/// What the transport step took from an attempt before it left
+/// ([`TransportEvidence::send`]), for its evidence once it ends
+/// ([`TransportEvidence::conclude`]).
+pub(crate) struct Begun {
+    origin: Option<Origin>,
+    attempt: u32,
+    started: tokio::time::Instant,
+    method: crate::metrics::MethodLabel,
+    url_key: UrlKey,
+    /// A request not harmless to repeat through a client whose redirects are not
+    /// known: the one `judge_redirects` reports when it fails unsent and unproven.
+    unsafe_unobserved: bool,
+    /// Whether a proxy of a pool carries the attempt.
+    routed: bool,
+}
+
+/// An attempt's outcome as the transport step watched it: cut by the network watch or
+/// not, and the hops its client's redirect policy recorded.
+pub(crate) type Watched = (
+    Result<reqwest_middleware::Result<Response>, crate::network::progress::Cut>,
+    Option<HopCount>,
+);
+
+impl TransportEvidence {
+    /// The transport step before an attempt leaves: what its evidence needs, taken from
+    /// the request, and the attempt's future through `next`, watched for progress and
+    /// for network changes (a client built from scratch after one) and its redirects
+    /// recorded. Synchronous, so the request moves straight into the attempt's future
+    /// ([stage cost rule 3](crate::stage#cost-rules)).
+    pub(crate) fn send<'a, N: RestOfStack + 'a>(
+        &self,
+        mut req: HandedRequest<'a>,
+        extensions: &'a mut Extensions,
+        handover: Handover<'a>,
+        next: N,
+    ) -> (Begun, impl Future<Output = Watched> + Send + 'a) {
+        let declared = self.redirects.current();
+        let unsafe_unobserved = declared == ClientRedirects::Unobserved
+            && !crate::record::idempotent_request(req.method(), req.headers());
+        let routed = next.routed();
+        let prepared =
+            (self.weather.as_deref()).map(|w| super::weather::prepare(w, &mut req, routed));
+        let (client, watch) = match prepared {
+            Some(p) => (p.client, Some(p.watch)),
+            None => (None, None),
+        };
+        let next = super::weather::OnClient { client, next };
+        let begun = Begun {
+            origin: handover.origin(req.url()),
+            attempt: next_attempt(RequestRecord::attempts_recorded(extensions)),
+            url_key: UrlKey::of(req.url()),
+            started: tokio::time::Instant::now(),
+            method: crate::metrics::method_label(req.method()),
+            unsafe_unobserved,
+            routed,
+        };
+        let at = crate::stage::scope::key(extensions);
+        let sent = crate::stage::scope::poll_as_transport(at, next, |next| {
+            next.run(req, extensions, handover)
+        });
+        let sent = crate::network::progress::Guarded::new(sent, watch);
+        (
+            begun,
+            Recording::new(sent, declared != ClientRedirects::Off),
+        )
+    }
+
+    /// The transport step once an attempt [`send`](Self::send) started has ended: its
+    /// evidence, kept in the request's record and on its response.
+    pub(crate) fn conclude(
+        &self,
+        begun: Begun,
+        (outcome, hops): Watched,
+        extensions: &mut Extensions,
+    ) -> reqwest_middleware::Result<Response> {
+        let (result, cut) = super::weather::outcome(outcome, &begun.origin, begun.attempt);
+        // Read again: a response of another attempt may have proven the declaration
+        // false meanwhile.
+        let client = assumed(self.redirects.current(), hops.as_ref());
+        if let Err(e) = &result
+            && refused_inside(e, begun.routed)
+        {
+            // A middleware of this crate inside (or the proxy pool, every proxy's
+            // breaker open) refused the request unsent and left its evidence: that is
+            // this attempt's.
+            return result;
+        }
+        let mut evidence = cut.unwrap_or_else(|| evidence_of(&result, begun.origin, begun.attempt));
+        evidence.connect = hops.as_ref().and_then(HopCount::connect);
+        self.judge_redirects(
+            &mut evidence,
+            &result,
+            (begun.url_key, client, hops),
+            begun.unsafe_unobserved,
+        );
+        if begun.routed
+            && let Some(used) = extensions.remove::<crate::record::ProxyUsed>()
+        {
+            evidence.proxy = Some(used.origin);
+            evidence.charged_to_proxy = used.charged;
+        }
+        evidence.elapsed = begun.started.elapsed();
+        crate::metrics::attempt(begun.method, &evidence);
+        #[cfg(feature = "tracing")]
+        trace_attempt(&evidence);
+        self.keep(extensions, evidence, result)
     }
 }
 
@@ -317,35 +378,6 @@ fn trace_attempt(evidence: &RequestEvidence) {
         charged_to_proxy = evidence.charged_to_proxy,
         "attempt observed"
     );
-}
-
-/// Takes what the evidence needs from the request and hands it on, synchronously
-/// ([stage cost rule 3](crate::stage#cost-rules)).
-fn hand_on<'a, N: RestOfStack + 'a>(
-    req: HandedRequest<'a>,
-    extensions: &'a mut Extensions,
-    handover: Handover<'a>,
-    next: N,
-) -> (
-    Option<Origin>,
-    u32,
-    tokio::time::Instant,
-    crate::metrics::MethodLabel,
-    UrlKey,
-    crate::stage::scope::PolledAs<
-        impl Future<Output = reqwest_middleware::Result<Response>> + Send + 'a,
-    >,
-) {
-    let origin = handover.origin(req.url());
-    let attempt = next_attempt(RequestRecord::attempts_recorded(extensions));
-    let key = UrlKey::of(req.url());
-    let started = tokio::time::Instant::now();
-    let method = crate::metrics::method_label(req.method());
-    let at = crate::stage::scope::key(extensions);
-    let sent = crate::stage::scope::poll_as_transport(at, next, |next| {
-        next.run(req, extensions, handover)
-    });
-    (origin, attempt, started, method, key, sent)
 }
 
 /// The request's URL without its fragment, kept as a fingerprint (its length and a

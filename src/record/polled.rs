@@ -118,37 +118,42 @@ impl Drop for Installed {
 }
 
 pin_project_lite::pin_project! {
-    /// An attempt's future with a record installed around each of its polls.
+    /// An attempt's future with a record installed around each of its polls (when it
+    /// records: a client whose redirects are off has no hops to count).
     pub(crate) struct Recording<F> {
         #[pin]
         inner: F,
-        hops: HopCount,
+        hops: Option<HopCount>,
     }
 }
 
 impl<F> Recording<F> {
-    pub(crate) fn new(inner: F) -> Self {
+    /// `inner`, its hops recorded when `records`.
+    pub(crate) fn new(inner: F, records: bool) -> Self {
         Recording {
             inner,
-            hops: HopCount::default(),
+            hops: records.then(HopCount::default),
         }
     }
 }
 
 impl<F: Future> Future for Recording<F> {
-    type Output = (F::Output, HopCount);
+    type Output = (F::Output, Option<HopCount>);
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
-        HOPS.with(|hops| hops.borrow_mut().push(std::mem::take(this.hops)));
+        let Some(hops) = this.hops.as_mut() else {
+            return this.inner.poll(cx).map(|output| (output, None));
+        };
+        HOPS.with(|stack| stack.borrow_mut().push(std::mem::take(hops)));
         let installed = Installed;
         let polled = this.inner.poll(cx);
         // The record back and off the stack in one access; the guard pops only on unwind.
-        *this.hops = HOPS
-            .with(|hops| hops.borrow_mut().pop())
+        *hops = HOPS
+            .with(|stack| stack.borrow_mut().pop())
             .unwrap_or_default();
         std::mem::forget(installed);
-        polled.map(|output| (output, std::mem::take(this.hops)))
+        polled.map(|output| (output, this.hops.take()))
     }
 }
 
@@ -165,17 +170,21 @@ mod tests {
 
     #[tokio::test]
     async fn each_attempt_counts_only_its_own_hops_across_polls_and_nesting() {
-        let (output, hops) = Recording::new(async {
-            consult();
-            tokio::task::yield_now().await;
-            consult();
-            // A nested attempt (another client inside a user's middleware) has its own.
-            let ((), inner) = Recording::new(async { consult() }).await;
-            assert_eq!(inner.consulted, 1);
-            7
-        })
+        let (output, hops) = Recording::new(
+            async {
+                consult();
+                tokio::task::yield_now().await;
+                consult();
+                // A nested attempt (another client inside a user's middleware) has its own.
+                let ((), inner) = Recording::new(async { consult() }, true).await;
+                let inner = inner.expect("recorded");
+                assert_eq!(inner.consulted, 1);
+                7
+            },
+            true,
+        )
         .await;
-        assert_eq!((output, hops.consulted), (7, 2));
+        assert_eq!((output, hops.map(|h| h.consulted)), (7, Some(2)));
         // Outside any attempt the record is empty, and consulting does nothing.
         consult();
         assert!(HOPS.with(|h| h.borrow().is_empty()));
@@ -191,30 +200,33 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_second_connection_of_one_attempt_adds_to_the_first_ones_record() {
-        let ((), hops) = Recording::new(async {
-            let first = tokio::time::Instant::now();
-            record_connect(
-                ConnectAttempts {
-                    tried: vec![
-                        tried(1, AddressOutcome::Abandoned, 0),
-                        tried(2, AddressOutcome::Abandoned, 250),
-                    ],
-                },
-                first,
-            );
-            tokio::time::advance(Duration::from_millis(300)).await;
-            record_connect(
-                ConnectAttempts {
-                    tried: vec![
-                        tried(2, AddressOutcome::Connected, 0),
-                        tried(3, AddressOutcome::Abandoned, 250),
-                    ],
-                },
-                tokio::time::Instant::now(),
-            );
-        })
+        let ((), hops) = Recording::new(
+            async {
+                let first = tokio::time::Instant::now();
+                record_connect(
+                    ConnectAttempts {
+                        tried: vec![
+                            tried(1, AddressOutcome::Abandoned, 0),
+                            tried(2, AddressOutcome::Abandoned, 250),
+                        ],
+                    },
+                    first,
+                );
+                tokio::time::advance(Duration::from_millis(300)).await;
+                record_connect(
+                    ConnectAttempts {
+                        tried: vec![
+                            tried(2, AddressOutcome::Connected, 0),
+                            tried(3, AddressOutcome::Abandoned, 250),
+                        ],
+                    },
+                    tokio::time::Instant::now(),
+                );
+            },
+            true,
+        )
         .await;
-        let connect = hops.connect().expect("recorded");
+        let connect = hops.and_then(|h| h.connect()).expect("recorded");
         assert_eq!(
             connect.tried,
             [

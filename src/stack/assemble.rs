@@ -288,7 +288,7 @@ impl ResumeSetup {
             limit: composed.limit.clone(),
             rate: composed.rate.0.clone(),
             bearer: composed.bearer.clone(),
-            transport: setup.transport,
+            transport: Some(setup.transport),
             client: setup.client,
         };
         composed.resume = Some(crate::resume::Resumer {

@@ -6,6 +6,7 @@ use http::Extensions;
 use reqwest::Request;
 use reqwest_middleware::{Middleware, Next};
 
+use super::attempt::ComposedAttempt;
 use super::observer::RequestObserver;
 use crate::proxy::Innermost;
 use crate::stage::{
@@ -21,17 +22,27 @@ macro_rules! nested_from_retry {
     ($stages:expr, $inner:expr) => {{ Nested::new(&$stages.retry, nested_inside_retry!($stages, $inner)) }};
 }
 
-/// The stages inside the retry loop, nested around `$inner`: what the loop runs (and
-/// boxes) for each attempt.
+/// The stages inside the retry loop, around `$inner`: what the loop runs (and boxes) for
+/// each attempt. The token fetch (with `BearerAuth`) nests outside the breaker, so that a
+/// request waits for its token before it takes a half-open probe slot or a limiter
+/// permit; the rest is one attempt ([`ComposedAttempt`]).
 macro_rules! nested_inside_retry {
     ($stages:expr, $inner:expr) => {{
-        let inner = Nested::new(&$stages.rate, nested_inside_rate!($stages, $inner));
-        let inner = Nested::new(&$stages.breaker, inner);
+        let inner = ComposedAttempt {
+            breaker: $stages.breaker.as_ref(),
+            rate: &$stages.rate,
+            limit: &$stages.limit,
+            bearer: &$stages.bearer,
+            transport: &$stages.transport,
+            inner: $inner,
+        };
         Nested::new(&$stages.token_first, inner)
     }};
 }
 
-/// The stages inside the rate limit, nested around `$inner`.
+/// The stages inside the rate limit, nested around `$inner` (`stack::compose`'s size
+/// test).
+#[cfg(test)]
 macro_rules! nested_inside_rate {
     ($stages:expr, $inner:expr) => {{
         let inner = Nested::new(&$stages.transport, $inner);
@@ -292,7 +303,8 @@ pub(crate) struct ResumeStages<T, B, L> {
     pub(crate) rate: Option<crate::rate::RateLimit>,
     pub(crate) limit: L,
     pub(crate) bearer: B,
-    pub(crate) transport: crate::evidence::TransportEvidence,
+    /// Always there (`Some`): a range request has no per-attempt middleware.
+    pub(crate) transport: Option<crate::evidence::TransportEvidence>,
     pub(crate) client: reqwest::Client,
 }
 

@@ -29,6 +29,7 @@
 //! | file | what it holds |
 //! |---|---|
 //! | `observer.rs` | the outermost stage: the span per logical request and the [`on_attempt`](Resilience::on_attempt) hook |
+//! | `attempt.rs` | one attempt through the stages inside the retry loop: the breaker's and the transport step's hooks around the call (`ComposedAttempt`) |
 //! | `compose.rs` | the stages nested into one middleware (`Composed`) and a resumed body's range requests through them |
 //! | `builder.rs` | [`Resilience`]: the choices for each part, one setter each, and the defaults |
 //! | `clients.rs` | the clients [`build_from`](Resilience::build_from) builds ([`ClientBuilders`]): one, or one per proxy of a pool |
@@ -40,6 +41,7 @@ mod assemble;
 #[cfg(feature = "astral")]
 #[cfg_attr(docsrs, doc(cfg(feature = "astral")))]
 pub mod astral;
+mod attempt;
 mod builder;
 mod clients;
 pub(crate) mod compose;

@@ -263,6 +263,11 @@ pub(crate) trait Stage: Send + Sync {
         handover: Handover<'a>,
         next: N,
     ) -> impl Future<Output = reqwest_middleware::Result<Response>> + Send + 'a;
+
+    /// Whether the stage is there (`false`: left out, the request goes straight inside).
+    fn present(&self) -> bool {
+        true
+    }
 }
 
 /// A stage the composed stack leaves out by type: the request goes straight inside, and
@@ -272,6 +277,10 @@ pub(crate) trait Stage: Send + Sync {
 pub(crate) struct Absent;
 
 impl Stage for Absent {
+    fn present(&self) -> bool {
+        false
+    }
+
     fn serve<'a, N: RestOfStack + 'a>(
         &'a self,
         req: HandedRequest<'a>,
@@ -285,6 +294,10 @@ impl Stage for Absent {
 
 /// A stage that may be left out: without it the request goes straight inside.
 impl<S: Stage> Stage for Option<S> {
+    fn present(&self) -> bool {
+        self.is_some()
+    }
+
     fn serve<'a, N: RestOfStack + 'a>(
         &'a self,
         req: HandedRequest<'a>,
@@ -361,6 +374,10 @@ impl<S: Stage> Stage for RetrySlot<S> {
 pub(crate) struct BoxedWhenPresent<S>(pub(crate) Option<S>);
 
 impl<S: Stage> Stage for BoxedWhenPresent<S> {
+    fn present(&self) -> bool {
+        self.0.is_some()
+    }
+
     fn serve<'a, N: RestOfStack + 'a>(
         &'a self,
         req: HandedRequest<'a>,

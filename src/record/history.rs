@@ -122,14 +122,16 @@ impl AttemptHistory {
             evidence,
             decision: None,
         };
-        self.records = match std::mem::take(&mut self.records) {
-            Records::Empty => Records::One(record),
-            Records::One(first) => Records::Many(vec![first, record]),
-            Records::Many(mut records) => {
-                records.push(record);
-                Records::Many(records)
+        // In place: the common first record is written once, not moved out and back.
+        match &mut self.records {
+            Records::Many(records) => records.push(record),
+            Records::Empty => self.records = Records::One(record),
+            Records::One(_) => {
+                if let Records::One(first) = std::mem::take(&mut self.records) {
+                    self.records = Records::Many(vec![first, record]);
+                }
             }
-        };
+        }
     }
 
     /// Appends an attempt whose decision is already known (a hedged round's losers).

@@ -10,8 +10,8 @@ use super::attempt::ComposedAttempt;
 use super::observer::RequestObserver;
 use crate::proxy::Innermost;
 use crate::stage::{
-    Absent, BoxedWhenPresent, Either, HandedRequest, Handled, Handover, Nested, RequestSlot,
-    RestOfStack, RetrySlot, Stage,
+    Absent, BoxedWhenPresent, HandedRequest, Handled, Handover, Nested, RequestSlot, RestOfStack,
+    RetrySlot, Stage,
 };
 
 /// The stages from the retry loop inward, nested around `$inner` in the one order they
@@ -172,17 +172,9 @@ impl<T: Stage + 'static, B: Stage + 'static, L: Stage + 'static> Composed<T, B, 
         // stage. Here, as the future is made: the middleware outside made it as it will
         // poll it (`scope::Ownership::poll_as`).
         let (middleware, is_retry) = self.checked_as();
-        let owner = match crate::stage::scope::enter(extensions, middleware, is_retry, req.url()) {
-            Ok(owner) => owner,
-            Err(refused) => {
-                return Made::Inline(Either::Skip {
-                    future: std::future::ready(Err(refused)),
-                });
-            }
-        };
-        let resume = self
-            .resume
-            .as_ref()
+        let owner = crate::stage::scope::enter(extensions, middleware, is_retry, req.url());
+        let resume = (self.resume.as_ref())
+            .filter(|_| owner.is_ok())
             .and_then(|r| Some((r, r.candidate(&req, extensions)?)));
         let next = match &self.proxies {
             None => Innermost::Next(next),
@@ -196,11 +188,11 @@ impl<T: Stage + 'static, B: Stage + 'static, L: Stage + 'static> Composed<T, B, 
         // The request's one place while the stages work on it (stage cost rule 3).
         let mut slot = RequestSlot::new(req);
         match resume {
-            None => Made::Inline(Either::Stage {
-                future: async move {
-                    let inner = inner.run(slot.hand(), extensions, handover);
-                    owner.poll_made_as(inner).await
-                },
+            // A refused placement comes out of the future, which holds it instead of an
+            // `Either` of two futures (one more move of the whole future per request).
+            None => Made::Inline(async move {
+                let inner = inner.run(slot.hand(), extensions, handover);
+                owner?.poll_made_as(inner).await
             }),
             // A body that may be resumed (opt-in): its response is wrapped once it comes.
             // Boxed, so that this rarer future does not size every request's (stage cost
@@ -209,6 +201,7 @@ impl<T: Stage + 'static, B: Stage + 'static, L: Stage + 'static> Composed<T, B, 
             // cache (stage cost rule 6), which cost ~400 instructions per request more
             // than a second allocation (`benches/instructions.rs`, resumed bodies).
             Some((resumer, candidate)) => Made::Boxed(Box::pin(async move {
+                let owner = owner?;
                 let inner = inner.run(slot.hand(), &mut *extensions, handover);
                 let result = Box::pin(owner.poll_made_as(inner)).await;
                 resumer.finish(candidate, result, extensions)

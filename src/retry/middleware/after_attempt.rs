@@ -12,7 +12,7 @@ use tokio::time::Instant;
 
 use super::config::Config;
 use super::plan::{LoopState, Step};
-use super::report::{announce, record};
+use super::report::{announce, record_decision};
 use crate::error::ResilienceError;
 use crate::misconfig::{self, Misconfiguration};
 use crate::record::{RequestEvidence, StopReason};
@@ -97,15 +97,26 @@ impl Decision<'_> {
         let c = self.question.config;
         // An attempt timeout's cut is an ordinary failed attempt; the deadline's is the end.
         let timed_out = state.deadline.is_some_and(|d| cut_inside(result, d));
-        let evidence = attempt_evidence(result, extensions, attempt, self.transport_installed);
+        // Read in place: the record's evidence and its history are fields of one value.
+        let record = crate::record::RequestRecord::get(extensions);
+        let made_up;
+        let evidence = match record.evidence.as_ref() {
+            Some(e) => e,
+            None => {
+                made_up = fallback(result, attempt, self.transport_installed);
+                &made_up
+            }
+        };
+        let history = record
+            .history
+            .get_or_insert_with(crate::record::AttemptHistory::default);
         // A local rejection (breaker, pause) or a missing transport step leaves no
         // record: add one, so the decision below lands on this attempt.
-        let history = crate::record::RequestRecord::history_mut(extensions);
         if history.len() == self.recorded_before {
             history.push(evidence.clone());
         }
-        let proxies_spent = c.proxy_timeouts_spent(&evidence, history);
-        let verdict = self.question.verdict(&evidence, result, attempt);
+        let proxies_spent = c.proxy_timeouts_spent(evidence, history);
+        let verdict = self.question.verdict(evidence, result, attempt);
         let (reason, requested) = match verdict {
             // The deadline passed during the attempt: no time is left for another.
             _ if timed_out => (Err(StopReason::DeadlineExceeded), None),
@@ -121,7 +132,7 @@ impl Decision<'_> {
             Ok(reason) => c.plan_requested(
                 reason,
                 requested,
-                &evidence,
+                evidence,
                 retry_in(result),
                 can_replay,
                 state,
@@ -129,11 +140,11 @@ impl Decision<'_> {
             ),
         };
         let method = self.question.method;
-        record(extensions, &step, attempt, method, evidence.origin.as_ref());
+        record_decision(history, &step, attempt, method, evidence.origin.as_ref());
         if let Step::Retry { delay, reason, .. } = step {
             let notice = RetryNotice {
                 attempt,
-                evidence: &evidence,
+                evidence,
                 error: result
                     .as_ref()
                     .err()
@@ -150,29 +161,20 @@ impl Decision<'_> {
     }
 }
 
-/// The attempt's evidence: the transport step's, or one made up when nothing inside left
-/// a record.
-#[inline]
-fn attempt_evidence(
+/// The evidence of an attempt nothing inside left a record of: made up from its result.
+#[cold]
+fn fallback(
     result: &reqwest_middleware::Result<Response>,
-    extensions: &Extensions,
     attempt: u32,
     transport_installed: bool,
 ) -> RequestEvidence {
-    match RequestEvidence::of(extensions) {
-        Some(e) => e.clone(),
-        None => {
-            // A response or a reqwest error without evidence means no transport step,
-            // unless the stack installed one (a per-attempt middleware answered itself);
-            // a middleware error may just come from one inside (a token).
-            if !transport_installed
-                && !matches!(result, Err(reqwest_middleware::Error::Middleware(_)))
-            {
-                misconfig::report_once(Misconfiguration::NoTransportEvidence);
-            }
-            fallback_evidence(result, attempt)
-        }
+    // A response or a reqwest error without evidence means no transport step, unless the
+    // stack installed one (a per-attempt middleware answered itself); a middleware error
+    // may just come from one inside (a token).
+    if !transport_installed && !matches!(result, Err(reqwest_middleware::Error::Middleware(_))) {
+        misconfig::report_once(Misconfiguration::NoTransportEvidence);
     }
+    fallback_evidence(result, attempt)
 }
 
 /// The "retry in" an error from inside (the breaker's rejection) carries.

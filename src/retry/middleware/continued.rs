@@ -26,7 +26,7 @@ use std::error::Error as StdError;
 
 use super::config::{Config, RetryMiddleware};
 use super::plan::{LoopState, Step, Unspent};
-use super::report::{announce, record};
+use super::report::{announce, record_decision};
 use crate::record::{
     AttemptDecision, AttemptHistory, Continuation, Deadline, HandedBack, Inward, PassEnd,
     RequestEvidence, RetryReason, Spent, StopReason,
@@ -127,18 +127,14 @@ impl RetryMiddleware {
             },
         };
         amend(&mut spent.history, evidence.clone());
-        // `record` writes into the history it finds in the extensions.
-        let mut extensions = Extensions::new();
-        std::mem::take(&mut spent.history).insert_into(&mut extensions);
         let origin = evidence.origin.as_ref();
-        record(
-            &mut extensions,
+        record_decision(
+            &mut spent.history,
             &step,
             evidence.attempt,
             failure.method,
             origin,
         );
-        spent.history = AttemptHistory::take_from(&mut extensions).unwrap_or_default();
         drop(spent);
         match step {
             Step::Retry {

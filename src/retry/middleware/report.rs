@@ -51,8 +51,8 @@ pub(super) fn finish(
 /// Writes the decision into the history and the metrics and, with `tracing`, emits the
 /// event of a stop (a retry's is [`announce`]'s).
 #[inline]
-pub(super) fn record(
-    extensions: &mut Extensions,
+pub(super) fn record_decision(
+    history: &mut crate::record::AttemptHistory,
     step: &Step,
     attempt: u32,
     method: &http::Method,
@@ -68,9 +68,7 @@ pub(super) fn record(
             AttemptDecision::Stop { reason }
         }
     };
-    if let Some(history) = RequestRecord::of_mut(extensions).and_then(|r| r.history.as_mut()) {
-        history.decide_last(decision);
-    }
+    history.decide_last(decision);
     // OpenTelemetry HTTP client names where one exists (`resend_count`: the retries
     // before this attempt, 0 for the first).
     #[cfg(feature = "tracing")]

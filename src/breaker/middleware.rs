@@ -614,7 +614,7 @@ impl<'p> Held<'p> {
         // Evidence left by an earlier attempt would otherwise be read as this one's when
         // no transport step runs inside (the composed stack always has one).
         if !composed {
-            let _ = RequestRecord::take_evidence(extensions);
+            RequestRecord::clear_evidence(extensions);
         }
         let deadline = extensions.get::<Deadline>().map(|d| d.0);
         // Admitted: the attempt's timeout runs from here (a pause waited out is not in it).

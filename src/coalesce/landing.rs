@@ -54,7 +54,7 @@ impl Record {
     pub(crate) fn leave(&self, extensions: &mut Extensions, shared: Shared) {
         let record = crate::record::RequestRecord::get(extensions);
         if let Some(evidence) = &self.evidence {
-            record.evidence = Some(evidence.clone());
+            record.set_own_evidence(evidence.clone());
         }
         if let Some(outcome) = &self.outcome {
             record.outcome = Some(*outcome);

@@ -260,24 +260,25 @@ impl TransportEvidence {
         evidence: RequestEvidence,
         result: reqwest_middleware::Result<Response>,
     ) -> reqwest_middleware::Result<Response> {
+        // On a response, a record of its own. After a retry or a `401` replay it carries
+        // a copy of the history (the retry's last decision comes with its
+        // `RetryOutcome`); a single attempt needs no copy: `AttemptHistory::of_response`
+        // rebuilds it from the evidence.
         let record = RequestRecord::get(extensions);
-        let history = record.history.get_or_insert_with(AttemptHistory::default);
-        history.push(evidence.clone());
-        // After a retry or a `401` replay the response carries a copy of the history (the
-        // retry's last decision comes with its `RetryOutcome`); a single record needs no
-        // copy: `AttemptHistory::of_response` rebuilds it from the evidence.
-        let full = (history.len() > 1).then(|| history.clone());
-        let result = result.map(|mut response| {
-            response.extensions_mut().insert(RequestRecord {
-                evidence: Some(evidence.clone()),
-                history: full,
-                ..RequestRecord::default()
-            });
+        let first = record.history.as_ref().is_none_or(AttemptHistory::is_empty);
+        let single = (result.is_ok() && first).then(|| evidence.clone());
+        let history = record.keep_attempt(evidence);
+        let on_response = match single {
+            Some(evidence) => Some(RequestRecord::of_attempt(evidence)),
+            None => result.is_ok().then(|| RequestRecord::of_history(history.clone())),
+        };
+        result.map(|mut response| {
+            if let Some(record) = on_response {
+                response.extensions_mut().insert(record);
+            }
             // After the record: the response's extensions are then a map already.
             super::weather::bound_response(response, self.weather.as_deref())
-        });
-        record.evidence = Some(evidence);
-        result
+        })
     }
 
     /// Applies what the client's redirects prove to `evidence` (see [`apply_redirects`]),

@@ -262,7 +262,7 @@ fn start_attempt(
     // Evidence left by an earlier attempt would otherwise be read as this one's when no
     // transport step runs inside (the composed stack always has one).
     if !composed {
-        let _ = RequestRecord::take_evidence(extensions);
+        RequestRecord::clear_evidence(extensions);
     }
     let Some(clock) = clock else {
         return 0;

@@ -199,14 +199,10 @@ impl Routes {
             other => (FailureKind::BreakerOpen, other.retry_in()),
         };
         record_rejected_locally(extensions, kind, origin, retry_in);
-        let record = RequestRecord::get(extensions);
-        if let Some(e) = record.evidence.as_mut() {
+        // Stored once: in the history, as its last attempt.
+        if let Some(e) = RequestRecord::get(extensions).evidence_mut() {
             e.proxy = Some(self.routes[at].origin.clone());
             e.charged_to_proxy = true;
-            let e = e.clone();
-            if let Some(history) = record.history.as_mut() {
-                history.replace_last(e);
-            }
         }
         if let Some(retry_in) = retry_in {
             crate::record::RetryIn(retry_in).insert_into(extensions);

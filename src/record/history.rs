@@ -105,6 +105,15 @@ impl AttemptHistory {
         self.attempts().last()
     }
 
+    /// The last attempt, to change.
+    pub(crate) fn last_mut(&mut self) -> Option<&mut AttemptRecord> {
+        match &mut self.records {
+            Records::Empty => None,
+            Records::One(record) => Some(record),
+            Records::Many(records) => records.last_mut(),
+        }
+    }
+
     /// Whether the request shared one wire request with concurrent identical ones, and
     /// how (`None`: it did not).
     pub fn shared(&self) -> Option<Shared> {

@@ -16,8 +16,9 @@ use crate::origin::Origin;
 /// accessors (see the [module docs](super)).
 #[derive(Clone, Default)]
 pub(crate) struct RequestRecord {
-    /// The last attempt's evidence (the transport step's, or a local rejection's).
-    pub(crate) evidence: Option<RequestEvidence>,
+    /// Where the last attempt's evidence is (the transport step's, or a local
+    /// rejection's): read with [`evidence`](Self::evidence).
+    last: LastEvidence,
     /// Every attempt so far (on a response: only after more than one attempt).
     pub(crate) history: Option<AttemptHistory>,
     /// What the retry middleware did.
@@ -26,6 +27,20 @@ pub(crate) struct RequestRecord {
     pub(crate) retry_in: Option<RetryIn>,
     /// What the retry middleware hands the stages inside it (crate-private).
     pub(crate) inward: Inward,
+}
+
+/// Where a record keeps the last attempt's evidence. An attempt the record's history
+/// holds is stored once, there: the evidence is that history's last attempt.
+#[derive(Clone, Default)]
+enum LastEvidence {
+    /// None yet, or taken before the next attempt (so a stale one is never read as it).
+    #[default]
+    None,
+    /// The history's last attempt ([`RequestRecord::keep_attempt`]).
+    InHistory,
+    /// Its own: an attempt the history does not end with (a hedged race's winner, a
+    /// caller's own transport step, a response's single attempt).
+    Own(RequestEvidence),
 }
 
 impl RequestRecord {
@@ -44,6 +59,90 @@ impl RequestRecord {
         extensions.get_or_insert_default::<RequestRecord>()
     }
 
+    /// A response's record after one attempt: its evidence.
+    pub(crate) fn of_attempt(evidence: RequestEvidence) -> Self {
+        RequestRecord {
+            last: LastEvidence::Own(evidence),
+            ..RequestRecord::default()
+        }
+    }
+
+    /// A response's record after more than one attempt: the history, which ends with the
+    /// attempt that produced the response.
+    pub(crate) fn of_history(history: AttemptHistory) -> Self {
+        RequestRecord {
+            last: LastEvidence::InHistory,
+            history: Some(history),
+            ..RequestRecord::default()
+        }
+    }
+
+    /// The record's parts other than the attempts (a hedge's start).
+    pub(crate) fn without_attempts(
+        outcome: Option<RetryOutcome>,
+        retry_in: Option<RetryIn>,
+        inward: Inward,
+    ) -> Self {
+        RequestRecord {
+            last: LastEvidence::None,
+            history: None,
+            outcome,
+            retry_in,
+            inward,
+        }
+    }
+
+    /// The last attempt's evidence, if one was left.
+    pub(crate) fn evidence(&self) -> Option<&RequestEvidence> {
+        match &self.last {
+            LastEvidence::None => None,
+            LastEvidence::InHistory => self.history.as_ref()?.last().map(|r| &r.evidence),
+            LastEvidence::Own(evidence) => Some(evidence),
+        }
+    }
+
+    /// The last attempt's evidence, to change (in the history too when it is there).
+    pub(crate) fn evidence_mut(&mut self) -> Option<&mut RequestEvidence> {
+        match &mut self.last {
+            LastEvidence::None => None,
+            LastEvidence::InHistory => self.history.as_mut()?.last_mut().map(|r| &mut r.evidence),
+            LastEvidence::Own(evidence) => Some(evidence),
+        }
+    }
+
+    /// Appends an attempt to the history, its evidence the last attempt's: stored once.
+    pub(crate) fn keep_attempt(&mut self, evidence: RequestEvidence) -> &mut AttemptHistory {
+        let history = self.history.get_or_insert_with(AttemptHistory::default);
+        history.push(evidence);
+        self.last = LastEvidence::InHistory;
+        history
+    }
+
+    /// Appends an attempt to the history without making it the last attempt's evidence
+    /// (which stays what it was).
+    pub(crate) fn push_unkept(&mut self, evidence: RequestEvidence) {
+        self.detach_evidence();
+        self.history
+            .get_or_insert_with(AttemptHistory::default)
+            .push(evidence);
+    }
+
+    /// Leaves `evidence` as the last attempt's, apart from the history.
+    pub(crate) fn set_own_evidence(&mut self, evidence: RequestEvidence) {
+        self.last = LastEvidence::Own(evidence);
+    }
+
+    /// Gives the evidence kept in the history a place of its own, before the history
+    /// is replaced or taken: the evidence stays what it was.
+    fn detach_evidence(&mut self) {
+        if let LastEvidence::InHistory = self.last {
+            self.last = match self.history.as_ref().and_then(AttemptHistory::last) {
+                Some(last) => LastEvidence::Own(last.evidence.clone()),
+                None => LastEvidence::None,
+            };
+        }
+    }
+
     /// The attempt history, made (empty) when there is none yet.
     pub(crate) fn history_mut(extensions: &mut Extensions) -> &mut AttemptHistory {
         RequestRecord::get(extensions)
@@ -58,17 +157,22 @@ impl RequestRecord {
 
     /// Leaves `evidence` as the last attempt's.
     pub(crate) fn set_evidence(extensions: &mut Extensions, evidence: RequestEvidence) {
-        RequestRecord::get(extensions).evidence = Some(evidence);
+        RequestRecord::get(extensions).set_own_evidence(evidence);
     }
 
-    /// Removes the last attempt's evidence, and returns it.
-    pub(crate) fn take_evidence(extensions: &mut Extensions) -> Option<RequestEvidence> {
-        RequestRecord::of_mut(extensions)?.evidence.take()
+    /// Forgets the last attempt's evidence (the history keeps its attempts), so that it
+    /// is not read as the next attempt's.
+    pub(crate) fn clear_evidence(extensions: &mut Extensions) {
+        if let Some(record) = RequestRecord::of_mut(extensions) {
+            record.last = LastEvidence::None;
+        }
     }
 
-    /// Removes the attempt history, and returns it.
+    /// Removes the attempt history, and returns it (the last evidence stays).
     pub(crate) fn take_history(extensions: &mut Extensions) -> Option<AttemptHistory> {
-        RequestRecord::of_mut(extensions)?.history.take()
+        let record = RequestRecord::of_mut(extensions)?;
+        record.detach_evidence();
+        record.history.take()
     }
 }
 
@@ -77,7 +181,7 @@ impl RequestEvidence {
     /// `execute_with_extensions`, or those a middleware outside the transport step is
     /// handed): what `extensions.get::<RequestEvidence>()` returned before the record.
     pub fn of(extensions: &Extensions) -> Option<&RequestEvidence> {
-        RequestRecord::of(extensions)?.evidence.as_ref()
+        RequestRecord::of(extensions)?.evidence()
     }
 
     /// The evidence of the attempt that produced `response`.
@@ -104,7 +208,9 @@ impl AttemptHistory {
 
     /// Leaves this history in `extensions`, replacing any there.
     pub fn insert_into(self, extensions: &mut Extensions) {
-        RequestRecord::get(extensions).history = Some(self);
+        let record = RequestRecord::get(extensions);
+        record.detach_evidence();
+        record.history = Some(self);
     }
 
     /// The history of the logical request that produced `response`, for a caller that
@@ -124,7 +230,7 @@ impl AttemptHistory {
             Some(full) => full.clone(),
             None => {
                 let mut one = AttemptHistory::default();
-                one.push(record.evidence.clone()?);
+                one.push(record.evidence()?.clone());
                 one
             }
         };
@@ -283,11 +389,10 @@ pub(crate) fn record_rejected_locally(
     retry_after: Option<Duration>,
 ) {
     let record = RequestRecord::get(extensions);
-    let history = record.history.get_or_insert_with(AttemptHistory::default);
-    let mut evidence = RequestEvidence::rejected_locally(kind, origin, next_attempt(history.len()));
+    let recorded = record.history.as_ref().map_or(0, AttemptHistory::len);
+    let mut evidence = RequestEvidence::rejected_locally(kind, origin, next_attempt(recorded));
     evidence.retry_after = retry_after;
-    history.push(evidence.clone());
-    record.evidence = Some(evidence);
+    record.keep_attempt(evidence);
 }
 
 /// Leaves the evidence of an attempt cut at its deadline or its attempt timeout (by the
@@ -310,12 +415,10 @@ pub(crate) fn record_attempt_cut(
     // never read as a later attempt's).
     super::ProxyUsed::carry_into_cut(extensions, &mut evidence);
     let record = RequestRecord::get(extensions);
-    let history = record.history.get_or_insert_with(AttemptHistory::default);
-    if history.len() != recorded_before {
+    if record.history.as_ref().map_or(0, AttemptHistory::len) != recorded_before {
         // The transport step finished (and left in the extensions) its record, and a
         // middleware between it and this one was still working: that record stands.
         return;
     }
-    history.push(evidence.clone());
-    record.evidence = Some(evidence);
+    record.keep_attempt(evidence);
 }

@@ -6,8 +6,10 @@
 //! [`guide::stack`](crate::guide::stack). The defaults:
 //! [`guide::defaults`](crate::guide::defaults).
 //!
-//! The stack is installed as one middleware whose stages are nested at compile time
-//! (`compose.rs`, over the stage vocabulary of `src/stage/`). A middleware cannot be added
+//! The stack is installed as one middleware (`compose.rs`): the retry loop outermost, and
+//! each attempt one function calling the breaker's and the transport step's hooks around
+//! the call (`attempt.rs`; the rate limit, the concurrency limit and `BearerAuth` nested
+//! between them when present, over the stage vocabulary of `src/stage/`). A middleware cannot be added
 //! with `.with()` *after* the stack (the [`StackBuilder`] has no `.with()`): it would land
 //! inside the transport step.
 //!

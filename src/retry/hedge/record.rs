@@ -37,7 +37,7 @@ impl BaseSnapshot {
         if extensions.len() != parts {
             let mut base = extensions.clone();
             let _ = RequestRecord::take_history(&mut base);
-            let _ = RequestRecord::take_evidence(&mut base);
+            RequestRecord::clear_evidence(&mut base);
             return BaseSnapshot::Cloned(base);
         }
         let record = record.map(|r| (r.outcome, r.retry_in, r.inward.clone()));
@@ -55,13 +55,11 @@ impl BaseSnapshot {
                     base.insert(*deadline);
                 }
                 if let Some((outcome, retry_in, inward)) = record {
-                    base.insert(RequestRecord {
-                        evidence: None,
-                        history: None,
-                        outcome: *outcome,
-                        retry_in: *retry_in,
-                        inward: inward.clone(),
-                    });
+                    base.insert(RequestRecord::without_attempts(
+                        *outcome,
+                        *retry_in,
+                        inward.clone(),
+                    ));
                 }
                 base
             }
@@ -95,7 +93,7 @@ impl RaceOutcome {
         let by = evidence.attempt;
         if let Ok(response) = &mut result
             && let Some(e) =
-                RequestRecord::of_mut(response.extensions_mut()).and_then(|r| r.evidence.as_mut())
+                RequestRecord::of_mut(response.extensions_mut()).and_then(RequestRecord::evidence_mut)
         {
             e.attempt = by;
         }
@@ -110,7 +108,6 @@ impl RaceOutcome {
             loser.decision = Some(AttemptDecision::Superseded { by });
             history.push_record(loser);
         }
-        history.push(evidence.clone());
         match hedge_extensions {
             Some(mut winner) => {
                 // The winner's record, less its own history and evidence (the merged ones
@@ -123,10 +120,12 @@ impl RaceOutcome {
                 if won.outcome.is_some() {
                     record.outcome = won.outcome;
                 }
-                record.evidence = Some(evidence);
+                record.keep_attempt(evidence);
             }
             // Renumbered in place: no new box.
-            None => record.evidence = Some(evidence),
+            None => {
+                record.keep_attempt(evidence);
+            }
         }
         Round { result, hedges }
     }

@@ -12,10 +12,10 @@ use tokio::time::Instant;
 
 use super::config::Config;
 use super::plan::{LoopState, Step};
-use super::report::{announce, record_decision};
+use super::report::{announce, report_decision};
 use crate::error::ResilienceError;
 use crate::misconfig::{self, Misconfiguration};
-use crate::record::{RequestEvidence, StopReason};
+use crate::record::{AttemptHistory, RequestEvidence, StopReason};
 use crate::retry::fallback::fallback_evidence;
 use crate::retry::{AttemptContext, ResponseHead, RetryNotice, Verdict, unsafe_retry};
 
@@ -97,24 +97,23 @@ impl Decision<'_> {
         let c = self.question.config;
         // An attempt timeout's cut is an ordinary failed attempt; the deadline's is the end.
         let timed_out = state.deadline.is_some_and(|d| cut_inside(result, d));
-        // Read in place: the record's evidence and its history are fields of one value.
-        let record = crate::record::RequestRecord::get(extensions);
-        let made_up;
-        let evidence = match record.evidence.as_ref() {
-            Some(e) => e,
-            None => {
-                made_up = fallback(result, attempt, self.transport_installed);
-                &made_up
-            }
+        // Read in place: the attempt's evidence is stored once, in the request's record.
+        let kept = crate::record::RequestRecord::get(extensions);
+        let made_up = match kept.evidence() {
+            Some(_) => None,
+            None => Some(fallback(result, attempt, self.transport_installed)),
         };
-        let history = record
-            .history
-            .get_or_insert_with(crate::record::AttemptHistory::default);
         // A local rejection (breaker, pause) or a missing transport step leaves no
         // record: add one, so the decision below lands on this attempt.
-        if history.len() == self.recorded_before {
-            history.push(evidence.clone());
+        if kept.history.as_ref().map_or(0, AttemptHistory::len) == self.recorded_before {
+            let unkept = made_up.clone().or_else(|| kept.evidence().cloned());
+            kept.push_unkept(unkept.expect("one of the two"));
         }
+        let record = &*kept;
+        let Some(evidence) = made_up.as_ref().or(record.evidence()) else {
+            unreachable!("made up when the record has none")
+        };
+        let history = record.history.as_ref().expect("pushed to above, if not before");
         let proxies_spent = c.proxy_timeouts_spent(evidence, history);
         let verdict = self.question.verdict(evidence, result, attempt);
         let (reason, requested) = match verdict {
@@ -140,7 +139,7 @@ impl Decision<'_> {
             ),
         };
         let method = self.question.method;
-        record_decision(history, &step, attempt, method, evidence.origin.as_ref());
+        let decision = report_decision(&step, attempt, method, evidence.origin.as_ref());
         if let Step::Retry { delay, reason, .. } = step {
             let notice = RetryNotice {
                 attempt,
@@ -156,6 +155,9 @@ impl Decision<'_> {
                 url: self.question.url,
             };
             announce(c, &notice);
+        }
+        if let Some(history) = kept.history.as_mut() {
+            history.decide_last(decision);
         }
         step
     }

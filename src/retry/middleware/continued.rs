@@ -26,7 +26,7 @@ use std::error::Error as StdError;
 
 use super::config::{Config, RetryMiddleware};
 use super::plan::{LoopState, Step, Unspent};
-use super::report::{announce, record_decision};
+use super::report::{announce, report_decision};
 use crate::record::{
     AttemptDecision, AttemptHistory, Continuation, Deadline, HandedBack, Inward, PassEnd,
     RequestEvidence, RetryReason, Spent, StopReason,
@@ -128,13 +128,8 @@ impl RetryMiddleware {
         };
         amend(&mut spent.history, evidence.clone());
         let origin = evidence.origin.as_ref();
-        record_decision(
-            &mut spent.history,
-            &step,
-            evidence.attempt,
-            failure.method,
-            origin,
-        );
+        let decision = report_decision(&step, evidence.attempt, failure.method, origin);
+        spent.history.decide_last(decision);
         drop(spent);
         match step {
             Step::Retry {

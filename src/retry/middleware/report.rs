@@ -48,16 +48,15 @@ pub(super) fn finish(
     }
 }
 
-/// Writes the decision into the history and the metrics and, with `tracing`, emits the
-/// event of a stop (a retry's is [`announce`]'s).
+/// Writes the decision into the metrics and, with `tracing`, emits the event of a stop (a
+/// retry's is [`announce`]'s); returns it for the history.
 #[inline]
-pub(super) fn record_decision(
-    history: &mut crate::record::AttemptHistory,
+pub(super) fn report_decision(
     step: &Step,
     attempt: u32,
     method: &http::Method,
     origin: Option<&Origin>,
-) {
+) -> AttemptDecision {
     let decision = match *step {
         Step::Retry { delay, reason, .. } => {
             crate::metrics::retry(reason, origin);
@@ -68,7 +67,6 @@ pub(super) fn record_decision(
             AttemptDecision::Stop { reason }
         }
     };
-    history.decide_last(decision);
     // OpenTelemetry HTTP client names where one exists (`resend_count`: the retries
     // before this attempt, 0 for the first).
     #[cfg(feature = "tracing")]
@@ -84,6 +82,7 @@ pub(super) fn record_decision(
     }
     #[cfg(not(feature = "tracing"))]
     let _ = (attempt, method);
+    decision
 }
 
 /// Tells of a retry before its wait: the `before_sleep` hook and, with `tracing`, one

@@ -277,7 +277,7 @@ impl<'a> RequestRun<'a> {
             }
         };
         // Evidence from the previous attempt must not be mistaken for this one's.
-        let _ = RequestRecord::take_evidence(extensions);
+        RequestRecord::clear_evidence(extensions);
         let prepared = PreparedAttempt {
             attempt: self.state.attempts() + 1,
             replayable: replayable(&req),

@@ -117,6 +117,7 @@ mod tests;
 use std::time::Duration;
 
 pub use config::{BreakerConfig, OpenGrowth, PauseMode, SlowCalls};
+pub(crate) use middleware::Admitted;
 pub use middleware::CircuitBreakerMiddleware;
 pub use policy::{AttemptClassifier, DefaultClassifier, Outcome, TripPolicy};
 pub use registry::{BreakerEvent, BreakerRegistry, BreakerSnapshot};

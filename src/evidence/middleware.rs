@@ -270,7 +270,9 @@ impl TransportEvidence {
         let history = record.keep_attempt(evidence);
         let on_response = match single {
             Some(evidence) => Some(RequestRecord::of_attempt(evidence)),
-            None => result.is_ok().then(|| RequestRecord::of_history(history.clone())),
+            None => result
+                .is_ok()
+                .then(|| RequestRecord::of_history(history.clone())),
         };
         result.map(|mut response| {
             if let Some(record) = on_response {

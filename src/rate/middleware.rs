@@ -105,10 +105,30 @@ fn rejected(rejection: RateRejection, extensions: &mut Extensions) -> reqwest_mi
 
 standalone_middleware!(RateLimit);
 
+/// Teaches `origin`'s rate what the attempt's answer said (an error teaches nothing; the
+/// ticket's drop still ends a probe).
+pub(crate) fn learn(
+    ticket: Ticket,
+    origin: &Origin,
+    result: &reqwest_middleware::Result<Response>,
+) {
+    if let Ok(response) = result {
+        // After a redirect to another origin the fields are that origin's quota, not this
+        // one's: the answer teaches nothing (it still ends a probe).
+        if origin.is_origin_of_url(response.url()) {
+            ticket.learn(response.headers());
+        } else {
+            ticket.learn(&http::HeaderMap::new());
+        }
+    }
+}
+
 impl RateLimit {
     /// The registry's verdict now, under the request's deadline: a ticket, a wait (boxed:
     /// rare), or the rejection's error.
-    fn admit_now(
+    /// The admission of one attempt to `origin`: a ticket at once, a wait (rare), or the
+    /// rejection (its `NotSent` evidence left in `extensions`).
+    pub(crate) fn admit_now(
         &self,
         origin: &Origin,
         extensions: &mut Extensions,
@@ -123,7 +143,8 @@ impl RateLimit {
 
     /// Waits for a slot. A wait is not part of the attempt: its timeout clock stops, and
     /// starts on leaving.
-    async fn wait_for_slot(
+    /// Waits for a slot (the attempt's clock stopped meanwhile).
+    pub(crate) async fn wait_for_slot(
         &self,
         origin: &Origin,
         waiting: Waiting,
@@ -168,15 +189,7 @@ impl Stage for RateLimit {
             let result = owner
                 .poll_as(next, |next| next.run(req, extensions, handover))
                 .await;
-            if let Ok(response) = &result {
-                // After a redirect to another origin the fields are that origin's quota,
-                // not this one's: the answer teaches nothing (it still ends a probe).
-                if origin.is_origin_of_url(response.url()) {
-                    ticket.learn(response.headers());
-                } else {
-                    ticket.learn(&http::HeaderMap::new());
-                }
-            }
+            learn(ticket, &origin, &result);
             result
         }
     }

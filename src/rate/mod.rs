@@ -98,6 +98,7 @@ mod schedule;
 mod tests;
 
 pub use config::{Rate, RateLimitConfig};
-pub(crate) use middleware::RateChoice;
 pub use middleware::RateLimit;
+pub(crate) use middleware::{RateChoice, learn};
 pub use registry::{RateLimitRegistry, RateSnapshot};
+pub(crate) use registry::{Ticket, Waiting};

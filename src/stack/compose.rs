@@ -30,24 +30,13 @@ macro_rules! nested_inside_retry {
     ($stages:expr, $inner:expr) => {{
         let inner = ComposedAttempt {
             breaker: $stages.breaker.as_ref(),
-            rate: &$stages.rate,
+            rate: $stages.rate.as_ref(),
             limit: &$stages.limit,
             bearer: &$stages.bearer,
             transport: &$stages.transport,
             inner: $inner,
         };
         Nested::new(&$stages.token_first, inner)
-    }};
-}
-
-/// The stages inside the rate limit, nested around `$inner` (`stack::compose`'s size
-/// test).
-#[cfg(test)]
-macro_rules! nested_inside_rate {
-    ($stages:expr, $inner:expr) => {{
-        let inner = Nested::new(&$stages.transport, $inner);
-        let inner = Nested::new(&$stages.bearer, inner);
-        Nested::new(&$stages.limit, inner)
     }};
 }
 
@@ -79,9 +68,8 @@ pub(crate) struct Composed<T, B, L> {
     pub(crate) token_first: T,
     pub(crate) breaker: Option<crate::breaker::CircuitBreakerMiddleware>,
     /// The per-origin rate limit: inside the breaker, outside the concurrency limit (a
-    /// request waiting for its slot holds no permit). Boxed when present, so that a stack
-    /// without it does not carry its future's size (stage cost rule 4).
-    pub(crate) rate: BoxedWhenPresent<crate::rate::RateLimit>,
+    /// request waiting for its slot holds no permit); hooks of each attempt.
+    pub(crate) rate: Option<crate::rate::RateLimit>,
     pub(crate) limit: L,
     pub(crate) bearer: B,
     /// Whether `bearer` is `BearerAuth` (not [`Absent`]).
@@ -358,9 +346,9 @@ mod tests {
 
     /// Makes (and never polls) the futures the default stack boxes (`Resilience::new()`'s
     /// stages as `assemble` builds them) over the `Next` it is handed, and keeps their
-    /// sizes: each attempt's (`RestOfStack::run_boxed`), the learned rate limit's when the
-    /// stack has one (`BoxedWhenPresent`, over the stages inside it), and the request's
-    /// (what `Middleware::handle` boxes).
+    /// sizes: each attempt's (`RestOfStack::run_boxed`), the same with a learned rate
+    /// limit (its hooks are the attempt's), and the request's (what `Middleware::handle`
+    /// boxes).
     struct BoxedSizes(Arc<[AtomicUsize; 3]>);
 
     #[async_trait::async_trait]
@@ -371,13 +359,13 @@ mod tests {
             extensions: &mut Extensions,
             next: Next<'_>,
         ) -> reqwest_middleware::Result<reqwest::Response> {
-            let stages = Composed {
+            let mut stages = Composed {
                 observer: BoxedWhenPresent(None),
                 coalesce: BoxedWhenPresent(None),
                 retry: RetrySlot(Some(crate::retry::RetryMiddleware::new())),
                 token_first: Absent,
                 breaker: Some(crate::breaker::CircuitBreakerMiddleware::default()),
-                rate: BoxedWhenPresent(None),
+                rate: None,
                 limit: Absent,
                 bearer: Absent,
                 has_bearer: false,
@@ -395,12 +383,12 @@ mod tests {
             drop(attempt);
             let registry = crate::rate::RateLimitRegistry::new(Default::default())
                 .expect("the default rate limit");
-            let rate = crate::rate::RateLimit::new(registry);
-            let inside = nested_inside_rate!(stages, Innermost::Next(next.clone()));
-            let mut slot = RequestSlot::new(copy);
-            let rated = rate.serve(slot.hand(), extensions, handover, inside);
-            self.0[1].store(std::mem::size_of_val(&rated), Ordering::Relaxed);
+            stages.rate = Some(crate::rate::RateLimit::new(registry));
+            let inside = nested_inside_retry!(stages, Innermost::Next(next.clone()));
+            let rated = inside.run_boxed(copy, extensions, handover);
+            self.0[1].store(std::mem::size_of_val(&*rated), Ordering::Relaxed);
             drop(rated);
+            stages.rate = None;
             let request = match stages.run_request(whole, extensions, next) {
                 Made::Inline(future) => std::mem::size_of_val(&future),
                 Made::Boxed(future) => std::mem::size_of_val(&*future),
@@ -424,7 +412,7 @@ mod tests {
             .build();
         let sent = client.get("http://127.0.0.1:9/").send().await;
         assert!(sent.is_err(), "nothing is sent");
-        let futures = ["attempt", "rate limit", "request"];
+        let futures = ["attempt", "rate-limited attempt", "request"];
         for (future, size) in futures.into_iter().zip(sizes.iter()) {
             let size = size.load(Ordering::Relaxed);
             assert!(size > 0, "the probe made the {future} future");

@@ -7,11 +7,11 @@
 //! [`guide::defaults`](crate::guide::defaults).
 //!
 //! The stack is installed as one middleware (`compose.rs`): the retry loop outermost, and
-//! each attempt one function calling the breaker's and the transport step's hooks around
-//! the call (`attempt.rs`; the rate limit, the concurrency limit and `BearerAuth` nested
-//! between them when present, over the stage vocabulary of `src/stage/`). A middleware cannot be added
-//! with `.with()` *after* the stack (the [`StackBuilder`] has no `.with()`): it would land
-//! inside the transport step.
+//! each attempt one function calling the breaker's, the rate limit's and the transport
+//! step's hooks around the call (`attempt.rs`; the concurrency limit and `BearerAuth`
+//! nested between them when present, over the stage vocabulary of `src/stage/`). A
+//! middleware cannot be added with `.with()` *after* the stack (the [`StackBuilder`] has
+//! no `.with()`): it would land inside the transport step.
 //!
 //! ```
 //! use reqwest_resilience::Resilience;

@@ -45,8 +45,8 @@
 //!    first: rustc keeps a moved-from local's room in the enclosing future while it is in
 //!    scope (the hedged round bound to a name kept every request's retry loop at 4 632
 //!    bytes instead of 952).
-//! 6. The futures the default stack boxes (each attempt's, and the rate limit's when it
-//!    has one) stay within the largest allocation glibc serves from its thread cache
+//! 6. The futures the default stack boxes (each attempt's, with a rate limit or without,
+//!    and the request's) stay within the largest allocation glibc serves from its thread cache
 //!    (1 032 bytes; a larger one takes the arena's lock): state only a cut attempt needs
 //!    (its timer, the breaker's cut guard) is boxed when there is a cut, and what a rare
 //!    wait keeps across its `.await` is a pointer. `stack::compose`'s test keeps them
@@ -505,6 +505,15 @@ pin_project_lite::pin_project! {
 }
 
 impl<F: Future> CutAt<F> {
+    /// `inner`, cut when `timer` fires (unless its `clock` moved the cut since).
+    pub(crate) fn by(inner: F, timer: Option<CutTimer>, clock: Option<AttemptClock>) -> Self {
+        CutAt {
+            inner,
+            timer,
+            clock,
+        }
+    }
+
     pub(crate) fn new(inner: F, at: Option<tokio::time::Instant>) -> Self {
         CutAt {
             inner,

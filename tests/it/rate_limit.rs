@@ -728,3 +728,52 @@ async fn a_learned_limit_that_turned_everything_away_for_max_server_wait_is_prob
     assert_eq!((snapshot.interval, snapshot.remaining), (None, None));
     assert_eq!(snapshot.rejections, 2);
 }
+
+/// In the stack the rate limit's wait is a hook of the attempt, under its cut: a wait for
+/// a slot stops the attempt's clock (a 1 s wait does not trip a 200 ms attempt timeout:
+/// one attempt, answered), and a caller who gives up while waiting gives its slot back to
+/// the next one.
+#[tokio::test(start_paused = true)]
+async fn in_the_stack_a_wait_for_a_slot_stops_the_attempt_timeout_and_a_dropped_wait_gives_its_slot_back()
+ {
+    let stamps: Arc<Mutex<Vec<Instant>>> = Arc::default();
+    let seen = stamps.clone();
+    let server = FaultServer::start(move |_, _| {
+        seen.lock().unwrap().push(Instant::now());
+        Action::ok("ok")
+    })
+    .await;
+    let registry = RateLimitRegistry::new(
+        RateLimitConfig::default()
+            .learn(false)
+            .rate(Rate::per_second(1).burst(1)),
+    )
+    .unwrap();
+    let c = Resilience::new()
+        .retry(RetryMiddleware::builder().attempt_timeout(200 * MS))
+        .rate_limit(registry)
+        .build(loopback_client())
+        .unwrap();
+    let url = server.url("/");
+    let t0 = Instant::now();
+    assert_eq!(status(&c, &url).await, 200);
+    // The next slot is 1 s away, past the attempt timeout: waited for, then answered.
+    let (result, _) = get(&c, &url).await;
+    let response = result.expect("answered after its wait");
+    assert_eq!(response.status(), 200);
+    assert_eq!(Instant::now() - t0, S);
+    let history = AttemptHistory::of_response(&response).expect("recorded");
+    assert_eq!(history.len(), 1, "one attempt: the wait was not cut");
+    assert_eq!(
+        history.attempts()[0].evidence.transmission,
+        Transmission::ResponseReceived(http::StatusCode::OK)
+    );
+    // A caller waits for the slot at 2 s and gives up at 1.5 s: the next caller gets it.
+    let (c2, url2) = (c.clone(), url.clone());
+    let given_up = tokio::time::timeout(500 * MS, async move { status(&c2, &url2).await }).await;
+    assert!(given_up.is_err());
+    assert_eq!(status(&c, &url).await, 200);
+    assert_eq!(Instant::now() - t0, 2 * S);
+    let stamps = stamps.lock().unwrap().clone();
+    assert_eq!(stamps, vec![t0, t0 + S, t0 + 2 * S]);
+}

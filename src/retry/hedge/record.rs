@@ -92,8 +92,8 @@ impl RaceOutcome {
         } = self;
         let by = evidence.attempt;
         if let Ok(response) = &mut result
-            && let Some(e) =
-                RequestRecord::of_mut(response.extensions_mut()).and_then(RequestRecord::evidence_mut)
+            && let Some(e) = RequestRecord::of_mut(response.extensions_mut())
+                .and_then(RequestRecord::evidence_mut)
         {
             e.attempt = by;
         }

@@ -113,7 +113,10 @@ impl Decision<'_> {
         let Some(evidence) = made_up.as_ref().or(record.evidence()) else {
             unreachable!("made up when the record has none")
         };
-        let history = record.history.as_ref().expect("pushed to above, if not before");
+        let history = record
+            .history
+            .as_ref()
+            .expect("pushed to above, if not before");
         let proxies_spent = c.proxy_timeouts_spent(evidence, history);
         let verdict = self.question.verdict(evidence, result, attempt);
         let (reason, requested) = match verdict {

@@ -191,7 +191,7 @@ impl TransportEvidence {
         let next = super::weather::OnClient { client, next };
         let begun = Begun {
             origin: handover.origin(req.url()),
-            attempt: next_attempt(RequestRecord::attempts_recorded(extensions)),
+            attempt: next_attempt(RequestRecord::begin_send(extensions)),
             url_key: UrlKey::of(req.url()),
             started: tokio::time::Instant::now(),
             method: crate::metrics::method_label(req.method()),
@@ -227,6 +227,7 @@ impl TransportEvidence {
             // A middleware of this crate inside (or the proxy pool, every proxy's
             // breaker open) refused the request unsent and left its evidence: that is
             // this attempt's.
+            RequestRecord::end_send(extensions);
             return result;
         }
         let mut evidence = cut.unwrap_or_else(|| evidence_of(&result, begun.origin, begun.attempt));

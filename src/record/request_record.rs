@@ -27,6 +27,10 @@ pub(crate) struct RequestRecord {
     pub(crate) retry_in: Option<RetryIn>,
     /// What the retry middleware hands the stages inside it (crate-private).
     pub(crate) inward: Inward,
+    /// Whether a transport step's attempt is on the wire, not yet concluded: a cut now
+    /// cut it (even after an earlier answer in the same attempt, the `401` before
+    /// `BearerAuth`'s replay), so the cut is that attempt's record.
+    on_wire: bool,
 }
 
 /// Where a record keeps the last attempt's evidence. An attempt the record's history
@@ -89,6 +93,7 @@ impl RequestRecord {
             outcome,
             retry_in,
             inward,
+            on_wire: false,
         }
     }
 
@@ -111,11 +116,35 @@ impl RequestRecord {
     }
 
     /// Appends an attempt to the history, its evidence the last attempt's: stored once.
+    /// The attempt is no longer on the wire.
     pub(crate) fn keep_attempt(&mut self, evidence: RequestEvidence) -> &mut AttemptHistory {
+        self.on_wire = false;
         let history = self.history.get_or_insert_with(AttemptHistory::default);
         history.push(evidence);
         self.last = LastEvidence::InHistory;
         history
+    }
+
+    /// A transport step sends an attempt: it is on the wire until its record is kept.
+    /// Returns the number of attempts recorded before it.
+    pub(crate) fn begin_send(extensions: &mut Extensions) -> usize {
+        let record = RequestRecord::get(extensions);
+        record.on_wire = true;
+        record.history.as_ref().map_or(0, AttemptHistory::len)
+    }
+
+    /// The attempt a transport step sent ended without a record of its own (a stage
+    /// inside refused it and left its evidence).
+    pub(crate) fn end_send(extensions: &mut Extensions) {
+        if let Some(record) = RequestRecord::of_mut(extensions) {
+            record.on_wire = false;
+        }
+    }
+
+    /// Whether an attempt was on the wire, not concluded (its cut is then its record);
+    /// it no longer is.
+    pub(crate) fn take_on_wire(&mut self) -> bool {
+        std::mem::take(&mut self.on_wire)
     }
 
     /// Appends an attempt to the history without making it the last attempt's evidence
@@ -415,9 +444,11 @@ pub(crate) fn record_attempt_cut(
     // never read as a later attempt's).
     super::ProxyUsed::carry_into_cut(extensions, &mut evidence);
     let record = RequestRecord::get(extensions);
-    if record.history.as_ref().map_or(0, AttemptHistory::len) != recorded_before {
+    let on_wire = record.take_on_wire();
+    if !on_wire && record.history.as_ref().map_or(0, AttemptHistory::len) != recorded_before {
         // The transport step finished (and left in the extensions) its record, and a
-        // middleware between it and this one was still working: that record stands.
+        // middleware between it and this one was still working (not sending): that
+        // record stands.
         return;
     }
     record.keep_attempt(evidence);

@@ -1454,3 +1454,103 @@ async fn a_request_waiting_for_its_token_holds_no_limiter_permit() {
         (0, 0, 0)
     );
 }
+
+/// `BearerAuth`'s replay after a `401` is part of the attempt, under the attempt's one
+/// clock: a 1 s attempt timeout counts from the first send, so a `401` at once and a
+/// replay the server answers after 1.5 s are cut together at 1 s; the cut is the
+/// replay's record (`Unknown`, `Timeout`), and the GET is retried with the fresh token.
+/// Before, the breaker's cut kept the `401`'s record as the attempt's, and the request
+/// failed with "final status 401" after one attempt. The same as one middleware, as four,
+/// and without a breaker (the retry's own cut).
+#[tokio::test(start_paused = true)]
+async fn a_401_replay_runs_under_the_attempts_timeout_and_its_cut_is_retried() {
+    let retry = || {
+        RetryMiddleware::builder()
+            .backoff(exact_backoff())
+            .attempt_timeout(S(1))
+    };
+    replay_cut_by_the_attempt_timeout(|bearer| {
+        Resilience::new()
+            .retry(retry())
+            .bearer(bearer)
+            .build(reqwest_client())
+            .unwrap()
+    })
+    .await;
+    replay_cut_by_the_attempt_timeout(|bearer| {
+        ClientBuilder::new(reqwest_client())
+            .with(retry().build().unwrap())
+            .with(CircuitBreakerMiddleware::default())
+            .with(bearer)
+            .with(
+                reqwest_resilience::TransportEvidence::with_client_redirects(
+                    ClientRedirects::Recorded,
+                ),
+            )
+            .build()
+    })
+    .await;
+    replay_cut_by_the_attempt_timeout(|bearer| {
+        ClientBuilder::new(reqwest_client())
+            .with(retry().build().unwrap())
+            .with(bearer)
+            .with(
+                reqwest_resilience::TransportEvidence::with_client_redirects(
+                    ClientRedirects::Recorded,
+                ),
+            )
+            .build()
+    })
+    .await;
+}
+
+async fn replay_cut_by_the_attempt_timeout(client: impl Fn(BearerAuth) -> ClientWithMiddleware) {
+    let server = FaultServer::start(|n, r| match r.header("authorization") {
+        // The replay (the second request) hangs past the attempt's timeout; the retry's
+        // request is answered at once.
+        Some("Bearer token-2") if n == 1 => {
+            Action::Delay(Duration::from_millis(1500), Box::new(Action::ok("late")))
+        }
+        Some("Bearer token-2") => Action::ok("hello"),
+        _ => Action::status(401),
+    })
+    .await;
+    let (tokens, fetches) = counting_tokens();
+    let client = client(bearer(&server, tokens));
+
+    let (result, ext, took) = get(&client, &server.url("/me"), Extensions::new()).await;
+
+    assert_eq!(result.unwrap().status(), 200);
+    assert_eq!(fetches.load(Ordering::SeqCst), 2, "one refresh");
+    let seen: Vec<_> = server
+        .requests()
+        .iter()
+        .map(|r| r.header("authorization").map(str::to_owned))
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            Some("Bearer token-1".to_owned()),
+            Some("Bearer token-2".to_owned()),
+            Some("Bearer token-2".to_owned())
+        ]
+    );
+    // The cut at 1 s, then the 1 s backoff.
+    assert_eq!(took, S(2));
+    assert_eq!(
+        history(&ext),
+        [
+            (status(401), None, None),
+            (
+                Transmission::Unknown,
+                Some(FailureKind::Timeout),
+                retry(S(1), RetryReason::Transient)
+            ),
+            (
+                status(200),
+                None,
+                stop(StopReason::FinalResponse(StatusCode::OK))
+            ),
+        ]
+    );
+}

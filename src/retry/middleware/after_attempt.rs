@@ -105,7 +105,10 @@ impl Decision<'_> {
         };
         // A local rejection (breaker, pause) or a missing transport step leaves no
         // record: add one, so the decision below lands on this attempt.
-        if kept.history.as_ref().map_or(0, AttemptHistory::len) == self.recorded_before {
+        // So does an attempt cut on the wire after an earlier answer (a `401` replay).
+        let unrecorded =
+            kept.history.as_ref().map_or(0, AttemptHistory::len) == self.recorded_before;
+        if kept.take_on_wire() || unrecorded {
             let unkept = made_up.clone().or_else(|| kept.evidence().cloned());
             kept.push_unkept(unkept.expect("one of the two"));
         }

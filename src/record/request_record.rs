@@ -126,9 +126,12 @@ impl RequestRecord {
     }
 
     /// A transport step sends an attempt: it is on the wire until its record is kept.
-    /// Returns the number of attempts recorded before it.
+    /// Returns the number of attempts recorded before it. Without a record yet nothing is
+    /// marked: nothing was recorded that a cut could be mistaken for.
     pub(crate) fn begin_send(extensions: &mut Extensions) -> usize {
-        let record = RequestRecord::get(extensions);
+        let Some(record) = RequestRecord::of_mut(extensions) else {
+            return 0;
+        };
         record.on_wire = true;
         record.history.as_ref().map_or(0, AttemptHistory::len)
     }

@@ -459,6 +459,24 @@ mod tests {
         }
     }
 
+    proptest::proptest! {
+        /// The fuzz target's property on random streams of the bytes that matter.
+        #[test]
+        fn any_bytes_split_anywhere_give_the_same_events(
+            input in proptest::collection::vec(proptest::sample::select(
+                b"\r\n: adtiervynx01\0\xEF\xBB\xBF\xFF".to_vec()), 0..200),
+            a in 0usize..200, b in 0usize..200,
+        ) {
+            let (a, b) = (a.min(input.len()), b.min(input.len()));
+            let (a, b) = (a.min(b), a.max(b));
+            let (whole, p) = parse_chunks(&[&input]);
+            let (split, q) = parse_chunks(&[&input[..a], &input[a..b], &input[b..]]);
+            proptest::prop_assert_eq!(&whole, &split);
+            proptest::prop_assert_eq!(p.last_event_id(), q.last_event_id());
+            proptest::prop_assert_eq!(p.reconnection_time(), q.reconnection_time());
+        }
+    }
+
     #[test]
     fn parsing_is_linear_one_big_chunk_of_many_lines() {
         // 200 000 events in one chunk: a parser that copies the rest of the buffer per

@@ -51,6 +51,7 @@ mod stack;
 mod stack_tracing;
 mod steps;
 mod strategy;
+mod streams;
 mod tls_alerts;
 mod upload;
 mod visible_retries;

@@ -33,6 +33,8 @@ pub enum Step {
     Send(Vec<u8>),
     /// A pause on tokio's clock.
     Wait(Duration),
+    /// A pause until an instant of tokio's clock.
+    Until(Instant),
     /// The body's clean end (the last chunk), then the connection closed.
     End,
     /// The connection closed with no last chunk: the body is cut.
@@ -190,6 +192,10 @@ async fn serve(
             Step::Send(bytes) => conn.write_all(&bytes).await,
             Step::Wait(d) => {
                 tokio::time::sleep(d).await;
+                Ok(())
+            }
+            Step::Until(at) => {
+                tokio::time::sleep_until(at).await;
                 Ok(())
             }
             Step::End => {

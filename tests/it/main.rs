@@ -52,6 +52,7 @@ mod stack_tracing;
 mod steps;
 mod strategy;
 mod streams;
+mod streams_nginx;
 mod tls_alerts;
 mod upload;
 mod visible_retries;

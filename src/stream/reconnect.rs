@@ -391,7 +391,13 @@ impl Reconnect {
             None => &ThreadRandom,
         };
         let next = self.plan(cause, server_wait, Instant::now(), random)?;
-        crate::stream::observe::reconnect(self.origin.as_ref(), &next);
+        crate::stream::observe::reconnect(
+            self.origin.as_ref(),
+            next.cause.as_str(),
+            next.attempt,
+            next.failed,
+            next.delay,
+        );
         Ok(next)
     }
 }
@@ -571,6 +577,46 @@ mod tests {
             Reconnect::new(huge),
             Err(ResilienceError::InvalidConfig(_))
         ));
+    }
+
+    #[cfg(feature = "metrics")]
+    #[test]
+    fn each_reconnect_is_counted_by_origin_and_cause() {
+        use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+        let recorder = DebuggingRecorder::new();
+        let origin = Origin::parse("http://127.0.0.1:9").unwrap();
+        let mut r = exact().origin(origin);
+        metrics::with_local_recorder(&recorder, || {
+            r.plan_now(ReconnectCause::Cut, None).unwrap();
+            r.plan_now(ReconnectCause::Rejected, None).unwrap();
+            r.plan_now(ReconnectCause::Cut, None).unwrap();
+        });
+        let mut counts: Vec<(String, u64)> = recorder
+            .snapshotter()
+            .snapshot()
+            .into_vec()
+            .into_iter()
+            .filter(|(key, ..)| key.key().name() == crate::stream::observe::RECONNECTS)
+            .map(|(key, _, _, value)| {
+                let labels: Vec<String> = key
+                    .key()
+                    .labels()
+                    .map(|l| format!("{}={}", l.key(), l.value()))
+                    .collect();
+                let DebugValue::Counter(n) = value else {
+                    panic!("{value:?}")
+                };
+                (labels.join(","), n)
+            })
+            .collect();
+        counts.sort();
+        assert_eq!(
+            counts,
+            [
+                ("origin=http://127.0.0.1:9,cause=cut".to_owned(), 2),
+                ("origin=http://127.0.0.1:9,cause=rejected".to_owned(), 1)
+            ]
+        );
     }
 
     #[tokio::test(start_paused = true)]

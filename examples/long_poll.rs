@@ -53,7 +53,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
                 (ReconnectCause::Status(response.status()), wait)
             }
             // A breaker's rejection: no failure, its own wait.
-            Err(e) if ResilienceError::find(&e).and_then(|r| r.retry_in()).is_some() => {
+            Err(e)
+                if ResilienceError::find(&e)
+                    .and_then(|r| r.retry_in())
+                    .is_some() =>
+            {
                 let wait = ResilienceError::find(&e).and_then(|r| r.retry_in());
                 (ReconnectCause::Rejected, wait)
             }

@@ -131,12 +131,17 @@ impl EventStream {
         if let Some(o) = &origin {
             reconnect = reconnect.origin(o.clone());
         }
+        let mut parser = EventParser::new();
+        // A `Last-Event-ID` set on the request is where the stream starts.
+        if let Some(id) = request.headers().get("last-event-id") {
+            parser.set_last_event_id(String::from_utf8_lossy(id.as_bytes()));
+        }
         Ok(EventStream {
             client,
             request,
             extensions,
             origin,
-            parser: EventParser::new(),
+            parser,
             reconnect,
             idle_timeout: None,
             resend,

@@ -187,6 +187,20 @@ async fn an_id_in_a_block_without_data_is_the_one_the_reconnect_sends() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_last_event_id_set_on_the_request_or_the_stream_is_where_it_starts() {
+    let server = SseServer::start(|_, _| vec![Step::Head(204, vec![])]).await;
+    let header = stack().get(server.url("/")).header("last-event-id", "41");
+    assert!(EventStream::new(header).unwrap().next().await.is_none());
+    let mut set = EventStream::new(stack().get(server.url("/"))).unwrap();
+    set.set_last_event_id("42");
+    assert!(set.next().await.is_none());
+    assert_eq!(
+        server.last_event_ids(),
+        [Some("41".into()), Some("42".into())]
+    );
+}
+
+#[tokio::test(start_paused = true)]
 async fn retry_zero_does_not_reconnect_faster_than_the_floor() {
     // Each connection: `retry: 0`, one event, the end; five connections, then 204.
     let server = SseServer::start(|i, _| match i {

@@ -163,8 +163,9 @@ impl EventStream {
     }
 
     /// Ends a connection on which no byte (a comment included) came for `timeout`, and
-    /// reconnects ([`ReconnectCause::Idle`]). Off by default: see the module docs, "Dead
-    /// streams".
+    /// reconnects ([`ReconnectCause::Idle`]). Off by default: a client built by
+    /// [`Resilience::build_from`](crate::Resilience::build_from) already cuts a body silent
+    /// for 300 s ([`guide::streams`](crate::guide::streams), "Dead streams").
     pub fn idle_timeout(mut self, timeout: Option<Duration>) -> Self {
         self.idle_timeout = timeout;
         self

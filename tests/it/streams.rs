@@ -683,3 +683,45 @@ async fn a_restart_with_200_open_streams_spreads_their_reconnects() {
     assert!(distinct(&jittered) >= 150, "{}", distinct(&jittered));
     assert!(spread(&jittered) >= 1200, "{}", spread(&jittered));
 }
+
+#[tokio::test(start_paused = true)]
+async fn failed_reconnects_spend_the_budget_and_a_refused_post_is_retried() {
+    let held = support::held_port::HeldRefusedPort::new();
+    let url = format!("http://127.0.0.1:{}/v1/chat", held.port());
+    // `build_from`: the client's redirects are recorded, so a refused connect proves the
+    // POST unsent (with a client built elsewhere it could be a redirect's second hop:
+    // `Unknown`, and the stream would end with `EventStreamError::Request`).
+    let client = Resilience::new()
+        .no_retry()
+        .build_from(|| reqwest::Client::builder().pool_max_idle_per_host(0))
+        .unwrap();
+    let policy = exact().max_failed(Some(2));
+    // A POST: no byte of it reached a server, so trying again is the decision table's
+    // "refused connection" row, not a second generation.
+    let post = client.post(&url).body("{}");
+    let mut stream = EventStream::new(post)
+        .unwrap()
+        .reconnect_policy(policy)
+        .unwrap();
+    let start = Instant::now();
+    let items = collect(&mut stream, 100).await;
+    let refused = ReconnectCause::Failed(Some(reqwest_resilience::FailureKind::Connect));
+    assert_eq!(
+        reconnects(&items),
+        [(refused, 3 * S), (refused, 6 * S)],
+        "{items:?}"
+    );
+    match items.last() {
+        Some(Err(EventStreamError::GaveUp(g))) => assert_eq!((g.failed, g.cause), (3, refused)),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(start.elapsed(), 9 * S);
+
+    // The same POST on a client whose redirects the stack cannot see: not proven unsent.
+    let unobserved = Resilience::new().no_retry().build(plain()).unwrap();
+    let mut stream = EventStream::new(unobserved.post(&url).body("{}")).unwrap();
+    assert!(matches!(
+        stream.next().await,
+        Some(Err(EventStreamError::Request(_)))
+    ));
+}

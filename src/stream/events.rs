@@ -36,6 +36,45 @@ pub enum StreamItem {
 type Connecting =
     Pin<Box<dyn Future<Output = (reqwest_middleware::Result<Response>, Extensions)> + Send>>;
 
+/// The client each connection goes through: reqwest-middleware's, or the astral fork's.
+#[derive(Clone)]
+enum Client {
+    Crates(ClientWithMiddleware),
+    #[cfg(feature = "astral")]
+    Astral(astral_reqwest_middleware::ClientWithMiddleware),
+}
+
+impl Client {
+    /// One connection's request, sent with the stream's extensions.
+    fn send(self, request: reqwest::Request, mut extensions: Extensions) -> Connecting {
+        match self {
+            Client::Crates(client) => Box::pin(async move {
+                let result = client
+                    .execute_with_extensions(request, &mut extensions)
+                    .await;
+                (result, extensions)
+            }),
+            // The fork's error is the same two cases: read as reqwest-middleware's, so
+            // `ResilienceError::find` and the evidence answer the same.
+            #[cfg(feature = "astral")]
+            Client::Astral(client) => Box::pin(async move {
+                let result = client
+                    .execute_with_extensions(request, &mut extensions)
+                    .await
+                    .map_err(|e| match e {
+                        astral_reqwest_middleware::Error::Middleware(e) => {
+                            reqwest_middleware::Error::Middleware(e)
+                        }
+                        astral_reqwest_middleware::Error::Reqwest(e) => {
+                            reqwest_middleware::Error::Reqwest(e)
+                        }
+                    });
+                (result, extensions)
+            }),
+        }
+    }
+}
+
 /// Where the stream is.
 enum State {
     /// The next poll opens a connection.
@@ -87,7 +126,7 @@ enum Judged {
 /// or its pending reconnect; it spawns no task, so nothing is left behind. An event is
 /// delivered whole or not at all.
 pub struct EventStream {
-    client: ClientWithMiddleware,
+    client: Client,
     request: reqwest::Request,
     extensions: Extensions,
     origin: Option<Origin>,
@@ -124,6 +163,32 @@ impl EventStream {
         let extensions = std::mem::take(builder.extensions());
         let (client, request) = builder.build_split();
         let request = request.map_err(|e| EventStreamError::Request(e.into()))?;
+        EventStream::over(Client::Crates(client), request, extensions)
+    }
+
+    /// [`new`](Self::new) for the astral fork's `RequestBuilder` (feature `astral`): the
+    /// same stream, each connection through the fork's client; its errors are carried as
+    /// reqwest-middleware's (the same two cases).
+    ///
+    /// # Errors
+    ///
+    /// The request cannot be built.
+    #[cfg(feature = "astral")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "astral")))]
+    pub fn new_astral(
+        mut builder: astral_reqwest_middleware::RequestBuilder,
+    ) -> Result<EventStream, EventStreamError> {
+        let extensions = std::mem::take(builder.extensions());
+        let (client, request) = builder.build_split();
+        let request = request.map_err(|e| EventStreamError::Request(e.into()))?;
+        EventStream::over(Client::Astral(client), request, extensions)
+    }
+
+    fn over(
+        client: Client,
+        request: reqwest::Request,
+        extensions: Extensions,
+    ) -> Result<EventStream, EventStreamError> {
         let origin = Origin::from_url(request.url()).ok();
         let resend = crate::record::idempotent_request(request.method(), request.headers());
         let mut reconnect = Reconnect::new(ReconnectPolicy::default())
@@ -217,14 +282,8 @@ impl EventStream {
         let request = self
             .next_request()
             .ok_or(EventStreamError::BodyNotClonable)?;
-        let client = self.client.clone();
-        let mut extensions = self.extensions.clone();
-        self.state = State::Connecting(Box::pin(async move {
-            let result = client
-                .execute_with_extensions(request, &mut extensions)
-                .await;
-            (result, extensions)
-        }));
+        let connecting = self.client.clone().send(request, self.extensions.clone());
+        self.state = State::Connecting(connecting);
         Ok(())
     }
 
@@ -274,14 +333,14 @@ impl EventStream {
         let history = AttemptHistory::of(ext);
         let last = history.and_then(|h| h.last()).map(|a| &a.evidence);
         let kind = last.and_then(|ev| ev.failure);
-        // Never sent: harmless to send again, whatever the method.
-        let unsent = match history {
-            Some(h) if !h.is_empty() => h
-                .attempts()
-                .iter()
-                .all(|a| a.evidence.transmission == Transmission::NotSent),
-            _ => e.is_connect(),
-        };
+        // Never sent: harmless to send again, whatever the method. Without the transport
+        // step there is no proof (a refused connect may be a redirect's second hop).
+        let unsent = history.is_some_and(|h| {
+            !h.is_empty()
+                && h.attempts()
+                    .iter()
+                    .all(|a| a.evidence.transmission == Transmission::NotSent)
+        });
         match kind {
             Some(k) if permanent(k) => Judged::Fail(EventStreamError::Request(e)),
             _ if unsent || self.resend => Judged::Reconnect(ReconnectCause::Failed(kind), None),

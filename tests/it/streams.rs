@@ -725,3 +725,21 @@ async fn failed_reconnects_spend_the_budget_and_a_refused_post_is_retried() {
         Some(Err(EventStreamError::Request(_)))
     ));
 }
+
+#[cfg(feature = "astral")]
+#[tokio::test(start_paused = true)]
+async fn the_astral_forks_client_streams_the_same() {
+    use reqwest_resilience::stack::astral::AstralResilience;
+    let server = replaying().await;
+    let client = Resilience::new().build_astral(plain()).unwrap();
+    let mut stream = EventStream::new_astral(client.get(server.url("/feed")))
+        .unwrap()
+        .reconnect_policy(exact())
+        .unwrap();
+    let items = collect(&mut stream, 100).await;
+    assert_eq!(events(&items).len(), 6);
+    assert_eq!(
+        server.last_event_ids(),
+        [None, Some("2".into()), Some("4".into()), Some("6".into())]
+    );
+}

@@ -4,9 +4,10 @@
 //! The rules (the seed's SSE loop fixed, LaunchDarkly's client as the anchor):
 //!
 //! - the delay grows from the reconnection time ([`ReconnectPolicy::reconnection_time`],
-//!   or a server's `retry:`) by 2× per reconnect since the last *stable* connection (one
-//!   that stayed open [`stable_after`](ReconnectPolicy::stable_after)), up to 30 s, with
-//!   jitter, so clients cut by the same outage do not come back at the same instant;
+//!   or a server's `retry:`, but at least twice the floor) by 2× per reconnect since the
+//!   last *stable* connection (one that stayed open
+//!   [`stable_after`](ReconnectPolicy::stable_after)), up to 30 s, with jitter, so clients
+//!   cut by the same outage do not come back at the same instant;
 //! - no delay is shorter than the floor (500 ms, Firefox's minimum reconnection time): a
 //!   server's `retry: 0` cannot make a tight loop;
 //! - a server's wait (`Retry-After`) outranks a shorter delay, capped at 60 s like every

@@ -743,3 +743,15 @@ async fn the_astral_forks_client_streams_the_same() {
         [None, Some("2".into()), Some("4".into()), Some("6".into())]
     );
 }
+
+#[test]
+fn a_streams_debug_output_leaves_its_token_out() {
+    let request = stack()
+        .get("http://127.0.0.1:9/feed")
+        .bearer_auth("s3cr3t-token")
+        .header("last-event-id", "7");
+    let stream = EventStream::new(request).unwrap();
+    let shown = format!("{stream:?}");
+    assert!(!shown.contains("s3cr3t"), "{shown}");
+    assert!(shown.contains("last_event_id: \"7\""), "{shown}");
+}

@@ -23,6 +23,7 @@ const S: Duration = Duration::from_secs(1);
 
 fn plain() -> reqwest::Client {
     reqwest::Client::builder()
+        .no_proxy()
         .pool_max_idle_per_host(0)
         .build()
         .unwrap()
@@ -492,7 +493,11 @@ async fn without_an_idle_timeout_the_stacks_no_progress_bound_cuts_a_silent_stre
     })
     .await;
     let client = Resilience::new()
-        .build_from(|| reqwest::Client::builder().pool_max_idle_per_host(0))
+        .build_from(|| {
+            reqwest::Client::builder()
+                .no_proxy()
+                .pool_max_idle_per_host(0)
+        })
         .unwrap();
     let mut stream = EventStream::new(client.get(server.url("/")))
         .unwrap()
@@ -693,7 +698,11 @@ async fn failed_reconnects_spend_the_budget_and_a_refused_post_is_retried() {
     // `Unknown`, and the stream would end with `EventStreamError::Request`).
     let client = Resilience::new()
         .no_retry()
-        .build_from(|| reqwest::Client::builder().pool_max_idle_per_host(0))
+        .build_from(|| {
+            reqwest::Client::builder()
+                .no_proxy()
+                .pool_max_idle_per_host(0)
+        })
         .unwrap();
     let policy = exact().max_failed(Some(2));
     // A POST: no byte of it reached a server, so trying again is the decision table's

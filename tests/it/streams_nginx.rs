@@ -77,7 +77,9 @@ async fn through_nginx_a_stream_cut_mid_event_resumes_from_the_latest_id() {
     let Some(nginx) = Nginx::start_with(|dir, port| proxy_config(dir, port, addr)) else {
         return;
     };
-    let client = Resilience::new().build(reqwest::Client::new()).unwrap();
+    let client = Resilience::new()
+        .build(reqwest::Client::builder().no_proxy().build().unwrap())
+        .unwrap();
     let policy = ReconnectPolicy::new()
         .jitter(Jitter::None)
         .floor(Duration::from_millis(50))

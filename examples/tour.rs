@@ -8,6 +8,8 @@
 //! seconds long (see the README).
 
 mod common;
+#[path = "tour/streams.rs"]
+mod streams;
 #[path = "tour/weather.rs"]
 mod weather;
 
@@ -184,6 +186,7 @@ async fn main() -> Result<(), BoxError> {
     replayed_upload(&mut tour).await?;
     weather::dropped_path(&mut tour).await?;
     weather::dead_address(&mut tour).await?;
+    streams::server_sent_events(&mut tour).await?;
 
     println!("\nSummary");
     println!("{:<34} {:<26} {:<26} ok", "scene", "expected", "observed");

@@ -153,6 +153,7 @@ pub mod retry;
 pub mod retry_after;
 pub mod stack;
 pub(crate) mod stage;
+pub mod stream;
 mod sync;
 pub(crate) mod tls_alert;
 pub(crate) mod token;

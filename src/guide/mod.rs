@@ -14,6 +14,7 @@
 //! | [`coalescing`] | concurrent identical GETs sharing one request |
 //! | [`rate_limits`] | the servers' rate-limit fields: pauses and a client-side rate limit |
 //! | [`proxies`] | a pool of proxies: each retry through the next one, whose failure is whose |
+//! | [`streams`] | server-sent events and long-lived streams: reconnects, `Last-Event-ID`, a `POST` stream never sent twice, dead streams |
 //! | [`observability`] | the attempt history, errors, `tracing`, hooks |
 //! | [`metrics`] | the instruments of feature `metrics` |
 //! | [`migration`] | coming from reqwest-retry |
@@ -49,6 +50,9 @@ pub mod rate_limits {}
 
 #[doc = include_str!("proxies.md")]
 pub mod proxies {}
+
+#[doc = include_str!("streams.md")]
+pub mod streams {}
 
 #[doc = include_str!("observability.md")]
 pub mod observability {}

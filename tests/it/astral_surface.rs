@@ -106,6 +106,8 @@ const TWINS: &[(&str, Twin)] = &[
              is_timeout answer by reference for both",
         ),
     ),
+    // Event streams (`stream`).
+    ("EventStream::new", Twin::Astral("EventStream::new_astral")),
     // send_with_history.
     (
         "impl SendWithHistory for RequestBuilder",

@@ -51,6 +51,8 @@ mod stack;
 mod stack_tracing;
 mod steps;
 mod strategy;
+mod streams;
+mod streams_nginx;
 mod tls_alerts;
 mod upload;
 mod visible_retries;

@@ -53,6 +53,7 @@ pub mod nginx;
 pub mod nginx_files;
 pub mod ranged;
 pub mod servers;
+pub mod sse;
 pub mod tinyproxy;
 pub mod tls;
 pub mod tls_faults;

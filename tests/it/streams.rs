@@ -15,7 +15,7 @@ use reqwest_resilience::breaker::{
 use reqwest_resilience::stream::{
     Event, EventStream, EventStreamError, ReconnectCause, ReconnectPolicy, Reconnection, StreamItem,
 };
-use reqwest_resilience::{Jitter, Origin, Resilience};
+use reqwest_resilience::{AccessToken, BearerAuth, Jitter, Origin, Resilience, TokenManager};
 use support::sse::{SseServer, Step};
 use tokio::time::Instant;
 
@@ -763,4 +763,77 @@ fn a_streams_debug_output_leaves_its_token_out() {
     let shown = format!("{stream:?}");
     assert!(!shown.contains("s3cr3t"), "{shown}");
     assert!(shown.contains("last_event_id: \"7\""), "{shown}");
+}
+
+/// A `401` on a connection goes through `BearerAuth`'s one refresh inside the stack: the
+/// stream opens on the replay with the fresh token, and a later reconnect carries that
+/// token and the latest id. A `401` the refresh does not heal ends the stream typed.
+#[tokio::test(start_paused = true)]
+async fn a_401_goes_through_the_bearer_refresh_once_and_a_second_401_ends_the_stream() {
+    let server = SseServer::start(|_, seen| match seen.authorization.as_deref() {
+        Some("Bearer token-2") if seen.last_event_id.is_none() => {
+            vec![Step::ok(), Step::send(&event(1)), Step::End]
+        }
+        Some("Bearer token-2") => vec![Step::Head(204, vec![])],
+        _ => vec![Step::Head(401, vec![])],
+    })
+    .await;
+    let fetched = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counter = fetched.clone();
+    let tokens = TokenManager::new(move || {
+        let n = counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+        async move { Ok::<_, std::io::Error>(AccessToken::new(format!("token-{n}"))) }
+    });
+    let bearer = BearerAuth::builder(tokens)
+        .origin(Origin::parse(&server.url("/")).unwrap())
+        .allow_http_on_loopback()
+        .build()
+        .unwrap();
+    let client = Resilience::new().bearer(bearer).build(plain()).unwrap();
+    let mut stream = EventStream::new(client.get(server.url("/")))
+        .unwrap()
+        .reconnect_policy(exact())
+        .unwrap();
+    let items = collect(&mut stream, 100).await;
+    assert_eq!(events(&items), vec![ev(1)]);
+    assert_eq!(reconnects(&items), vec![(ReconnectCause::Ended, 3 * S)]);
+    let seen: Vec<(Option<String>, Option<String>)> = server
+        .seen()
+        .into_iter()
+        .map(|s| (s.authorization, s.last_event_id))
+        .collect();
+    let bearer = |n: u32| Some(format!("Bearer token-{n}"));
+    assert_eq!(
+        seen,
+        vec![
+            (bearer(1), None),
+            (bearer(2), None),
+            (bearer(2), Some("1".to_owned())),
+        ]
+    );
+    assert_eq!(
+        fetched.load(std::sync::atomic::Ordering::SeqCst),
+        2,
+        "one refresh"
+    );
+
+    // A server that answers every token `401`: one refresh, then the stream ends typed.
+    let refusing = SseServer::start(|_, _| vec![Step::Head(401, vec![])]).await;
+    let tokens = TokenManager::new(|| async { Ok::<_, std::io::Error>(AccessToken::new("t")) });
+    let bearer = BearerAuth::builder(tokens)
+        .origin(Origin::parse(&refusing.url("/")).unwrap())
+        .allow_http_on_loopback()
+        .build()
+        .unwrap();
+    let client = Resilience::new().bearer(bearer).build(plain()).unwrap();
+    let mut stream = EventStream::new(client.get(refusing.url("/"))).unwrap();
+    let items = collect(&mut stream, 100).await;
+    assert!(
+        matches!(
+            items.as_slice(),
+            [Err(EventStreamError::Status(StatusCode::UNAUTHORIZED))]
+        ),
+        "{items:?}"
+    );
+    assert_eq!(refusing.seen().len(), 2, "the request and its one replay");
 }

@@ -21,6 +21,7 @@ pub struct Seen {
     pub path: String,
     pub last_event_id: Option<String>,
     pub idempotency_key: Option<String>,
+    pub authorization: Option<String>,
     pub at: Instant,
 }
 
@@ -148,6 +149,7 @@ async fn read_head(conn: &mut TcpStream) -> Option<Seen> {
                 path: req.path?.to_owned(),
                 last_event_id: header("last-event-id"),
                 idempotency_key: header("idempotency-key"),
+                authorization: header("authorization"),
                 at: Instant::now(),
             });
         }

@@ -150,9 +150,23 @@ impl RequestRecord {
         std::mem::take(&mut self.on_wire)
     }
 
-    /// Appends an attempt to the history without making it the last attempt's evidence
-    /// (which stays what it was).
-    pub(crate) fn push_unkept(&mut self, evidence: RequestEvidence) {
+    /// Gives the attempt after `recorded_before` attempts a record in the history when it
+    /// has none: a local rejection (breaker, pause) or a missing transport step left
+    /// none, and an attempt cut on the wire after an earlier answer (a `401` replay) left
+    /// only that answer's. The record is the last evidence, or `made_up` when there is
+    /// none; the last evidence stays what it was.
+    pub(crate) fn record_unrecorded(
+        &mut self,
+        recorded_before: usize,
+        made_up: Option<&RequestEvidence>,
+    ) {
+        let unrecorded = self.history.as_ref().map_or(0, AttemptHistory::len) == recorded_before;
+        if !(self.take_on_wire() || unrecorded) {
+            return;
+        }
+        let Some(evidence) = made_up.or(self.evidence()).cloned() else {
+            return;
+        };
         self.detach_evidence();
         self.history
             .get_or_insert_with(AttemptHistory::default)

@@ -15,7 +15,7 @@ use super::plan::{LoopState, Step};
 use super::report::{announce, report_decision};
 use crate::error::ResilienceError;
 use crate::misconfig::{self, Misconfiguration};
-use crate::record::{AttemptHistory, RequestEvidence, StopReason};
+use crate::record::{RequestEvidence, StopReason};
 use crate::retry::fallback::fallback_evidence;
 use crate::retry::{AttemptContext, ResponseHead, RetryNotice, Verdict, unsafe_retry};
 
@@ -103,15 +103,8 @@ impl Decision<'_> {
             Some(_) => None,
             None => Some(fallback(result, attempt, self.transport_installed)),
         };
-        // A local rejection (breaker, pause) or a missing transport step leaves no
-        // record: add one, so the decision below lands on this attempt.
-        // So does an attempt cut on the wire after an earlier answer (a `401` replay).
-        let unrecorded =
-            kept.history.as_ref().map_or(0, AttemptHistory::len) == self.recorded_before;
-        if kept.take_on_wire() || unrecorded {
-            let unkept = made_up.clone().or_else(|| kept.evidence().cloned());
-            kept.push_unkept(unkept.expect("one of the two"));
-        }
+        // So that the decision below lands on this attempt.
+        kept.record_unrecorded(self.recorded_before, made_up.as_ref());
         let record = &*kept;
         let Some(evidence) = made_up.as_ref().or(record.evidence()) else {
             unreachable!("made up when the record has none")

@@ -108,6 +108,11 @@ impl EventParser {
 
     /// Parses `chunk`; the events it completes are queued for [`next_event`](Self::next_event).
     pub fn feed(&mut self, chunk: &[u8]) {
+        // An empty chunk (a body may yield one) changes nothing: a `\r` that ended the
+        // last chunk still pairs with a `\n` that starts the next.
+        if chunk.is_empty() {
+            return;
+        }
         let mut rest = chunk;
         if self.after_cr {
             self.after_cr = false;
@@ -404,6 +409,15 @@ mod tests {
     fn a_crlf_split_across_chunks_is_one_line_end() {
         // Were the `\n` a second line end, the blank line would dispatch "a" alone.
         let (events, _) = parse_chunks(&[b"data: a\r", b"\ndata: b\r", b"\n\r", b"\n"]);
+        assert_eq!(events, vec![m("a\nb")]);
+    }
+
+    /// Found by the fuzz target (`fuzz/fuzz_targets/event_stream.rs`): an empty chunk
+    /// between a `\r` and its `\n` made the `\n` a blank line of its own, which dispatched
+    /// the event half way.
+    #[test]
+    fn an_empty_chunk_between_a_cr_and_its_lf_keeps_them_one_line_end() {
+        let (events, _) = parse_chunks(&[b"data: a\r", b"", b"\ndata: b\n\n"]);
         assert_eq!(events, vec![m("a\nb")]);
     }
 

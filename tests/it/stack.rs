@@ -1477,31 +1477,20 @@ async fn a_401_replay_runs_under_the_attempts_timeout_and_its_cut_is_retried() {
             .unwrap()
     })
     .await;
-    replay_cut_by_the_attempt_timeout(|bearer| {
-        ClientBuilder::new(reqwest_client())
-            .with(retry().build().unwrap())
-            .with(CircuitBreakerMiddleware::default())
-            .with(bearer)
-            .with(
-                reqwest_resilience::TransportEvidence::with_client_redirects(
-                    ClientRedirects::Recorded,
-                ),
-            )
-            .build()
-    })
-    .await;
-    replay_cut_by_the_attempt_timeout(|bearer| {
-        ClientBuilder::new(reqwest_client())
-            .with(retry().build().unwrap())
-            .with(bearer)
-            .with(
-                reqwest_resilience::TransportEvidence::with_client_redirects(
-                    ClientRedirects::Recorded,
-                ),
-            )
-            .build()
-    })
-    .await;
+    // As middlewares of their own, with a breaker and without (the retry's own cut).
+    for breaker in [true, false] {
+        replay_cut_by_the_attempt_timeout(|bearer| {
+            let mut builder = ClientBuilder::new(reqwest_client()).with(retry().build().unwrap());
+            if breaker {
+                builder = builder.with(CircuitBreakerMiddleware::default());
+            }
+            let transport = reqwest_resilience::TransportEvidence::with_client_redirects(
+                ClientRedirects::Recorded,
+            );
+            builder.with(bearer).with(transport).build()
+        })
+        .await;
+    }
 }
 
 async fn replay_cut_by_the_attempt_timeout(client: impl Fn(BearerAuth) -> ClientWithMiddleware) {

@@ -218,12 +218,7 @@ impl Stage for ConcurrencyLimit {
                     None => Ok(sent.await),
                     Some(clock) => {
                         let timer = crate::stage::cut_timer(None, Some(&clock));
-                        CutAt {
-                            inner: sent,
-                            timer,
-                            clock: Some(clock),
-                        }
-                        .await
+                        CutAt::by(sent, timer, Some(clock)).await
                     }
                 }
             };

@@ -125,9 +125,7 @@ pub(crate) fn learn(
 
 impl RateLimit {
     /// The registry's verdict now, under the request's deadline: a ticket, a wait (boxed:
-    /// rare), or the rejection's error.
-    /// The admission of one attempt to `origin`: a ticket at once, a wait (rare), or the
-    /// rejection (its `NotSent` evidence left in `extensions`).
+    /// rare), or the rejection's error (its `NotSent` evidence left in `extensions`).
     pub(crate) fn admit_now(
         &self,
         origin: &Origin,
@@ -143,7 +141,6 @@ impl RateLimit {
 
     /// Waits for a slot. A wait is not part of the attempt: its timeout clock stops, and
     /// starts on leaving.
-    /// Waits for a slot (the attempt's clock stopped meanwhile).
     pub(crate) async fn wait_for_slot(
         &self,
         origin: &Origin,

@@ -108,7 +108,7 @@ impl RaceOutcome {
             loser.decision = Some(AttemptDecision::Superseded { by });
             history.push_record(loser);
         }
-        match hedge_extensions {
+        let record = match hedge_extensions {
             Some(mut winner) => {
                 // The winner's record, less its own history and evidence (the merged ones
                 // stand), replaces the first copy's: its "retry in" is not the winner's.
@@ -120,13 +120,12 @@ impl RaceOutcome {
                 if won.outcome.is_some() {
                     record.outcome = won.outcome;
                 }
-                record.keep_attempt(evidence);
+                record
             }
-            // Renumbered in place: no new box.
-            None => {
-                record.keep_attempt(evidence);
-            }
-        }
+            None => record,
+        };
+        // The winner last, its evidence stored once there.
+        record.keep_attempt(evidence);
         Round { result, hedges }
     }
 }
